@@ -1,0 +1,66 @@
+"""Attention over the paged KV cache, and the per-step metadata it needs.
+
+The runner builds one `AttentionMetadata` per step (host work once, not per layer); every layer
+reads the same tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from tritonllm.kernels import ops
+
+
+@dataclass
+class AttentionMetadata:
+    """A flat ragged batch: sequence i owns query rows query_start_loc[i]:query_start_loc[i+1];
+    its q_len new tokens follow ctx_len = seq_lens[i] - q_len tokens already in the cache."""
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot (block * block_size + offset); -1 skips
+    block_tables: torch.Tensor  # [num_seqs, max_blocks_per_seq] int32, physical block ids
+    seq_lens: torch.Tensor  # [num_seqs] int32: ctx_len + q_len
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32: cumulative q_len
+    max_query_len: int
+    max_seq_len: int
+
+
+class Attention(nn.Module):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [num_tokens, num_heads * head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads * head_dim]
+        v: torch.Tensor,  # [num_tokens, num_kv_heads * head_dim]
+        kv_cache: tuple[torch.Tensor, torch.Tensor],  # each [num_blocks, block_size, num_kv_heads, head_dim]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        num_tokens = q.shape[0]
+        k_cache, v_cache = kv_cache
+        ops.write_kv_cache(
+            k.view(num_tokens, self.num_kv_heads, self.head_dim),
+            v.view(num_tokens, self.num_kv_heads, self.head_dim),
+            k_cache,
+            v_cache,
+            meta.slot_mapping,
+        )
+        out = ops.paged_attention(
+            q.view(num_tokens, self.num_heads, self.head_dim),
+            k_cache,
+            v_cache,
+            meta.block_tables,
+            meta.seq_lens,
+            meta.query_start_loc,
+            meta.max_query_len,
+            meta.max_seq_len,
+            self.scale,
+        )
+        return out.view(num_tokens, self.num_heads * self.head_dim)

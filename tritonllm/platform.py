@@ -1,0 +1,50 @@
+"""Which accelerator runs the kernels: CUDA, ROCm or none (CPU).
+
+Detected once, at import. Without a GPU the same Triton kernels run under Triton's interpreter,
+which must be switched on before any kernel is defined, so every kernel module imports this
+module first. A GPU user never sets anything.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def _detect() -> str:
+    if torch.cuda.is_available():
+        return "rocm" if torch.version.hip else "cuda"
+    return "cpu"
+
+
+PLATFORM: str = _detect()
+
+if PLATFORM == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+DEVICE: torch.device = torch.device("cpu" if PLATFORM == "cpu" else "cuda")
+# The interpreter cannot run bfloat16 tl.dot (triton issue 11584): CPU defaults to float32.
+DEFAULT_DTYPE: torch.dtype = torch.float32 if PLATFORM == "cpu" else torch.bfloat16
+
+
+def is_gpu() -> bool:
+    return PLATFORM != "cpu"
+
+
+def is_interpreter() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def num_multiprocessors() -> int:
+    """Streaming multiprocessors (CUDA) or compute units (ROCm); 1 on CPU."""
+    if PLATFORM == "cpu":
+        return 1
+    return torch.cuda.get_device_properties(DEVICE).multi_processor_count
+
+
+def fp8_e4m3_dtype() -> torch.dtype:
+    """The FP8 e4m3 flavour of this GPU: e4m3fnuz on AMD CDNA3 (MI300), e4m3fn elsewhere."""
+    if PLATFORM == "rocm" and "gfx94" in torch.cuda.get_device_properties(DEVICE).gcnArchName:
+        return torch.float8_e4m3fnuz
+    return torch.float8_e4m3fn
