@@ -1,7 +1,8 @@
 """Torch references of every kernel, with the launchers' exact signatures.
 
 They define what each kernel computes (tests compare the two on random ragged inputs) and serve
-as the `torch_ref` backend for ablations. Written for clarity, computed in float32.
+as the `torch_ref` backend for ablations. Written for clarity, computed in float32, returned in
+the input dtype.
 """
 
 from __future__ import annotations
@@ -10,6 +11,184 @@ import torch
 
 # ---- norms, rotary embedding, activation ---------------------------------------------------
 
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [num_rows, hidden] (any leading shape), weight [hidden] -> same shape and dtype as x."""
+    xf = x.float()
+    out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    return out.to(x.dtype)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """residual_out = x + residual (in x's dtype); out = rms_norm(residual_out). Returns (out, residual_out)."""
+    residual_out = (x.float() + residual.float()).to(x.dtype)
+    return rms_norm(residual_out, weight, eps), residual_out
+
+
+def rotary_embedding(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    head_dim: int,
+    is_neox: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate the first rot_dim dims of every head of q and k at the given absolute positions.
+
+    positions [num_tokens] int; q [num_tokens, num_heads * head_dim]; k [num_tokens,
+    num_kv_heads * head_dim]; cos_sin_cache [max_position, rot_dim] float32 holding cos in the
+    first rot_dim/2 columns and sin in the rest. NeoX layout pairs dim i with i + rot_dim/2;
+    GPT-J layout pairs 2i with 2i+1. Dims past rot_dim pass through. Returns new (q, k).
+    """
+    cos_sin = cos_sin_cache[positions.long()].float()
+    rot_dim = cos_sin.shape[-1]
+    cos, sin = cos_sin[:, None, : rot_dim // 2], cos_sin[:, None, rot_dim // 2 :]
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        xf = x.float().view(x.shape[0], -1, head_dim)
+        rot, rest = xf[..., :rot_dim], xf[..., rot_dim:]
+        if is_neox:
+            x1, x2 = rot[..., : rot_dim // 2], rot[..., rot_dim // 2 :]
+            rot = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+        else:
+            x1, x2 = rot[..., 0::2], rot[..., 1::2]
+            rot = torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
+        return torch.cat([rot, rest], dim=-1).view(x.shape).to(x.dtype)
+
+    return rotate(q), rotate(k)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x [num_tokens, 2 * d] = [gate | up] -> silu(gate) * up, [num_tokens, d]."""
+    d = x.shape[-1] // 2
+    xf = x.float()
+    return (torch.nn.functional.silu(xf[..., :d]) * xf[..., d:]).to(x.dtype)
+
+
 # ---- KV cache write and paged attention ----------------------------------------------------
 
+
+def write_kv_cache(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """k, v [num_tokens, num_kv_heads, head_dim]; caches [num_blocks, block_size, num_kv_heads,
+    head_dim]; token t goes to slot s = slot_mapping[t] = block * block_size + offset (s < 0: skip)."""
+    block_size = k_cache.shape[1]
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    k_cache[slots // block_size, slots % block_size] = k[keep].to(k_cache.dtype)
+    v_cache[slots // block_size, slots % block_size] = v[keep].to(v_cache.dtype)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    max_seq_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of a flat ragged batch over the paged KV cache.
+
+    q [num_tokens, num_heads, head_dim]; caches [num_blocks, block_size, num_kv_heads, head_dim];
+    block_tables [num_seqs, max_blocks] int32; seq_lens [num_seqs] (ctx_len + q_len);
+    query_start_loc [num_seqs + 1]. Query row j of sequence i sits at absolute position
+    ctx_len + j and attends to cache positions 0..ctx_len + j. Query head h reads KV head
+    h // (num_heads // num_kv_heads). Returns [num_tokens, num_heads, head_dim] in q's dtype.
+    """
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q)
+    starts = query_start_loc.tolist()
+    for i, seq_len in enumerate(seq_lens.tolist()):
+        q_len = starts[i + 1] - starts[i]
+        if q_len == 0:
+            continue
+        ctx_len = seq_len - q_len
+        num_blocks = (seq_len + block_size - 1) // block_size
+        blocks = block_tables[i, :num_blocks].long()
+        k = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
+        v = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        qi = q[starts[i] : starts[i + 1]].float()
+        scores = torch.einsum("qhd,khd->hqk", qi, k) * scale
+        q_pos = ctx_len + torch.arange(q_len, device=q.device)
+        k_pos = torch.arange(seq_len, device=q.device)
+        scores.masked_fill_(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        out[starts[i] : starts[i + 1]] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(q.dtype)
+    return out
+
+
 # ---- sampling ------------------------------------------------------------------------------
+
+
+def log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """logits [num_rows, vocab] -> float32 log-probabilities [num_rows, vocab]."""
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def sampling_mask(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+) -> torch.Tensor:
+    """Which tokens each row may sample: bool [num_rows, vocab].
+
+    On p = softmax(logits / temperature) (temperature <= 0 counts as 1 here): top_k keeps token t
+    iff fewer than top_k tokens have a strictly larger logit (top_k <= 0: off); top_p keeps t iff
+    the probability mass of tokens strictly more probable than t, renormalised over the tokens top_k
+    kept, is below top_p (top_p >= 1: off); min_p keeps t iff p_t >= min_p * max(p) (min_p <= 0:
+    off). Ties are kept together, so the most probable token always survives.
+    """
+    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).float()
+    scaled = logits.float() / t[:, None]
+    keep = torch.ones_like(scaled, dtype=torch.bool)
+    larger_logits = (scaled[:, None, :] > scaled[:, :, None]).sum(-1)  # [rows, vocab]: count strictly larger
+    k = top_k.long()[:, None]
+    keep &= (k <= 0) | (larger_logits < k)
+    probs = torch.softmax(scaled.masked_fill(~keep, float("-inf")), dim=-1)
+    mass_above = ((probs[:, None, :] > probs[:, :, None]) * probs[:, None, :]).sum(-1)
+    keep &= (top_p[:, None] >= 1) | (mass_above < top_p[:, None].float())
+    p_full = torch.softmax(scaled, dim=-1)
+    keep &= p_full >= min_p[:, None].float() * p_full.max(-1, keepdim=True).values
+    return keep
+
+
+def sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seeds: torch.Tensor,
+) -> torch.Tensor:
+    """Draw one token per row: logits [num_rows, vocab] float; temperature, top_p, min_p
+    [num_rows] float32; top_k [num_rows] int32; seeds [num_rows] int64, the per-row random seed
+    of this step (the engine derives it from the request's seed and its step, so a seed
+    reproduces). temperature <= 0 is greedy: the first index of the largest logit. Otherwise a
+    token is drawn from softmax(logits / temperature) restricted to `sampling_mask`. The Triton
+    kernel draws its own random stream (Gumbel-max on Philox); the two backends agree in
+    distribution, not draw by draw. Returns int64 [num_rows].
+    """
+    greedy = logits.float().argmax(-1)
+    keep = sampling_mask(logits, temperature, top_k, top_p, min_p)
+    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).float()
+    probs = torch.softmax((logits.float() / t[:, None]).masked_fill(~keep, float("-inf")), dim=-1)
+    drawn = torch.empty_like(greedy)
+    for row, seed in enumerate(seeds.tolist()):
+        gen = torch.Generator(device=logits.device).manual_seed(int(seed))
+        drawn[row] = torch.multinomial(probs[row], 1, generator=gen)[0]
+    return torch.where(temperature > 0, drawn, greedy)
