@@ -155,13 +155,19 @@ def sampling_mask(
     """
     t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).float()
     scaled = logits.float() / t[:, None]
-    keep = torch.ones_like(scaled, dtype=torch.bool)
-    larger_logits = (scaled[:, None, :] > scaled[:, :, None]).sum(-1)  # [rows, vocab]: count strictly larger
-    k = top_k.long()[:, None]
-    keep &= (k <= 0) | (larger_logits < k)
+    vocab = scaled.shape[-1]
+    # top_k: keep t iff logit_t >= the k-th largest logit (ties kept together)
+    k = torch.where(top_k > 0, top_k.long(), torch.full_like(top_k.long(), vocab)).clamp(max=vocab)
+    kth_largest = scaled.sort(dim=-1, descending=True).values.gather(-1, (k - 1)[:, None])
+    keep = scaled >= kth_largest
+    # top_p: sorted descending, a position is kept while the mass before it is below top_p; every
+    # token at least as probable as the last kept one is kept
     probs = torch.softmax(scaled.masked_fill(~keep, float("-inf")), dim=-1)
-    mass_above = ((probs[:, None, :] > probs[:, :, None]) * probs[:, None, :]).sum(-1)
-    keep &= (top_p[:, None] >= 1) | (mass_above < top_p[:, None].float())
+    sorted_probs = probs.sort(dim=-1, descending=True).values
+    mass_before = sorted_probs.cumsum(-1) - sorted_probs
+    kept_sorted = (mass_before < top_p[:, None].float()) | (top_p[:, None] >= 1)
+    threshold = sorted_probs.masked_fill(~kept_sorted, float("inf")).min(-1, keepdim=True).values
+    keep &= probs >= threshold
     p_full = torch.softmax(scaled, dim=-1)
     keep &= p_full >= min_p[:, None].float() * p_full.max(-1, keepdim=True).values
     return keep
