@@ -1,0 +1,103 @@
+"""Engine configuration as plain dataclasses, usable with or without Hydra.
+
+Hydra's `configs/` tree mirrors these groups one to one; `EngineConfig.from_dict` builds them
+from a Hydra/OmegaConf mapping, and `LLM(...)` builds them from vLLM-style keyword arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+from tritonllm import platform
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = None  # HF folder; None runs the tiny built-in Llama
+    tokenizer: str | None = None  # defaults to `path`
+    dtype: str = "auto"  # auto: bfloat16 on a GPU, float32 on CPU
+    max_model_len: int | None = None  # defaults to the model's max_position_embeddings
+    seed: int = 0
+
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return platform.DEFAULT_DTYPE
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is not one of {['auto', *_DTYPES]}")
+        dtype = _DTYPES[self.dtype]
+        if dtype == torch.bfloat16 and not platform.is_gpu():
+            raise ValueError("dtype='bfloat16' needs a GPU (Triton's interpreter lacks bf16 dot): use float32")
+        return dtype
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks_override: int | None = None
+    cpu_kv_cache_tokens: int = 65536  # KV capacity on CPU when no override is given
+    enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"
+
+    def validate(self) -> None:
+        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size={self.block_size} must be a power of two")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]")
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override <= 0:
+            raise ValueError(f"num_gpu_blocks_override={self.num_gpu_blocks_override} must be positive")
+        if self.kv_cache_dtype != "auto":
+            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported yet: use 'auto'")
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enable_chunked_prefill: bool = True
+    policy: str = "fcfs"
+
+    def validate(self) -> None:
+        if self.max_num_seqs <= 0:
+            raise ValueError(f"max_num_seqs={self.max_num_seqs} must be positive")
+        if self.max_num_batched_tokens <= 0:
+            raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} must be positive")
+        if self.policy not in ("fcfs", "priority"):
+            raise ValueError(f"policy={self.policy!r} is not one of ['fcfs', 'priority']")
+
+
+@dataclass
+class KernelConfig:
+    backend: str = "triton"  # or "torch_ref": the torch references, for ablations
+
+
+@dataclass
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    kernels: KernelConfig = field(default_factory=KernelConfig)
+    enforce_eager: bool = True
+
+    @staticmethod
+    def from_dict(values: dict[str, Any]) -> EngineConfig:
+        """Build from a nested mapping (e.g. a Hydra config's `engine` node); unknown keys are refused."""
+        groups = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "kernels": KernelConfig}
+        kwargs: dict[str, Any] = {}
+        for key, value in values.items():
+            if key in groups:
+                allowed = {f.name for f in fields(groups[key])}
+                unknown = set(value) - allowed
+                if unknown:
+                    raise ValueError(f"unknown {key} option(s) {sorted(unknown)}; known: {sorted(allowed)}")
+                kwargs[key] = groups[key](**value)
+            elif key == "enforce_eager":
+                kwargs[key] = bool(value)
+            else:
+                raise ValueError(f"unknown engine option {key!r}; known: {sorted([*groups, 'enforce_eager'])}")
+        return EngineConfig(**kwargs)

@@ -1,0 +1,150 @@
+"""The offline API, mirroring vLLM's `LLM`: generate(), chat()."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from tritonllm.config import CacheConfig, EngineConfig, KernelConfig, ModelConfig, SchedulerConfig
+from tritonllm.engine.engine import LLMEngine
+from tritonllm.outputs import RequestOutput
+from tritonllm.sampling_params import SamplingParams
+
+PromptType = str | dict[str, Any]
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str | None = None,
+        tokenizer: str | None = None,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.9,
+        block_size: int = 16,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        enable_prefix_caching: bool = True,
+        enable_chunked_prefill: bool = True,
+        enforce_eager: bool = True,
+        quantization: str | None = None,
+        kv_cache_dtype: str = "auto",
+        seed: int = 0,
+        num_gpu_blocks_override: int | None = None,
+        scheduling_policy: str = "fcfs",
+        kernel_backend: str = "triton",
+    ) -> None:
+        if quantization is not None:
+            raise ValueError(f"quantization={quantization!r} is not supported yet: load an unquantized checkpoint")
+        config = EngineConfig(
+            model=ModelConfig(path=model, tokenizer=tokenizer, dtype=dtype, max_model_len=max_model_len, seed=seed),
+            cache=CacheConfig(
+                block_size=block_size,
+                gpu_memory_utilization=gpu_memory_utilization,
+                num_gpu_blocks_override=num_gpu_blocks_override,
+                enable_prefix_caching=enable_prefix_caching,
+                kv_cache_dtype=kv_cache_dtype,
+            ),
+            scheduler=SchedulerConfig(
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
+                enable_chunked_prefill=enable_chunked_prefill,
+                policy=scheduling_policy,
+            ),
+            kernels=KernelConfig(backend=kernel_backend),
+            enforce_eager=enforce_eager,
+        )
+        self.llm_engine = LLMEngine(config)
+        self._counter = itertools.count()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLM:
+        llm = cls.__new__(cls)
+        llm.llm_engine = LLMEngine(config)
+        llm._counter = itertools.count()
+        return llm
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def _to_token_ids(self, prompt: PromptType) -> tuple[list[int], str | None]:
+        if isinstance(prompt, str):
+            return self.llm_engine.tokenizer.encode(prompt), prompt
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            ids = prompt["prompt_token_ids"]
+            if not all(isinstance(t, int) for t in ids):
+                raise ValueError("prompt_token_ids must be a list of integers")
+            return list(ids), prompt.get("prompt")
+        if isinstance(prompt, dict) and "prompt" in prompt:
+            return self.llm_engine.tokenizer.encode(prompt["prompt"]), prompt["prompt"]
+        raise ValueError(f"a prompt is a string or a dict with 'prompt_token_ids' (or 'prompt'), got {type(prompt).__name__}")
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(prompts)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompts):
+                raise ValueError(
+                    f"sampling_params has {len(params_list)} entries for {len(prompts)} prompts: give one or one per prompt"
+                )
+        engine = self.llm_engine
+        ids = []
+        for prompt, params in zip(prompts, params_list):
+            token_ids, text = self._to_token_ids(prompt)
+            request_id = str(next(self._counter))
+            engine.add_request(request_id, token_ids, params, prompt=text)
+            ids.append(request_id)
+        return self._run_engine(ids, use_tqdm)
+
+    def _run_engine(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        finished: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="Processed prompts", dynamic_ncols=True) if use_tqdm else None
+        start = time.perf_counter()
+        prompt0, gen0 = engine.num_prompt_tokens, engine.num_generation_tokens
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    finished[out.request_id] = out
+                    if bar is not None:
+                        elapsed = time.perf_counter() - start
+                        bar.set_postfix_str(
+                            f"input: {(engine.num_prompt_tokens - prompt0) / elapsed:.1f} tok/s, "
+                            f"output: {(engine.num_generation_tokens - gen0) / elapsed:.1f} tok/s"
+                        )
+                        bar.update(1)
+        if bar is not None:
+            bar.close()
+        return [finished[i] for i in ids]
+
+    def chat(
+        self,
+        messages: list[dict[str, str]] | list[list[dict[str, str]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        tok = self.llm_engine.tokenizer
+        prompts = []
+        for conversation in conversations:
+            ids = tok.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt, tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+            prompts.append({"prompt_token_ids": list(ids)})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)

@@ -1,0 +1,308 @@
+"""Paged attention for a flat ragged batch: one "unified" flash-attention kernel.
+
+Every sequence i owns query rows query_start_loc[i]:query_start_loc[i+1] (decode: 1 row; prefill
+chunk: many) that follow ctx_len = seq_len - q_len tokens already in the cache; the new tokens' K
+and V are in the cache too (write_kv_cache ran first). Query row j sits at absolute position
+ctx_len + j and attends causally to cache positions 0..ctx_len + j.
+
+Layouts (element strides passed in; the last dim of every tensor must be contiguous):
+  q, out          [num_tokens, num_heads, head_dim]
+  k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim]
+  block_tables    [num_seqs, max_blocks] int32: physical block of each logical block
+  seq_lens        [num_seqs] int32: ctx_len + q_len
+  query_start_loc [num_seqs + 1] int32: cumulative q_len
+
+Work split: a program owns one KV head and a tile of BLOCK_M query rows = BLOCK_Q query tokens of
+one sequence x the GROUP query heads that share that KV head (GQA). Decode thus packs the group's
+heads into the M dimension of tl.dot, and each K/V tile is read once per KV head, not per query
+head. The program walks the sequence's keys in tiles of TILE_N, gathering each key's physical
+block through the block table (TILE_N may span several blocks or part of one). Tiles wholly below
+the tile's first query position need no mask; the rest, up to its last query position, are masked.
+Softmax is online in the log2 domain with float32 statistics and accumulator.
+
+Grid: (num_tokens // BLOCK_Q + num_seqs, num_kv_heads). Sequence i's query blocks start at global
+index query_start_loc[i] // BLOCK_Q + i, an upper-bounded numbering that needs no host sync; a
+program finds its sequence by binary search over query_start_loc and exits if its block is empty.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+# platform switches on the interpreter on CPU; triton reads that when a kernel is defined, below
+from tritonllm import platform
+
+
+@dataclass(frozen=True)
+class AttentionTiles:
+    block_m: int  # query rows per program: query tokens x query heads of one KV head; >= 16
+    tile_n: int  # keys per step of the KV loop; >= 16
+    num_warps: int
+    num_stages: int
+
+
+def choose_tiles(max_query_len: int, group: int, head_dim: int) -> AttentionTiles:
+    """Tiles for a batch whose longest query run is max_query_len rows, GQA group `group`.
+
+    Decode-only batches use the smallest M tile tl.dot allows (16, or the group if larger): work
+    there is reading K/V, not multiplying. Prefill-heavy batches use 64-128 rows so each K/V tile
+    feeds many queries. Under the interpreter, small tiles keep the tests' multi-tile paths busy.
+    """
+    min_m = max(16, triton.next_power_of_2(group))
+    if not platform.is_gpu():
+        return AttentionTiles(block_m=min_m, tile_n=16, num_warps=4, num_stages=1)
+    tile_n = 64 if head_dim <= 128 else 32
+    rows = max_query_len * group
+    if rows <= 16:
+        return AttentionTiles(block_m=min_m, tile_n=tile_n, num_warps=4, num_stages=2)
+    if rows <= 64:
+        return AttentionTiles(block_m=max(64, min_m), tile_n=tile_n, num_warps=4, num_stages=2)
+    return AttentionTiles(block_m=max(128, min_m), tile_n=tile_n, num_warps=8, num_stages=2)
+
+
+@triton.jit
+def _find_seq(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
+    """The last sequence i whose first query block, query_start_loc[i] // BLOCK_Q + i, is <= q_block."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid <= q_block:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _attend_tile(
+    acc,
+    m_i,
+    l_i,
+    q,
+    q_pos,
+    start_n,
+    last_pos,
+    qk_scale,
+    block_table_row_ptr,
+    k_head_ptr,
+    v_head_ptr,
+    stride_kc_block,
+    stride_kc_slot,
+    stride_vc_block,
+    stride_vc_slot,
+    offs_n,
+    offs_d,
+    BLOCK_SIZE: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """One online-softmax step over keys start_n..start_n+TILE_N-1; MASKED tiles may hold keys past
+    some row's causal limit or past the sequence (last_pos is the tile's last query position)."""
+    keys = start_n + offs_n
+    if MASKED:
+        key_ok = keys <= last_pos + 1
+        blocks = tl.load(block_table_row_ptr + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+    else:
+        blocks = tl.load(block_table_row_ptr + keys // BLOCK_SIZE).to(tl.int64)
+    in_block = keys % BLOCK_SIZE
+    k_ptrs = k_head_ptr + (blocks * stride_kc_block + in_block * stride_kc_slot)[None, :] + offs_d[:, None]
+    v_ptrs = v_head_ptr + (blocks * stride_vc_block + in_block * stride_vc_slot)[:, None] + offs_d[None, :]
+    if MASKED:
+        # other=0 also keeps uninitialised cache memory (NaN, inf) out of the dot products
+        k = tl.load(k_ptrs, mask=key_ok[None, :], other=0.0)
+        v = tl.load(v_ptrs, mask=key_ok[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+
+    s = tl.dot(q, k, input_precision="ieee") * qk_scale  # [BLOCK_M, TILE_N], log2 domain
+    if MASKED:
+        s = tl.where(keys[None, :] <= q_pos[:, None], s, float("-inf"))
+    # every row sees key 0 in the first tile, so m_new is finite and no exp2(-inf - -inf) occurs
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _paged_attention_kernel(
+    out_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    num_seqs,
+    num_q_blocks,
+    qk_scale,
+    stride_q_token,
+    stride_q_head,
+    stride_o_token,
+    stride_o_head,
+    stride_bt_seq,
+    stride_kc_block,
+    stride_kc_slot,
+    stride_kc_head,
+    stride_vc_block,
+    stride_vc_slot,
+    stride_vc_head,
+    GROUP: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    TILE_N: tl.constexpr,
+):
+    # highest global blocks first: within a prefill they hold the most keys (shorter tail)
+    q_block_global = num_q_blocks - 1 - tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = _find_seq(query_start_loc_ptr, q_block_global, num_seqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    q_block = q_block_global - (q_start // BLOCK_Q + seq)
+    if q_block * BLOCK_Q >= q_len:
+        return
+    ctx_len = tl.load(seq_lens_ptr + seq) - q_len
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, TILE_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    token_in_seq = q_block * BLOCK_Q + offs_m // GROUP
+    head = kv_head * GROUP + offs_m % GROUP
+    # rows past BLOCK_Q * GROUP exist only when GROUP does not divide BLOCK_M
+    row_ok = (offs_m < BLOCK_Q * GROUP) & (token_in_seq < q_len)
+    q_pos = ctx_len + token_in_seq
+    token = (q_start + token_in_seq).to(tl.int64)
+    q_offs = token[:, None] * stride_q_token + head[:, None] * stride_q_head + offs_d[None, :]
+    q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0)
+
+    block_table_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
+    k_head_ptr = k_cache_ptr + kv_head * stride_kc_head
+    v_head_ptr = v_cache_ptr + kv_head * stride_vc_head
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    first_pos = ctx_len + q_block * BLOCK_Q
+    last_pos = ctx_len + tl.minimum(q_block * BLOCK_Q + BLOCK_Q, q_len) - 1
+    num_full_tiles = (first_pos + 1) // TILE_N  # every key <= first_pos: visible to every row
+    num_tiles = tl.cdiv(last_pos + 1, TILE_N)
+    for tile in range(0, num_full_tiles):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, q_pos, tile * TILE_N, last_pos, qk_scale, block_table_row_ptr,
+            k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
+            offs_n, offs_d, BLOCK_SIZE, False,
+        )  # fmt: skip
+    for tile in range(num_full_tiles, num_tiles):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, q_pos, tile * TILE_N, last_pos, qk_scale, block_table_row_ptr,
+            k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
+            offs_n, offs_d, BLOCK_SIZE, True,
+        )  # fmt: skip
+
+    acc = acc / l_i[:, None]
+    o_offs = token[:, None] * stride_o_token + head[:, None] * stride_o_head + offs_d[None, :]
+    tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    max_seq_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of a flat ragged batch over the paged KV cache.
+
+    q [num_tokens, num_heads, head_dim]; caches [num_blocks, block_size, num_kv_heads, head_dim];
+    block_tables [num_seqs, max_blocks] int32; seq_lens [num_seqs] (ctx_len + q_len);
+    query_start_loc [num_seqs + 1]. Query row j of sequence i sits at absolute position
+    ctx_len + j and attends to cache positions 0..ctx_len + j. Query head h reads KV head
+    h // (num_heads // num_kv_heads). Returns [num_tokens, num_heads, head_dim] in q's dtype.
+    """
+    group = q.shape[1] // k_cache.shape[2]
+    tiles = choose_tiles(max_query_len, group, q.shape[2])
+    return paged_attention_with_tiles(
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, scale, tiles
+    )
+
+
+def paged_attention_with_tiles(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    max_seq_len: int,
+    scale: float,
+    tiles: AttentionTiles,
+) -> torch.Tensor:
+    """`paged_attention` with explicit tiles (tests and tile sweeps); same contract otherwise."""
+    num_tokens, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    num_seqs = seq_lens.shape[0]
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+    group = num_heads // num_kv_heads
+    if head_dim < 16 or head_dim & (head_dim - 1) or k_cache.shape[3] != head_dim:
+        raise ValueError(f"head_dim {head_dim} (cache {k_cache.shape[3]}) must be a power of two >= 16")
+    if block_size & (block_size - 1):
+        raise ValueError(f"block_size {block_size} must be a power of two")
+    if tiles.block_m < group or tiles.block_m & (tiles.block_m - 1) or tiles.tile_n & (tiles.tile_n - 1):
+        raise ValueError(f"{tiles}: block_m, tile_n must be powers of two, block_m >= group {group}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"paged_attention: {name} must be contiguous in head_dim (stride {t.stride()})")
+    out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+
+    block_q = tiles.block_m // group
+    num_q_blocks = num_tokens // block_q + num_seqs
+    log2_e = 1.4426950408889634
+    _paged_attention_kernel[(num_q_blocks, num_kv_heads)](
+        out,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        num_seqs,
+        num_q_blocks,
+        scale * log2_e,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        block_tables.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        GROUP=group,
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim,
+        BLOCK_M=tiles.block_m,
+        BLOCK_Q=block_q,
+        TILE_N=tiles.tile_n,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+    )
+    return out

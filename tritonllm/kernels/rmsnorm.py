@@ -1,0 +1,140 @@
+"""RMSNorm, optionally fused with the residual add that precedes it in every decoder layer.
+
+A program normalizes BLOCK_ROWS rows; the whole hidden vector of a row is one tile (hidden sizes
+of LLMs fit in registers), masked to the real hidden size. Rows are addressed through two strides
+so that Qwen3's per-head q/k norm reads q straight out of the fused qkv projection: row r lives at
+(r // inner_rows) * outer_stride + (r % inner_rows) * inner_stride.
+"""
+
+from __future__ import annotations
+
+from tritonllm import platform  # isort: skip  (on CPU it switches on the interpreter before triton loads)
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr,  # rows of x: [outer, inner_rows, hidden] with strides (x_outer_stride, x_inner_stride, 1)
+    residual_ptr,  # same layout as x with its own strides; read only when HAS_RESIDUAL
+    weight_ptr,  # [hidden]
+    out_ptr,  # [num_rows, hidden] contiguous, x's dtype
+    residual_out_ptr,  # [num_rows, hidden] contiguous, x's dtype; written only when HAS_RESIDUAL
+    num_rows,
+    hidden,
+    inner_rows,
+    x_outer_stride,
+    x_inner_stride,
+    res_outer_stride,
+    res_inner_stride,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    cols = tl.arange(0, BLOCK_H)
+    mask = (rows < num_rows)[:, None] & (cols < hidden)[None, :]
+    rows64 = rows.to(tl.int64)
+    outer, inner = rows64 // inner_rows, rows64 % inner_rows
+    x_offs = (outer * x_outer_stride + inner * x_inner_stride)[:, None] + cols[None, :]
+    out_offs = (rows64 * hidden)[:, None] + cols[None, :]
+
+    x = tl.load(x_ptr + x_offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        res_offs = (outer * res_outer_stride + inner * res_inner_stride)[:, None] + cols[None, :]
+        res = tl.load(residual_ptr + res_offs, mask=mask, other=0.0)
+        # the sum is rounded to x's dtype before it is normalized, as the residual stream is stored
+        x = (x.to(tl.float32) + res.to(tl.float32)).to(x.dtype)
+        tl.store(residual_out_ptr + out_offs, x, mask=mask)
+    xf = x.to(tl.float32)
+    mean_square = tl.sum(xf * xf, axis=1) / hidden
+    rstd = 1.0 / tl.sqrt(mean_square + eps)
+    w = tl.load(weight_ptr + cols, mask=cols < hidden, other=0.0).to(tl.float32)
+    out = xf * rstd[:, None] * w[None, :]
+    tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _as_rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
+    """View t as [outer, inner_rows, hidden] without copying when its rows are evenly strided."""
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    hidden = t.shape[-1]
+    if t.dim() == 1:
+        t = t.view(1, 1, hidden)
+    elif t.dim() == 2:
+        t = t.unsqueeze(1)
+    else:
+        t = t.reshape(-1, t.shape[-2], hidden)
+    return t, t.shape[1], t.stride(0), t.stride(1)
+
+
+def _launch_config(num_rows: int, hidden: int) -> tuple[int, int, int]:
+    """(BLOCK_ROWS, BLOCK_H, num_warps). GPU: about 2-4K elements per program, one row when the
+    row alone is that big. Interpreter: few programs, since each one costs milliseconds."""
+    block_h = triton.next_power_of_2(hidden)
+    if platform.is_interpreter():
+        block_rows = triton.next_power_of_2(triton.cdiv(num_rows, 8))
+        return min(block_rows, max(1, 65536 // block_h)), block_h, 1
+    block_rows = max(1, min(16, 2048 // block_h))
+    num_warps = min(16, max(1, block_rows * block_h // 512))
+    return block_rows, block_h, num_warps
+
+
+def _launch(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    hidden = x.shape[-1]
+    if weight.shape != (hidden,):
+        raise ValueError(f"rms_norm weight has shape {tuple(weight.shape)}, expected ({hidden},)")
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    residual_out = torch.empty_like(out) if residual is not None else None
+    num_rows = x.numel() // hidden
+    if num_rows == 0:
+        return out, residual_out
+    x_rows, inner_rows, x_outer, x_inner = _as_rows(x)
+    if residual is not None:
+        if residual.shape != x.shape:
+            raise ValueError(f"residual shape {tuple(residual.shape)} differs from x {tuple(x.shape)}")
+        res_rows, res_inner_rows, res_outer, res_inner = _as_rows(residual)
+        if res_inner_rows != inner_rows:
+            raise ValueError("residual and x must share their leading shape")
+    else:
+        res_rows, res_outer, res_inner = x_rows, 0, 0
+    block_rows, block_h, num_warps = _launch_config(num_rows, hidden)
+    _rms_norm_kernel[(triton.cdiv(num_rows, block_rows),)](
+        x_rows,
+        res_rows,
+        weight,
+        out,
+        residual_out if residual_out is not None else out,
+        num_rows,
+        hidden,
+        inner_rows,
+        x_outer,
+        x_inner,
+        res_outer,
+        res_inner,
+        eps,
+        HAS_RESIDUAL=residual is not None,
+        BLOCK_ROWS=block_rows,
+        BLOCK_H=block_h,
+        num_warps=num_warps,
+    )
+    return out, residual_out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., hidden] (rows may be strided), weight [hidden] -> new tensor, x's shape and dtype."""
+    return _launch(x, None, weight, eps)[0]
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """residual_out = x + residual (rounded to x's dtype); returns (rms_norm(residual_out), residual_out)."""
+    out, residual_out = _launch(x, residual, weight, eps)
+    assert residual_out is not None
+    return out, residual_out

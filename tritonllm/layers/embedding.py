@@ -1,0 +1,34 @@
+"""Token embedding and the LM head; with tied embeddings the head reuses the embedding weight."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class VocabEmbedding(nn.Module):
+    def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype), requires_grad=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids [num_tokens] -> [num_tokens, hidden]."""
+        return F.embedding(input_ids, self.weight)
+
+
+class LMHead(nn.Module):
+    """logits = hidden @ weight.T, weight [vocab, hidden]; `tied_to` shares the embedding's weight."""
+
+    def __init__(
+        self, vocab_size: int, hidden_size: int, dtype: torch.dtype, tied_to: VocabEmbedding | None = None
+    ) -> None:
+        super().__init__()
+        if tied_to is not None:
+            self.weight = tied_to.weight
+        else:
+            self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype), requires_grad=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [n, hidden] -> float32 logits [n, vocab] (sampling and log-probs want float32)."""
+        return F.linear(hidden, self.weight).float()

@@ -1,0 +1,53 @@
+"""Turns the logits of the rows that sample into tokens and, when asked, logprobs.
+
+Sampling runs on the device (`ops.sample`); logprobs are those of the model's raw distribution
+(before temperature and filters), as in vLLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tritonllm.kernels import ops
+
+
+@dataclass
+class SamplingTensors:
+    temperature: torch.Tensor  # [num_rows] float32; 0 = greedy
+    top_k: torch.Tensor  # [num_rows] int32; <= 0 = off
+    top_p: torch.Tensor  # [num_rows] float32; 1 = off
+    min_p: torch.Tensor  # [num_rows] float32; 0 = off
+    seeds: torch.Tensor  # [num_rows] int64: this step's seed of each row
+    banned_rows: torch.Tensor | None  # [num_banned] int64: rows of (row, token) pairs masked out (min_tokens)
+    banned_tokens: torch.Tensor | None  # [num_banned] int64
+    max_num_logprobs: int | None  # top-k logprobs to return; None: no logprobs at all
+
+
+@dataclass
+class TopLogprobs:
+    """Host lists, one entry per row: the top-k tokens and the chosen token's logprob and rank."""
+
+    top_ids: list[list[int]]
+    top_logprobs: list[list[float]]
+    token_logprobs: list[float]
+    token_ranks: list[int]
+
+
+def top_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> TopLogprobs:
+    """logprobs [rows, vocab] float32, token_ids [rows] -> top-k plus each chosen token's logprob and rank."""
+    token_lp = logprobs.gather(-1, token_ids.long()[:, None])[:, 0]
+    ranks = (logprobs > token_lp[:, None]).sum(-1) + 1
+    top_vals, top_ids = logprobs.topk(k, dim=-1) if k > 0 else (logprobs[:, :0], token_ids[:, None][:, :0])
+    return TopLogprobs(top_ids.tolist(), top_vals.tolist(), token_lp.tolist(), ranks.tolist())
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, st: SamplingTensors) -> tuple[list[int], TopLogprobs | None]:
+        logprobs = ops.log_softmax(logits) if st.max_num_logprobs is not None else None
+        if st.banned_rows is not None:
+            logits = logits.index_put((st.banned_rows, st.banned_tokens), torch.tensor(float("-inf"), device=logits.device))
+        token_ids = ops.sample(logits, st.temperature, st.top_k, st.top_p, st.min_p, st.seeds)
+        top = top_logprobs(logprobs, token_ids, st.max_num_logprobs) if logprobs is not None else None
+        return token_ids.tolist(), top

@@ -1,0 +1,258 @@
+"""One decoder-only family: Llama (incl. Llama 3.1 RoPE scaling), Mistral, Qwen2 and Qwen3.
+
+They differ only by flags read from the HF config (`LlamaFamilyFlags`): biases on q/k/v (Qwen2),
+RMSNorm of each q/k head before RoPE (Qwen3), tied embeddings, an explicit head_dim. Module
+names mirror HF's, except that q/k/v and gate/up are fused (`load_weights` maps them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from tritonllm.layers.activation import SiluAndMul
+from tritonllm.layers.attention import Attention, AttentionMetadata
+from tritonllm.layers.embedding import LMHead, VocabEmbedding
+from tritonllm.layers.linear import Linear, MergedLinear, QKVLinear, copy_weight
+from tritonllm.layers.norm import RMSNorm
+from tritonllm.layers.rotary import RotaryEmbedding, rope_parameters
+
+KVCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim]
+
+# HF tensor name part -> (our fused module name part, shard id)
+_FUSED_SHARDS: dict[str, tuple[str, str]] = {
+    ".q_proj.": (".qkv_proj.", "q"),
+    ".k_proj.": (".qkv_proj.", "k"),
+    ".v_proj.": (".qkv_proj.", "v"),
+    ".gate_proj.": (".gate_up_proj.", "gate"),
+    ".up_proj.": (".gate_up_proj.", "up"),
+}
+
+
+@dataclass(frozen=True)
+class LlamaFamilyFlags:
+    qkv_bias: bool
+    o_proj_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_config(cls, config: PretrainedConfig) -> LlamaFamilyFlags:
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        # HF's Qwen2 hard-codes biases on q/k/v and none on o_proj, whatever the config says
+        is_qwen2 = config.model_type == "qwen2"
+        return cls(
+            qkv_bias=is_qwen2 or attention_bias,
+            o_proj_bias=attention_bias and not is_qwen2,
+            mlp_bias=bool(getattr(config, "mlp_bias", False)),
+            qk_norm=config.model_type == "qwen3",
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        )
+
+
+def check_supported(config: PretrainedConfig) -> None:
+    """Refuse configs whose computation this model would not reproduce."""
+    name = (config.architectures or [config.model_type])[0]
+    if config.hidden_act != "silu":
+        raise ValueError(f"{name}: hidden_act {config.hidden_act!r} is not supported (only 'silu')")
+    window = getattr(config, "sliding_window", None)
+    # a window at least as long as the longest sequence never drops a token, so it is inactive
+    if window is not None and getattr(config, "use_sliding_window", True) and window < config.max_position_embeddings:
+        raise ValueError(
+            f"{name}: sliding-window attention (sliding_window={window} < max_position_embeddings="
+            f"{config.max_position_embeddings}) is not supported: tritonllm attends over the whole context, "
+            "so outputs past the window would differ; use a checkpoint without a sliding window"
+        )
+
+
+class LlamaAttention(nn.Module):
+    def __init__(
+        self, config: PretrainedConfig, flags: LlamaFamilyFlags, rotary: RotaryEmbedding, dtype: torch.dtype
+    ) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = model_head_dim(config)
+        self.qkv_proj = QKVLinear(
+            config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, flags.qkv_bias, dtype
+        )
+        self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, flags.o_proj_bias, dtype)
+        self.qk_norm = flags.qk_norm
+        if self.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype)
+        self.rotary_emb = rotary
+        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
+
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
+        if self.qk_norm:
+            # Qwen3 normalises every head's q and k over head_dim before RoPE
+            num_tokens = hidden.shape[0]
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view(num_tokens, -1)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view(num_tokens, -1)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, kv_cache, meta))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: PretrainedConfig, flags: LlamaFamilyFlags, dtype: torch.dtype) -> None:
+        super().__init__()
+        size = config.intermediate_size
+        self.gate_up_proj = MergedLinear(config.hidden_size, {"gate": size, "up": size}, flags.mlp_bias, dtype)
+        self.down_proj = Linear(size, config.hidden_size, flags.mlp_bias, dtype)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(
+        self, config: PretrainedConfig, flags: LlamaFamilyFlags, rotary: RotaryEmbedding, dtype: torch.dtype
+    ) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, flags, rotary, dtype)
+        self.mlp = LlamaMLP(config, flags, dtype)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-norm block; the residual add is fused into the next norm, so the sum travels separately."""
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, kv_cache, meta)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: PretrainedConfig, flags: LlamaFamilyFlags, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype)
+        head_dim = model_head_dim(config)
+        params = rope_parameters(config)
+        rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
+        rotary = RotaryEmbedding(head_dim, rotary_dim, config.max_position_embeddings, params)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, flags, rotary, dtype) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[KVCache],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+def model_head_dim(config: PretrainedConfig) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class LlamaForCausalLM(nn.Module):
+    """Serves LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM checkpoints.
+
+    Parameters are allocated once, uninitialised, in `dtype` on `device`; `load_weights` fills them.
+    """
+
+    def __init__(self, config: PretrainedConfig, dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        check_supported(config)
+        self.config = config
+        self.flags = LlamaFamilyFlags.from_config(config)
+        self.num_layers: int = config.num_hidden_layers
+        self.num_kv_heads: int = config.num_key_value_heads
+        self.head_dim: int = model_head_dim(config)
+        self.vocab_size: int = config.vocab_size
+        # layers create their parameters with torch.empty: the device context puts them in place
+        with torch.device(device):
+            self.model = LlamaModel(config, self.flags, dtype)
+            tied = self.model.embed_tokens if self.flags.tie_word_embeddings else None
+            self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype, tied_to=tied)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[KVCache],
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """input_ids, positions [num_tokens] int64 -> final hidden states [num_tokens, hidden]."""
+        return self.model(input_ids, positions, kv_caches, attn_metadata)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [n, hidden] -> float32 logits [n, vocab]."""
+        return self.lm_head(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named checkpoint tensors into our parameters (fusing q/k/v and gate/up).
+
+        Raises ValueError naming every missing and every unexpected tensor, after reading them all.
+        """
+        params = dict(self.named_parameters())
+        expected = self._expected_checkpoint_names(params)
+        loaded: set[str] = set()
+        unexpected: list[str] = []
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:  # a buffer some checkpoints carry; we build our own
+                continue
+            if name == "lm_head.weight" and self.flags.tie_word_embeddings:  # same tensor as the embedding
+                continue
+            target, shard_id = _our_name(name)
+            if target not in params:
+                unexpected.append(name)
+                continue
+            if shard_id is None:
+                copy_weight(params[target], tensor, name)
+            else:
+                module = self.get_submodule(target.rsplit(".", 1)[0])
+                module.weight_loader(params[target], tensor, shard_id)
+            loaded.add(name)
+        missing = sorted(expected - loaded)
+        if missing or unexpected:
+            raise ValueError(
+                f"checkpoint does not match {type(self).__name__} ({self.config.model_type}): "
+                f"missing tensors {missing}; unexpected tensors {sorted(unexpected)}"
+            )
+
+    def _expected_checkpoint_names(self, params: dict[str, nn.Parameter]) -> set[str]:
+        """Every HF tensor name the checkpoint must hold: each fused param stands for its shards."""
+        expected: set[str] = set()
+        for name in params:
+            shards = [name.replace(ours, hf) for hf, (ours, _) in _FUSED_SHARDS.items() if ours in name]
+            expected.update(shards or [name])
+        return expected
+
+
+def _our_name(hf_name: str) -> tuple[str, str | None]:
+    """HF tensor name -> (our parameter name, shard id within a fused parameter or None)."""
+    for hf_part, (our_part, shard_id) in _FUSED_SHARDS.items():
+        if hf_part in hf_name:
+            return hf_name.replace(hf_part, our_part), shard_id
+    return hf_name, None

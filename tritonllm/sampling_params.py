@@ -1,0 +1,73 @@
+"""SamplingParams: how to sample one request, with vLLM's names and defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: off
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16  # None: up to max_model_len
+    min_tokens: int = 0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None  # top-k logprobs per generated token (plus the sampled one)
+    prompt_logprobs: int | None = None  # top-k logprobs per prompt token (plus the prompt one)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    priority: int = 0
+    stop_strings: list[str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise ValueError(message)
+
+        need(isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}")
+        need(self.temperature >= 0.0, f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        need(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
+        need(isinstance(self.top_k, int) and self.top_k >= -1, f"top_k must be -1, 0 (off) or >= 1, got {self.top_k}")
+        need(0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}")
+        need(self.seed is None or isinstance(self.seed, int), f"seed must be an integer or None, got {self.seed!r}")
+        need(
+            self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
+            f"max_tokens must be an integer >= 1 or None, got {self.max_tokens!r}",
+        )
+        need(
+            isinstance(self.min_tokens, int) and self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens}"
+        )
+        need(
+            self.max_tokens is None or self.min_tokens <= self.max_tokens,
+            f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})",
+        )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            need(
+                value is None or (isinstance(value, int) and 0 <= value <= MAX_LOGPROBS),
+                f"{name} must be None or an integer in [0, {MAX_LOGPROBS}], got {value!r}",
+            )
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        need(
+            all(isinstance(s, str) and s for s in stop),
+            f"stop must be a non-empty string or list of them, got {self.stop!r}",
+        )
+        self.stop_strings = stop
+        ids = list(self.stop_token_ids or [])
+        need(
+            all(isinstance(t, int) and t >= 0 for t in ids),
+            f"stop_token_ids must be token ids, got {self.stop_token_ids!r}",
+        )
+        self.stop_token_ids = ids
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

@@ -1,0 +1,145 @@
+"""Runs one scheduled step on the device: batch metadata, forward pass, logits, sampling.
+
+The scheduler's `SchedulerOutput` becomes device tensors once per step (one host-to-device copy
+each); layers never see requests. Owns the KV cache tensors: per layer K and V, each
+[num_blocks, block_size, num_kv_heads, head_dim].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from tritonllm.engine.kv_cache import KVCacheManager
+from tritonllm.engine.scheduler import SchedulerOutput
+from tritonllm.kernels import ops
+from tritonllm.layers.attention import AttentionMetadata
+from tritonllm.layers.sampler import Sampler, SamplingTensors, TopLogprobs, top_logprobs
+
+_SEED_MASK = (1 << 62) - 1
+
+
+def step_seed(base_seed: int, step: int) -> int:
+    """The seed of one request's `step`-th sampled token: a reproducible mix of both."""
+    return (base_seed * 0x9E3779B97F4A7C15 + (step + 1) * 0xBF58476D1CE4E5B9) & _SEED_MASK
+
+
+@dataclass
+class StepResult:
+    """What one step produced, on the host, keyed by request id."""
+
+    sampled: dict[str, int] = field(default_factory=dict)
+    sampled_logprobs: dict[str, tuple[list[int], list[float], float, int]] = field(default_factory=dict)
+    # request id -> (first prompt position covered, TopLogprobs of consecutive prompt positions)
+    prompt_logprobs: dict[str, tuple[int, TopLogprobs]] = field(default_factory=dict)
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype, device: torch.device, block_size: int) -> None:
+        self.model = model
+        self.dtype = dtype
+        self.device = device
+        self.block_size = block_size
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.sampler = Sampler()
+
+    def kv_bytes_per_block(self) -> int:
+        m = self.model
+        return 2 * m.num_layers * self.block_size * m.num_kv_heads * m.head_dim * torch.finfo(self.dtype).bits // 8
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        m = self.model
+        shape = (m.num_layers, 2, num_blocks, self.block_size, m.num_kv_heads, m.head_dim)
+        cache = torch.empty(shape, dtype=self.dtype, device=self.device)
+        self.kv_caches = [(cache[i, 0], cache[i, 1]) for i in range(m.num_layers)]
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput, kv_cache: KVCacheManager) -> StepResult:
+        bs = self.block_size
+        ids: list[int] = []
+        positions: list[np.ndarray] = []
+        slots: list[np.ndarray] = []
+        seq_lens: list[int] = []
+        query_start = [0]
+        tables: list[list[int]] = []
+        sample_rows: list[int] = []
+        prompt_rows: list[tuple[str, int, int, int]] = []  # (request id, first row, first position, count)
+        for s in sched.scheduled:
+            r = s.request
+            start, end = r.num_computed_tokens, r.num_computed_tokens + s.num_new_tokens
+            row0 = query_start[-1]
+            ids.extend(r.token_ids_range(start, end))
+            pos = np.arange(start, end, dtype=np.int64)
+            blocks = np.asarray(kv_cache.block_ids(r.request_id), dtype=np.int64)
+            positions.append(pos)
+            slots.append(blocks[pos // bs] * bs + pos % bs)
+            seq_lens.append(end)
+            query_start.append(row0 + s.num_new_tokens)
+            tables.append(kv_cache.block_ids(r.request_id))
+            if s.samples:
+                sample_rows.append(query_start[-1] - 1)
+            if r.params.prompt_logprobs is not None:
+                # row of position p predicts prompt token p + 1; keep those not computed before
+                first = max(start, len(r.prompt_logprobs) - 1)  # prompt_logprobs starts as [None]
+                last = min(end, r.num_prompt_tokens - 1)
+                if last > first:
+                    prompt_rows.append((r.request_id, row0 + first - start, first + 1, last - first))
+
+        max_blocks = max(len(t) for t in tables)
+        table_np = np.zeros((len(tables), max_blocks), dtype=np.int32)
+        for i, t in enumerate(tables):
+            table_np[i, : len(t)] = t
+        to_dev = lambda a, dt: torch.from_numpy(np.asarray(a)).to(device=self.device, dtype=dt, non_blocking=True)
+        meta = AttentionMetadata(
+            slot_mapping=to_dev(np.concatenate(slots), torch.int64),
+            block_tables=to_dev(table_np, torch.int32),
+            seq_lens=to_dev(np.asarray(seq_lens, dtype=np.int32), torch.int32),
+            query_start_loc=to_dev(np.asarray(query_start, dtype=np.int32), torch.int32),
+            max_query_len=max(s.num_new_tokens for s in sched.scheduled),
+            max_seq_len=max(seq_lens),
+        )
+        input_ids = to_dev(np.asarray(ids, dtype=np.int64), torch.int64)
+        hidden = self.model(input_ids, to_dev(np.concatenate(positions), torch.int64), self.kv_caches, meta)
+
+        result = StepResult()
+        sampling = [s.request for s in sched.scheduled if s.samples]
+        if sampling:
+            logits = self.model.compute_logits(hidden[to_dev(sample_rows, torch.int64)])
+            tokens, top = self.sampler(logits, self._sampling_tensors(sampling))
+            for i, r in enumerate(sampling):
+                result.sampled[r.request_id] = tokens[i]
+                if top is not None and r.params.logprobs is not None:
+                    k = r.params.logprobs
+                    result.sampled_logprobs[r.request_id] = (
+                        top.top_ids[i][:k], top.top_logprobs[i][:k], top.token_logprobs[i], top.token_ranks[i]
+                    )
+        for request_id, row0, first_pos, count in prompt_rows:
+            request = next(s.request for s in sched.scheduled if s.request.request_id == request_id)
+            logits = self.model.compute_logits(hidden[row0 : row0 + count])
+            targets = torch.tensor(request.prompt_token_ids[first_pos : first_pos + count], device=self.device)
+            top = top_logprobs(ops.log_softmax(logits), targets, request.params.prompt_logprobs)
+            result.prompt_logprobs[request_id] = (first_pos, top)
+        return result
+
+    def _sampling_tensors(self, requests: list) -> SamplingTensors:
+        banned_rows: list[int] = []
+        banned_tokens: list[int] = []
+        for row, r in enumerate(requests):
+            if len(r.output_token_ids) < r.params.min_tokens:
+                stops = set(r.params.stop_token_ids) | (set() if r.params.ignore_eos else set(r.eos_token_ids))
+                banned_rows.extend([row] * len(stops))
+                banned_tokens.extend(sorted(stops))
+        want_logprobs = [r.params.logprobs for r in requests if r.params.logprobs is not None]
+        dev = lambda values, dt: torch.tensor(values, dtype=dt).to(self.device, non_blocking=True)
+        return SamplingTensors(
+            temperature=dev([r.params.temperature for r in requests], torch.float32),
+            top_k=dev([r.params.top_k for r in requests], torch.int32),
+            top_p=dev([r.params.top_p for r in requests], torch.float32),
+            min_p=dev([r.params.min_p for r in requests], torch.float32),
+            seeds=dev([step_seed(r.seed, len(r.output_token_ids)) for r in requests], torch.int64),
+            banned_rows=dev(banned_rows, torch.int64) if banned_rows else None,
+            banned_tokens=dev(banned_tokens, torch.int64) if banned_rows else None,
+            max_num_logprobs=max(want_logprobs) if want_logprobs else None,
+        )

@@ -1,0 +1,98 @@
+"""Workloads that `python -m tritonllm.run` can run, and the figures it reports for them."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tritonllm.entrypoints.llm import LLM
+from tritonllm.sampling_params import SamplingParams
+
+
+@dataclass
+class WorkloadResult:
+    num_requests: int
+    prompt_tokens: int
+    output_tokens: int
+    elapsed_s: float
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "num_requests": self.num_requests,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "elapsed_s": round(self.elapsed_s, 4),
+            "output_tok_per_s": round(self.output_tokens / self.elapsed_s, 2),
+            "total_tok_per_s": round((self.prompt_tokens + self.output_tokens) / self.elapsed_s, 2),
+        }
+
+
+def run_demo(llm: LLM, workload: dict[str, Any]) -> dict[str, Any]:
+    params = SamplingParams(
+        temperature=workload["temperature"], max_tokens=workload["max_tokens"], ignore_eos=workload["ignore_eos"]
+    )
+    start = time.perf_counter()
+    outputs = llm.generate(list(workload["prompts"]), params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    for out in outputs:
+        print(f"Prompt: {out.prompt!r}\nGenerated: {out.outputs[0].text!r}\n")
+    result = WorkloadResult(
+        len(outputs),
+        sum(len(o.prompt_token_ids) for o in outputs),
+        sum(len(o.outputs[0].token_ids) for o in outputs),
+        elapsed,
+    )
+    return result.summary()
+
+
+def random_requests(workload: dict[str, Any], vocab_size: int, count: int, seed: int) -> list[tuple[list[int], int]]:
+    rng = random.Random(seed)
+    requests = []
+    for _ in range(count):
+        prompt_len = rng.randint(workload["prompt_len_min"], workload["prompt_len_max"])
+        output_len = rng.randint(workload["output_len_min"], workload["output_len_max"])
+        requests.append(([rng.randrange(vocab_size) for _ in range(prompt_len)], output_len))
+    return requests
+
+
+def run_random(llm: LLM, workload: dict[str, Any]) -> dict[str, Any]:
+    vocab_size = llm.llm_engine.hf_config.vocab_size
+
+    def generate(requests: list[tuple[list[int], int]]):
+        prompts = [{"prompt_token_ids": ids} for ids, _ in requests]
+        params = [
+            SamplingParams(temperature=workload["temperature"], max_tokens=n, ignore_eos=True, seed=i)
+            for i, (_, n) in enumerate(requests)
+        ]
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        return outputs, time.perf_counter() - start
+
+    if workload["warmup_requests"]:
+        generate(random_requests(workload, vocab_size, workload["warmup_requests"], workload["seed"] + 1))
+    outputs, elapsed = generate(random_requests(workload, vocab_size, workload["num_requests"], workload["seed"]))
+    result = WorkloadResult(
+        len(outputs),
+        sum(len(o.prompt_token_ids) for o in outputs),
+        sum(len(o.outputs[0].token_ids) for o in outputs),
+        elapsed,
+    ).summary()
+    ttfts = [o.metrics.first_token_s for o in outputs if o.metrics is not None and o.metrics.first_token_s is not None]
+    if ttfts:
+        result["mean_ttft_s"] = round(sum(ttfts) / len(ttfts), 4)
+    if workload["num_requests"] == 1 and ttfts:
+        decode_tokens = result["output_tokens"] - 1
+        result["decode_tok_per_s"] = round(decode_tokens / (elapsed - ttfts[0]), 2)
+    return result
+
+
+WORKLOADS = {"demo": run_demo, "random": run_random}
+
+
+def run_workload(llm: LLM, workload: dict[str, Any]) -> dict[str, Any]:
+    kind = workload["kind"]
+    if kind not in WORKLOADS:
+        raise ValueError(f"workload.kind={kind!r} is not one of {sorted(WORKLOADS)}")
+    return WORKLOADS[kind](llm, workload)
