@@ -24,6 +24,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # top-k logprobs per prompt token (plus the prompt one)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    detokenize: bool = True  # False: token ids only (benchmarks)
     priority: int = 0
     stop_strings: list[str] = field(init=False, repr=False)
 

@@ -63,7 +63,7 @@ def run_random(llm: LLM, workload: dict[str, Any]) -> dict[str, Any]:
     def generate(requests: list[tuple[list[int], int]]):
         prompts = [{"prompt_token_ids": ids} for ids, _ in requests]
         params = [
-            SamplingParams(temperature=workload["temperature"], max_tokens=n, ignore_eos=True, seed=i)
+            SamplingParams(temperature=workload["temperature"], max_tokens=n, ignore_eos=True, seed=i, detokenize=False)
             for i, (_, n) in enumerate(requests)
         ]
         start = time.perf_counter()

@@ -22,7 +22,7 @@ from tritonllm.engine.scheduler import Scheduler
 from tritonllm.kernels import ops
 from tritonllm.loader.hf_config import load_eos_token_ids
 from tritonllm.loader.tokenizer import load_tokenizer
-from tritonllm.models.registry import load_model
+from tritonllm.models.loader import load_model
 from tritonllm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from tritonllm.sampling_params import SamplingParams
 from tritonllm.worker.model_runner import ModelRunner, StepResult
@@ -56,7 +56,7 @@ class LLMEngine:
         self.device = platform.DEVICE
         self.model, self.hf_config = load_model(path, self.dtype, self.device)
         self.tokenizer = load_tokenizer(config.model.tokenizer or path)
-        self.eos_token_ids = frozenset(load_eos_token_ids(path))
+        self.eos_token_ids = frozenset(load_eos_token_ids(path, self.hf_config))
 
         model_max_len = getattr(self.hf_config, "max_position_embeddings", None) or 2048
         self.max_model_len = config.model.max_model_len or model_max_len
@@ -218,11 +218,10 @@ class LLMEngine:
             ids, lps, token_lp, rank = result.sampled_logprobs[r.request_id]
             r.logprobs.append(self._logprob_dict(ids, lps, token, token_lp, rank))
             r.cumulative_logprob += token_lp
-        detok = group.detokenizers[group.children.index(r)]
-        new_text = detok.append(token)
+        p = r.params
+        new_text = group.detokenizers[group.children.index(r)].append(token) if p.detokenize else ""
         r.output_text += new_text
         status = None
-        p = r.params
         num_out = len(r.output_token_ids)
         if num_out >= p.min_tokens:
             if not p.ignore_eos and token in r.eos_token_ids:

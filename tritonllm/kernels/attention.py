@@ -67,7 +67,7 @@ def choose_tiles(max_query_len: int, group: int, head_dim: int) -> AttentionTile
 @triton.jit
 def _find_seq(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
     """The last sequence i whose first query block, query_start_loc[i] // BLOCK_Q + i, is <= q_block."""
-    lo = 0
+    lo: tl.int32 = 0
     hi = num_seqs
     while lo < hi:
         mid = (lo + hi) // 2
@@ -104,7 +104,7 @@ def _attend_tile(
     some row's causal limit or past the sequence (last_pos is the tile's last query position)."""
     keys = start_n + offs_n
     if MASKED:
-        key_ok = keys <= last_pos + 1
+        key_ok = keys <= last_pos
         blocks = tl.load(block_table_row_ptr + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
     else:
         blocks = tl.load(block_table_row_ptr + keys // BLOCK_SIZE).to(tl.int64)
@@ -131,7 +131,8 @@ def _attend_tile(
     return acc, m_new, l_i
 
 
-@triton.jit
+# specialising num_seqs == 1 would make the binary search's bound a constant of another type
+@triton.jit(do_not_specialize=["num_seqs", "num_q_blocks"])
 def _paged_attention_kernel(
     out_ptr,
     q_ptr,

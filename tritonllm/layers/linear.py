@@ -2,7 +2,8 @@
 
 HF checkpoints store q/k/v (and gate/up) as separate matrices; we keep each group in one fused
 weight so a layer runs one GEMM instead of three (or two). `weight_loader` copies each HF shard
-into its rows of the fused weight.
+into its rows of the fused weight. Parameters are allocated uninitialised with torch.empty on the
+current default device: models build their layers under `with torch.device(device)`.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def copy_weight(param: nn.Parameter, loaded_weight: torch.Tensor, name: str = "") -> None:
+def copy_weight(param: nn.Parameter, loaded_weight: torch.Tensor, name: str) -> None:
     """Copy a checkpoint tensor into a preallocated parameter (casting dtype, moving device)."""
     if param.shape != loaded_weight.shape:
         raise ValueError(
-            f"tensor {name or '?'} has shape {tuple(loaded_weight.shape)}, the model expects {tuple(param.shape)}"
+            f"{name}: the checkpoint's shape {tuple(loaded_weight.shape)} is not the model's {tuple(param.shape)}"
         )
     param.data.copy_(loaded_weight)
 
@@ -52,7 +53,7 @@ class MergedLinear(Linear):
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str) -> None:
         """Copy one shard (a weight [size, in] or a bias [size]) into its rows of the fused param."""
         offset, size = self.shard_offsets[shard_id]
-        copy_weight(param.narrow(0, offset, size), loaded_weight, f"shard {shard_id!r}")
+        copy_weight(param.narrow(0, offset, size), loaded_weight, f"shard {shard_id!r} of a fused weight")
 
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The output columns of each shard, in order (views of y)."""

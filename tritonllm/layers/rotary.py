@@ -78,9 +78,7 @@ class RotaryEmbedding(nn.Module):
         cache = build_cos_sin_cache(max_position, inverse_frequencies(rotary_dim, params))
         self.register_buffer("cos_sin_cache", cache.to(torch.get_default_device()), persistent=False)
 
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [num_tokens]; q [num_tokens, num_heads * head_dim]; k [num_tokens, num_kv_heads *
         head_dim]. Returns rotated (q, k)."""
         return ops.rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_dim, True)

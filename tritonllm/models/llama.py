@@ -232,7 +232,10 @@ class LlamaForCausalLM(nn.Module):
                 copy_weight(params[target], tensor, name)
             else:
                 module = self.get_submodule(target.rsplit(".", 1)[0])
-                module.weight_loader(params[target], tensor, shard_id)
+                try:
+                    module.weight_loader(params[target], tensor, shard_id)
+                except ValueError as error:
+                    raise ValueError(f"{name}: {error}") from error
             loaded.add(name)
         missing = sorted(expected - loaded)
         if missing or unexpected:

@@ -15,6 +15,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 TINY_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 # bump when the folders' contents change, so stale caches are not reused
@@ -60,10 +62,8 @@ def training_corpus() -> list[str]:
     return _CORPUS.splitlines() * 4 + generated
 
 
-def make_tiny_tokenizer():  # -> transformers.PreTrainedTokenizerFast
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
+def make_tiny_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer (640 tokens, specials first) trained on `training_corpus()`."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -79,7 +79,7 @@ def make_tiny_tokenizer():  # -> transformers.PreTrainedTokenizerFast
     tokenizer.post_processor = processors.TemplateProcessing(
         single="<|bos|> $A", pair="<|bos|> $A <|bos|> $B", special_tokens=[("<|bos|>", bos_id)]
     )
-    return PreTrainedTokenizerFast(
+    return transformers.PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token="<|bos|>",
         eos_token="<|eos|>",
@@ -88,9 +88,9 @@ def make_tiny_tokenizer():  # -> transformers.PreTrainedTokenizerFast
     )
 
 
-def _tiny_config(architecture: str, vocab_size: int, bos_id: int, eos_id: int, pad_id: int):
-    import transformers
-
+def _tiny_config(
+    architecture: str, vocab_size: int, bos_id: int, eos_id: int, pad_id: int
+) -> transformers.PretrainedConfig:
     common = dict(
         vocab_size=vocab_size,
         hidden_size=256,
@@ -146,8 +146,6 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
 
 def make_tiny_model(path: str | Path, architecture: str = "LlamaForCausalLM", seed: int = 0) -> Path:
     """Write a tiny random HF model folder (float32) for `architecture` at `path`; same seed, same files."""
-    import transformers
-
     folder = Path(path)
     tokenizer = make_tiny_tokenizer()
     bos_id, eos_id, pad_id = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id

@@ -1,0 +1,14 @@
+import pytest
+
+from tritonllm.models.tiny import TINY_ARCHITECTURES, tiny_model_path
+
+
+@pytest.fixture(scope="session", params=TINY_ARCHITECTURES)
+def tiny_model(request) -> str:
+    """The path of a tiny random-weight HF folder, once per supported architecture."""
+    return str(tiny_model_path(request.param))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama() -> str:
+    return str(tiny_model_path("LlamaForCausalLM"))

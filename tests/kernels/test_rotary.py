@@ -1,0 +1,78 @@
+"""Rotary embedding kernel against the torch reference: NeoX and GPT-J layouts, full and partial
+rotary, random positions gathered from Llama-like cos/sin caches, q and k read from a fused qkv."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tritonllm.kernels import reference
+from tritonllm.kernels.rotary import rotary_embedding
+
+TOLERANCES = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
+
+def _cos_sin_cache(max_position: int, rot_dim: int, base: float) -> torch.Tensor:
+    inv_freq = 1.0 / base ** (torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim)
+    freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+
+
+def _check(num_tokens, num_heads, num_kv_heads, head_dim, rot_dim, is_neox, dtype, device="cpu", seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    max_position = 8192
+    cache = _cos_sin_cache(max_position, rot_dim, base=500000.0 if seed % 2 else 10000.0).to(device)
+    positions = torch.randint(0, max_position, (num_tokens,), generator=gen).to(device)
+    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, generator=gen).to(device, dtype)
+    q = qkv[:, : num_heads * head_dim]
+    k = qkv[:, num_heads * head_dim : (num_heads + num_kv_heads) * head_dim]
+    qkv_before = qkv.clone()
+    q_out, k_out = rotary_embedding(positions, q, k, cache, head_dim, is_neox)
+    q_ref, k_ref = reference.rotary_embedding(positions, q, k, cache, head_dim, is_neox)
+    tol = TOLERANCES[dtype]
+    for actual, expected in ((q_out, q_ref), (k_out, k_ref)):
+        assert actual.shape == expected.shape and actual.dtype == expected.dtype
+        torch.testing.assert_close(actual.float(), expected.float(), atol=tol, rtol=tol)
+    assert torch.equal(qkv, qkv_before), "rotary_embedding must not write its inputs"
+
+
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize(
+    "num_tokens, num_heads, num_kv_heads, head_dim, rot_dim",
+    [
+        (1, 4, 4, 64, 64),  # decode of one sequence, MHA
+        (37, 6, 2, 64, 64),  # GQA
+        (13, 5, 1, 128, 64),  # partial rotary (half)
+        (29, 3, 3, 80, 32),  # head_dim 80, rot 32 (Phi-like)
+        (50, 7, 1, 96, 96),  # non-power-of-two head_dim
+    ],
+)
+def test_rotary_matches_reference(num_tokens, num_heads, num_kv_heads, head_dim, rot_dim, is_neox) -> None:
+    _check(num_tokens, num_heads, num_kv_heads, head_dim, rot_dim, is_neox, torch.float32, seed=num_tokens)
+
+
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_rotary_matches_reference_in_float16(is_neox: bool) -> None:
+    _check(21, 8, 2, 128, 128, is_neox, torch.float16, seed=3)
+
+
+def test_rotary_accepts_three_dimensional_heads() -> None:
+    gen = torch.Generator().manual_seed(5)
+    cache = _cos_sin_cache(1000, 64, 10000.0)
+    positions = torch.randint(0, 1000, (9,), generator=gen, dtype=torch.int32)
+    q, k = torch.randn(9, 4, 64, generator=gen), torch.randn(9, 2, 64, generator=gen)
+    q_out, k_out = rotary_embedding(positions, q, k, cache, 64, True)
+    q_ref, k_ref = reference.rotary_embedding(positions, q, k, cache, 64, True)
+    torch.testing.assert_close(q_out, q_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k_out, k_ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize(
+    "num_tokens, num_heads, num_kv_heads, head_dim, rot_dim",
+    [(1, 32, 8, 128, 128), (4099, 32, 8, 128, 128), (1000, 40, 8, 128, 64), (333, 16, 16, 256, 256)],
+)
+def test_rotary_bfloat16_on_gpu(num_tokens, num_heads, num_kv_heads, head_dim, rot_dim, is_neox) -> None:
+    _check(num_tokens, num_heads, num_kv_heads, head_dim, rot_dim, is_neox, torch.bfloat16, "cuda", seed=7)

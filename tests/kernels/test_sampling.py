@@ -1,0 +1,262 @@
+"""Sampling kernels against the torch reference: log-softmax, the top-k / top-p / min-p mask (exact,
+up to tokens whose fate float rounding decides), greedy argmax, and Gumbel-max draws that stay in
+the mask, reproduce from their seed in any batch and follow the masked distribution."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tritonllm.kernels import reference
+from tritonllm.kernels.sampling import log_softmax, sample, sampling_mask
+
+GPU_VOCAB = 151936
+
+
+def _logits(num_rows, vocab, seed, dtype=torch.float32, device="cpu", scale=3.0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return (scale * torch.randn(num_rows, vocab, generator=gen)).to(device, dtype)
+
+
+def _params(num_rows, seed, filters=("top_k", "top_p", "min_p"), device="cpu") -> dict[str, torch.Tensor]:
+    """Random per-row parameters; every fourth row is greedy and some rows switch a filter off."""
+    gen = torch.Generator().manual_seed(seed)
+    temperature = 0.2 + 1.5 * torch.rand(num_rows, generator=gen)
+    temperature[::4] = 0.0
+    top_k = torch.randint(-2, 60, (num_rows,), generator=gen, dtype=torch.int32)
+    top_p = 0.3 + 0.8 * torch.rand(num_rows, generator=gen)
+    min_p = 0.25 * torch.rand(num_rows, generator=gen) - 0.05
+    params = {
+        "temperature": temperature,
+        "top_k": top_k if "top_k" in filters else torch.zeros_like(top_k),
+        "top_p": top_p if "top_p" in filters else torch.ones_like(top_p),
+        "min_p": min_p if "min_p" in filters else torch.zeros_like(min_p),
+    }
+    return {name: value.to(device) for name, value in params.items()}
+
+
+def _seeds(num_rows, first=0, device="cpu") -> torch.Tensor:
+    return (first + 7919 * torch.arange(num_rows, dtype=torch.int64)).to(device)
+
+
+def _rounding_decides(logits, temperature, top_k, top_p, min_p) -> torch.Tensor:
+    """bool [num_rows, vocab]: tokens whose membership in the mask float rounding may flip, where
+    the top-p mass above the token or its min-p ratio lies within rounding of the cut (computed
+    in float64), or whose float32 probability ties one of a larger logit."""
+    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).float()
+    scaled = logits.float() / t[:, None]
+    vocab = scaled.shape[-1]
+    k = torch.where(top_k > 0, top_k.long(), torch.full_like(top_k.long(), vocab)).clamp(max=vocab)
+    kept_k = scaled >= scaled.sort(dim=-1, descending=True).values.gather(-1, (k - 1)[:, None])
+    probs = torch.softmax(scaled.double().masked_fill(~kept_k, float("-inf")), dim=-1)
+    ascending = probs.sort(dim=-1).values
+    suffix_mass = torch.cat([ascending.flip(-1).cumsum(-1).flip(-1), torch.zeros_like(ascending[:, :1])], -1)
+
+    def mass_above(p: torch.Tensor) -> torch.Tensor:
+        return suffix_mass.gather(-1, torch.searchsorted(ascending, p.contiguous(), right=True))
+
+    cut = top_p[:, None].double()
+    near_top_p = (cut < 1) & kept_k & (mass_above(probs * (1 + 1e-5)) - 1e-4 <= cut)
+    near_top_p &= cut <= mass_above(probs) + 1e-4
+    ratio = torch.exp(scaled.double() - scaled.double().max(-1, keepdim=True).values)
+    near_min_p = (ratio - min_p[:, None].double()).abs() <= 1e-6
+    return near_top_p | near_min_p
+
+
+def _assert_masks_agree(logits, params) -> torch.Tensor:
+    mask = sampling_mask(logits, **params)
+    expected = reference.sampling_mask(logits, **params)
+    assert mask.dtype == torch.bool and mask.shape == expected.shape
+    disagree = mask != expected
+    unexplained = disagree & ~_rounding_decides(logits, **params)
+    assert not unexplained.any(), f"{int(unexplained.sum())} tokens differ from the reference mask"
+    assert disagree.sum() <= max(1, expected.shape[0] // 8), "too many near-threshold disagreements"
+    return expected
+
+
+def _masked_probs(logits, params) -> torch.Tensor:
+    keep = reference.sampling_mask(logits, **params)
+    t = torch.where(params["temperature"] > 0, params["temperature"], 1.0).float()
+    return torch.softmax((logits.float() / t[:, None]).masked_fill(~keep, float("-inf")), dim=-1)
+
+
+def _total_variation_of_draws(logits_row, params_row, num_draws, device="cpu") -> float:
+    """Draw num_draws tokens in one call (one row per draw, same logits, distinct seeds)."""
+    logits = logits_row.expand(num_draws, -1).contiguous()
+    params = {name: value.expand(num_draws).contiguous() for name, value in params_row.items()}
+    tokens = sample(logits, **params, seeds=_seeds(num_draws, first=11, device=device))
+    empirical = torch.bincount(tokens, minlength=logits.shape[-1]).double() / num_draws
+    expected = _masked_probs(logits[:1], {name: value[:1] for name, value in params.items()})[0].double()
+    assert reference.sampling_mask(logits[:1], **{n: v[:1] for n, v in params.items()})[0, tokens].all()
+    return 0.5 * (empirical - expected).abs().sum().item()
+
+
+# ---- log_softmax ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("num_rows, vocab", [(1, 7), (13, 500), (5, 5000)])
+def test_log_softmax_matches_reference(num_rows: int, vocab: int, dtype: torch.dtype) -> None:
+    logits = _logits(num_rows, vocab, seed=vocab, dtype=dtype)
+    out = log_softmax(logits)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, reference.log_softmax(logits), atol=1e-5, rtol=1e-5)
+
+
+def test_log_softmax_of_strided_logits_with_masked_tokens() -> None:
+    padded = _logits(9, 4200, seed=1)
+    padded[:, :4096] = float("-inf")  # a whole first chunk of banned tokens
+    padded[:, 4100::3] = float("-inf")
+    logits = padded[:, :4150]
+    torch.testing.assert_close(log_softmax(logits), reference.log_softmax(logits), atol=1e-5, rtol=1e-5)
+
+
+# ---- sampling_mask -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "filters", [(), ("top_k",), ("top_p",), ("min_p",), ("top_k", "top_p"), ("top_k", "top_p", "min_p")]
+)
+def test_sampling_mask_matches_reference(filters: tuple[str, ...]) -> None:
+    logits = _logits(29, 517, seed=len(filters))
+    _assert_masks_agree(logits, _params(29, seed=3 + len(filters), filters=filters))
+
+
+def test_sampling_mask_matches_reference_over_several_vocab_chunks() -> None:
+    logits = _logits(6, 5003, seed=4, dtype=torch.float16)
+    _assert_masks_agree(logits, _params(6, seed=5))
+
+
+def test_sampling_mask_keeps_tied_logits_together() -> None:
+    logits = torch.round(_logits(24, 300, seed=6, scale=4.0))  # integers: many exact ties
+    params = _params(24, seed=7)
+    params["top_k"] = torch.randint(1, 40, (24,), generator=torch.Generator().manual_seed(8), dtype=torch.int32)
+    expected = _assert_masks_agree(logits, params)
+    for row in range(24):  # the reference keeps a value's ties together; so must the kernel
+        kept_values = logits[row][expected[row]].unique()
+        assert expected[row].sum() == torch.isin(logits[row], kept_values).sum()
+
+
+# ---- sample --------------------------------------------------------------------------------
+
+
+def test_greedy_rows_take_the_first_argmax_whatever_the_filters() -> None:
+    logits = _logits(19, 333, seed=9)
+    params = _params(19, seed=10)
+    params["temperature"][:] = 0.0
+    params["temperature"][5] = 0.9  # a sampled row in the batch must not change the greedy ones
+    top = logits.max(dim=-1).values + 1.0
+    logits[:, 200], logits[:, 17], logits[:, 300] = top, top, top  # ties: 17 comes first
+    tokens = sample(logits, **params, seeds=_seeds(19))
+    greedy = params["temperature"] <= 0
+    assert tokens.dtype == torch.int64
+    assert (tokens[greedy] == 17).all()
+
+
+def test_greedy_batch_equals_argmax() -> None:
+    logits = _logits(33, 1001, seed=12, dtype=torch.float16)
+    params = _params(33, seed=13)
+    params["temperature"][:] = -1.0
+    assert torch.equal(sample(logits, **params, seeds=_seeds(33)), logits.float().argmax(dim=-1))
+
+
+@pytest.mark.parametrize("filters", [(), ("top_k", "top_p", "min_p")])
+def test_sampled_tokens_lie_inside_reference_mask(filters: tuple[str, ...]) -> None:
+    logits = _logits(48, 301, seed=14)
+    params = _params(48, seed=15, filters=filters)
+    keep = reference.sampling_mask(logits, **params)
+    rows = torch.arange(48)
+    for first_seed in (0, 1000, 123457):
+        tokens = sample(logits, **params, seeds=_seeds(48, first_seed))
+        assert keep[rows, tokens].all()
+
+
+def test_same_seed_draws_same_token_in_any_batch() -> None:
+    logits = _logits(40, 257, seed=16, scale=0.5)
+    params = _params(40, seed=17)
+    seeds = _seeds(40, first=5)
+    tokens = sample(logits, **params, seeds=seeds)
+    assert torch.equal(sample(logits, **params, seeds=seeds), tokens)
+    subset = torch.tensor([22, 3, 7, 39])
+    alone = sample(logits[subset], **{n: v[subset] for n, v in params.items()}, seeds=seeds[subset])
+    assert torch.equal(alone, tokens[subset])
+
+
+def test_different_seeds_draw_different_tokens() -> None:
+    logits = _logits(1, 300, seed=18, scale=0.3).expand(64, -1).contiguous()
+    params = {
+        "temperature": torch.ones(64),
+        "top_k": torch.zeros(64, dtype=torch.int32),
+        "top_p": torch.ones(64),
+        "min_p": torch.zeros(64),
+    }
+    tokens = sample(logits, **params, seeds=_seeds(64))
+    assert tokens.unique().numel() >= 40
+    assert not torch.equal(sample(logits, **params, seeds=_seeds(64, first=1)), tokens)
+
+
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p, min_p",
+    [(0.8, 0, 1.0, 0.0), (1.3, 10, 0.9, 0.0), (1.0, 0, 0.85, 0.1), (2.0, 7, 1.0, 0.05)],
+)
+def test_draws_follow_reference_masked_distribution(temperature, top_k, top_p, min_p) -> None:
+    logits_row = _logits(1, 40, seed=19, scale=1.5)
+    params_row = {
+        "temperature": torch.tensor([temperature]),
+        "top_k": torch.tensor([top_k], dtype=torch.int32),
+        "top_p": torch.tensor([top_p]),
+        "min_p": torch.tensor([min_p]),
+    }
+    assert _total_variation_of_draws(logits_row, params_row, num_draws=4000) < 0.05
+
+
+# ---- the same checks in bfloat16 at model sizes, on a GPU -----------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("num_rows", [1, 64, 1000])
+def test_log_softmax_bfloat16_matches_reference_on_gpu(num_rows: int) -> None:
+    logits = _logits(num_rows, GPU_VOCAB, seed=20, dtype=torch.bfloat16, device="cuda")
+    torch.testing.assert_close(log_softmax(logits), reference.log_softmax(logits), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("filters", [("top_k",), ("top_p",), ("min_p",), ("top_k", "top_p", "min_p")])
+def test_sampling_mask_bfloat16_matches_reference_on_gpu(filters: tuple[str, ...]) -> None:
+    logits = _logits(64, GPU_VOCAB, seed=21, dtype=torch.bfloat16, device="cuda")
+    params = _params(64, seed=22, filters=filters, device="cuda")
+    params["top_k"] = params["top_k"] * 50  # up to ~3000 of 151936
+    _assert_masks_agree(logits, params)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_sample_bfloat16_on_gpu() -> None:
+    logits = _logits(256, GPU_VOCAB, seed=23, dtype=torch.bfloat16, device="cuda")
+    params = _params(256, seed=24, device="cuda")
+    seeds = _seeds(256, device="cuda")
+    tokens = sample(logits, **params, seeds=seeds)
+    greedy = params["temperature"] <= 0
+    assert torch.equal(tokens[greedy], logits[greedy].float().argmax(dim=-1))
+    assert reference.sampling_mask(logits, **params)[torch.arange(256, device="cuda"), tokens].all()
+    assert torch.equal(sample(logits, **params, seeds=seeds), tokens)
+    subset = torch.tensor([200, 3, 77], device="cuda")
+    alone = sample(logits[subset], **{n: v[subset] for n, v in params.items()}, seeds=seeds[subset])
+    assert torch.equal(alone, tokens[subset])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_draws_follow_reference_masked_distribution_on_gpu() -> None:
+    logits_row = _logits(1, GPU_VOCAB, seed=25, dtype=torch.float32, scale=1.0) - 4.0
+    logits_row[0, torch.randperm(GPU_VOCAB, generator=torch.Generator().manual_seed(26))[:30]] += 9.0
+    logits_row = logits_row.to("cuda", torch.bfloat16)
+    params_row = {
+        "temperature": torch.tensor([0.9], device="cuda"),
+        "top_k": torch.tensor([20], dtype=torch.int32, device="cuda"),
+        "top_p": torch.tensor([0.9], device="cuda"),
+        "min_p": torch.tensor([0.02], device="cuda"),
+    }
+    assert _total_variation_of_draws(logits_row, params_row, num_draws=4000, device="cuda") < 0.05

@@ -1,0 +1,170 @@
+"""The offline API's contract (vLLM's): parameters, stops, seeds, n, logprobs, chat, bad input."""
+
+import pytest
+
+from tritonllm import LLM, SamplingParams
+from tritonllm.outputs import Logprob
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama) -> LLM:
+    return LLM(model=tiny_llama, max_model_len=128, seed=0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"n": 0}, "n"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
+        ({"logprobs": 99}, "logprobs"),
+        ({"prompt_logprobs": -1}, "prompt_logprobs"),
+        ({"stop": [""]}, "stop"),
+        ({"stop_token_ids": [-3]}, "stop_token_ids"),
+    ],
+)
+def test_bad_sampling_params_raise_value_error_naming_the_parameter(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        SamplingParams(**kwargs)
+
+
+def test_string_and_token_id_prompts_give_the_same_output(llm):
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    ids = llm.get_tokenizer().encode("The baker opens her shop")
+    by_text, by_ids = llm.generate(["The baker opens her shop", {"prompt_token_ids": ids}], params, use_tqdm=False)
+    assert by_text.prompt_token_ids == ids == by_ids.prompt_token_ids
+    assert by_text.outputs[0].token_ids == by_ids.outputs[0].token_ids
+    assert by_text.outputs[0].text == llm.get_tokenizer().decode(by_text.outputs[0].token_ids, skip_special_tokens=True)
+
+
+def test_outputs_come_back_in_prompt_order_with_max_tokens_per_prompt(llm):
+    prompts = ["a", "the river runs", "numbers such as 7"]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (3, 1, 5)]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.prompt for o in outs] == prompts
+    assert [len(o.outputs[0].token_ids) for o in outs] == [3, 1, 5]
+    assert all(o.outputs[0].finish_reason == "length" and o.finished for o in outs)
+
+
+def test_seed_reproduces_samples_whatever_the_batch(llm):
+    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=1234, max_tokens=8, ignore_eos=True)
+    alone = llm.generate(["The weather changed"], params, use_tqdm=False)[0].outputs[0].token_ids
+    batch = llm.generate(
+        ["Something else entirely", "The weather changed"],
+        [SamplingParams(temperature=1.0, max_tokens=8), params],
+        use_tqdm=False,
+    )
+    assert batch[1].outputs[0].token_ids == alone
+    other = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=99, max_tokens=8, ignore_eos=True)
+    assert llm.generate(["The weather changed"], other, use_tqdm=False)[0].outputs[0].token_ids != alone
+
+
+def test_n_returns_n_distinct_completions(llm):
+    out = llm.generate(
+        ["Good tests compare"], SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=6), use_tqdm=False
+    )
+    assert [c.index for c in out[0].outputs] == [0, 1, 2]
+    assert len({tuple(c.token_ids) for c in out[0].outputs}) > 1
+
+
+def test_stop_token_ids_and_eos_end_generation(llm):
+    free = llm.generate(
+        ["The library"], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), use_tqdm=False
+    )
+    tokens = free[0].outputs[0].token_ids
+    stop_at = tokens[3]
+    first = tokens.index(stop_at)
+    out = llm.generate(
+        ["The library"], SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=[stop_at]), use_tqdm=False
+    )[0].outputs[0]
+    assert out.token_ids == tokens[: first + 1]
+    assert out.finish_reason == "stop" and out.stop_reason == stop_at
+
+
+def test_min_tokens_forbids_stop_tokens_until_reached(llm):
+    free = llm.generate(["The library"], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    first = free[0].outputs[0].token_ids[0]
+    out = llm.generate(
+        ["The library"],
+        SamplingParams(temperature=0.0, max_tokens=6, min_tokens=3, stop_token_ids=[first]),
+        use_tqdm=False,
+    )[0].outputs[0]
+    assert out.token_ids[0] != first
+    assert len(out.token_ids) >= 3
+
+
+def test_stop_string_truncates_text(llm):
+    free = llm.generate(
+        ["In the garden"], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False
+    )
+    text = free[0].outputs[0].text
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    assert stop.strip() and "\ufffd" not in stop
+    out = llm.generate(
+        ["In the garden"], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, stop=stop), use_tqdm=False
+    )[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+    assert out.text == text[: text.index(stop)]
+    kept = llm.generate(
+        ["In the garden"],
+        SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, stop=[stop], include_stop_str_in_output=True),
+        use_tqdm=False,
+    )[0].outputs[0]
+    assert kept.text == text[: text.index(stop) + len(stop)]
+
+
+def test_logprobs_hold_top_k_plus_sampled_token(llm):
+    out = llm.generate(
+        ["Numbers such as"],
+        SamplingParams(temperature=1.0, seed=3, max_tokens=4, logprobs=2, prompt_logprobs=1),
+        use_tqdm=False,
+    )[0]
+    for token, entry in zip(out.outputs[0].token_ids, out.outputs[0].logprobs):
+        assert token in entry and 2 <= len(entry) <= 3
+        assert all(isinstance(lp, Logprob) and lp.logprob <= 0 and lp.rank >= 1 for lp in entry.values())
+        assert {lp.rank for t, lp in entry.items() if t != token} <= {1, 2}
+    assert out.prompt_logprobs[0] is None
+    assert len(out.prompt_logprobs) == len(out.prompt_token_ids)
+    for token, entry in zip(out.prompt_token_ids[1:], out.prompt_logprobs[1:]):
+        assert token in entry and entry[token].decoded_token is not None
+
+
+def test_chat_applies_the_chat_template(llm):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    out = llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)[0]
+    expected = llm.get_tokenizer().apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert llm.get_tokenizer().decode(out.prompt_token_ids) == expected
+    assert len(out.outputs[0].token_ids) >= 1
+
+
+def test_prompt_longer_than_max_model_len_is_refused(llm):
+    with pytest.raises(ValueError, match="max_model_len"):
+        llm.generate([{"prompt_token_ids": [5] * 200}], SamplingParams(max_tokens=2), use_tqdm=False)
+
+
+def test_out_of_vocab_prompt_token_is_refused(llm):
+    with pytest.raises(ValueError, match="prompt_token_ids"):
+        llm.generate([{"prompt_token_ids": [5, 10**6]}], use_tqdm=False)
+
+
+def test_generation_stops_at_max_model_len(llm):
+    out = llm.generate(
+        [{"prompt_token_ids": [7] * 120}], SamplingParams(max_tokens=50, ignore_eos=True), use_tqdm=False
+    )
+    assert len(out[0].outputs[0].token_ids) == 8 and out[0].outputs[0].finish_reason == "length"
+
+
+def test_blocks_are_all_free_after_generate(llm):
+    llm.generate(["x", "y z"], SamplingParams(max_tokens=3), use_tqdm=False)
+    kv = llm.llm_engine.kv_cache
+    kv.check_invariant()
+    assert kv.num_free_blocks == kv.num_blocks
+
+
+def test_quantization_not_supported_yet_is_refused(tiny_llama):
+    with pytest.raises(ValueError, match="quantization"):
+        LLM(model=tiny_llama, quantization="fp8")
