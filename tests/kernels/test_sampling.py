@@ -59,7 +59,7 @@ def _rounding_decides(logits, temperature, top_k, top_p, min_p) -> torch.Tensor:
     near_top_p = (cut < 1) & kept_k & (mass_above(probs * (1 + 1e-5)) - 1e-4 <= cut)
     near_top_p &= cut <= mass_above(probs) + 1e-4
     ratio = torch.exp(scaled.double() - scaled.double().max(-1, keepdim=True).values)
-    near_min_p = (ratio - min_p[:, None].double()).abs() <= 1e-6
+    near_min_p = (min_p[:, None] > 0) & ((ratio - min_p[:, None].double()).abs() <= 1e-6)
     return near_top_p | near_min_p
 
 

@@ -22,6 +22,7 @@ from tritonllm.engine.scheduler import Scheduler
 from tritonllm.kernels import ops
 from tritonllm.loader.hf_config import load_eos_token_ids
 from tritonllm.loader.tokenizer import load_tokenizer
+from tritonllm.metrics.stats import EngineStats, StepStats
 from tritonllm.models.loader import load_model
 from tritonllm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from tritonllm.sampling_params import SamplingParams
@@ -82,14 +83,17 @@ class LLMEngine:
         self.runner.allocate_kv_cache(num_blocks)
         logger.info(
             "KV cache: %d blocks x %d = %s tokens; max concurrency at max_model_len %d: %.1fx",
-            num_blocks, block_size, f"{capacity:,}", self.max_model_len, capacity / self.max_model_len,
+            num_blocks,
+            block_size,
+            f"{capacity:,}",
+            self.max_model_len,
+            capacity / self.max_model_len,
         )
         self.kv_cache = KVCacheManager(num_blocks, block_size)
         self.scheduler = Scheduler(sched, self.kv_cache)
         self.groups: dict[str, RequestGroup] = {}
         self._rng = random.Random(config.model.seed)
-        self.num_prompt_tokens = 0
-        self.num_generation_tokens = 0
+        self.stats = EngineStats()
 
     def _num_kv_blocks(self) -> int:
         cache = self.config.cache
@@ -97,26 +101,31 @@ class LLMEngine:
             return cache.num_gpu_blocks_override
         if not platform.is_gpu():
             return cdiv(cache.cpu_kv_cache_tokens, cache.block_size)
-        # Memory left for the KV cache: the utilization share of the card, minus what is in use
-        # (weights), minus a reserve for the activations of the largest step.
+        # As vLLM: the utilization share of the card, less the peak of a profiling step at the
+        # largest batch (weights + activations), and less what other processes and the CUDA context hold.
+        sched = self.config.scheduler
+        peak = self.runner.profile_peak_bytes(sched.max_num_batched_tokens, sched.max_num_seqs)
         free, total = torch.cuda.mem_get_info(self.device)
-        hf = self.hf_config
-        tokens = self.config.scheduler.max_num_batched_tokens
-        act_bytes = tokens * (hf.hidden_size * 8 + hf.intermediate_size * 6) * self.dtype.itemsize
-        logits_bytes = self.config.scheduler.max_num_seqs * hf.vocab_size * 4 * 4
-        available = total * self.config.cache.gpu_memory_utilization - (total - free) - act_bytes - logits_bytes
+        others = max(0, (total - free) - torch.cuda.memory_reserved(self.device))
+        available = total * cache.gpu_memory_utilization - peak - others
         num_blocks = int(available // self.runner.kv_bytes_per_block())
         if num_blocks <= 0:
             raise ValueError(
-                f"no GPU memory left for the KV cache ({free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB):"
-                " raise gpu_memory_utilization or lower max_num_batched_tokens"
+                f"no GPU memory left for the KV cache: the profiling step peaked at {peak / 2**30:.1f} GiB of"
+                f" {total / 2**30:.1f} GiB x gpu_memory_utilization {cache.gpu_memory_utilization}:"
+                " raise gpu_memory_utilization or lower max_num_batched_tokens / max_num_seqs"
             )
         return num_blocks
 
     # ---- requests ------------------------------------------------------------------------
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        prompt: str | None = None,
+        priority: int | None = None,
     ) -> None:
         if request_id in self.groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
@@ -143,6 +152,7 @@ class LLMEngine:
                 seed=base_seed + i,
                 max_tokens=max_tokens,
                 eos_token_ids=self.eos_token_ids,
+                priority=params.priority if priority is None else priority,
             )
             if params.prompt_logprobs is not None:
                 child.prompt_logprobs = [None]
@@ -160,6 +170,9 @@ class LLMEngine:
             if not child.is_finished:
                 self.scheduler.finish(child, RequestStatus.FINISHED_ABORTED)
 
+    def get_metrics(self):
+        return self.stats.snapshot(len(self.scheduler.running), len(self.scheduler.waiting), self.kv_cache.usage)
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
@@ -168,6 +181,16 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one scheduled step; returns the outputs of the groups it advanced (finished ones last seen here)."""
         sched = self.scheduler.schedule()
+        self.stats.num_preemptions = self.scheduler.num_preemptions
+        self.stats.steps.append(
+            StepStats(
+                num_scheduled_tokens=sched.num_batched_tokens,
+                num_running=len(self.scheduler.running),
+                num_waiting=len(self.scheduler.waiting),
+                kv_cache_usage=self.kv_cache.usage,
+                num_preempted=len(sched.preempted),
+            )
+        )
         if sched.is_empty:
             return []
         result = self.runner.execute(sched, self.kv_cache)
@@ -176,7 +199,7 @@ class LLMEngine:
         for s in sched.scheduled:
             r = s.request
             if r.num_computed_tokens < r.num_prompt_tokens:
-                self.num_prompt_tokens += min(s.num_new_tokens, r.num_prompt_tokens - r.num_computed_tokens)
+                self.stats.prompt_tokens += min(s.num_new_tokens, r.num_prompt_tokens - r.num_computed_tokens)
             r.num_computed_tokens += s.num_new_tokens
             group = self.groups[self._group_id(r)]
             if r.request_id in result.prompt_logprobs:
@@ -198,7 +221,9 @@ class LLMEngine:
     def _append_prompt_logprobs(self, r: Request, first_pos: int, top) -> None:
         for j in range(len(top.token_logprobs)):
             token = r.prompt_token_ids[first_pos + j]
-            entry = self._logprob_dict(top.top_ids[j], top.top_logprobs[j], token, top.token_logprobs[j], top.token_ranks[j])
+            entry = self._logprob_dict(
+                top.top_ids[j], top.top_logprobs[j], token, top.token_logprobs[j], top.token_ranks[j]
+            )
             r.prompt_logprobs.append(entry)
 
     def _logprob_dict(self, ids: list[int], lps: list[float], token: int, token_lp: float, rank: int) -> dict:
@@ -211,7 +236,7 @@ class LLMEngine:
     def _append_token(self, r: Request, group: RequestGroup, result: StepResult, now: float) -> None:
         token = result.sampled[r.request_id]
         r.output_token_ids.append(token)
-        self.num_generation_tokens += 1
+        self.stats.generation_tokens += 1
         if r.times.first_token is None:
             r.times.first_token = now
         if r.request_id in result.sampled_logprobs:
@@ -238,6 +263,8 @@ class LLMEngine:
             status = RequestStatus.FINISHED_LENGTH
         if status is not None:
             self.scheduler.finish(r, status)
+            t = r.times
+            self.stats.record_finished(t.arrival, t.first_scheduled, t.first_token, t.finished, num_out)
 
     def _make_output(self, group: RequestGroup) -> RequestOutput:
         first = group.children[0]
@@ -263,7 +290,9 @@ class LLMEngine:
             metrics=RequestMetrics(
                 arrival_time=first.times.arrival,
                 first_scheduled_time=first.times.first_scheduled,
-                first_token_time=min((c.times.first_token for c in group.children if c.times.first_token), default=None),
+                first_token_time=min(
+                    (c.times.first_token for c in group.children if c.times.first_token), default=None
+                ),
                 finished_time=first.times.finished,
             ),
         )

@@ -5,11 +5,15 @@ Running requests go first (decodes need one token; a partly prefilled prompt tak
 budget leaves), then waiting requests are admitted in policy order. A prompt longer than the
 budget left is chunked (or waits, with chunked prefill off). When blocks run out, the most
 recently admitted running request is preempted: its blocks are freed and it is recomputed later,
-ahead of new arrivals. The decision is a plain `SchedulerOutput` for the model runner.
+ahead of new arrivals. Policies: `fcfs` (arrival order) and `priority` (lower `priority` first,
+then arrival; the victim of a preemption is the lowest-priority running request). The decision is
+a plain `SchedulerOutput` for the model runner.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -51,9 +55,21 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self._arrivals = itertools.count()
+
+    def _key(self, request: Request) -> tuple[int, int]:
+        return (request.priority, request.arrival_index)
 
     def add_request(self, request: Request) -> None:
-        self.waiting.append(request)
+        request.arrival_index = next(self._arrivals)
+        if self.config.policy == "priority":
+            self._insert_by_priority(request)
+        else:
+            self.waiting.append(request)
+
+    def _insert_by_priority(self, request: Request) -> None:
+        keys = [self._key(r) for r in self.waiting]
+        self.waiting.insert(bisect.bisect_right(keys, self._key(request)), request)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -101,12 +117,18 @@ class Scheduler:
         """Give `request` slots for `num_new` tokens, preempting the newest running requests as needed.
         Returns False if `request` itself had to be preempted."""
         while not self.kv_cache.allocate_slots(request.request_id, request.num_computed_tokens + num_new):
-            victim = self.running.pop()
+            victim = self._pick_victim()
+            self.running.remove(victim)
             self._preempt(victim)
             out.preempted.append(victim)
             if victim is request:
                 return False
         return True
+
+    def _pick_victim(self) -> Request:
+        if self.config.policy == "priority":
+            return max(self.running, key=self._key)
+        return self.running[-1]  # the most recently admitted
 
     def _preempt(self, request: Request) -> None:
         self.kv_cache.free(request.request_id)
@@ -114,7 +136,10 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(request)
+        if self.config.policy == "priority":
+            self._insert_by_priority(request)
+        else:
+            self.waiting.appendleft(request)
 
     def finish(self, request: Request, status: RequestStatus) -> None:
         """Take a request out of the queues (finished or aborted) and free its blocks at once."""

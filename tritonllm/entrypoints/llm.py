@@ -17,6 +17,20 @@ from tritonllm.sampling_params import SamplingParams
 PromptType = str | dict[str, Any]
 
 
+class PromptRejectedError(ValueError):
+    """Some prompts of a `generate` call were refused; the others ran to completion.
+
+    `errors` maps the index of each refused prompt to the reason; `outputs` holds one entry per
+    prompt, in order (None for the refused ones), so no finished work is lost."""
+
+    def __init__(self, errors: dict[int, str], outputs: list[RequestOutput | None]) -> None:
+        self.errors = errors
+        self.outputs = outputs
+        reasons = "; ".join(f"prompt {i}: {reason}" for i, reason in errors.items())
+        done = sum(o is not None for o in outputs)
+        super().__init__(f"{len(errors)} prompt(s) rejected ({reasons}); the other {done} finished (see .outputs)")
+
+
 class LLM:
     def __init__(
         self,
@@ -81,14 +95,20 @@ class LLM:
             return list(ids), prompt.get("prompt")
         if isinstance(prompt, dict) and "prompt" in prompt:
             return self.llm_engine.tokenizer.encode(prompt["prompt"]), prompt["prompt"]
-        raise ValueError(f"a prompt is a string or a dict with 'prompt_token_ids' (or 'prompt'), got {type(prompt).__name__}")
+        raise ValueError(
+            f"a prompt is a string or a dict with 'prompt_token_ids' (or 'prompt'), got {type(prompt).__name__}"
+        )
 
     def generate(
         self,
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
+        """Run every prompt to completion. A prompt the engine refuses (too long, empty, bad token
+        ids) does not stop the others: they finish, then `PromptRejectedError` (a ValueError) is
+        raised, carrying their outputs."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -102,21 +122,38 @@ class LLM:
                 raise ValueError(
                     f"sampling_params has {len(params_list)} entries for {len(prompts)} prompts: give one or one per prompt"
                 )
+        if priority is not None and len(priority) != len(prompts):
+            raise ValueError(f"priority has {len(priority)} entries for {len(prompts)} prompts: give one per prompt")
         engine = self.llm_engine
-        ids = []
-        for prompt, params in zip(prompts, params_list):
-            token_ids, text = self._to_token_ids(prompt)
+        ids: list[str | None] = []
+        errors: dict[int, str] = {}
+        for i, (prompt, params) in enumerate(zip(prompts, params_list)):
             request_id = str(next(self._counter))
-            engine.add_request(request_id, token_ids, params, prompt=text)
-            ids.append(request_id)
-        return self._run_engine(ids, use_tqdm)
+            try:
+                token_ids, text = self._to_token_ids(prompt)
+                engine.add_request(
+                    request_id, token_ids, params, prompt=text, priority=priority[i] if priority is not None else None
+                )
+                ids.append(request_id)
+            except ValueError as e:
+                errors[i] = str(e)
+                ids.append(None)
+        finished = self._run_engine([i for i in ids if i is not None], use_tqdm)
+        outputs = [finished[i] if i is not None else None for i in ids]
+        if errors:
+            raise PromptRejectedError(errors, outputs)
+        return outputs
 
-    def _run_engine(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+    def get_metrics(self):
+        """Engine metrics (objects with `.name` and `.value`), vLLM-style names under `tritonllm:`."""
+        return self.llm_engine.get_metrics()
+
+    def _run_engine(self, ids: list[str], use_tqdm: bool) -> dict[str, RequestOutput]:
         engine = self.llm_engine
         finished: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(ids), desc="Processed prompts", dynamic_ncols=True) if use_tqdm else None
         start = time.perf_counter()
-        prompt0, gen0 = engine.num_prompt_tokens, engine.num_generation_tokens
+        prompt0, gen0 = engine.stats.prompt_tokens, engine.stats.generation_tokens
         while engine.has_unfinished_requests():
             for out in engine.step():
                 if out.finished:
@@ -124,13 +161,13 @@ class LLM:
                     if bar is not None:
                         elapsed = time.perf_counter() - start
                         bar.set_postfix_str(
-                            f"input: {(engine.num_prompt_tokens - prompt0) / elapsed:.1f} tok/s, "
-                            f"output: {(engine.num_generation_tokens - gen0) / elapsed:.1f} tok/s"
+                            f"input: {(engine.stats.prompt_tokens - prompt0) / elapsed:.1f} tok/s, "
+                            f"output: {(engine.stats.generation_tokens - gen0) / elapsed:.1f} tok/s"
                         )
                         bar.update(1)
         if bar is not None:
             bar.close()
-        return [finished[i] for i in ids]
+        return finished
 
     def chat(
         self,

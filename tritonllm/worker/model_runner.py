@@ -7,6 +7,7 @@ each); layers never see requests. Owns the KV cache tensors: per layer K and V, 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,6 +55,59 @@ class ModelRunner:
         shape = (m.num_layers, 2, num_blocks, self.block_size, m.num_kv_heads, m.head_dim)
         cache = torch.empty(shape, dtype=self.dtype, device=self.device)
         self.kv_caches = [(cache[i, 0], cache[i, 1]) for i in range(m.num_layers)]
+
+    @torch.inference_mode()
+    def profile_peak_bytes(self, max_num_batched_tokens: int, max_num_seqs: int) -> int:
+        """Peak device memory of the largest step (weights included): a forward over
+        `max_num_batched_tokens` tokens split into up to `max_num_seqs` prompts, plus their logits and
+        sampling, against a scratch KV cache just big enough for it (freed afterwards)."""
+        bs = self.block_size
+        num_seqs = max(1, min(max_num_seqs, max_num_batched_tokens))
+        lens = [max_num_batched_tokens // num_seqs] * num_seqs
+        lens[-1] += max_num_batched_tokens - sum(lens)
+        blocks_per_seq = [-(-n // bs) for n in lens]
+        scratch = self.kv_caches
+        self.allocate_kv_cache(sum(blocks_per_seq))
+        table = torch.zeros(num_seqs, max(blocks_per_seq), dtype=torch.int32)
+        slots, first = [], 0
+        for i, (n, nb) in enumerate(zip(lens, blocks_per_seq)):
+            table[i, :nb] = torch.arange(first, first + nb, dtype=torch.int32)
+            slots.append(first * bs + torch.arange(n))
+            first += nb
+        meta = AttentionMetadata(
+            slot_mapping=torch.cat(slots).to(self.device),
+            block_tables=table.to(self.device),
+            seq_lens=torch.tensor(lens, dtype=torch.int32, device=self.device),
+            query_start_loc=torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=self.device),
+            max_query_len=max(lens),
+            max_seq_len=max(lens),
+        )
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        ids = torch.randint(0, self.model.vocab_size, (max_num_batched_tokens,), device=self.device)
+        positions = torch.cat([torch.arange(n) for n in lens]).to(self.device)
+        hidden = self.model(ids, positions, self.kv_caches, meta)
+        rows = (meta.query_start_loc[1:] - 1).long()
+        logits = self.model.compute_logits(hidden[rows])
+        ones = torch.ones(num_seqs, device=self.device)
+        st = SamplingTensors(
+            temperature=ones,
+            top_k=torch.full((num_seqs,), 50, dtype=torch.int32, device=self.device),
+            top_p=ones * 0.9,
+            min_p=ones * 0.0,
+            seeds=torch.arange(num_seqs, device=self.device),
+            banned_rows=None,
+            banned_tokens=None,
+            max_num_logprobs=None,
+        )
+        self.sampler(logits, st)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated(self.device)
+        kv_scratch_bytes = sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
+        self.kv_caches = scratch
+        del hidden, logits
+        torch.cuda.empty_cache()
+        return peak - kv_scratch_bytes
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput, kv_cache: KVCacheManager) -> StepResult:
@@ -113,7 +167,10 @@ class ModelRunner:
                 if top is not None and r.params.logprobs is not None:
                     k = r.params.logprobs
                     result.sampled_logprobs[r.request_id] = (
-                        top.top_ids[i][:k], top.top_logprobs[i][:k], top.token_logprobs[i], top.token_ranks[i]
+                        top.top_ids[i][:k],
+                        top.top_logprobs[i][:k],
+                        top.token_logprobs[i],
+                        top.token_ranks[i],
                     )
         for request_id, row0, first_pos, count in prompt_rows:
             request = next(s.request for s in sched.scheduled if s.request.request_id == request_id)
