@@ -229,6 +229,19 @@ def test_gpu_mixed_decodes_and_chunks() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("num_heads, num_kv_heads, head_dim", [(28, 4, 128), (16, 8, 64), (8, 4, 256)])
+def test_gpu_other_head_layouts(num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    """Qwen2.5-7B's group of 7 (rows of a tile not a multiple of the group), head_dim 64 and 256."""
+    q_lens, ctx = [1] * 9 + [700, 64], [3000 + 11 * i for i in range(9)] + [0, 1500]
+    for max_q in (1, None):  # a decode-only batch, then the mix
+        n = 9 if max_q else len(q_lens)
+        batch = make_batch(
+            q_lens[:n], ctx[:n], num_heads, num_kv_heads, head_dim, 16, torch.bfloat16, "cuda", seed=head_dim
+        )
+        _check_on_gpu(batch)
+
+
+@pytest.mark.gpu
 def test_gpu_written_kv_then_attention() -> None:
     batch = _gpu_batch([1, 1, 300], [2000, 17, 700], seed=14)
     num_tokens = batch.q.shape[0]

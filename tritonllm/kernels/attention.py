@@ -27,6 +27,7 @@ program finds its sequence by binary search over query_start_loc and exits if it
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +36,8 @@ import triton.language as tl
 
 # platform switches on the interpreter on CPU; triton reads that when a kernel is defined, below
 from tritonllm import platform
+
+_num_multiprocessors = functools.cache(platform.num_multiprocessors)
 
 
 @dataclass(frozen=True)
@@ -48,13 +51,15 @@ class AttentionTiles:
 def choose_tiles(max_query_len: int, group: int, head_dim: int, num_seqs: int, num_kv_heads: int) -> AttentionTiles:
     """Tiles for a batch whose longest query run is max_query_len rows, GQA group `group`.
 
-    Chosen from a sweep on an H200 (bf16, 32/8 heads, head_dim 128, block 16). Decode-only batches
-    use the smallest M tile tl.dot allows (16, or the group if larger): the work there is reading
-    K/V; 128-key tiles with 3 stages keep more loads in flight while there are few programs per
-    SM (1-32 sequences: 13-40% faster than 64 keys), 64-key tiles win slightly once there are many.
-    Batches with longer query runs use 64 rows x 64 keys, 4 warps: fastest or within 1% on a 4096
-    causal prefill, a 512 chunk after 3584 cached and a decode + chunk mix (128-row tiles lost up
-    to 25% on the mix). Under the interpreter, small tiles keep the tests' multi-tile paths busy.
+    Chosen from a sweep on an H200 (bf16, 32/8 heads, head_dim 128, block 16; triton 3.6). Decode-only
+    batches use the smallest M tile tl.dot allows (16, or the group if larger): the work there is
+    reading K/V. 128-key tiles with 3 stages keep more loads in flight while programs are few
+    (32 x 8192: 267 us vs 305 us with 64 keys); 64-key tiles win by ~2% once there are several
+    programs per SM (128 x 8192: 992 us, 4.3 TB/s). Longer query runs use 64 rows x 64 keys, 4
+    warps, 2 stages: fastest or within 1% of the best of 8 configs on a 4096 causal prefill (428 us,
+    320 TFLOP/s), a 512 chunk after 3584 cached (115 us) and 64 decodes + two 1024 chunks (240 us;
+    128-row tiles took 300-410 us there). Under the interpreter, small tiles keep the tests'
+    multi-tile paths busy.
     """
     min_m = max(16, triton.next_power_of_2(group))
     if not platform.is_gpu():
@@ -62,7 +67,7 @@ def choose_tiles(max_query_len: int, group: int, head_dim: int, num_seqs: int, n
     # K and V tiles shrink with head_dim so the pipelined stages fit in shared memory
     dim_factor = max(1, head_dim // 128)
     if max_query_len * group <= 16:
-        if num_seqs * num_kv_heads < 4 * platform.num_multiprocessors():
+        if num_seqs * num_kv_heads < 4 * _num_multiprocessors():
             return AttentionTiles(block_m=min_m, tile_n=128 // dim_factor, num_warps=4, num_stages=3)
         return AttentionTiles(block_m=min_m, tile_n=64 // dim_factor, num_warps=4, num_stages=2)
     return AttentionTiles(block_m=max(64, min_m), tile_n=64 // dim_factor, num_warps=4, num_stages=2)
@@ -256,7 +261,8 @@ def paged_attention_with_tiles(
     scale: float,
     tiles: AttentionTiles,
 ) -> torch.Tensor:
-    """`paged_attention` with explicit tiles (tests and tile sweeps); same contract otherwise."""
+    """`paged_attention` with explicit tiles (tests and tile sweeps); same contract otherwise.
+    max_seq_len is part of the contract but unused here: the split-KV decode path will size on it."""
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     num_seqs = seq_lens.shape[0]
@@ -269,9 +275,9 @@ def paged_attention_with_tiles(
         raise ValueError(f"block_size {block_size} must be a power of two")
     if tiles.block_m < group or tiles.block_m & (tiles.block_m - 1) or tiles.tile_n & (tiles.tile_n - 1):
         raise ValueError(f"{tiles}: block_m, tile_n must be powers of two, block_m >= group {group}")
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables)):
         if t.stride(-1) != 1:
-            raise ValueError(f"paged_attention: {name} must be contiguous in head_dim (stride {t.stride()})")
+            raise ValueError(f"paged_attention: {name} must be contiguous in its last dim (stride {t.stride()})")
     out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
     if num_tokens == 0 or num_seqs == 0:
         return out
