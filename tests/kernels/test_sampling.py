@@ -40,14 +40,20 @@ def _seeds(num_rows, first=0, device="cpu") -> torch.Tensor:
 
 
 def _rounding_decides(logits, temperature, top_k, top_p, min_p) -> torch.Tensor:
-    """bool [num_rows, vocab]: tokens whose membership in the mask float rounding may flip, where
+    """bool [num_rows, vocab]: tokens whose membership in the mask float rounding may flip: where
     the top-p mass above the token or its min-p ratio lies within rounding of the cut (computed
-    in float64), or whose float32 probability ties one of a larger logit."""
+    in float64), where its float32 probability ties one of a larger logit, or where distinct
+    logits share the k-th largest value of logits / temperature (the kernel cuts on the logits)."""
     t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).float()
     scaled = logits.float() / t[:, None]
     vocab = scaled.shape[-1]
     k = torch.where(top_k > 0, top_k.long(), torch.full_like(top_k.long(), vocab)).clamp(max=vocab)
-    kept_k = scaled >= scaled.sort(dim=-1, descending=True).values.gather(-1, (k - 1)[:, None])
+    kth_largest = scaled.sort(dim=-1, descending=True).values.gather(-1, (k - 1)[:, None])
+    kept_k = scaled >= kth_largest
+    at_kth = scaled == kth_largest
+    raw = logits.float()
+    collapsed = raw.masked_fill(~at_kth, float("inf")).amin(-1) < raw.masked_fill(~at_kth, float("-inf")).amax(-1)
+    near_top_k = at_kth & collapsed[:, None]
     probs = torch.softmax(scaled.double().masked_fill(~kept_k, float("-inf")), dim=-1)
     ascending = probs.sort(dim=-1).values
     suffix_mass = torch.cat([ascending.flip(-1).cumsum(-1).flip(-1), torch.zeros_like(ascending[:, :1])], -1)
@@ -59,8 +65,8 @@ def _rounding_decides(logits, temperature, top_k, top_p, min_p) -> torch.Tensor:
     near_top_p = (cut < 1) & kept_k & (mass_above(probs * (1 + 1e-5)) - 1e-4 <= cut)
     near_top_p &= cut <= mass_above(probs) + 1e-4
     ratio = torch.exp(scaled.double() - scaled.double().max(-1, keepdim=True).values)
-    near_min_p = (min_p[:, None] > 0) & ((ratio - min_p[:, None].double()).abs() <= 1e-6)
-    return near_top_p | near_min_p
+    near_min_p = (min_p[:, None] > 0) & ((ratio / min_p[:, None].double() - 1).abs() <= 1e-4)
+    return near_top_k | near_top_p | near_min_p
 
 
 def _assert_masks_agree(logits, params) -> torch.Tensor:
@@ -114,11 +120,12 @@ def test_log_softmax_of_strided_logits_with_masked_tokens() -> None:
 # ---- sampling_mask -------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(
     "filters", [(), ("top_k",), ("top_p",), ("min_p",), ("top_k", "top_p"), ("top_k", "top_p", "min_p")]
 )
-def test_sampling_mask_matches_reference(filters: tuple[str, ...]) -> None:
-    logits = _logits(29, 517, seed=len(filters))
+def test_sampling_mask_matches_reference(filters: tuple[str, ...], dtype: torch.dtype) -> None:
+    logits = _logits(29, 517, seed=len(filters), dtype=dtype)
     _assert_masks_agree(logits, _params(29, seed=3 + len(filters), filters=filters))
 
 

@@ -1,18 +1,25 @@
 """Sampling on the device: log-softmax, the top-k / top-p / min-p mask, and one draw per row.
 
 Every kernel gives a program BLOCK_ROWS rows (1 on a GPU, many under the interpreter) and loops
-over the vocabulary in chunks of BLOCK_V, so any vocabulary size fits in registers.
+over the vocabulary in chunks of BLOCK_V, so any vocabulary size fits in registers. Passes over
+the vocabulary accumulate per lane ([BLOCK_ROWS, BLOCK_V]) and reduce once at the end, so the
+loop body has no cross-warp reduction.
 
-No sort: each filter becomes a threshold on the scaled logits s = logits / temperature, found by
-binary search over the 32-bit patterns of float32 (an order-preserving integer key), each step a
-pass over the vocabulary. After 32 steps the threshold is exact, so ties are kept together as in
-`reference.sampling_mask`:
-  top_k  keeps s >= the k-th largest s: the largest threshold with count(s >= thr) >= k;
-  top_p  keeps t iff the renormalised mass of tokens with s > s_t is below top_p: the smallest
-         threshold with mass(s > thr) < top_p * mass(top-k kept);
-  min_p  keeps exp(s - max s) >= min_p, which needs only the row maximum.
-Sampling is Gumbel-max: argmax over kept tokens of s + Gumbel noise, the noise drawn by Philox
-from (row seed, token id), so a seed gives the same token whichever batch the row is in.
+No sort: the filters become one threshold per row on the raw logits x (a token survives iff
+x >= threshold; dividing by a positive temperature keeps the order, so the survivors are those of
+s = x / temperature). top-k and top-p thresholds are searched over the bit patterns of the
+logits' dtype (an order-preserving integer key), each step a pass over the vocabulary that tries
+4 keys and keeps 1/5 of the range: 7 steps pin a bfloat16/float16 value, 14 a float32 one. The
+threshold found is an exact logit value, so ties are kept together as in `reference.sampling_mask`:
+  top_k  the k-th largest x: the largest threshold with count(x >= thr) >= k;
+  top_p  t survives iff the renormalised mass of tokens with x > x_t is below top_p: the smallest
+         threshold with mass(x > thr) < top_p * mass(top-k survivors), mass exp((x - max x) / T);
+  min_p  p_t >= min_p * max p  <=>  x_t >= max x + T * log(min_p): the row maximum suffices.
+Which rows use which filter is read on the device; a program skips the passes that none of its
+rows needs, so launches need no host sync.
+Sampling is Gumbel-max: argmax over survivors of x + T * Gumbel noise (= argmax of x / T + noise),
+the noise drawn by Philox from (row seed, token id), so a seed gives the same token whichever
+batch the row is in.
 """
 
 from __future__ import annotations
@@ -23,139 +30,211 @@ import torch
 import triton
 import triton.language as tl
 
-_KEY_BITS = tl.constexpr(32)  # binary-search steps that pin a float32 threshold exactly
+# keys tried per pass of a threshold search: a pass is bound by memory latency, so comparing with
+# 4 keys costs little more than with 1 and each pass keeps 1/5 of the range instead of 1/2
+_NUM_PIVOTS = 4
 
 
 @triton.jit
-def _float_to_key(x):
-    """float32 -> int64 key with the same order (negative floats' magnitude bits flipped)."""
-    bits = x.to(tl.int32, bitcast=True)
-    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+def _float_to_key(x, KEY_BITS: tl.constexpr, DTYPE: tl.constexpr):
+    """Logit values (float32 holding DTYPE values) -> int64 keys in the same order: the DTYPE bit
+    pattern with the magnitude bits of negative values flipped."""
+    if KEY_BITS == 16:
+        bits = x.to(DTYPE).to(tl.int16, bitcast=True).to(tl.int32)
+        key = tl.where(bits >= 0, bits, bits ^ 0x7FFF)
+    else:
+        bits = x.to(tl.int32, bitcast=True)
+        key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    return key.to(tl.int64)
 
 
 @triton.jit
-def _key_to_float(key):
+def _key_to_float(key, KEY_BITS: tl.constexpr, DTYPE: tl.constexpr):
     key = key.to(tl.int32)
-    return tl.where(key >= 0, key, key ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    if KEY_BITS == 16:
+        bits = tl.where(key >= 0, key, key ^ 0x7FFF).to(tl.int16)
+        value = bits.to(DTYPE, bitcast=True).to(tl.float32)
+    else:
+        value = tl.where(key >= 0, key, key ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    return value
 
 
 @triton.jit
-def _load_scaled(logits_ptr, row_offs, row_mask, temperature, cols, vocab):
-    """s = logits / temperature in float32 for one [BLOCK_ROWS, BLOCK_V] chunk; -inf off the rows.
-    Correctly rounded division, so s matches torch's bit for bit and top-k thresholds agree."""
+def _load_logits(logits_ptr, row_offs, row_mask, cols, vocab):
+    """One [BLOCK_ROWS, BLOCK_V] chunk of logits in float32, -inf off the rows and the vocabulary."""
     valid = row_mask[:, None] & (cols < vocab)[None, :]
     x = tl.load(logits_ptr + row_offs[:, None] + cols[None, :], mask=valid, other=float("-inf"))
-    return tl.math.div_rn(x.to(tl.float32), temperature[:, None]), valid
+    return x.to(tl.float32), valid
 
 
 @triton.jit
-def _row_max_min(logits_ptr, row_offs, row_mask, temperature, vocab, BLOCK_ROWS, BLOCK_V):
-    row_max = tl.full([BLOCK_ROWS], float("-inf"), tl.float32)
-    row_min = tl.full([BLOCK_ROWS], float("inf"), tl.float32)
+def _load_for_search(logits_ptr, row_offs, row_mask, cols, vocab):
+    """The same chunk with NaN off the rows and the vocabulary: NaN fails every comparison, so the
+    search passes need no separate mask."""
+    valid = row_mask[:, None] & (cols < vocab)[None, :]
+    x = tl.load(logits_ptr + row_offs[:, None] + cols[None, :], mask=valid, other=float("nan"))
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _row_max_min(logits_ptr, row_offs, row_mask, vocab, BLOCK_ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
+    lane_max = tl.full([BLOCK_ROWS, BLOCK_V], float("-inf"), tl.float32)
+    lane_min = tl.full([BLOCK_ROWS, BLOCK_V], float("inf"), tl.float32)
     for start in range(0, vocab, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)
-        s, valid = _load_scaled(logits_ptr, row_offs, row_mask, temperature, cols, vocab)
-        row_max = tl.maximum(row_max, tl.max(s, axis=1))
-        row_min = tl.minimum(row_min, tl.min(tl.where(valid, s, float("inf")), axis=1))
+        x, valid = _load_logits(logits_ptr, row_offs, row_mask, cols, vocab)
+        lane_max = tl.maximum(lane_max, x)
+        lane_min = tl.minimum(lane_min, tl.where(valid, x, float("inf")))
     # rows past num_rows get finite stats, so their (unstored) lanes make no NaN from -inf - -inf
-    return tl.where(row_mask, row_max, 0.0), tl.where(row_mask, row_min, 0.0)
+    row_max = tl.where(row_mask, tl.max(lane_max, axis=1), 0.0)
+    return row_max, tl.where(row_mask, tl.min(lane_min, axis=1), 0.0)
 
 
 @triton.jit
-def _top_k_threshold(logits_ptr, row_offs, row_mask, temperature, vocab, k, row_max, row_min,
-                     BLOCK_ROWS, BLOCK_V):  # fmt: skip
-    """The k-th largest s of each row: the largest key with count(s >= key) >= k."""
-    lo = _float_to_key(row_min)  # count(s >= min) = vocab >= k: always feasible
-    hi = _float_to_key(row_max) + 1  # count(s > max) = 0 < k: never feasible
-    for _ in range(_KEY_BITS):
-        active = hi - lo > 1
-        mid = lo + (hi - lo) // 2
-        thr = _key_to_float(mid)
-        count = tl.zeros([BLOCK_ROWS], tl.int32)
+def _pivots(lo, hi):
+    """Four keys splitting (lo, hi) into five near-equal parts."""
+    span = hi - lo
+    return lo + span // 5, lo + span * 2 // 5, lo + span * 3 // 5, lo + span * 4 // 5
+
+
+@triton.jit
+def _narrow(lo, hi, p1, p2, p3, p4, low1, low2, low3, low4):
+    """(lo, hi) -> the part between neighbouring pivots where the search predicate flips; low_j:
+    pivot j lies on lo's side (monotone: low1 >= low2 >= low3 >= low4)."""
+    new_lo = tl.where(low4, p4, tl.where(low3, p3, tl.where(low2, p2, tl.where(low1, p1, lo))))
+    new_hi = tl.where(~low1, p1, tl.where(~low2, p2, tl.where(~low3, p3, tl.where(~low4, p4, hi))))
+    return new_lo, new_hi
+
+
+@triton.jit
+def _top_k_threshold(logits_ptr, row_offs, row_mask, vocab, k, row_max, row_min, KEY_BITS: tl.constexpr,
+                     SEARCH_STEPS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+    """The k-th largest logit of each row: the largest key with count(x >= key) >= k."""
+    DTYPE: tl.constexpr = logits_ptr.dtype.element_ty
+    lo = _float_to_key(row_min, KEY_BITS, DTYPE)  # count(x >= min) = vocab >= k: feasible
+    hi = _float_to_key(row_max, KEY_BITS, DTYPE) + 1  # count(x > max) = 0 < k: infeasible
+    for _step in range(SEARCH_STEPS):
+        p1, p2, p3, p4 = _pivots(lo, hi)
+        t1 = _key_to_float(p1, KEY_BITS, DTYPE)[:, None]
+        t2 = _key_to_float(p2, KEY_BITS, DTYPE)[:, None]
+        t3 = _key_to_float(p3, KEY_BITS, DTYPE)[:, None]
+        t4 = _key_to_float(p4, KEY_BITS, DTYPE)[:, None]
+        c1 = tl.zeros([BLOCK_ROWS, BLOCK_V], tl.int32)
+        c2 = tl.zeros([BLOCK_ROWS, BLOCK_V], tl.int32)
+        c3 = tl.zeros([BLOCK_ROWS, BLOCK_V], tl.int32)
+        c4 = tl.zeros([BLOCK_ROWS, BLOCK_V], tl.int32)
         for start in range(0, vocab, BLOCK_V):
             cols = start + tl.arange(0, BLOCK_V)
-            s, valid = _load_scaled(logits_ptr, row_offs, row_mask, temperature, cols, vocab)
-            count += tl.sum((valid & (s >= thr[:, None])).to(tl.int32), axis=1)
-        feasible = count >= k
-        lo = tl.where(active & feasible, mid, lo)
-        hi = tl.where(active & ~feasible, mid, hi)
-    return _key_to_float(lo)
+            x = _load_for_search(logits_ptr, row_offs, row_mask, cols, vocab)
+            c1 += (x >= t1).to(tl.int32)
+            c2 += (x >= t2).to(tl.int32)
+            c3 += (x >= t3).to(tl.int32)
+            c4 += (x >= t4).to(tl.int32)
+        lo, hi = _narrow(
+            lo, hi, p1, p2, p3, p4, tl.sum(c1, axis=1) >= k, tl.sum(c2, axis=1) >= k, tl.sum(c3, axis=1) >= k,
+            tl.sum(c4, axis=1) >= k,
+        )  # fmt: skip
+    return _key_to_float(lo, KEY_BITS, DTYPE)
 
 
 @triton.jit
-def _top_p_threshold(logits_ptr, row_offs, row_mask, temperature, vocab, top_p, row_max, thr_k,
-                     BLOCK_ROWS, BLOCK_V):  # fmt: skip
-    """The smallest key with mass(thr_k <= s, s > key) < top_p * mass(s >= thr_k); masses are
-    exp(s - row_max), the softmax numerators."""
-    kept_mass = tl.zeros([BLOCK_ROWS], tl.float32)
+def _top_p_threshold(logits_ptr, row_offs, row_mask, vocab, temperature, top_p, row_max, thr_k,
+                     KEY_BITS: tl.constexpr, SEARCH_STEPS: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+                     BLOCK_V: tl.constexpr):  # fmt: skip
+    """The smallest key with mass(x > key) < top_p * mass(x >= thr_k), counting only top-k
+    survivors (x >= thr_k); a token's mass is exp((x - row_max) / T), its softmax numerator."""
+    DTYPE: tl.constexpr = logits_ptr.dtype.element_ty
+    scale = (1.4426950408889634 / temperature)[:, None]  # log2(e) / T: masses through exp2
+    row_max_2d = row_max[:, None]
+    lane_mass = tl.zeros([BLOCK_ROWS, BLOCK_V], tl.float32)
     for start in range(0, vocab, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)
-        s, valid = _load_scaled(logits_ptr, row_offs, row_mask, temperature, cols, vocab)
-        e = tl.exp(s - row_max[:, None])
-        kept_mass += tl.sum(tl.where(valid & (s >= thr_k[:, None]), e, 0.0), axis=1)
-    mass_limit = top_p * kept_mass
-    lo = _float_to_key(thr_k) - 1  # below thr_k all kept mass lies above: never feasible
-    hi = _float_to_key(row_max)  # no mass above the maximum: feasible for top_p > 0
-    for _ in range(_KEY_BITS):
-        active = hi - lo > 1
-        mid = lo + (hi - lo) // 2
-        thr = _key_to_float(mid)
-        mass = tl.zeros([BLOCK_ROWS], tl.float32)
+        x = _load_for_search(logits_ptr, row_offs, row_mask, cols, vocab)
+        lane_mass += tl.where(x >= thr_k[:, None], tl.exp2((x - row_max_2d) * scale), 0.0)
+    limit = top_p * tl.sum(lane_mass, axis=1)
+    lo = _float_to_key(thr_k, KEY_BITS, DTYPE) - 1  # all surviving mass lies above: infeasible
+    hi = _float_to_key(row_max, KEY_BITS, DTYPE)  # no mass above the maximum: feasible for top_p > 0
+    for _step in range(SEARCH_STEPS):
+        p1, p2, p3, p4 = _pivots(lo, hi)
+        # every pivot is >= thr_k, so x > pivot implies a top-k survivor
+        t1 = _key_to_float(p1, KEY_BITS, DTYPE)[:, None]
+        t2 = _key_to_float(p2, KEY_BITS, DTYPE)[:, None]
+        t3 = _key_to_float(p3, KEY_BITS, DTYPE)[:, None]
+        t4 = _key_to_float(p4, KEY_BITS, DTYPE)[:, None]
+        m1 = tl.zeros([BLOCK_ROWS, BLOCK_V], tl.float32)
+        m2 = tl.zeros([BLOCK_ROWS, BLOCK_V], tl.float32)
+        m3 = tl.zeros([BLOCK_ROWS, BLOCK_V], tl.float32)
+        m4 = tl.zeros([BLOCK_ROWS, BLOCK_V], tl.float32)
         for start in range(0, vocab, BLOCK_V):
             cols = start + tl.arange(0, BLOCK_V)
-            s, valid = _load_scaled(logits_ptr, row_offs, row_mask, temperature, cols, vocab)
-            above = valid & (s >= thr_k[:, None]) & (s > thr[:, None])
-            mass += tl.sum(tl.where(above, tl.exp(s - row_max[:, None]), 0.0), axis=1)
-        feasible = mass < mass_limit
-        hi = tl.where(active & feasible, mid, hi)
-        lo = tl.where(active & ~feasible, mid, lo)
-    return _key_to_float(hi)
-
-
-@triton.jit
-def _filter_thresholds(logits_ptr, row_offs, row_mask, temperature, vocab, top_k, use_top_k, top_p,
-                       use_top_p, HAS_TOP_K, HAS_TOP_P, BLOCK_ROWS, BLOCK_V):  # fmt: skip
-    """(row_max, thr_k, thr_p) per row; a token survives top-k and top-p iff s >= both thresholds
-    (-inf where a filter is off, for the row or for the whole launch)."""
-    row_max, row_min = _row_max_min(logits_ptr, row_offs, row_mask, temperature, vocab, BLOCK_ROWS, BLOCK_V)
-    thr_k = tl.full([BLOCK_ROWS], float("-inf"), tl.float32)
-    thr_p = tl.full([BLOCK_ROWS], float("-inf"), tl.float32)
-    if HAS_TOP_K:
-        thr_k = _top_k_threshold(
-            logits_ptr, row_offs, row_mask, temperature, vocab, top_k, row_max, row_min, BLOCK_ROWS, BLOCK_V
-        )
-        thr_k = tl.where(use_top_k, thr_k, float("-inf"))
-    if HAS_TOP_P:
-        thr_p = _top_p_threshold(
-            logits_ptr, row_offs, row_mask, temperature, vocab, top_p, row_max, tl.maximum(thr_k, row_min),
-            BLOCK_ROWS, BLOCK_V,
+            x = _load_for_search(logits_ptr, row_offs, row_mask, cols, vocab)
+            mass = tl.exp2((x - row_max_2d) * scale)
+            m1 += tl.where(x > t1, mass, 0.0)
+            m2 += tl.where(x > t2, mass, 0.0)
+            m3 += tl.where(x > t3, mass, 0.0)
+            m4 += tl.where(x > t4, mass, 0.0)
+        # infeasible pivots (too much mass above) lie on lo's side
+        lo, hi = _narrow(
+            lo, hi, p1, p2, p3, p4, tl.sum(m1, axis=1) >= limit, tl.sum(m2, axis=1) >= limit,
+            tl.sum(m3, axis=1) >= limit, tl.sum(m4, axis=1) >= limit,
         )  # fmt: skip
-        thr_p = tl.where(use_top_p, thr_p, float("-inf"))
-    return row_max, thr_k, thr_p
+    return _key_to_float(hi, KEY_BITS, DTYPE)
 
 
 @triton.jit
-def _kept(s, valid, row_max, thr_k, thr_p, min_p, HAS_TOP_K, HAS_TOP_P, HAS_MIN_P):
-    keep = valid
-    if HAS_TOP_K:
-        keep &= s >= thr_k[:, None]
-    if HAS_TOP_P:
-        keep &= s >= thr_p[:, None]
-    if HAS_MIN_P:
-        # p_t >= min_p * max p  <=>  exp(s_t - max s) >= min_p; min_p <= 0 keeps everything
-        keep &= tl.exp(s - row_max[:, None]) >= min_p[:, None]
-    return keep
+def _any(flags):
+    return tl.max(flags.to(tl.int32), axis=0) > 0
+
+
+@triton.jit
+def _survival_threshold(logits_ptr, row_offs, row_mask, vocab, temperature, top_k, use_top_k, top_p,
+                        use_top_p, min_p, use_min_p, KEY_BITS: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+                        BLOCK_ROWS: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+    """Per row, the smallest logit that survives top-k, top-p and min-p (-inf: every token does).
+    A filter's passes run only when some row of the program uses it."""
+    threshold = tl.full([BLOCK_ROWS], float("-inf"), tl.float32)
+    if _any(use_top_k | use_top_p | use_min_p):
+        row_max, row_min = _row_max_min(logits_ptr, row_offs, row_mask, vocab, BLOCK_ROWS, BLOCK_V)
+        thr_k = row_min
+        if _any(use_top_k):
+            found = _top_k_threshold(
+                logits_ptr, row_offs, row_mask, vocab, top_k, row_max, row_min, KEY_BITS, SEARCH_STEPS,
+                BLOCK_ROWS, BLOCK_V,
+            )  # fmt: skip
+            thr_k = tl.where(use_top_k, found, row_min)
+        thr_p = thr_k
+        if _any(use_top_p):
+            found = _top_p_threshold(
+                logits_ptr, row_offs, row_mask, vocab, temperature, top_p, row_max, thr_k, KEY_BITS,
+                SEARCH_STEPS, BLOCK_ROWS, BLOCK_V,
+            )  # fmt: skip
+            thr_p = tl.where(use_top_p, found, thr_k)
+        thr_min_p = row_max + temperature * tl.log(tl.where(use_min_p, min_p, 1.0))
+        threshold = tl.where(use_min_p, tl.maximum(thr_p, thr_min_p), thr_p)
+    return threshold
+
+
+@triton.jit
+def _gumbel_noise(seeds, start, BLOCK_ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Gumbel noise -log(-log(u)) for tokens start .. start + BLOCK_V of each row. Token t takes
+    output t % 4 of Philox(seed, t // 4): one Philox call serves four tokens."""
+    quads = start // 4 + tl.arange(0, BLOCK_V // 4)[None, :] + tl.zeros([BLOCK_ROWS, BLOCK_V // 4], tl.int32)
+    seeds_2d = seeds[:, None] + tl.zeros([BLOCK_ROWS, BLOCK_V // 4], tl.int64)
+    u0, u1, u2, u3 = tl.rand4x(seeds_2d, quads)
+    u = tl.reshape(tl.join(tl.join(u0, u2), tl.join(u1, u3)), [BLOCK_ROWS, BLOCK_V])  # u0 u1 u2 u3 u0 ...
+    # u = 0 (probability 2^-31) is lifted so that a surviving token's score stays finite
+    return -tl.log(-tl.log(tl.maximum(u, 1.0e-30)))
 
 
 @triton.jit
 def _load_row_params(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, rows, row_mask, vocab):
+    """Per-row parameters and which filters each row uses (top_k <= 0 or >= vocab, top_p >= 1 and
+    min_p <= 0 are off)."""
     temperature = tl.load(temperature_ptr + rows, mask=row_mask, other=1.0).to(tl.float32)
     top_k = tl.load(top_k_ptr + rows, mask=row_mask, other=0).to(tl.int32)
     top_p = tl.load(top_p_ptr + rows, mask=row_mask, other=1.0).to(tl.float32)
     min_p = tl.load(min_p_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
-    use_top_k = (top_k > 0) & (top_k < vocab)
-    use_top_p = top_p < 1.0
-    return temperature, top_k, use_top_k, top_p, use_top_p, min_p
+    return temperature, top_k, (top_k > 0) & (top_k < vocab), top_p, top_p < 1.0, min_p, min_p > 0.0
 
 
 @triton.jit
@@ -163,34 +242,32 @@ def _sampling_mask_kernel(
     logits_ptr,  # [num_rows, vocab], rows row_stride apart, any float dtype
     mask_ptr,  # [num_rows, vocab] bool, contiguous
     temperature_ptr,  # [num_rows] float; <= 0 counts as 1
-    top_k_ptr,  # [num_rows] int; <= 0 or >= vocab: off
-    top_p_ptr,  # [num_rows] float; >= 1: off
-    min_p_ptr,  # [num_rows] float; <= 0: off
+    top_k_ptr,  # [num_rows] int
+    top_p_ptr,  # [num_rows] float
+    min_p_ptr,  # [num_rows] float
     num_rows,
     vocab,
     row_stride,
-    HAS_TOP_K: tl.constexpr,
-    HAS_TOP_P: tl.constexpr,
-    HAS_MIN_P: tl.constexpr,
+    KEY_BITS: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     row_mask = rows < num_rows
-    temperature, top_k, use_top_k, top_p, use_top_p, min_p = _load_row_params(
+    temperature, top_k, use_top_k, top_p, use_top_p, min_p, use_min_p = _load_row_params(
         temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, rows, row_mask, vocab
     )
     temperature = tl.where(temperature > 0, temperature, 1.0)
     row_offs = rows.to(tl.int64) * row_stride
-    row_max, thr_k, thr_p = _filter_thresholds(
-        logits_ptr, row_offs, row_mask, temperature, vocab, top_k, use_top_k, top_p, use_top_p,
-        HAS_TOP_K, HAS_TOP_P, BLOCK_ROWS, BLOCK_V,
-    )  # fmt: skip
+    threshold = _survival_threshold(
+        logits_ptr, row_offs, row_mask, vocab, temperature, top_k, use_top_k, top_p, use_top_p, min_p,
+        use_min_p, KEY_BITS, SEARCH_STEPS, BLOCK_ROWS, BLOCK_V,
+    )[:, None]  # fmt: skip
     for start in range(0, vocab, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)
-        s, valid = _load_scaled(logits_ptr, row_offs, row_mask, temperature, cols, vocab)
-        keep = _kept(s, valid, row_max, thr_k, thr_p, min_p, HAS_TOP_K, HAS_TOP_P, HAS_MIN_P)
-        tl.store(mask_ptr + (rows.to(tl.int64) * vocab)[:, None] + cols[None, :], keep, mask=valid)
+        x, valid = _load_logits(logits_ptr, row_offs, row_mask, cols, vocab)
+        tl.store(mask_ptr + (rows.to(tl.int64) * vocab)[:, None] + cols[None, :], x >= threshold, mask=valid)
 
 
 @triton.jit
@@ -198,59 +275,49 @@ def _sample_kernel(
     logits_ptr,  # [num_rows, vocab], rows row_stride apart, any float dtype
     out_ptr,  # [num_rows] int64: the drawn token ids
     temperature_ptr,  # [num_rows] float; <= 0: greedy (argmax, first index on ties, no filter)
-    top_k_ptr,  # [num_rows] int; <= 0 or >= vocab: off
-    top_p_ptr,  # [num_rows] float; >= 1: off
-    min_p_ptr,  # [num_rows] float; <= 0: off
+    top_k_ptr,  # [num_rows] int
+    top_p_ptr,  # [num_rows] float
+    min_p_ptr,  # [num_rows] float
     seeds_ptr,  # [num_rows] int64: Philox seed of each row for this step
     num_rows,
     vocab,
     row_stride,
-    ANY_SAMPLED: tl.constexpr,
-    HAS_TOP_K: tl.constexpr,
-    HAS_TOP_P: tl.constexpr,
-    HAS_MIN_P: tl.constexpr,
+    KEY_BITS: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     row_mask = rows < num_rows
-    temperature, top_k, use_top_k, top_p, use_top_p, min_p = _load_row_params(
+    temperature, top_k, use_top_k, top_p, use_top_p, min_p, use_min_p = _load_row_params(
         temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, rows, row_mask, vocab
     )
     sampled = temperature > 0
     temperature = tl.where(sampled, temperature, 1.0)
-    min_p = tl.where(sampled, min_p, 0.0)
     row_offs = rows.to(tl.int64) * row_stride
-    row_max = tl.zeros([BLOCK_ROWS], tl.float32)
-    thr_k = tl.full([BLOCK_ROWS], float("-inf"), tl.float32)
-    thr_p = tl.full([BLOCK_ROWS], float("-inf"), tl.float32)
-    if HAS_TOP_K or HAS_TOP_P or HAS_MIN_P:
-        row_max, thr_k, thr_p = _filter_thresholds(
-            logits_ptr, row_offs, row_mask, temperature, vocab, top_k, use_top_k & sampled, top_p,
-            use_top_p & sampled, HAS_TOP_K, HAS_TOP_P, BLOCK_ROWS, BLOCK_V,
-        )  # fmt: skip
+    threshold = _survival_threshold(
+        logits_ptr, row_offs, row_mask, vocab, temperature, top_k, use_top_k & sampled, top_p,
+        use_top_p & sampled, min_p, use_min_p & sampled, KEY_BITS, SEARCH_STEPS, BLOCK_ROWS, BLOCK_V,
+    )[:, None]  # fmt: skip
+    any_sampled = _any(sampled & row_mask)
+    noise_scale = tl.where(sampled, temperature, 0.0)[:, None]  # greedy rows: no noise
     seeds = tl.load(seeds_ptr + rows, mask=row_mask, other=0).to(tl.int64)
-    seeds_2d = seeds[:, None] + tl.zeros([BLOCK_ROWS, BLOCK_V], tl.int64)
-    best_score = tl.full([BLOCK_ROWS], float("-inf"), tl.float32)
-    best_token = tl.zeros([BLOCK_ROWS], tl.int32)
+    lane_best = tl.full([BLOCK_ROWS, BLOCK_V], float("-inf"), tl.float32)
+    lane_token = tl.zeros([BLOCK_ROWS, BLOCK_V], tl.int32)
     for start in range(0, vocab, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)
-        s, valid = _load_scaled(logits_ptr, row_offs, row_mask, temperature, cols, vocab)
-        score = s
-        if ANY_SAMPLED:
-            # Gumbel noise -log(-log(u)); u = 0 (prob. 2^-31) is lifted so a kept token stays finite
-            u = tl.rand(seeds_2d, cols[None, :] + tl.zeros([BLOCK_ROWS, BLOCK_V], tl.int32))
-            gumbel = -tl.log(-tl.log(tl.maximum(u, 1.0e-30)))
-            score = tl.where(sampled[:, None], s + gumbel, s)
-        keep = _kept(s, valid, row_max, thr_k, thr_p, min_p, HAS_TOP_K, HAS_TOP_P, HAS_MIN_P)
-        score = tl.where(keep, score, float("-inf"))
-        chunk_best = tl.max(score, axis=1)
-        chunk_token = tl.min(tl.where(score == chunk_best[:, None], cols[None, :], vocab), axis=1)
-        # strictly better only: on ties the earlier chunk (smaller token id) wins, like argmax
-        better = (chunk_best > best_score) & (chunk_token < vocab)
-        best_token = tl.where(better, chunk_token, best_token)
-        best_score = tl.where(better, chunk_best, best_score)
-    tl.store(out_ptr + rows, best_token.to(tl.int64), mask=row_mask)
+        x, valid = _load_logits(logits_ptr, row_offs, row_mask, cols, vocab)
+        score = x
+        if any_sampled:
+            score = x + noise_scale * _gumbel_noise(seeds, start, BLOCK_ROWS, BLOCK_V)
+        score = tl.where(valid & (x >= threshold), score, float("-inf"))
+        # strictly better only: a lane keeps its earliest best token, as argmax keeps the first
+        better = score > lane_best
+        lane_token = tl.where(better, cols[None, :], lane_token)
+        lane_best = tl.where(better, score, lane_best)
+    best = tl.max(lane_best, axis=1)
+    best_token = tl.min(tl.where(lane_best == best[:, None], lane_token, vocab), axis=1)
+    tl.store(out_ptr + rows, tl.where(best_token < vocab, best_token, 0).to(tl.int64), mask=row_mask)
 
 
 @triton.jit
@@ -288,13 +355,26 @@ def _log_softmax_kernel(
 
 
 def _launch_config(num_rows: int, vocab: int) -> tuple[int, int, int]:
-    """(BLOCK_ROWS, BLOCK_V, num_warps): on a GPU one row per program, long chunks; under the
-    interpreter a few programs of many rows, since each program and loop step costs milliseconds."""
+    """(BLOCK_ROWS, BLOCK_V, num_warps). GPU: one row per program, and long chunks with many warps,
+    since a row's passes are bound by memory latency (measured on an H200 at vocab 151936).
+    Interpreter: a few programs of many rows, since each program and loop step costs milliseconds."""
     if platform.is_interpreter():
-        block_v = min(triton.next_power_of_2(vocab), 4096)
-        block_rows = min(triton.next_power_of_2(num_rows), max(1, 65536 // block_v))
-        return block_rows, block_v, 1
-    return 1, min(triton.next_power_of_2(vocab), 4096), 8
+        block_v = max(16, min(triton.next_power_of_2(vocab), 4096))
+        return min(triton.next_power_of_2(num_rows), max(1, 32768 // block_v)), block_v, 1
+    block_v = max(16, min(triton.next_power_of_2(vocab), 8192))
+    return 1, block_v, max(1, min(16, block_v // 512))
+
+
+def _search_config(logits: torch.Tensor) -> dict[str, int]:
+    """KEY_BITS: width of the logits' dtype; SEARCH_STEPS: narrowing steps that pin a threshold
+    among 2^KEY_BITS + 1 keys exactly, each step keeping one of _NUM_PIVOTS + 1 parts."""
+    if logits.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"logits must be float32, float16 or bfloat16, got {logits.dtype}")
+    key_bits = 8 * logits.element_size()
+    span, steps, parts = 2**key_bits + 1, 0, _NUM_PIVOTS + 1
+    while span > 1:
+        span, steps = -(-span // parts), steps + 1
+    return {"KEY_BITS": key_bits, "SEARCH_STEPS": steps}
 
 
 def _rows(logits: torch.Tensor) -> torch.Tensor:
@@ -318,22 +398,6 @@ def log_softmax(logits: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _filter_flags(
-    vocab: int,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor,
-    greedy_rows_unfiltered: bool,
-) -> list[bool]:
-    """[any row sampled, any row uses top-k, top-p, min-p], with one host sync for all four."""
-    sampled = temperature > 0
-    uses = torch.stack([sampled, (top_k > 0) & (top_k < vocab), top_p < 1, min_p > 0])
-    if greedy_rows_unfiltered:
-        uses[1:] &= sampled
-    return uses.any(dim=1).tolist()
-
-
 def sampling_mask(
     logits: torch.Tensor,
     temperature: torch.Tensor,
@@ -348,12 +412,10 @@ def sampling_mask(
     mask = torch.empty((num_rows, vocab), dtype=torch.bool, device=logits.device)
     if mask.numel() == 0:
         return mask
-    _, has_top_k, has_top_p, has_min_p = _filter_flags(vocab, temperature, top_k, top_p, min_p, False)
     block_rows, block_v, num_warps = _launch_config(num_rows, vocab)
     _sampling_mask_kernel[(triton.cdiv(num_rows, block_rows),)](
         logits, mask, temperature, top_k, top_p, min_p, num_rows, vocab, logits.stride(0),
-        HAS_TOP_K=has_top_k, HAS_TOP_P=has_top_p, HAS_MIN_P=has_min_p, BLOCK_ROWS=block_rows,
-        BLOCK_V=block_v, num_warps=num_warps,
+        **_search_config(logits), BLOCK_ROWS=block_rows, BLOCK_V=block_v, num_warps=num_warps,
     )  # fmt: skip
     return mask
 
@@ -374,11 +436,9 @@ def sample(
     out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
     if num_rows == 0:
         return out
-    any_sampled, has_top_k, has_top_p, has_min_p = _filter_flags(vocab, temperature, top_k, top_p, min_p, True)
     block_rows, block_v, num_warps = _launch_config(num_rows, vocab)
     _sample_kernel[(triton.cdiv(num_rows, block_rows),)](
         logits, out, temperature, top_k, top_p, min_p, seeds, num_rows, vocab, logits.stride(0),
-        ANY_SAMPLED=any_sampled, HAS_TOP_K=has_top_k, HAS_TOP_P=has_top_p, HAS_MIN_P=has_min_p,
-        BLOCK_ROWS=block_rows, BLOCK_V=block_v, num_warps=num_warps,
+        **_search_config(logits), BLOCK_ROWS=block_rows, BLOCK_V=block_v, num_warps=num_warps,
     )  # fmt: skip
     return out
