@@ -36,9 +36,9 @@ def run_checked(llm: LLM, prompts: list[dict], params: list[SamplingParams]) -> 
         for out in engine.step():
             if out.finished:
                 results[out.request_id] = out.outputs[0].token_ids
-        engine.kv_cache.check_invariant()
-        used = sum(len(engine.kv_cache.block_ids(r.request_id)) for r in engine.scheduler.running)
-        assert used + engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
+        kv = engine.kv_cache
+        kv.check_invariant()
+        assert kv.num_used_blocks + kv.num_free_blocks == kv.num_blocks  # free counts cached-evictable
     return [results[f"r{i}"] for i in range(len(prompts))]
 
 

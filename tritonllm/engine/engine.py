@@ -89,7 +89,7 @@ class LLMEngine:
             self.max_model_len,
             capacity / self.max_model_len,
         )
-        self.kv_cache = KVCacheManager(num_blocks, block_size)
+        self.kv_cache = KVCacheManager(num_blocks, block_size, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(sched, self.kv_cache)
         self.groups: dict[str, RequestGroup] = {}
         self._rng = random.Random(config.model.seed)
@@ -171,7 +171,12 @@ class LLMEngine:
                 self.scheduler.finish(child, RequestStatus.FINISHED_ABORTED)
 
     def get_metrics(self):
-        return self.stats.snapshot(len(self.scheduler.running), len(self.scheduler.waiting), self.kv_cache.usage)
+        kv = self.kv_cache
+        self.stats.prefix_cache_queries, self.stats.prefix_cache_hits = kv.prefix_cache_queries, kv.prefix_cache_hits
+        return self.stats.snapshot(len(self.scheduler.running), len(self.scheduler.waiting), kv.usage)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache.reset_prefix_cache()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -201,6 +206,7 @@ class LLMEngine:
             if r.num_computed_tokens < r.num_prompt_tokens:
                 self.stats.prompt_tokens += min(s.num_new_tokens, r.num_prompt_tokens - r.num_computed_tokens)
             r.num_computed_tokens += s.num_new_tokens
+            self.kv_cache.cache_computed_blocks(r)
             group = self.groups[self._group_id(r)]
             if r.request_id in result.prompt_logprobs:
                 self._append_prompt_logprobs(r, *result.prompt_logprobs[r.request_id])

@@ -1,33 +1,74 @@
-"""Paged KV-cache bookkeeping: which physical blocks each request holds.
+"""Paged KV-cache bookkeeping: which physical blocks each request holds, and prefix caching.
 
-Mechanism only; the scheduler decides who gets blocks. The cache tensors themselves live in the
-model runner: per layer K and V of shape [num_blocks, block_size, num_kv_heads, head_dim].
-Invariant after every step: num_free_blocks + num_used_blocks == num_blocks.
+Mechanism only; the scheduler decides who gets blocks. The cache tensors live in the model
+runner: per layer K and V of shape [num_blocks, block_size, num_kv_heads, head_dim].
+
+Prefix caching (as vLLM v1): every full block of a request gets a hash chaining its parent
+block's hash, its token ids and extra keys; a table maps hashes to blocks. Blocks are
+ref-counted; a block whose count drops to zero joins the free queue but keeps its hash, so it can
+be reused until it is needed for new data. The free queue is the LRU: blocks leave it from the
+front (least recently freed first), and a request's blocks are freed tail first, so a prefix's
+later blocks are evicted before its earlier ones.
+
+Invariant after every step: free + in use + cached-evictable == num_blocks.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+
+from tritonllm.engine.request import Request
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+BlockHash = bytes
+
+
+def hash_block(parent: BlockHash | None, token_ids: Sequence[int], extra_keys: tuple = ()) -> BlockHash:
+    """A full block's hash: its parent's hash, its token ids and extra keys (LoRA, multimodal, ...)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(parent or b"root")
+    h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
+    if extra_keys:
+        h.update(repr(extra_keys).encode())
+    return h.digest()
+
+
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free: deque[int] = deque(range(num_blocks))
+        self.enable_prefix_caching = enable_prefix_caching
+        self._ref_count = [0] * num_blocks
+        self._block_hash: list[BlockHash | None] = [None] * num_blocks
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # LRU: evict from the front
+        self._cached: dict[BlockHash, int] = {}
         self._blocks: dict[str, list[int]] = {}
+        self._hashes: dict[str, list[BlockHash]] = {}  # each request's full-block hashes so far
+        self.prefix_cache_queries = 0  # tokens looked up
+        self.prefix_cache_hits = 0  # tokens found
+
+    # ---- accounting ----------------------------------------------------------------------
 
     @property
     def num_free_blocks(self) -> int:
+        """Blocks a request can take now: empty ones plus cached ones that can be evicted."""
         return len(self._free)
 
     @property
+    def num_cached_free_blocks(self) -> int:
+        return sum(1 for b in self._free if self._block_hash[b] is not None)
+
+    @property
     def num_used_blocks(self) -> int:
-        return sum(len(b) for b in self._blocks.values())
+        return sum(1 for c in self._ref_count if c > 0)
 
     @property
     def usage(self) -> float:
@@ -36,26 +77,114 @@ class KVCacheManager:
     def block_ids(self, request_id: str) -> list[int]:
         return self._blocks.get(request_id, [])
 
+    # ---- prefix cache --------------------------------------------------------------------
+
+    def _update_hashes(self, request: Request) -> list[BlockHash]:
+        hashes = self._hashes.setdefault(request.request_id, [])
+        num_full = request.num_tokens // self.block_size
+        if len(hashes) < num_full:
+            tokens = request.all_token_ids
+            for i in range(len(hashes), num_full):
+                block_tokens = tokens[i * self.block_size : (i + 1) * self.block_size]
+                hashes.append(hash_block(hashes[-1] if hashes else None, block_tokens, request.extra_keys))
+        return hashes
+
+    def find_cached_prefix(self, request: Request) -> list[int]:
+        """The cached blocks of the request's longest cached prefix of full blocks. At least the last
+        token is always left to compute (its logits are needed), so a fully cached prompt hits one
+        block less."""
+        if not self.enable_prefix_caching or request.params.prompt_logprobs is not None:
+            return []
+        hashes = self._update_hashes(request)
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hit = []
+        for h in hashes[:max_blocks]:
+            block = self._cached.get(h)
+            if block is None:
+                break
+            hit.append(block)
+        return hit
+
+    def record_lookup(self, num_query_tokens: int, num_hit_tokens: int) -> None:
+        """Count one admitted request's prefix-cache lookup (tokens), for the hit-rate metrics."""
+        if self.enable_prefix_caching:
+            self.prefix_cache_queries += num_query_tokens
+            self.prefix_cache_hits += num_hit_tokens
+
+    def cache_computed_blocks(self, request: Request) -> None:
+        """Publish the request's full blocks whose KV is now computed, so later requests can reuse them."""
+        if not self.enable_prefix_caching:
+            return
+        hashes = self._update_hashes(request)
+        blocks = self._blocks.get(request.request_id, [])
+        num_computed_full = min(request.num_computed_tokens // self.block_size, len(blocks), len(hashes))
+        for i in range(num_computed_full):
+            block, h = blocks[i], hashes[i]
+            if self._block_hash[block] is None and h not in self._cached:
+                self._block_hash[block] = h
+                self._cached[h] = block
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block not in use; False if some cached blocks are in use (they stay)."""
+        for block in list(self._free):
+            self._evict(block)
+        return not self._cached
+
+    def _evict(self, block: int) -> None:
+        h = self._block_hash[block]
+        if h is not None:
+            self._block_hash[block] = None
+            if self._cached.get(h) == block:
+                del self._cached[h]
+
+    # ---- allocation ----------------------------------------------------------------------
+
     def num_blocks_needed(self, request_id: str, num_total_tokens: int) -> int:
         """Blocks to add so that the request's first `num_total_tokens` tokens have slots."""
         return max(0, cdiv(num_total_tokens, self.block_size) - len(self.block_ids(request_id)))
 
-    def allocate_slots(self, request_id: str, num_total_tokens: int) -> bool:
-        """Grow the request's block table to cover `num_total_tokens`; False (nothing taken) if short."""
-        needed = self.num_blocks_needed(request_id, num_total_tokens)
-        if needed > len(self._free):
+    def allocate_slots(self, request_id: str, num_total_tokens: int, cached_blocks: Sequence[int] = ()) -> bool:
+        """Grow the request's block table to cover `num_total_tokens`, first with `cached_blocks` (a
+        prefix-cache hit, for a request holding no blocks yet), then with new blocks. False, and
+        nothing taken, if there are not enough free blocks."""
+        have = len(self.block_ids(request_id)) + len(cached_blocks)
+        needed = max(0, cdiv(num_total_tokens, self.block_size) - have)
+        revived = sum(1 for b in cached_blocks if self._ref_count[b] == 0)  # taken out of the free queue
+        if needed + revived > len(self._free):
             return False
         blocks = self._blocks.setdefault(request_id, [])
-        blocks.extend(self._free.popleft() for _ in range(needed))
+        for b in cached_blocks:
+            if self._ref_count[b] == 0:
+                del self._free[b]
+            self._ref_count[b] += 1
+            blocks.append(b)
+        for _ in range(needed):
+            b, _ = self._free.popitem(last=False)
+            self._evict(b)
+            self._ref_count[b] = 1
+            blocks.append(b)
         return True
 
     def free(self, request_id: str) -> None:
-        for block in reversed(self._blocks.pop(request_id, [])):
-            self._free.append(block)
+        """Release the request's blocks, tail first (evicted first), keeping their hashes for reuse."""
+        for b in reversed(self._blocks.pop(request_id, [])):
+            self._ref_count[b] -= 1
+            if self._ref_count[b] == 0:
+                self._free[b] = None
+        self._hashes.pop(request_id, None)
 
     def check_invariant(self) -> None:
-        used = [b for blocks in self._blocks.values() for b in blocks]
-        if len(used) + len(self._free) != self.num_blocks or len(set(used) | set(self._free)) != self.num_blocks:
+        in_use = self.num_used_blocks
+        cached = self.num_cached_free_blocks
+        empty = self.num_free_blocks - cached
+        held = [b for blocks in self._blocks.values() for b in blocks]
+        if empty + cached + in_use != self.num_blocks or set(held) != {b for b, c in enumerate(self._ref_count) if c}:
             raise AssertionError(
-                f"KV blocks leaked or doubly owned: {len(self._free)} free + {len(used)} used != {self.num_blocks}"
+                f"KV blocks leaked: {empty} free + {cached} cached + {in_use} in use != {self.num_blocks}"
             )
+        for b in self._free:
+            if self._ref_count[b] != 0:
+                raise AssertionError(f"block {b} is both free and in use")
+        for h, b in self._cached.items():
+            if self._block_hash[b] != h:
+                raise AssertionError(f"hash table points block {b} at a hash it no longer holds")

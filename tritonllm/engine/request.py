@@ -42,6 +42,7 @@ class Request:
     max_tokens: int  # generated-token cap after max_model_len is applied
     eos_token_ids: frozenset[int]
     priority: int = 0  # lower runs first under the `priority` policy
+    extra_keys: tuple = ()  # mixed into block hashes (room for LoRA / multimodal identity)
     arrival_index: int = 0  # set by the scheduler: order of arrival, for stable policy ordering
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose KV is in the cache

@@ -76,49 +76,56 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self.config.max_num_batched_tokens
         chunked = self.config.enable_chunked_prefill
+        budget = lambda: self.config.max_num_batched_tokens - out.num_batched_tokens
 
         # 1. Running requests, oldest first: each needs its remaining tokens (1 for a decode).
         index = 0
-        while index < len(self.running) and budget > 0:
+        while index < len(self.running) and budget() > 0:
             request = self.running[index]
             num_new = request.num_tokens - request.num_computed_tokens
-            if not chunked and num_new > budget:
+            if not chunked and num_new > budget():
                 index += 1
                 continue
-            num_new = min(num_new, budget)
+            num_new = min(num_new, budget())
             if not self._allocate_or_preempt(request, num_new, out):
-                break  # the request itself was preempted: nothing after it is left either
+                break  # the request itself was preempted: what follows it has no blocks either
             out.scheduled.append(ScheduledRequest(request, num_new))
-            budget -= num_new
-            index += 1
+            index = self.running.index(request) + 1  # a victim before it may have left the list
 
-        # 2. Waiting requests, in policy order, while budget, sequence slots and blocks last.
+        # 2. Waiting requests, in policy order, while budget, sequence slots and blocks last. A
+        # fresh (or preempted) request starts after its longest cached prefix.
         if not out.preempted:
-            while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            while self.waiting and budget() > 0 and len(self.running) < self.config.max_num_seqs:
                 request = self.waiting[0]
-                num_new = request.num_tokens - request.num_computed_tokens
-                if not chunked and num_new > budget:
+                cached = self.kv_cache.find_cached_prefix(request) if request.num_computed_tokens == 0 else []
+                num_cached_tokens = len(cached) * self.kv_cache.block_size
+                num_new = request.num_tokens - request.num_computed_tokens - num_cached_tokens
+                if not chunked and num_new > budget():
                     break
-                num_new = min(num_new, budget)
-                if not self.kv_cache.allocate_slots(request.request_id, request.num_computed_tokens + num_new):
+                num_new = min(num_new, budget())
+                num_total = request.num_computed_tokens + num_cached_tokens + num_new
+                if not self.kv_cache.allocate_slots(request.request_id, num_total, cached):
                     break
+                if request.num_computed_tokens == 0:
+                    self.kv_cache.record_lookup(request.num_tokens, num_cached_tokens)
+                request.num_computed_tokens += num_cached_tokens
                 self.waiting.popleft()
                 request.status = RequestStatus.RUNNING
                 if request.times.first_scheduled is None:
                     request.times.first_scheduled = time.monotonic()
                 self.running.append(request)
                 out.scheduled.append(ScheduledRequest(request, num_new))
-                budget -= num_new
         return out
 
     def _allocate_or_preempt(self, request: Request, num_new: int, out: SchedulerOutput) -> bool:
-        """Give `request` slots for `num_new` tokens, preempting the newest running requests as needed.
-        Returns False if `request` itself had to be preempted."""
+        """Give `request` slots for `num_new` tokens, preempting running requests (per policy) as
+        needed. A victim already scheduled in this step leaves the step. Returns False if `request`
+        itself had to be preempted."""
         while not self.kv_cache.allocate_slots(request.request_id, request.num_computed_tokens + num_new):
             victim = self._pick_victim()
             self.running.remove(victim)
+            out.scheduled = [s for s in out.scheduled if s.request is not victim]
             self._preempt(victim)
             out.preempted.append(victim)
             if victim is request:

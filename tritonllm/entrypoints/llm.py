@@ -148,6 +148,10 @@ class LLM:
         """Engine metrics (objects with `.name` and `.value`), vLLM-style names under `tritonllm:`."""
         return self.llm_engine.get_metrics()
 
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached prefix block not in use (e.g. between benchmark runs)."""
+        return self.llm_engine.reset_prefix_cache()
+
     def _run_engine(self, ids: list[str], use_tqdm: bool) -> dict[str, RequestOutput]:
         engine = self.llm_engine
         finished: dict[str, RequestOutput] = {}

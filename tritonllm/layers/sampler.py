@@ -47,7 +47,9 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, st: SamplingTensors) -> tuple[list[int], TopLogprobs | None]:
         logprobs = ops.log_softmax(logits) if st.max_num_logprobs is not None else None
         if st.banned_rows is not None:
-            logits = logits.index_put((st.banned_rows, st.banned_tokens), torch.tensor(float("-inf"), device=logits.device))
+            logits = logits.index_put(
+                (st.banned_rows, st.banned_tokens), torch.tensor(float("-inf"), device=logits.device)
+            )
         token_ids = ops.sample(logits, st.temperature, st.top_k, st.top_p, st.min_p, st.seeds)
         top = top_logprobs(logprobs, token_ids, st.max_num_logprobs) if logprobs is not None else None
         return token_ids.tolist(), top

@@ -54,6 +54,8 @@ class EngineStats:
     generation_tokens: int = 0
     num_preemptions: int = 0
     num_finished: int = 0
+    prefix_cache_queries: int = 0  # tokens
+    prefix_cache_hits: int = 0  # tokens
     steps: deque[StepStats] = field(default_factory=lambda: deque(maxlen=10000))
     queue_s: list[float] = field(default_factory=list)
     ttft_s: list[float] = field(default_factory=list)
@@ -89,6 +91,8 @@ class EngineStats:
             Counter(PREFIX + "prompt_tokens", self.prompt_tokens),
             Counter(PREFIX + "generation_tokens", self.generation_tokens),
             Counter(PREFIX + "request_success", self.num_finished),
+            Counter(PREFIX + "prefix_cache_queries", self.prefix_cache_queries),
+            Counter(PREFIX + "prefix_cache_hits", self.prefix_cache_hits),
             hist("request_queue_time_seconds", self.queue_s),
             hist("time_to_first_token_seconds", self.ttft_s),
             hist("time_per_output_token_seconds", self.tpot_s),
