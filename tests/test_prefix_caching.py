@@ -171,3 +171,20 @@ def test_hits_are_counted_in_tokens(tiny_llama):
     assert llm.reset_prefix_cache()
     llm.generate(others[:1], params, use_tqdm=False)
     assert {m.name: m.value for m in llm.get_metrics()}["tritonllm:prefix_cache_hits"] == 4 * 32
+
+
+def test_shared_prefix_workload_reports_hit_rate(tiny_llama):
+    from tritonllm.workloads import run_workload
+
+    llm = LLM(model=tiny_llama, max_model_len=128)
+    workload = {
+        "kind": "shared_prefix",
+        "num_requests": 4,
+        "prefix_len": 40,
+        "suffix_len": 5,
+        "output_len": 2,
+        "temperature": 0.0,
+        "seed": 0,
+    }
+    result = run_workload(llm, workload)
+    assert result["output_tokens"] == 8 and 0.0 < result["prefix_cache_hit_rate"] < 1.0

@@ -88,7 +88,41 @@ def run_random(llm: LLM, workload: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-WORKLOADS = {"demo": run_demo, "random": run_random}
+def run_shared_prefix(llm: LLM, workload: dict[str, Any]) -> dict[str, Any]:
+    """Requests sharing one system prompt (`prefix_len` random tokens) followed by `suffix_len`
+    distinct tokens each; `output_len` new tokens, EOS ignored. The prefix cache is reset after
+    the warm-up, so the timed run starts cold."""
+    rng = random.Random(workload["seed"])
+    vocab_size = llm.llm_engine.hf_config.vocab_size
+    draw = lambda n: [rng.randrange(vocab_size) for _ in range(n)]
+    prefix = draw(workload["prefix_len"])
+    params = SamplingParams(
+        temperature=workload["temperature"], max_tokens=workload["output_len"], ignore_eos=True, detokenize=False
+    )
+    warmup = [{"prompt_token_ids": draw(workload["prefix_len"] + workload["suffix_len"])} for _ in range(2)]
+    llm.generate(warmup, params, use_tqdm=False)
+    llm.reset_prefix_cache()
+    metrics_before = {m.name: m.value for m in llm.get_metrics()}
+    prompts = [{"prompt_token_ids": prefix + draw(workload["suffix_len"])} for _ in range(workload["num_requests"])]
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    result = WorkloadResult(
+        len(outputs),
+        sum(len(o.prompt_token_ids) for o in outputs),
+        sum(len(o.outputs[0].token_ids) for o in outputs),
+        elapsed,
+    ).summary()
+    ttfts = [o.metrics.first_token_s for o in outputs]
+    result["mean_ttft_s"] = round(sum(ttfts) / len(ttfts), 4)
+    metrics = {m.name: m.value for m in llm.get_metrics()}
+    queries = metrics["tritonllm:prefix_cache_queries"] - metrics_before["tritonllm:prefix_cache_queries"]
+    hits = metrics["tritonllm:prefix_cache_hits"] - metrics_before["tritonllm:prefix_cache_hits"]
+    result["prefix_cache_hit_rate"] = round(hits / queries, 4) if queries else 0.0
+    return result
+
+
+WORKLOADS = {"demo": run_demo, "random": run_random, "shared_prefix": run_shared_prefix}
 
 
 def run_workload(llm: LLM, workload: dict[str, Any]) -> dict[str, Any]:

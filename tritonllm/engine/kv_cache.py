@@ -111,13 +111,16 @@ class KVCacheManager:
             self.prefix_cache_queries += num_query_tokens
             self.prefix_cache_hits += num_hit_tokens
 
-    def cache_computed_blocks(self, request: Request) -> None:
-        """Publish the request's full blocks whose KV is now computed, so later requests can reuse them."""
+    def cache_computed_blocks(self, request: Request, num_computed_tokens: int | None = None) -> None:
+        """Publish the request's full blocks whose KV is computed (by the end of this step, when
+        `num_computed_tokens` is given), so later requests can reuse them."""
         if not self.enable_prefix_caching:
             return
         hashes = self._update_hashes(request)
         blocks = self._blocks.get(request.request_id, [])
-        num_computed_full = min(request.num_computed_tokens // self.block_size, len(blocks), len(hashes))
+        if num_computed_tokens is None:
+            num_computed_tokens = request.num_computed_tokens
+        num_computed_full = min(num_computed_tokens // self.block_size, len(blocks), len(hashes))
         for i in range(num_computed_full):
             block, h = blocks[i], hashes[i]
             if self._block_hash[block] is None and h not in self._cached:

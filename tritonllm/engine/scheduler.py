@@ -110,6 +110,9 @@ class Scheduler:
                 if request.num_computed_tokens == 0:
                     self.kv_cache.record_lookup(request.num_tokens, num_cached_tokens)
                 request.num_computed_tokens += num_cached_tokens
+                # Published now, so later admissions of this step share them: each layer writes the
+                # step's KV before any attention reads it, and no preemption follows admissions.
+                self.kv_cache.cache_computed_blocks(request, request.num_computed_tokens + num_new)
                 self.waiting.popleft()
                 request.status = RequestStatus.RUNNING
                 if request.times.first_scheduled is None:
