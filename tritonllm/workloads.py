@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tritonllm.entrypoints.llm import LLM
+from tritonllm.outputs import RequestOutput
 from tritonllm.sampling_params import SamplingParams
 
 
@@ -17,6 +18,12 @@ class WorkloadResult:
     prompt_tokens: int
     output_tokens: int
     elapsed_s: float
+
+    @staticmethod
+    def of(outputs: list[RequestOutput], elapsed_s: float) -> WorkloadResult:
+        prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
+        output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+        return WorkloadResult(len(outputs), prompt_tokens, output_tokens, elapsed_s)
 
     def summary(self) -> dict[str, float]:
         return {
@@ -38,12 +45,7 @@ def run_demo(llm: LLM, workload: dict[str, Any]) -> dict[str, Any]:
     elapsed = time.perf_counter() - start
     for out in outputs:
         print(f"Prompt: {out.prompt!r}\nGenerated: {out.outputs[0].text!r}\n")
-    result = WorkloadResult(
-        len(outputs),
-        sum(len(o.prompt_token_ids) for o in outputs),
-        sum(len(o.outputs[0].token_ids) for o in outputs),
-        elapsed,
-    )
+    result = WorkloadResult.of(outputs, elapsed)
     return result.summary()
 
 
@@ -73,12 +75,7 @@ def run_random(llm: LLM, workload: dict[str, Any]) -> dict[str, Any]:
     if workload["warmup_requests"]:
         generate(random_requests(workload, vocab_size, workload["warmup_requests"], workload["seed"] + 1))
     outputs, elapsed = generate(random_requests(workload, vocab_size, workload["num_requests"], workload["seed"]))
-    result = WorkloadResult(
-        len(outputs),
-        sum(len(o.prompt_token_ids) for o in outputs),
-        sum(len(o.outputs[0].token_ids) for o in outputs),
-        elapsed,
-    ).summary()
+    result = WorkloadResult.of(outputs, elapsed).summary()
     ttfts = [o.metrics.first_token_s for o in outputs if o.metrics is not None and o.metrics.first_token_s is not None]
     if ttfts:
         result["mean_ttft_s"] = round(sum(ttfts) / len(ttfts), 4)
@@ -107,12 +104,7 @@ def run_shared_prefix(llm: LLM, workload: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
-    result = WorkloadResult(
-        len(outputs),
-        sum(len(o.prompt_token_ids) for o in outputs),
-        sum(len(o.outputs[0].token_ids) for o in outputs),
-        elapsed,
-    ).summary()
+    result = WorkloadResult.of(outputs, elapsed).summary()
     ttfts = [o.metrics.first_token_s for o in outputs]
     result["mean_ttft_s"] = round(sum(ttfts) / len(ttfts), 4)
     metrics = {m.name: m.value for m in llm.get_metrics()}
