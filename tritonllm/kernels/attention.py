@@ -7,10 +7,12 @@ ctx_len + j and attends causally to cache positions 0..ctx_len + j.
 
 Layouts (element strides passed in; the last dim of every tensor must be contiguous):
   q, out          [num_tokens, num_heads, head_dim]
-  k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim]
+  k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim]; FP8 caches hold K / k_scale, V / v_scale
   block_tables    [num_seqs, max_blocks] int32: physical block of each logical block
   seq_lens        [num_seqs] int32: ctx_len + q_len
   query_start_loc [num_seqs + 1] int32: cumulative q_len
+  k_scale, v_scale [1] float32 (FP8 caches only): k_scale folds into the softmax scale, v_scale into
+                  the output, both read on the device (no host sync)
 
 Work split: a program owns one KV head and a tile of BLOCK_M query rows = BLOCK_Q query tokens of
 one sequence x the GROUP query heads that share that KV head (GQA). Decode thus packs the group's
@@ -23,6 +25,10 @@ Softmax is online in the log2 domain with float32 statistics and accumulator.
 Grid: (num_tokens // BLOCK_Q + num_seqs, num_kv_heads). Sequence i's query blocks start at global
 index query_start_loc[i] // BLOCK_Q + i, an upper-bounded numbering that needs no host sync; a
 program finds its sequence by binary search over query_start_loc and exits if its block is empty.
+
+Pure-decode batches with too few (sequence, KV head) pairs to fill the GPU take the split-KV path
+of attention_split.py instead (choose_num_splits). Tiles and split parameters come from a table per
+GPU family (ATTENTION_CONFIGS), picked at run time.
 """
 
 from __future__ import annotations
@@ -36,8 +42,11 @@ import triton.language as tl
 
 # platform switches on the interpreter on CPU; triton reads that when a kernel is defined, below
 from tritonllm import platform
+from tritonllm.kernels.attention_split import merge_splits_kernel, split_kv_decode_kernel
+from tritonllm.kernels.kv_cache_write import check_kv_scales
 
 _num_multiprocessors = functools.cache(platform.num_multiprocessors)
+_LOG2_E = 1.4426950408889634
 
 
 @dataclass(frozen=True)
@@ -48,29 +57,135 @@ class AttentionTiles:
     num_stages: int
 
 
-def choose_tiles(max_query_len: int, group: int, head_dim: int, num_seqs: int, num_kv_heads: int) -> AttentionTiles:
-    """Tiles for a batch whose longest query run is max_query_len rows, GQA group `group`.
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Tiles and split-KV parameters of one GPU family. block_m is a minimum (raised to the GQA
+    group); tile_n is for head_dim <= 128 and halves per doubling beyond, so K/V stages fit."""
 
-    Chosen from a sweep on an H200 (bf16, 32/8 heads, head_dim 128, block 16; triton 3.6). Decode-only
-    batches use the smallest M tile tl.dot allows (16, or the group if larger): the work there is
-    reading K/V. 128-key tiles with 3 stages keep more loads in flight while programs are few
-    (32 x 8192: 267 us vs 305 us with 64 keys); 64-key tiles win by ~2% once there are several
-    programs per SM (128 x 8192: 992 us, 4.3 TB/s). Longer query runs use 64 rows x 64 keys, 4
-    warps, 2 stages: fastest or within 1% of the best of 8 configs on a 4096 causal prefill (428 us,
-    320 TFLOP/s), a 512 chunk after 3584 cached (115 us) and 64 decodes + two 1024 chunks (240 us;
-    128-row tiles took 300-410 us there). Under the interpreter, small tiles keep the tests'
-    multi-tile paths busy.
-    """
-    min_m = max(16, triton.next_power_of_2(group))
+    decode_few: AttentionTiles  # pure decode, < few_programs_per_sm (seq, KV head) programs per SM
+    decode_many: AttentionTiles  # pure decode, more programs
+    mixed: AttentionTiles  # a batch with query runs of more than 16 rows (prefill chunks)
+    split: AttentionTiles  # the split-KV decode kernel
+    few_programs_per_sm: int
+    split_programs_per_sm: int  # split-KV: split until seqs x KV heads x splits reaches this per SM
+    split_min_keys: int  # and keep at least this many keys per split
+    max_splits: int
+
+
+ATTENTION_CONFIGS: dict[str, AttentionConfig] = {
+    # H100/H200/B200 (sm90, sm100): 228 KiB shared memory per SM. decode and mixed tiles from a sweep on
+    # an H200 (bf16, 32/8 heads, head_dim 128, block 16; triton 3.6): 128-key tiles with 3 stages keep
+    # more loads in flight while programs are few (32 x 8192: 267 us vs 305 us with 64 keys); 64-key
+    # tiles win by ~2% once there are several programs per SM (128 x 8192: 992 us, 4.3 TB/s). Longer
+    # query runs: 64 rows x 64 keys, fastest or within 1% of the best of 8 configs on a 4096 causal
+    # prefill (428 us, 320 TFLOP/s), a 512 chunk after 3584 cached (115 us) and 64 decodes + two 1024
+    # chunks (240 us; 128-row tiles took 300-410 us there). The split-KV entries are a guess until
+    # `scripts/bench_attention.py --sweep` has run on the H200.
+    "hopper": AttentionConfig(
+        decode_few=AttentionTiles(block_m=16, tile_n=128, num_warps=4, num_stages=3),
+        decode_many=AttentionTiles(block_m=16, tile_n=64, num_warps=4, num_stages=2),
+        mixed=AttentionTiles(block_m=64, tile_n=64, num_warps=4, num_stages=2),
+        split=AttentionTiles(block_m=16, tile_n=64, num_warps=4, num_stages=3),
+        few_programs_per_sm=4,
+        split_programs_per_sm=2,
+        split_min_keys=256,
+        max_splits=64,
+    ),
+    # A100 (164 KiB) and consumer Ampere/Ada/Blackwell parts (~100 KiB shared memory per SM): two stages
+    # of 64-key K and V tiles (64 KiB at head_dim 128 in bf16) fit all of them. Unmeasured.
+    "ampere": AttentionConfig(
+        decode_few=AttentionTiles(block_m=16, tile_n=64, num_warps=4, num_stages=2),
+        decode_many=AttentionTiles(block_m=16, tile_n=64, num_warps=4, num_stages=2),
+        mixed=AttentionTiles(block_m=64, tile_n=64, num_warps=4, num_stages=2),
+        split=AttentionTiles(block_m=16, tile_n=64, num_warps=4, num_stages=2),
+        few_programs_per_sm=4,
+        split_programs_per_sm=2,
+        split_min_keys=256,
+        max_splits=64,
+    ),
+    # AMD CDNA (MI200/MI300, gfx9xx): 64-wide wavefronts (4 warps = 256 lanes), 64 KiB LDS per CU on
+    # MI300, so one stage (no LDS multi-buffering) of 64-key tiles. Unmeasured.
+    "cdna": AttentionConfig(
+        decode_few=AttentionTiles(block_m=16, tile_n=64, num_warps=4, num_stages=1),
+        decode_many=AttentionTiles(block_m=16, tile_n=64, num_warps=4, num_stages=1),
+        mixed=AttentionTiles(block_m=64, tile_n=64, num_warps=4, num_stages=1),
+        split=AttentionTiles(block_m=16, tile_n=64, num_warps=4, num_stages=1),
+        few_programs_per_sm=4,
+        split_programs_per_sm=2,
+        split_min_keys=256,
+        max_splits=64,
+    ),
+    # Triton's interpreter (CPU): small tiles keep the tests' multi-tile paths busy; num_multiprocessors
+    # is 1, so the split path is taken only for a single (sequence, KV head) pair.
+    "interpreter": AttentionConfig(
+        decode_few=AttentionTiles(block_m=16, tile_n=16, num_warps=4, num_stages=1),
+        decode_many=AttentionTiles(block_m=16, tile_n=16, num_warps=4, num_stages=1),
+        mixed=AttentionTiles(block_m=16, tile_n=16, num_warps=4, num_stages=1),
+        split=AttentionTiles(block_m=16, tile_n=16, num_warps=4, num_stages=1),
+        few_programs_per_sm=4,
+        split_programs_per_sm=2,
+        split_min_keys=32,
+        max_splits=16,
+    ),
+}
+
+
+@functools.cache
+def gpu_family() -> str:
+    """The ATTENTION_CONFIGS key of this machine's accelerator."""
     if not platform.is_gpu():
-        return AttentionTiles(block_m=min_m, tile_n=16, num_warps=4, num_stages=1)
+        return "interpreter"
+    if torch.version.hip:
+        arch = torch.cuda.get_device_properties(platform.DEVICE).gcnArchName
+        # RDNA (gfx10-12, 32-wide wavefronts, small LDS) takes the conservative table
+        return "cdna" if arch.startswith("gfx9") else "ampere"
+    major, _ = torch.cuda.get_device_capability(platform.DEVICE)
+    # sm120 (consumer Blackwell) has ~100 KiB of shared memory: the Ampere table fits it
+    return "hopper" if major in (9, 10) else "ampere"
+
+
+def attention_config() -> AttentionConfig:
+    return ATTENTION_CONFIGS[gpu_family()]
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
+    """Split-KV segments per sequence for a pure-decode batch; 1 means the unified kernel.
+
+    Splits until num_seqs x num_kv_heads x splits programs make split_programs_per_sm waves on
+    num_sms multiprocessors, keeping at least split_min_keys keys per split (shorter splits spend
+    more on the merge and the per-program prologue than they gain). Sized on max_seq_len, the host's
+    bound on the context, so no host sync is needed.
+    """
+    config = attention_config()
+    programs = num_seqs * num_kv_heads
+    if programs == 0:
+        return 1
+    wanted = triton.cdiv(config.split_programs_per_sm * num_sms, programs)
+    return max(1, min(wanted, max_seq_len // config.split_min_keys, config.max_splits))
+
+
+def choose_tiles(
+    max_query_len: int, group: int, head_dim: int, num_seqs: int, num_kv_heads: int, num_splits: int = 1
+) -> AttentionTiles:
+    """Tiles for a batch whose longest query run is max_query_len rows, GQA group `group`, from this
+    GPU family's ATTENTION_CONFIGS entry. Decode-only batches use the smallest M tile tl.dot allows
+    (16, or the group if larger): the work there is reading K/V."""
+    config = attention_config()
+    if num_splits > 1:
+        base = config.split
+    elif max_query_len * group <= 16:
+        few = num_seqs * num_kv_heads < config.few_programs_per_sm * _num_multiprocessors()
+        base = config.decode_few if few else config.decode_many
+    else:
+        base = config.mixed
     # K and V tiles shrink with head_dim so the pipelined stages fit in shared memory
     dim_factor = max(1, head_dim // 128)
-    if max_query_len * group <= 16:
-        if num_seqs * num_kv_heads < 4 * _num_multiprocessors():
-            return AttentionTiles(block_m=min_m, tile_n=128 // dim_factor, num_warps=4, num_stages=3)
-        return AttentionTiles(block_m=min_m, tile_n=64 // dim_factor, num_warps=4, num_stages=2)
-    return AttentionTiles(block_m=max(64, min_m), tile_n=64 // dim_factor, num_warps=4, num_stages=2)
+    return AttentionTiles(
+        block_m=max(base.block_m, 16, triton.next_power_of_2(group)),
+        tile_n=max(16, base.tile_n // dim_factor),
+        num_warps=base.num_warps,
+        num_stages=base.num_stages,
+    )
 
 
 @triton.jit
@@ -128,7 +243,8 @@ def _attend_tile(
         k = tl.load(k_ptrs)
         v = tl.load(v_ptrs)
 
-    s = tl.dot(q, k, input_precision="ieee") * qk_scale  # [BLOCK_M, TILE_N], log2 domain
+    # FP8 caches are widened to q's dtype; their scales are folded into qk_scale and the epilogue
+    s = tl.dot(q, k.to(q.dtype), input_precision="ieee") * qk_scale  # [BLOCK_M, TILE_N], log2 domain
     if MASKED:
         s = tl.where(keys[None, :] <= q_pos[:, None], s, float("-inf"))
     # every row sees key 0 in the first tile, so m_new is finite and no exp2(-inf - -inf) occurs
@@ -136,7 +252,7 @@ def _attend_tile(
     alpha = tl.math.exp2(m_i - m_new)
     p = tl.math.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
+    acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision="ieee")
     return acc, m_new, l_i
 
 
@@ -150,6 +266,8 @@ def _paged_attention_kernel(
     block_tables_ptr,
     seq_lens_ptr,
     query_start_loc_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     num_seqs,
     num_q_blocks,
     qk_scale,
@@ -170,6 +288,7 @@ def _paged_attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     TILE_N: tl.constexpr,
+    KV_SCALED: tl.constexpr,
 ):
     # highest global blocks first: within a prefill they hold the most keys (shorter tail)
     q_block_global = num_q_blocks - 1 - tl.program_id(0)
@@ -193,6 +312,8 @@ def _paged_attention_kernel(
     token = (q_start + token_in_seq).to(tl.int64)
     q_offs = token[:, None] * stride_q_token + head[:, None] * stride_q_head + offs_d[None, :]
     q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0)
+    if KV_SCALED:
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
 
     block_table_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
     k_head_ptr = k_cache_ptr + kv_head * stride_kc_head
@@ -219,6 +340,8 @@ def _paged_attention_kernel(
         )  # fmt: skip
 
     acc = acc / l_i[:, None]
+    if KV_SCALED:
+        acc = acc * tl.load(v_scale_ptr)
     o_offs = token[:, None] * stride_o_token + head[:, None] * stride_o_head + offs_d[None, :]
     tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
@@ -233,6 +356,9 @@ def paged_attention(
     max_query_len: int,
     max_seq_len: int,
     scale: float,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of a flat ragged batch over the paged KV cache.
 
@@ -240,13 +366,20 @@ def paged_attention(
     block_tables [num_seqs, max_blocks] int32; seq_lens [num_seqs] (ctx_len + q_len);
     query_start_loc [num_seqs + 1]. Query row j of sequence i sits at absolute position
     ctx_len + j and attends to cache positions 0..ctx_len + j. Query head h reads KV head
-    h // (num_heads // num_kv_heads). Returns [num_tokens, num_heads, head_dim] in q's dtype.
+    h // (num_heads // num_kv_heads). FP8 caches hold K / k_scale and V / v_scale (see
+    write_kv_cache): their values are multiplied by the scales; other caches ignore them.
+    Returns [num_tokens, num_heads, head_dim] in q's dtype.
     """
-    group = q.shape[1] // k_cache.shape[2]
-    tiles = choose_tiles(max_query_len, group, q.shape[2], seq_lens.shape[0], k_cache.shape[2])
+    num_seqs, num_kv_heads = seq_lens.shape[0], k_cache.shape[2]
+    num_splits = 1
+    if max_query_len == 1:
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, _num_multiprocessors())
+    group = q.shape[1] // num_kv_heads
+    tiles = choose_tiles(max_query_len, group, q.shape[2], num_seqs, num_kv_heads, num_splits)
     return paged_attention_with_tiles(
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, scale, tiles
-    )
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, scale, tiles,
+        k_scale=k_scale, v_scale=v_scale, num_splits=num_splits,
+    )  # fmt: skip
 
 
 def paged_attention_with_tiles(
@@ -260,9 +393,14 @@ def paged_attention_with_tiles(
     max_seq_len: int,
     scale: float,
     tiles: AttentionTiles,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    num_splits: int = 1,
 ) -> torch.Tensor:
-    """`paged_attention` with explicit tiles (tests and tile sweeps); same contract otherwise.
-    max_seq_len is part of the contract but unused here: the split-KV decode path will size on it."""
+    """`paged_attention` with explicit tiles and split count (tests and sweeps); same contract
+    otherwise. num_splits > 1 takes the split-KV path, which serves pure-decode batches only
+    (max_query_len <= 1); tiles.block_m then counts the query heads of one KV head."""
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     num_seqs = seq_lens.shape[0]
@@ -275,16 +413,27 @@ def paged_attention_with_tiles(
         raise ValueError(f"block_size {block_size} must be a power of two")
     if tiles.block_m < group or tiles.block_m & (tiles.block_m - 1) or tiles.tile_n & (tiles.tile_n - 1):
         raise ValueError(f"{tiles}: block_m, tile_n must be powers of two, block_m >= group {group}")
+    if num_splits < 1 or (num_splits > 1 and max_query_len > 1):
+        raise ValueError(
+            f"num_splits {num_splits} with max_query_len {max_query_len}: split-KV serves pure-decode "
+            "batches (max_query_len 1); use num_splits=1 for batches with prefill chunks"
+        )
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables)):
         if t.stride(-1) != 1:
             raise ValueError(f"paged_attention: {name} must be contiguous in its last dim (stride {t.stride()})")
+    kv_scaled = check_kv_scales(k_cache, v_cache, k_scale, v_scale, "paged_attention")
+    if not kv_scaled:
+        k_scale = v_scale = None
     out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
     if num_tokens == 0 or num_seqs == 0:
+        return out
+    if num_splits > 1:
+        _launch_split_kv(out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, tiles,
+                         k_scale, v_scale, num_splits)  # fmt: skip
         return out
 
     block_q = tiles.block_m // group
     num_q_blocks = num_tokens // block_q + num_seqs
-    log2_e = 1.4426950408889634
     _paged_attention_kernel[(num_q_blocks, num_kv_heads)](
         out,
         q,
@@ -293,9 +442,11 @@ def paged_attention_with_tiles(
         block_tables,
         seq_lens,
         query_start_loc,
+        k_scale,
+        v_scale,
         num_seqs,
         num_q_blocks,
-        scale * log2_e,
+        scale * _LOG2_E,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -313,7 +464,79 @@ def paged_attention_with_tiles(
         BLOCK_M=tiles.block_m,
         BLOCK_Q=block_q,
         TILE_N=tiles.tile_n,
+        KV_SCALED=kv_scaled,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )
     return out
+
+
+def _launch_split_kv(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    tiles: AttentionTiles,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    num_splits: int,
+) -> None:
+    """Split-KV decode (attention_split.py): partial results per segment, then their merge into out."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_seqs, num_kv_heads = seq_lens.shape[0], k_cache.shape[2]
+    kv_scaled = k_scale is not None
+    partial_out = torch.empty((num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
+    partial_max = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    partial_sum = torch.empty_like(partial_max)
+    split_kv_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        partial_out,
+        partial_max,
+        partial_sum,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        k_scale,
+        num_splits,
+        scale * _LOG2_E,
+        q.stride(0),
+        q.stride(1),
+        block_tables.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        GROUP=num_heads // num_kv_heads,
+        BLOCK_SIZE=k_cache.shape[1],
+        HEAD_DIM=head_dim,
+        BLOCK_M=tiles.block_m,
+        TILE_N=tiles.tile_n,
+        KV_SCALED=kv_scaled,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+    )
+    merge_splits_kernel[(num_seqs, num_heads)](
+        out,
+        partial_out,
+        partial_max,
+        partial_sum,
+        seq_lens,
+        query_start_loc,
+        v_scale,
+        num_splits,
+        out.stride(0),
+        out.stride(1),
+        HEAD_DIM=head_dim,
+        SPLITS_PAD=triton.next_power_of_2(num_splits),
+        TILE_N=tiles.tile_n,
+        KV_SCALED=kv_scaled,
+        num_warps=4,
+    )

@@ -70,20 +70,35 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 # ---- KV cache write and paged attention ----------------------------------------------------
 
 
+_FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+
+
 def write_kv_cache(
     k: torch.Tensor,
     v: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """k, v [num_tokens, num_kv_heads, head_dim]; caches [num_blocks, block_size, num_kv_heads,
-    head_dim]; token t goes to slot s = slot_mapping[t] = block * block_size + offset (s < 0: skip)."""
+    head_dim]; token t goes to slot s = slot_mapping[t] = block * block_size + offset (s < 0: skip).
+
+    FP8 caches (float8_e4m3fn, float8_e4m3fnuz) store k / k_scale and v / v_scale (IEEE float32
+    division by 1-element float32 tensors) clamped to the FP8 range and rounded to nearest even;
+    other caches store k, v cast to their dtype and ignore the scales.
+    """
     block_size = k_cache.shape[1]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    k_cache[slots // block_size, slots % block_size] = k[keep].to(k_cache.dtype)
-    v_cache[slots // block_size, slots % block_size] = v[keep].to(v_cache.dtype)
+    for new, cache, scale in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
+        rows = new[keep].float()
+        if cache.dtype in _FP8_KV_DTYPES:
+            fp8_max = torch.finfo(cache.dtype).max
+            rows = (rows / scale.reshape(())).clamp(-fp8_max, fp8_max)
+        cache[slots // block_size, slots % block_size] = rows.to(cache.dtype)
 
 
 def paged_attention(
@@ -96,6 +111,9 @@ def paged_attention(
     max_query_len: int,
     max_seq_len: int,
     scale: float,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of a flat ragged batch over the paged KV cache.
 
@@ -103,7 +121,9 @@ def paged_attention(
     block_tables [num_seqs, max_blocks] int32; seq_lens [num_seqs] (ctx_len + q_len);
     query_start_loc [num_seqs + 1]. Query row j of sequence i sits at absolute position
     ctx_len + j and attends to cache positions 0..ctx_len + j. Query head h reads KV head
-    h // (num_heads // num_kv_heads). Returns [num_tokens, num_heads, head_dim] in q's dtype.
+    h // (num_heads // num_kv_heads). FP8 caches hold K / k_scale and V / v_scale (see
+    write_kv_cache): their values are multiplied by the scales; other caches ignore them.
+    Returns [num_tokens, num_heads, head_dim] in q's dtype.
     """
     num_heads, head_dim = q.shape[1], q.shape[2]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -119,6 +139,8 @@ def paged_attention(
         blocks = block_tables[i, :num_blocks].long()
         k = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
         v = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
+        if k_cache.dtype in _FP8_KV_DTYPES:
+            k, v = k * k_scale.float().reshape(()), v * v_scale.float().reshape(())
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
         qi = q[starts[i] : starts[i + 1]].float()

@@ -1,0 +1,338 @@
+"""Paged-attention kernel benchmark: decode, prefill and chunked prefill next to torch SDPA.
+
+Every case is bf16 (or an FP8 KV cache), 32 query heads / 8 KV heads, head_dim 128, block size 16,
+random block tables. Each is checked against the float32 torch reference, then timed with
+triton.testing.do_bench (median, L2 flushed between runs) alongside torch SDPA on the same K/V
+stored contiguously (measured in the same process: the ratio is what to compare across machines).
+Decode cases report TB/s (K + V + q + out bytes), the others TFLOP/s (4 * head_dim * heads per
+visible query-key pair). --sweep also times every split count and a few split-KV tilings for the
+decode cases, to tune attention.ATTENTION_CONFIGS. Writes one JSON and prints a table:
+
+    PYTHONPATH=. python scripts/bench_attention.py experiments/attention/h200.json [--sweep]
+    PYTHONPATH=. python scripts/bench_attention.py /tmp/smoke.json --smoke    # CPU: tiny shapes
+
+tests/benchmarks/test_bench_attention.py runs the same cases under pytest-benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# first: on CPU it switches on Triton's interpreter, which must precede importing triton (and
+# torch.nn.attention, which imports it)
+from tritonllm import platform
+
+# isort: split
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention.bias import causal_lower_right
+
+from tritonllm.kernels import reference
+from tritonllm.kernels.attention import (
+    AttentionTiles,
+    choose_num_splits,
+    choose_tiles,
+    gpu_family,
+    paged_attention,
+    paged_attention_with_tiles,
+)
+
+GPU_TOL = dict(atol=1.5e-2, rtol=2e-2)  # bf16 against the float32 reference, as tests/kernels
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    num_seqs: int
+    q_len: int  # new tokens per sequence
+    ctx_len: int  # tokens already cached before them
+    kv_dtype: str = "bf16"  # or "fp8": platform.fp8_e4m3_dtype() with per-tensor scales
+    num_heads: int = 32
+    num_kv_heads: int = 8
+    head_dim: int = 128
+    block_size: int = 16
+
+    @property
+    def seq_len(self) -> int:
+        return self.ctx_len + self.q_len
+
+    @property
+    def is_decode(self) -> bool:
+        return self.q_len == 1
+
+
+def _decode(num_seqs: int, context: int, kv_dtype: str = "bf16") -> Case:
+    prefix = "decode_fp8" if kv_dtype == "fp8" else "decode"
+    return Case(f"{prefix}_{num_seqs}x{context}", num_seqs, 1, context - 1, kv_dtype)
+
+
+CASES = [_decode(n, c) for n in (1, 32, 128) for c in (1024, 8192)] + [
+    Case("prefill_4096", 1, 4096, 0),
+    Case("chunk_512_after_3584", 1, 512, 3584),
+    _decode(128, 8192, "fp8"),
+]
+_TINY = dict(num_heads=4, num_kv_heads=2, head_dim=64)
+SMOKE_CASES = [
+    Case("decode_3x70", 3, 1, 69, **_TINY),
+    Case("prefill_40", 1, 40, 0, **_TINY),
+    Case("chunk_9_after_30", 1, 9, 30, **_TINY),
+    Case("decode_fp8_3x70", 3, 1, 69, "fp8", **_TINY),
+]
+
+
+@dataclass
+class Inputs:
+    case: Case
+    q: torch.Tensor  # [num_seqs * q_len, num_heads, head_dim]
+    k_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor  # [num_seqs, blocks_per_seq] int32, a random permutation
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    k_scale: torch.Tensor | None
+    v_scale: torch.Tensor | None
+    sdpa: Callable[[], torch.Tensor]  # the same attention by torch SDPA on contiguous K/V
+
+    @property
+    def scale(self) -> float:
+        return self.case.head_dim**-0.5
+
+    def args(self) -> tuple:
+        c = self.case
+        return (self.q, self.k_cache, self.v_cache, self.block_tables, self.seq_lens, self.query_start_loc,
+                c.q_len, c.seq_len, self.scale)  # fmt: skip
+
+    def run(self) -> torch.Tensor:
+        return paged_attention(*self.args(), k_scale=self.k_scale, v_scale=self.v_scale)
+
+
+def build_inputs(case: Case, device: str | torch.device, dtype: torch.dtype, seed: int = 0) -> Inputs:
+    """Random K/V made contiguous per sequence, scattered into a paged cache through a random block
+    table; SDPA reads the contiguous copy (bf16 even for the FP8 case: the baseline a user has)."""
+    torch.manual_seed(seed)
+    c = case
+    group = c.num_heads // c.num_kv_heads
+    blocks_per_seq = triton.cdiv(c.seq_len, c.block_size)
+    padded_len = blocks_per_seq * c.block_size
+    k = torch.randn(c.num_seqs, padded_len, c.num_kv_heads, c.head_dim, device=device, dtype=dtype)
+    v = torch.randn_like(k)
+    q = torch.randn(c.num_seqs * c.q_len, c.num_heads, c.head_dim, device=device, dtype=dtype)
+    block_tables = torch.randperm(c.num_seqs * blocks_per_seq, device=device).view(c.num_seqs, -1)
+    cache_shape = (c.num_seqs * blocks_per_seq, c.block_size, c.num_kv_heads, c.head_dim)
+    k_cache, v_cache = (
+        torch.empty(cache_shape, device=device, dtype=dtype),
+        torch.empty(cache_shape, device=device, dtype=dtype),
+    )
+    k_cache[block_tables.flatten()] = k.view(-1, *cache_shape[1:])
+    v_cache[block_tables.flatten()] = v.view(-1, *cache_shape[1:])
+    k_scale = v_scale = None
+    if c.kv_dtype == "fp8":
+        fp8 = platform.fp8_e4m3_dtype()
+        fp8_max = torch.finfo(fp8).max
+        k_scale = (k_cache.float().abs().amax() / fp8_max).reshape(1)
+        v_scale = (v_cache.float().abs().amax() / fp8_max).reshape(1)
+        k_cache = (k_cache.float() / k_scale).clamp(-fp8_max, fp8_max).to(fp8)  # reference.write_kv_cache's rule
+        v_cache = (v_cache.float() / v_scale).clamp(-fp8_max, fp8_max).to(fp8)
+
+    scale = c.head_dim**-0.5
+    if c.is_decode:
+        # the group's query heads as 'group' query rows of one KV head: plain MHA reading K/V once
+        q_sdpa = q.view(c.num_seqs, c.num_kv_heads, group, c.head_dim)
+        k_sdpa = k[:, : c.seq_len].transpose(1, 2).contiguous()
+        v_sdpa = v[:, : c.seq_len].transpose(1, 2).contiguous()
+
+        def sdpa() -> torch.Tensor:
+            return F.scaled_dot_product_attention(q_sdpa, k_sdpa, v_sdpa, scale=scale)
+    else:
+        if c.num_seqs != 1:
+            raise ValueError(f"{c.name}: SDPA comparison of prefill cases takes one sequence")
+        q_sdpa = q.view(1, c.q_len, c.num_heads, c.head_dim).transpose(1, 2).contiguous()
+        k_sdpa = k[:, : c.seq_len].repeat_interleave(group, dim=2).transpose(1, 2).contiguous()
+        v_sdpa = v[:, : c.seq_len].repeat_interleave(group, dim=2).transpose(1, 2).contiguous()
+        mask = None if c.ctx_len == 0 else causal_lower_right(c.q_len, c.seq_len)
+
+        def sdpa() -> torch.Tensor:
+            return F.scaled_dot_product_attention(
+                q_sdpa, k_sdpa, v_sdpa, attn_mask=mask, is_causal=mask is None, scale=scale
+            )
+
+    seq_lens = torch.full((c.num_seqs,), c.seq_len, dtype=torch.int32, device=device)
+    query_start_loc = torch.arange(0, c.num_seqs + 1, dtype=torch.int32, device=device) * c.q_len
+    return Inputs(case, q, k_cache, v_cache, block_tables.to(torch.int32), seq_lens, query_start_loc, k_scale,
+                  v_scale, sdpa)  # fmt: skip
+
+
+def reference_output(inputs: Inputs) -> torch.Tensor:
+    """The float32 torch reference (FP8 caches are read as stored, times their scales)."""
+    q, k_cache, v_cache, *rest = inputs.args()
+    if k_cache.dtype in (torch.bfloat16, torch.float16):
+        k_cache, v_cache = k_cache.float(), v_cache.float()
+    return reference.paged_attention(q.float(), k_cache, v_cache, *rest, k_scale=inputs.k_scale, v_scale=inputs.v_scale)
+
+
+def sdpa_as_tokens(case: Case, out: torch.Tensor) -> torch.Tensor:
+    """SDPA's output in the kernel's [num_tokens, num_heads, head_dim] layout."""
+    if case.is_decode:  # [num_seqs, num_kv_heads, group, head_dim]: head = kv_head * group + g
+        return out.reshape(case.num_seqs, case.num_heads, case.head_dim)
+    return out.transpose(1, 2).reshape(case.q_len, case.num_heads, case.head_dim)
+
+
+def max_error(out: torch.Tensor, expected: torch.Tensor) -> tuple[float, bool]:
+    """(largest absolute error, whether out is within GPU_TOL of expected)."""
+    out = out.float()
+    return (out - expected).abs().max().item(), torch.allclose(out, expected, **GPU_TOL)
+
+
+def work(case: Case, kv_bytes_per_elem: int) -> tuple[int, int]:
+    """(bytes that must move: K + V of every sequence, q and out; FLOPs over visible query-key pairs)."""
+    c = case
+    kv_bytes = c.num_seqs * c.seq_len * c.num_kv_heads * c.head_dim * 2 * kv_bytes_per_elem
+    qo_bytes = 2 * c.num_seqs * c.q_len * c.num_heads * c.head_dim * 2
+    pairs = c.num_seqs * (c.q_len * c.ctx_len + c.q_len * (c.q_len + 1) // 2)
+    return kv_bytes + qo_bytes, 4 * c.head_dim * c.num_heads * pairs
+
+
+def median_ms(fn: Callable[[], object]) -> float:
+    """do_bench's median on a GPU; on CPU (--smoke, interpreter) a wall-clock median of 3 runs."""
+    if platform.is_gpu():
+        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def synchronized_clock() -> float:
+    """A pytest-benchmark timer that waits for the GPU, so a round times the kernels it launched."""
+    if platform.is_gpu():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def measure(inputs: Inputs) -> dict:
+    """Median times of the kernel and of SDPA, the achieved rate of both and their ratio."""
+    c = inputs.case
+    group = c.num_heads // c.num_kv_heads
+    num_splits = (
+        choose_num_splits(c.num_seqs, c.num_kv_heads, c.seq_len, platform.num_multiprocessors()) if c.is_decode else 1
+    )
+    tiles = choose_tiles(c.q_len, group, c.head_dim, c.num_seqs, c.num_kv_heads, num_splits)
+    us = median_ms(inputs.run) * 1e3
+    sdpa_us = median_ms(inputs.sdpa) * 1e3
+    kv_bytes_per_elem = 1 if c.kv_dtype == "fp8" else 2
+    num_bytes, flops = work(c, kv_bytes_per_elem)
+    sdpa_bytes, _ = work(c, 2)
+    result = dict(case=c.name, us=us, sdpa_us=sdpa_us, speedup_vs_sdpa=sdpa_us / us, num_splits=num_splits,
+                  tiles=asdict(tiles))  # fmt: skip
+    if c.is_decode:
+        result.update(tb_s=num_bytes / us / 1e6, sdpa_tb_s=sdpa_bytes / sdpa_us / 1e6)
+    else:
+        result.update(tflop_s=flops / us / 1e6, sdpa_tflop_s=flops / sdpa_us / 1e6)
+    return result
+
+
+SWEEP_SPLITS = (1, 2, 4, 8, 16, 32, 64)
+SWEEP_SPLIT_TILES = ((32, 3), (64, 2), (64, 3), (128, 2), (128, 3))  # (tile_n, num_stages), 4 warps
+
+
+def sweep(inputs: Inputs, expected: torch.Tensor) -> list[dict]:
+    """Times of a decode case at every split count (split tilings for > 1), each output checked."""
+    c = inputs.case
+    group = c.num_heads // c.num_kv_heads
+    rows = []
+    for num_splits in SWEEP_SPLITS:
+        if num_splits > 1 and c.seq_len < num_splits * 16:
+            continue
+        default = choose_tiles(1, group, c.head_dim, c.num_seqs, c.num_kv_heads, num_splits)
+        variants = [default] if num_splits == 1 else [
+            AttentionTiles(default.block_m, tile_n, 4, stages) for tile_n, stages in SWEEP_SPLIT_TILES
+        ]  # fmt: skip
+        for tiles in variants:
+
+            def run(tiles: AttentionTiles = tiles, num_splits: int = num_splits) -> torch.Tensor:
+                return paged_attention_with_tiles(*inputs.args(), tiles, k_scale=inputs.k_scale,
+                                                  v_scale=inputs.v_scale, num_splits=num_splits)  # fmt: skip
+
+            error, ok = max_error(run(), expected)
+            rows.append(dict(num_splits=num_splits, tiles=asdict(tiles), us=median_ms(run) * 1e3, max_abs_error=error,
+                             correct=ok))  # fmt: skip
+    return rows
+
+
+def environment() -> dict:
+    return dict(
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        gpu=torch.cuda.get_device_name() if platform.is_gpu() else "cpu (triton interpreter)",
+        gpu_family=gpu_family(),
+        num_multiprocessors=platform.num_multiprocessors(),
+        torch=torch.__version__,
+        triton=triton.__version__,
+        command=" ".join([Path(sys.executable).name, *sys.argv]),
+    )
+
+
+def _table(results: list[dict]) -> str:
+    lines = [f"{'case':<24} {'us':>9} {'rate':>13} {'SDPA us':>9} {'SDPA rate':>13} {'x SDPA':>7} {'splits':>6} ok"]
+    for r in results:
+        unit, key = ("TB/s", "tb_s") if "tb_s" in r else ("TFLOP/s", "tflop_s")
+        lines.append(
+            f"{r['case']:<24} {r['us']:>9.1f} {r[key]:>8.2f} {unit:<4} {r['sdpa_us']:>9.1f} "
+            f"{r['sdpa_' + key]:>8.2f} {unit:<4} {r['speedup_vs_sdpa']:>7.2f} {r['num_splits']:>6} "
+            f"{'yes' if r['correct'] else 'NO'}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out", type=Path, help="JSON file to write")
+    parser.add_argument("--sweep", action="store_true", help="also time split counts and split tilings (decode)")
+    parser.add_argument("--smoke", action="store_true", help="tiny float32 shapes (CPU, interpreter)")
+    parser.add_argument("--cases", nargs="*", help="only these case names")
+    args = parser.parse_args()
+    if not platform.is_gpu() and not args.smoke:
+        parser.error("no GPU: use --smoke to run tiny shapes under the interpreter")
+
+    cases = SMOKE_CASES if args.smoke else CASES
+    cases = [c for c in cases if not args.cases or c.name in args.cases]
+    dtype = torch.bfloat16 if platform.is_gpu() else torch.float32
+    report = dict(environment(), results=[], sweeps={})
+    for case in cases:
+        inputs = build_inputs(case, platform.DEVICE, dtype)
+        expected = reference_output(inputs)
+        error, ok = max_error(inputs.run(), expected)
+        # the baseline must compute the same thing (FP8: up to the cache's quantization error)
+        sdpa_error, _ = max_error(sdpa_as_tokens(case, inputs.sdpa()), expected)
+        result = dict(measure(inputs), max_abs_error=error, correct=ok, sdpa_max_abs_error=sdpa_error)
+        report["results"].append(result)
+        print(
+            f"{case.name}: {result['us']:.1f} us, x{result['speedup_vs_sdpa']:.2f} vs SDPA, error {error:.2e}",
+            flush=True,
+        )
+        if args.sweep and case.is_decode:
+            rows = report["sweeps"][case.name] = sweep(inputs, expected)
+            best = min((r for r in rows if r["correct"]), key=lambda r: r["us"])
+            print(f"  sweep best: {best['us']:.1f} us with {best['num_splits']} splits, {best['tiles']}", flush=True)
+        del inputs, expected
+        if platform.is_gpu():
+            torch.cuda.empty_cache()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    print(f"\n{report['gpu']} ({report['gpu_family']}), torch {report['torch']}, triton {report['triton']}")
+    print(_table(report["results"]))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+"""Split-KV decode, FP8 KV caches and the per-GPU attention configs.
+
+Batches come from test_attention.make_batch: unowned cache slots and block-table padding are NaN,
+so reading past a sequence without a mask fails. The split path is forced through
+paged_attention_with_tiles(num_splits=...) at small grids; the GPU tests run it at real shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from test_attention import GPU_TOL, TOL, PagedBatch, make_batch
+
+from tritonllm import platform
+from tritonllm.kernels import attention, reference
+from tritonllm.kernels.attention import (
+    ATTENTION_CONFIGS,
+    choose_num_splits,
+    choose_tiles,
+    paged_attention,
+    paged_attention_with_tiles,
+)
+from tritonllm.kernels.kv_cache_write import write_kv_cache
+
+FP8_DTYPES = [torch.float8_e4m3fn, torch.float8_e4m3fnuz]
+
+
+def _split(batch: PagedBatch, num_splits: int, **scales: torch.Tensor) -> torch.Tensor:
+    group = batch.q.shape[1] // batch.k_cache.shape[2]
+    num_seqs, num_kv_heads = batch.seq_lens.shape[0], batch.k_cache.shape[2]
+    tiles = choose_tiles(1, group, batch.q.shape[2], num_seqs, num_kv_heads, num_splits)
+    return paged_attention_with_tiles(*batch.args(), tiles, num_splits=num_splits, **scales)
+
+
+def _decode_batch(ctx_lens: list[int], group: int, head_dim: int, block_size: int, **kw) -> PagedBatch:
+    return make_batch([1] * len(ctx_lens), ctx_lens, 2 * group, 2, head_dim, block_size, **kw)
+
+
+# ragged decode contexts: empty, exactly one block, odd lengths, one long sequence
+DECODE_CTX_LENS = [0, 16, 95, 250, 63]
+
+
+@pytest.mark.parametrize("group", [1, 2, 4])
+@pytest.mark.parametrize("block_size, num_splits", [(8, 3), (16, 4), (32, 7)])
+def test_split_kv_decode_matches_reference(group: int, block_size: int, num_splits: int) -> None:
+    batch = _decode_batch(DECODE_CTX_LENS, group, 64, block_size, seed=group * block_size)
+    out = _split(batch, num_splits)
+    torch.testing.assert_close(out, reference.paged_attention(*batch.args()), **TOL[torch.float32])
+
+
+def test_split_kv_head_dim_128_matches_reference() -> None:
+    batch = _decode_batch([300, 7, 129], 2, 128, 16, seed=21)
+    torch.testing.assert_close(_split(batch, 5), reference.paged_attention(*batch.args()), **TOL[torch.float32])
+
+
+def test_split_kv_long_context_matches_reference() -> None:
+    """~1000 keys in 6 segments of 11 tiles each, and a sequence that leaves the last segment short."""
+    batch = _decode_batch([1000, 333], 2, 64, 16, seed=28)
+    torch.testing.assert_close(_split(batch, 6), reference.paged_attention(*batch.args()), **TOL[torch.float32])
+
+
+def test_split_kv_float16_matches_reference() -> None:
+    batch = _decode_batch(DECODE_CTX_LENS, 4, 64, 16, dtype=torch.float16, seed=22)
+    out = _split(batch, 4)
+    assert out.dtype == torch.float16
+    torch.testing.assert_close(out, reference.paged_attention(*batch.args()), **TOL[torch.float16])
+
+
+def test_split_kv_more_splits_than_tiles_leaves_empty_segments() -> None:
+    """16 splits of sequences of 1 to 40 keys: most segments are empty and must not count."""
+    batch = _decode_batch([0, 5, 39], 2, 64, 8, seed=23)
+    torch.testing.assert_close(_split(batch, 16), reference.paged_attention(*batch.args()), **TOL[torch.float32])
+
+
+def test_split_kv_skips_sequences_without_query() -> None:
+    batch = make_batch([1, 0, 1], [70, 12, 33], 4, 2, 64, 16, seed=24)
+    out = _split(batch, 3)
+    torch.testing.assert_close(out, reference.paged_attention(*batch.args()), **TOL[torch.float32])
+
+
+def test_split_kv_group_not_dividing_block_m_matches_reference() -> None:
+    # 6 query heads over 2 KV heads: 16 rows hold the group of 3 and 13 masked rows
+    batch = make_batch([1, 1, 1], [80, 3, 41], 6, 2, 64, 16, seed=25)
+    torch.testing.assert_close(_split(batch, 3), reference.paged_attention(*batch.args()), **TOL[torch.float32])
+
+
+def test_split_kv_rejects_prefill_chunks() -> None:
+    batch = make_batch([1, 4], [10, 3], 4, 2, 64, 16, seed=26)
+    with pytest.raises(ValueError, match="pure-decode"):
+        _split(batch, 2)
+
+
+def test_single_sequence_decode_takes_split_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the interpreter (1 multiprocessor) one sequence with one KV head is too few programs."""
+    launched = []
+    launch = attention._launch_split_kv
+    monkeypatch.setattr(attention, "_launch_split_kv", lambda *a: launched.append(a[-1]) or launch(*a))
+    batch = make_batch([1], [150], 4, 1, 64, 16, seed=27)
+    out = paged_attention(*batch.args())
+    assert launched and launched[0] > 1
+    torch.testing.assert_close(out, reference.paged_attention(*batch.args()), **TOL[torch.float32])
+
+
+@pytest.mark.parametrize(
+    "num_seqs, max_seq_len, expected",
+    [(1, 8192, 32), (1, 1024, 4), (4, 8192, 9), (32, 8192, 2), (128, 8192, 1), (1, 300, 1), (0, 100, 1)],
+)
+def test_choose_num_splits_on_h200(
+    monkeypatch: pytest.MonkeyPatch, num_seqs: int, max_seq_len: int, expected: int
+) -> None:
+    """Hopper table, 132 SMs, 8 KV heads: ~2 waves of programs, >= 256 keys a split."""
+    monkeypatch.setattr(attention, "attention_config", lambda: ATTENTION_CONFIGS["hopper"])
+    assert choose_num_splits(num_seqs, 8, max_seq_len, 132) == expected
+
+
+@pytest.mark.parametrize("family", sorted(ATTENTION_CONFIGS))
+def test_attention_configs_are_launchable(family: str) -> None:
+    config = ATTENTION_CONFIGS[family]
+    for field in dataclasses.fields(config):
+        tiles = getattr(config, field.name)
+        if isinstance(tiles, int):
+            assert tiles >= 1, field.name
+            continue
+        for size in (tiles.block_m, tiles.tile_n):
+            assert size >= 16 and size & (size - 1) == 0, (family, field.name, tiles)
+        assert tiles.num_warps in (1, 2, 4, 8, 16) and tiles.num_stages >= 1
+
+
+@pytest.mark.skipif(platform.is_gpu(), reason="the interpreter's table")
+def test_cpu_uses_interpreter_tiles() -> None:
+    assert attention.gpu_family() == "interpreter"
+    assert choose_tiles(1, 4, 256, 3, 2) == ATTENTION_CONFIGS["interpreter"].decode_few
+
+
+# ---- FP8 KV caches ------------------------------------------------------------------------------
+
+
+def _quantized(batch: PagedBatch, dtype: torch.dtype) -> tuple[PagedBatch, torch.Tensor, torch.Tensor]:
+    """The batch with its caches written to `dtype` through write_kv_cache, per-tensor scales
+    amax / fp8_max (the NaN poison of unowned slots stays NaN)."""
+    fp8_max = torch.finfo(dtype).max
+    k_scale = (batch.k_cache.nan_to_num(0).abs().amax() / fp8_max).reshape(1)
+    v_scale = (batch.v_cache.nan_to_num(0).abs().amax() / fp8_max).reshape(1)
+    caches = []
+    for cache, scale in ((batch.k_cache, k_scale), (batch.v_cache, v_scale)):
+        rows = cache.reshape(-1, *cache.shape[2:])
+        out = torch.full(cache.shape, float("nan")).to(dtype)
+        owned = ~rows.isnan().any(-1).any(-1)
+        slots = torch.nonzero(owned).flatten()
+        write_kv_cache(rows[owned], rows[owned], out, out, slots, k_scale=scale, v_scale=scale)
+        caches.append(out)
+    return dataclasses.replace(batch, k_cache=caches[0], v_cache=caches[1]), k_scale, v_scale
+
+
+@pytest.mark.parametrize("dtype", FP8_DTYPES)
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_fp8_cache_matches_reference(dtype: torch.dtype, num_splits: int) -> None:
+    """The kernel against the reference on the same FP8 cache: only float32 rounding differs."""
+    q_lens = [1] * 4 if num_splits > 1 else [1, 23, 1, 6]
+    batch, k_scale, v_scale = _quantized(make_batch(q_lens, [90, 0, 35, 12], 8, 2, 64, 16, seed=30), dtype)
+    out = _split(batch, num_splits, k_scale=k_scale, v_scale=v_scale)
+    expected = reference.paged_attention(*batch.args(), k_scale=k_scale, v_scale=v_scale)
+    torch.testing.assert_close(out, expected, **TOL[torch.float32])
+
+
+# e4m3 keeps 3 mantissa bits (relative rounding error <= 1/16). Unit-normal K and V with amax
+# scales, on CPU: max error 0.10-0.13 and mean 0.012 over 4 seeds, for |out| averaging 0.4
+FP8_ACCURACY = dict(max_abs=0.25, mean_abs=0.03)
+
+
+@pytest.mark.parametrize("dtype", FP8_DTYPES)
+def test_fp8_cache_attention_close_to_float32_cache(dtype: torch.dtype) -> None:
+    full = make_batch([1, 17, 1, 1], [120, 0, 8, 60], 8, 2, 64, 16, seed=31)
+    batch, k_scale, v_scale = _quantized(full, dtype)
+    error = (paged_attention(*batch.args(), k_scale=k_scale, v_scale=v_scale) - paged_attention(*full.args())).abs()
+    assert error.max() <= FP8_ACCURACY["max_abs"] and error.mean() <= FP8_ACCURACY["mean_abs"], (
+        error.max(),
+        error.mean(),
+    )
+
+
+def test_fp8_cache_without_scales_is_rejected() -> None:
+    batch, k_scale, _ = _quantized(make_batch([1], [20], 4, 2, 64, 16, seed=32), torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="v_scale"):
+        paged_attention(*batch.args(), k_scale=k_scale)
+
+
+def test_scales_are_ignored_for_float_caches() -> None:
+    batch = make_batch([1, 9], [30, 4], 4, 2, 64, 16, seed=33)
+    scaled = paged_attention(*batch.args(), k_scale=torch.full((1,), 3.0), v_scale=torch.full((1,), 5.0))
+    torch.testing.assert_close(scaled, paged_attention(*batch.args()), atol=0, rtol=0)
+
+
+# ---- GPU: bfloat16 and FP8 at Llama-3-8B shapes against the float32 reference ---------------------
+
+
+def _check_on_gpu(batch: PagedBatch, num_splits: int | None, **scales: torch.Tensor) -> None:
+    out = paged_attention(*batch.args(), **scales) if num_splits is None else _split(batch, num_splits, **scales)
+    as_float = dataclasses.replace(batch, q=batch.q.float())
+    if batch.k_cache.dtype == torch.bfloat16:
+        as_float = dataclasses.replace(as_float, k_cache=batch.k_cache.float(), v_cache=batch.v_cache.float())
+    expected = reference.paged_attention(*as_float.args(), **scales)
+    torch.testing.assert_close(out.float(), expected, **GPU_TOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [None, 2, 13, 64])
+def test_gpu_split_kv_long_single_sequence(num_splits: int | None) -> None:
+    batch = make_batch([1], [8191], 32, 8, 128, 16, torch.bfloat16, "cuda", seed=40)
+    if num_splits is None:  # the default path must choose to split this one
+        assert choose_num_splits(1, 8, batch.max_seq_len, platform.num_multiprocessors()) > 1
+    _check_on_gpu(batch, num_splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [4, 32])
+def test_gpu_split_kv_ragged_contexts(num_splits: int) -> None:
+    ctx = [8000, 1, 16, 17, 4095, 300, 2047]
+    _check_on_gpu(make_batch([1] * len(ctx), ctx, 32, 8, 128, 16, torch.bfloat16, "cuda", seed=41), num_splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "num_heads, num_kv_heads, head_dim, block_size",
+    [(28, 4, 128, 16), (16, 8, 64, 32), (8, 4, 256, 8), (32, 32, 128, 16)],
+)
+def test_gpu_split_kv_other_head_layouts(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int) -> None:
+    """Qwen2.5-7B's group of 7, head_dim 64 and 256, MHA (group 1), block sizes 8 and 32."""
+    ctx = [5000, 3, 1234]
+    batch = make_batch([1] * 3, ctx, num_heads, num_kv_heads, head_dim, block_size, torch.bfloat16, "cuda", seed=42)
+    _check_on_gpu(batch, 8)
+
+
+def _gpu_fp8_batch(q_lens: list[int], ctx_lens: list[int], seed: int) -> tuple[PagedBatch, torch.Tensor, torch.Tensor]:
+    """A bf16 batch whose caches are rewritten as FP8 by write_kv_cache on the GPU."""
+    dtype = platform.fp8_e4m3_dtype()
+    batch = make_batch(q_lens, ctx_lens, 32, 8, 128, 16, torch.bfloat16, "cuda", seed=seed)
+    fp8_max = torch.finfo(dtype).max
+    scales = [(c.nan_to_num(0).float().abs().amax() / fp8_max).reshape(1) for c in (batch.k_cache, batch.v_cache)]
+    k8 = torch.full(batch.k_cache.shape, float("nan"), device="cuda").to(dtype)
+    v8 = torch.full(batch.v_cache.shape, float("nan"), device="cuda").to(dtype)
+    rows_k = batch.k_cache.reshape(-1, 8, 128)
+    rows_v = batch.v_cache.reshape(-1, 8, 128)
+    slots = torch.nonzero(~rows_k.isnan().any(-1).any(-1)).flatten()
+    write_kv_cache(rows_k[slots], rows_v[slots], k8, v8, slots, k_scale=scales[0], v_scale=scales[1])
+    return dataclasses.replace(batch, k_cache=k8, v_cache=v8), scales[0], scales[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [None, 1, 8])
+def test_gpu_fp8_cache_decode_matches_reference(num_splits: int | None) -> None:
+    ctx = [8191] if num_splits is None else [3000, 7, 8000, 513]
+    batch, k_scale, v_scale = _gpu_fp8_batch([1] * len(ctx), ctx, seed=43)
+    _check_on_gpu(batch, num_splits, k_scale=k_scale, v_scale=v_scale)
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_cache_mixed_batch_close_to_bf16() -> None:
+    q_lens, ctx = [1] * 8 + [512, 300], [100 * i + 7 for i in range(8)] + [3584, 0]
+    batch, k_scale, v_scale = _gpu_fp8_batch(q_lens, ctx, seed=44)
+    _check_on_gpu(batch, 1, k_scale=k_scale, v_scale=v_scale)
+    bf16 = make_batch(q_lens, ctx, 32, 8, 128, 16, torch.bfloat16, "cuda", seed=44)
+    error = paged_attention(*batch.args(), k_scale=k_scale, v_scale=v_scale) - paged_attention(*bf16.args())
+    error = error.float().abs()
+    assert error.max() <= FP8_ACCURACY["max_abs"] and error.mean() <= FP8_ACCURACY["mean_abs"]

@@ -1,0 +1,218 @@
+"""Split-KV (flash-decoding) kernels for decode batches of few sequences with long contexts.
+
+With one query token per sequence, the unified kernel runs num_seqs x num_kv_heads programs: 8 for
+a single Llama-3-8B sequence, which leaves most of a GPU idle. Here each sequence's keys are cut
+into num_splits contiguous segments handled by separate programs, and a second kernel merges the
+partial results with a log-sum-exp rescale. The launcher is in attention.py.
+
+Layouts (element strides passed in; the last dim of every tensor must be contiguous):
+  q, out           [num_tokens, num_heads, head_dim]; every sequence has q_len 0 or 1
+  k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim] (FP8 caches: times k/v_scale)
+  block_tables     [num_seqs, max_blocks] int32: physical block of each logical block
+  seq_lens         [num_seqs] int32: keys of each sequence (its query is the last of them)
+  query_start_loc  [num_seqs + 1] int32: cumulative q_len
+  k_scale, v_scale [1] float32, read only when KV_SCALED
+  partial_out      [num_seqs, num_heads, num_splits, head_dim] float32: unnormalised sum p * v
+  partial_max      [num_seqs, num_heads, num_splits] float32: running max of the scores (log2 domain)
+  partial_sum      [num_seqs, num_heads, num_splits] float32: sum of 2^(score - max)
+
+Segments: a sequence of seq_len keys uses segments of split_len = cdiv(cdiv(seq_len, num_splits),
+TILE_N) * TILE_N keys (whole tiles, so only the sequence's last tile needs a mask); segment s holds
+keys s * split_len .. min((s + 1) * split_len, seq_len) - 1 and may be empty for short sequences.
+Both kernels derive the segments from seq_len on the device, so no host sync sizes them and any
+num_splits is correct (it only changes speed).
+
+Split kernel grid: (num_seqs, num_kv_heads, num_splits). A program holds the query rows of the GROUP
+query heads sharing its KV head (padded to BLOCK_M >= 16 rows for tl.dot), so each K/V tile is read
+once per KV head. Merge kernel grid: (num_seqs, num_heads).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# platform switches on the interpreter on CPU; triton reads that when a kernel is defined, below
+from tritonllm import platform  # noqa: F401
+
+
+@triton.jit
+def _split_len(seq_len, num_splits, TILE_N: tl.constexpr):
+    """Keys per segment of a sequence: whole tiles, num_splits segments cover seq_len."""
+    return tl.cdiv(tl.cdiv(seq_len, num_splits), TILE_N) * TILE_N
+
+
+@triton.jit
+def _attend_decode_tile(
+    acc,
+    m_i,
+    l_i,
+    q,
+    start_n,
+    seq_len,
+    qk_scale,
+    block_table_row_ptr,
+    k_head_ptr,
+    v_head_ptr,
+    stride_kc_block,
+    stride_kc_slot,
+    stride_vc_block,
+    stride_vc_slot,
+    offs_n,
+    offs_d,
+    BLOCK_SIZE: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """One online-softmax step over keys start_n..start_n+TILE_N-1; a decode query sees every key
+    of its sequence, so only the sequence's last tile (MASKED) has keys to hide."""
+    keys = start_n + offs_n
+    if MASKED:
+        key_ok = keys < seq_len
+        blocks = tl.load(block_table_row_ptr + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+    else:
+        blocks = tl.load(block_table_row_ptr + keys // BLOCK_SIZE).to(tl.int64)
+    in_block = keys % BLOCK_SIZE
+    k_ptrs = k_head_ptr + (blocks * stride_kc_block + in_block * stride_kc_slot)[None, :] + offs_d[:, None]
+    v_ptrs = v_head_ptr + (blocks * stride_vc_block + in_block * stride_vc_slot)[:, None] + offs_d[None, :]
+    if MASKED:
+        # other=0 also keeps uninitialised cache memory (NaN, inf) out of the dot products
+        k = tl.load(k_ptrs, mask=key_ok[None, :], other=0.0)
+        v = tl.load(v_ptrs, mask=key_ok[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+
+    # FP8 caches are widened to q's dtype; their scales are folded into qk_scale and the merge
+    s = tl.dot(q, k.to(q.dtype), input_precision="ieee") * qk_scale  # [BLOCK_M, TILE_N], log2 domain
+    if MASKED:
+        s = tl.where(key_ok[None, :], s, float("-inf"))
+    # a segment is never empty here and its first tile holds a visible key, so m_new is finite
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision="ieee")
+    return acc, m_new, l_i
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def split_kv_decode_kernel(
+    partial_out_ptr,
+    partial_max_ptr,
+    partial_sum_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    k_scale_ptr,
+    num_splits,
+    qk_scale,
+    stride_q_token,
+    stride_q_head,
+    stride_bt_seq,
+    stride_kc_block,
+    stride_kc_slot,
+    stride_kc_head,
+    stride_vc_block,
+    stride_vc_slot,
+    stride_vc_head,
+    GROUP: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    TILE_N: tl.constexpr,
+    KV_SCALED: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + seq)
+    split_len = _split_len(seq_len, num_splits, TILE_N)
+    key_start = split * split_len
+    key_end = tl.minimum(key_start + split_len, seq_len)
+    if (q_len == 0) | (key_start >= key_end):
+        return  # the merge skips empty segments and sequences without a query
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, TILE_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    head = kv_head * GROUP + offs_m
+    row_ok = offs_m < GROUP
+    q_offs = q_start.to(tl.int64) * stride_q_token + head[:, None] * stride_q_head + offs_d[None, :]
+    q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0)
+    if KV_SCALED:
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
+
+    block_table_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
+    k_head_ptr = k_cache_ptr + kv_head * stride_kc_head
+    v_head_ptr = v_cache_ptr + kv_head * stride_vc_head
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    num_full_tiles = (key_end - key_start) // TILE_N
+    for tile in range(0, num_full_tiles):
+        acc, m_i, l_i = _attend_decode_tile(
+            acc, m_i, l_i, q, key_start + tile * TILE_N, seq_len, qk_scale, block_table_row_ptr,
+            k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
+            offs_n, offs_d, BLOCK_SIZE, False,
+        )  # fmt: skip
+    tail_start = key_start + num_full_tiles * TILE_N
+    if tail_start < key_end:
+        acc, m_i, l_i = _attend_decode_tile(
+            acc, m_i, l_i, q, tail_start, seq_len, qk_scale, block_table_row_ptr,
+            k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
+            offs_n, offs_d, BLOCK_SIZE, True,
+        )  # fmt: skip
+
+    # partial rows of (seq, head, split); num_heads = num_kv_heads * GROUP
+    row = (seq * tl.num_programs(1) * GROUP + head).to(tl.int64) * num_splits + split
+    tl.store(partial_max_ptr + row, m_i, mask=row_ok)
+    tl.store(partial_sum_ptr + row, l_i, mask=row_ok)
+    tl.store(partial_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None])
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def merge_splits_kernel(
+    out_ptr,
+    partial_out_ptr,
+    partial_max_ptr,
+    partial_sum_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    v_scale_ptr,
+    num_splits,
+    stride_o_token,
+    stride_o_head,
+    HEAD_DIM: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    TILE_N: tl.constexpr,
+    KV_SCALED: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    if q_len == 0:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    num_used = tl.cdiv(seq_len, _split_len(seq_len, num_splits, TILE_N))  # non-empty segments
+
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    split_ok = offs_s < num_used
+    rows = (seq * tl.num_programs(1) + head).to(tl.int64) * num_splits + offs_s
+    m_s = tl.load(partial_max_ptr + rows, mask=split_ok, other=float("-inf"))
+    m = tl.max(m_s, 0)  # finite: segment 0 always holds key 0
+    weight = tl.math.exp2(m_s - m)  # 0 for unused segments
+    l_s = tl.load(partial_sum_ptr + rows, mask=split_ok, other=0.0)
+    acc_s = tl.load(partial_out_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=split_ok[:, None], other=0.0)
+    acc = tl.sum(acc_s * weight[:, None], 0) / tl.sum(l_s * weight, 0)
+    if KV_SCALED:
+        acc = acc * tl.load(v_scale_ptr)
+    o_offs = q_start.to(tl.int64) * stride_o_token + head * stride_o_head + offs_d
+    tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty))
