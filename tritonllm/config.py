@@ -35,6 +35,9 @@ class ModelConfig:
         return dtype
 
 
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+
+
 @dataclass
 class CacheConfig:
     block_size: int = 16
@@ -42,7 +45,7 @@ class CacheConfig:
     num_gpu_blocks_override: int | None = None
     cpu_kv_cache_tokens: int = 65536  # KV capacity on CPU when no override is given
     enable_prefix_caching: bool = True
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: str = "auto"  # or "fp8" (= "fp8_e4m3"): half the KV memory and decode bytes
 
     def validate(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
@@ -51,8 +54,12 @@ class CacheConfig:
             raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override <= 0:
             raise ValueError(f"num_gpu_blocks_override={self.num_gpu_blocks_override} must be positive")
-        if self.kv_cache_dtype != "auto":
-            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported yet: use 'auto'")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not one of {KV_CACHE_DTYPES}")
+
+    def torch_kv_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """auto: the model's dtype; fp8: e4m3 (e4m3fnuz on AMD MI300), with per-layer scales."""
+        return model_dtype if self.kv_cache_dtype == "auto" else platform.fp8_e4m3_dtype()
 
 
 @dataclass

@@ -72,7 +72,9 @@ class LLMEngine:
             sched.max_num_batched_tokens = self.max_model_len
 
         block_size = config.cache.block_size
-        self.runner = ModelRunner(self.model, self.dtype, self.device, block_size)
+        self.runner = ModelRunner(
+            self.model, self.dtype, self.device, block_size, config.cache.torch_kv_dtype(self.dtype)
+        )
         num_blocks = self._num_kv_blocks()
         capacity = num_blocks * block_size
         if self.max_model_len > capacity:
@@ -82,7 +84,8 @@ class LLMEngine:
             )
         self.runner.allocate_kv_cache(num_blocks)
         logger.info(
-            "KV cache: %d blocks x %d = %s tokens; max concurrency at max_model_len %d: %.1fx",
+            "KV cache (%s): %d blocks x %d = %s tokens; max concurrency at max_model_len %d: %.1fx",
+            self.runner.kv_dtype,
             num_blocks,
             block_size,
             f"{capacity:,}",

@@ -34,6 +34,9 @@ class Attention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        # per-tensor dequantisation scales of an FP8 KV cache (set by the runner); None otherwise
+        self.k_scale: torch.Tensor | None = None
+        self.v_scale: torch.Tensor | None = None
 
     def forward(
         self,
@@ -51,6 +54,8 @@ class Attention(nn.Module):
             k_cache,
             v_cache,
             meta.slot_mapping,
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
         )
         out = ops.paged_attention(
             q.view(num_tokens, self.num_heads, self.head_dim),
@@ -62,5 +67,7 @@ class Attention(nn.Module):
             meta.max_query_len,
             meta.max_seq_len,
             self.scale,
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
         )
         return out.view(num_tokens, self.num_heads * self.head_dim)

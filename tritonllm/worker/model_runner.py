@@ -16,7 +16,7 @@ import torch
 from tritonllm.engine.kv_cache import KVCacheManager
 from tritonllm.engine.scheduler import SchedulerOutput
 from tritonllm.kernels import ops
-from tritonllm.layers.attention import AttentionMetadata
+from tritonllm.layers.attention import Attention, AttentionMetadata
 from tritonllm.layers.sampler import Sampler, SamplingTensors, TopLogprobs, top_logprobs
 
 _SEED_MASK = (1 << 62) - 1
@@ -38,9 +38,17 @@ class StepResult:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, dtype: torch.dtype, device: torch.device, block_size: int) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        dtype: torch.dtype,
+        device: torch.device,
+        block_size: int,
+        kv_dtype: torch.dtype | None = None,
+    ) -> None:
         self.model = model
         self.dtype = dtype
+        self.kv_dtype = kv_dtype or dtype
         self.device = device
         self.block_size = block_size
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -48,13 +56,19 @@ class ModelRunner:
 
     def kv_bytes_per_block(self) -> int:
         m = self.model
-        return 2 * m.num_layers * self.block_size * m.num_kv_heads * m.head_dim * torch.finfo(self.dtype).bits // 8
+        return 2 * m.num_layers * self.block_size * m.num_kv_heads * m.head_dim * torch.finfo(self.kv_dtype).bits // 8
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         m = self.model
         shape = (m.num_layers, 2, num_blocks, self.block_size, m.num_kv_heads, m.head_dim)
-        cache = torch.empty(shape, dtype=self.dtype, device=self.device)
+        cache = torch.empty(shape, dtype=self.kv_dtype, device=self.device)
         self.kv_caches = [(cache[i, 0], cache[i, 1]) for i in range(m.num_layers)]
+        if self.kv_dtype.itemsize == 1:
+            # FP8 cache: per-layer K and V scales; 1.0 unless a checkpoint provides calibrated ones
+            for attn in self.model.modules():
+                if isinstance(attn, Attention):
+                    attn.k_scale = torch.ones(1, dtype=torch.float32, device=self.device)
+                    attn.v_scale = torch.ones(1, dtype=torch.float32, device=self.device)
 
     @torch.inference_mode()
     def profile_peak_bytes(self, max_num_batched_tokens: int, max_num_seqs: int) -> int:
