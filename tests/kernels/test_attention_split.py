@@ -93,7 +93,8 @@ def test_split_kv_rejects_prefill_chunks() -> None:
 
 
 def test_single_sequence_decode_takes_split_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under the interpreter (1 multiprocessor) one sequence with one KV head is too few programs."""
+    """One sequence with one KV head is too few programs for a GPU of 8 multiprocessors."""
+    monkeypatch.setattr(attention, "_num_multiprocessors", lambda: 8)
     launched = []
     launch = attention._launch_split_kv
     monkeypatch.setattr(attention, "_launch_split_kv", lambda *a: launched.append(a[-1]) or launch(*a))
@@ -105,12 +106,13 @@ def test_single_sequence_decode_takes_split_path(monkeypatch: pytest.MonkeyPatch
 
 @pytest.mark.parametrize(
     "num_seqs, max_seq_len, expected",
-    [(1, 8192, 32), (1, 1024, 4), (4, 8192, 9), (32, 8192, 2), (128, 8192, 1), (1, 300, 1), (0, 100, 1)],
+    [(1, 8192, 32), (1, 1024, 4), (4, 8192, 9), (16, 8192, 3), (32, 8192, 1), (128, 8192, 1), (1, 300, 1), (0, 100, 1)],
 )
 def test_choose_num_splits_on_h200(
     monkeypatch: pytest.MonkeyPatch, num_seqs: int, max_seq_len: int, expected: int
 ) -> None:
-    """Hopper table, 132 SMs, 8 KV heads: ~2 waves of programs, >= 256 keys a split."""
+    """Hopper table, 132 SMs, 8 KV heads: ~2 waves of programs, >= 256 keys a split, none once
+    the unsplit grid fills a wave."""
     monkeypatch.setattr(attention, "attention_config", lambda: ATTENTION_CONFIGS["hopper"])
     assert choose_num_splits(num_seqs, 8, max_seq_len, 132) == expected
 

@@ -91,8 +91,10 @@ def _check_fp8(
     expected_k, expected_v = k_cache.clone(), v_cache.clone()
     reference.write_kv_cache(k, v, expected_k, expected_v, slots, k_scale=k_scale, v_scale=v_scale)
     write_kv_cache(k, v, k_cache, v_cache, slots, k_scale=k_scale, v_scale=v_scale)
-    assert torch.equal(k_cache.view(torch.uint8), expected_k.view(torch.uint8))
-    assert torch.equal(v_cache.view(torch.uint8), expected_v.view(torch.uint8))
+    # Exact values; only the sign of a zero may differ (the H200 kernel writes +0 where torch's cast
+    # gives -0 for tiny negatives, seen 2026-11-29), which no attention result can tell apart.
+    assert torch.equal(k_cache.float(), expected_k.float())
+    assert torch.equal(v_cache.float(), expected_v.float())
 
 
 @pytest.mark.parametrize("dtype", FP8_DTYPES)
