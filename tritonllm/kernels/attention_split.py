@@ -34,65 +34,13 @@ import triton.language as tl
 
 # platform switches on the interpreter on CPU; triton reads that when a kernel is defined, below
 from tritonllm import platform  # noqa: F401
+from tritonllm.kernels.attention_tile import _attend_tile
 
 
 @triton.jit
 def _split_len(seq_len, num_splits, TILE_N: tl.constexpr):
     """Keys per segment of a sequence: whole tiles, num_splits segments cover seq_len."""
     return tl.cdiv(tl.cdiv(seq_len, num_splits), TILE_N) * TILE_N
-
-
-@triton.jit
-def _attend_decode_tile(
-    acc,
-    m_i,
-    l_i,
-    q,
-    start_n,
-    seq_len,
-    qk_scale,
-    block_table_row_ptr,
-    k_head_ptr,
-    v_head_ptr,
-    stride_kc_block,
-    stride_kc_slot,
-    stride_vc_block,
-    stride_vc_slot,
-    offs_n,
-    offs_d,
-    BLOCK_SIZE: tl.constexpr,
-    MASKED: tl.constexpr,
-):
-    """One online-softmax step over keys start_n..start_n+TILE_N-1; a decode query sees every key
-    of its sequence, so only the sequence's last tile (MASKED) has keys to hide."""
-    keys = start_n + offs_n
-    if MASKED:
-        key_ok = keys < seq_len
-        blocks = tl.load(block_table_row_ptr + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
-    else:
-        blocks = tl.load(block_table_row_ptr + keys // BLOCK_SIZE).to(tl.int64)
-    in_block = keys % BLOCK_SIZE
-    k_ptrs = k_head_ptr + (blocks * stride_kc_block + in_block * stride_kc_slot)[None, :] + offs_d[:, None]
-    v_ptrs = v_head_ptr + (blocks * stride_vc_block + in_block * stride_vc_slot)[:, None] + offs_d[None, :]
-    if MASKED:
-        # other=0 also keeps uninitialised cache memory (NaN, inf) out of the dot products
-        k = tl.load(k_ptrs, mask=key_ok[None, :], other=0.0)
-        v = tl.load(v_ptrs, mask=key_ok[:, None], other=0.0)
-    else:
-        k = tl.load(k_ptrs)
-        v = tl.load(v_ptrs)
-
-    # FP8 caches are widened to q's dtype; their scales are folded into qk_scale and the merge
-    s = tl.dot(q, k.to(q.dtype), input_precision="ieee") * qk_scale  # [BLOCK_M, TILE_N], log2 domain
-    if MASKED:
-        s = tl.where(key_ok[None, :], s, float("-inf"))
-    # a segment is never empty here and its first tile holds a visible key, so m_new is finite
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.math.exp2(m_i - m_new)
-    p = tl.math.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision="ieee")
-    return acc, m_new, l_i
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -154,17 +102,20 @@ def split_kv_decode_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
+    # the decode query is the sequence's last position: it sees every key, so only the tail tile masks
+    last_pos = seq_len - 1
+    q_pos = tl.full([BLOCK_M], 0, dtype=tl.int32) + last_pos
     num_full_tiles = (key_end - key_start) // TILE_N
     for tile in range(0, num_full_tiles):
-        acc, m_i, l_i = _attend_decode_tile(
-            acc, m_i, l_i, q, key_start + tile * TILE_N, seq_len, qk_scale, block_table_row_ptr,
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, q_pos, key_start + tile * TILE_N, last_pos, qk_scale, block_table_row_ptr,
             k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
             offs_n, offs_d, BLOCK_SIZE, False,
         )  # fmt: skip
     tail_start = key_start + num_full_tiles * TILE_N
     if tail_start < key_end:
-        acc, m_i, l_i = _attend_decode_tile(
-            acc, m_i, l_i, q, tail_start, seq_len, qk_scale, block_table_row_ptr,
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, q_pos, tail_start, last_pos, qk_scale, block_table_row_ptr,
             k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
             offs_n, offs_d, BLOCK_SIZE, True,
         )  # fmt: skip
