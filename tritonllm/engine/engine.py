@@ -186,8 +186,9 @@ class LLMEngine:
 
     # ---- the step ------------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
-        """Run one scheduled step; returns the outputs of the groups it advanced (finished ones last seen here)."""
+    def step(self, finished_only: bool = False) -> list[RequestOutput]:
+        """Run one scheduled step; returns the outputs of the groups it advanced (a finished group is
+        last seen here), or of the groups it finished only (offline use: no per-step copies)."""
         sched = self.scheduler.schedule()
         self.stats.num_preemptions = self.scheduler.num_preemptions
         self.stats.steps.append(
@@ -218,8 +219,10 @@ class LLMEngine:
             touched[group.request_id] = group
         outputs = []
         for group in touched.values():
-            outputs.append(self._make_output(group))
-            if all(c.is_finished for c in group.children):
+            finished = all(c.is_finished for c in group.children)
+            if finished or not finished_only:
+                outputs.append(self._make_output(group))
+            if finished:
                 del self.groups[group.request_id]
         return outputs
 

@@ -52,6 +52,7 @@ class KVCacheManager:
         self._cached: dict[BlockHash, int] = {}
         self._blocks: dict[str, list[int]] = {}
         self._hashes: dict[str, list[BlockHash]] = {}  # each request's full-block hashes so far
+        self._num_published: dict[str, int] = {}  # each request's leading blocks already in the table
         self.prefix_cache_queries = 0  # tokens looked up
         self.prefix_cache_hits = 0  # tokens found
 
@@ -121,7 +122,9 @@ class KVCacheManager:
         if num_computed_tokens is None:
             num_computed_tokens = request.num_computed_tokens
         num_computed_full = min(num_computed_tokens // self.block_size, len(blocks), len(hashes))
-        for i in range(num_computed_full):
+        first = self._num_published.get(request.request_id, 0)  # blocks before it are published already
+        self._num_published[request.request_id] = max(first, num_computed_full)
+        for i in range(first, num_computed_full):
             block, h = blocks[i], hashes[i]
             if self._block_hash[block] is None and h not in self._cached:
                 self._block_hash[block] = h
@@ -175,6 +178,7 @@ class KVCacheManager:
             if self._ref_count[b] == 0:
                 self._free[b] = None
         self._hashes.pop(request_id, None)
+        self._num_published.pop(request_id, None)
 
     def check_invariant(self) -> None:
         in_use = self.num_used_blocks

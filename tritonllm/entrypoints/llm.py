@@ -159,7 +159,7 @@ class LLM:
         start = time.perf_counter()
         prompt0, gen0 = engine.stats.prompt_tokens, engine.stats.generation_tokens
         while engine.has_unfinished_requests():
-            for out in engine.step():
+            for out in engine.step(finished_only=True):
                 if out.finished:
                     finished[out.request_id] = out
                     if bar is not None:
