@@ -175,8 +175,14 @@ class LLMEngine:
 
     def get_metrics(self):
         kv = self.kv_cache
-        self.stats.prefix_cache_queries, self.stats.prefix_cache_hits = kv.prefix_cache_queries, kv.prefix_cache_hits
-        return self.stats.snapshot(len(self.scheduler.running), len(self.scheduler.waiting), kv.usage)
+        return self.stats.snapshot(
+            len(self.scheduler.running),
+            len(self.scheduler.waiting),
+            kv.usage,
+            self.scheduler.num_preemptions,
+            kv.prefix_cache_queries,
+            kv.prefix_cache_hits,
+        )
 
     def reset_prefix_cache(self) -> bool:
         return self.kv_cache.reset_prefix_cache()
@@ -190,7 +196,6 @@ class LLMEngine:
         """Run one scheduled step; returns the outputs of the groups it advanced (a finished group is
         last seen here), or of the groups it finished only (offline use: no per-step copies)."""
         sched = self.scheduler.schedule()
-        self.stats.num_preemptions = self.scheduler.num_preemptions
         self.stats.steps.append(
             StepStats(
                 num_scheduled_tokens=sched.num_batched_tokens,

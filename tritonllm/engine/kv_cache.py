@@ -145,10 +145,6 @@ class KVCacheManager:
 
     # ---- allocation ----------------------------------------------------------------------
 
-    def num_blocks_needed(self, request_id: str, num_total_tokens: int) -> int:
-        """Blocks to add so that the request's first `num_total_tokens` tokens have slots."""
-        return max(0, cdiv(num_total_tokens, self.block_size) - len(self.block_ids(request_id)))
-
     def allocate_slots(self, request_id: str, num_total_tokens: int, cached_blocks: Sequence[int] = ()) -> bool:
         """Grow the request's block table to cover `num_total_tokens`, first with `cached_blocks` (a
         prefix-cache hit, for a request holding no blocks yet), then with new blocks. False, and

@@ -72,15 +72,17 @@ class LLM:
             kernels=KernelConfig(backend=kernel_backend),
             enforce_eager=enforce_eager,
         )
-        self.llm_engine = LLMEngine(config)
-        self._counter = itertools.count()
+        self._start(config)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLM:
         llm = cls.__new__(cls)
-        llm.llm_engine = LLMEngine(config)
-        llm._counter = itertools.count()
+        llm._start(config)
         return llm
+
+    def _start(self, config: EngineConfig) -> None:
+        self.llm_engine = LLMEngine(config)
+        self._counter = itertools.count()
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer

@@ -48,14 +48,12 @@ class StepStats:
 
 @dataclass
 class EngineStats:
-    """Accumulated by the engine; read by `snapshot`."""
+    """Accumulated by the engine; read by `snapshot`, which also takes the counters that the
+    scheduler (preemptions) and the KV cache manager (prefix-cache lookups) own."""
 
     prompt_tokens: int = 0
     generation_tokens: int = 0
-    num_preemptions: int = 0
     num_finished: int = 0
-    prefix_cache_queries: int = 0  # tokens
-    prefix_cache_hits: int = 0  # tokens
     steps: deque[StepStats] = field(default_factory=lambda: deque(maxlen=10000))
     queue_s: list[float] = field(default_factory=list)
     ttft_s: list[float] = field(default_factory=list)
@@ -79,7 +77,15 @@ class EngineStats:
             if num_output_tokens > 1:
                 self.tpot_s.append((finished - first_token) / (num_output_tokens - 1))
 
-    def snapshot(self, num_running: int, num_waiting: int, kv_usage: float) -> list[Gauge | Counter | Histogram]:
+    def snapshot(
+        self,
+        num_running: int,
+        num_waiting: int,
+        kv_usage: float,
+        num_preemptions: int,
+        prefix_cache_queries: int,
+        prefix_cache_hits: int,
+    ) -> list[Gauge | Counter | Histogram]:
         def hist(name: str, values: list[float]) -> Histogram:
             return Histogram(PREFIX + name, len(values), float(sum(values)), list(values))
 
@@ -87,12 +93,12 @@ class EngineStats:
             Gauge(PREFIX + "num_requests_running", num_running),
             Gauge(PREFIX + "num_requests_waiting", num_waiting),
             Gauge(PREFIX + "kv_cache_usage_perc", kv_usage),
-            Counter(PREFIX + "num_preemptions", self.num_preemptions),
+            Counter(PREFIX + "num_preemptions", num_preemptions),
             Counter(PREFIX + "prompt_tokens", self.prompt_tokens),
             Counter(PREFIX + "generation_tokens", self.generation_tokens),
             Counter(PREFIX + "request_success", self.num_finished),
-            Counter(PREFIX + "prefix_cache_queries", self.prefix_cache_queries),
-            Counter(PREFIX + "prefix_cache_hits", self.prefix_cache_hits),
+            Counter(PREFIX + "prefix_cache_queries", prefix_cache_queries),
+            Counter(PREFIX + "prefix_cache_hits", prefix_cache_hits),
             hist("request_queue_time_seconds", self.queue_s),
             hist("time_to_first_token_seconds", self.ttft_s),
             hist("time_per_output_token_seconds", self.tpot_s),

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from tritonllm.engine.kv_cache import KVCacheManager
+from tritonllm.engine.request import Request
 from tritonllm.engine.scheduler import SchedulerOutput
 from tritonllm.kernels import ops
 from tritonllm.layers.attention import Attention, AttentionMetadata
@@ -133,7 +134,7 @@ class ModelRunner:
         query_start = [0]
         tables: list[list[int]] = []
         sample_rows: list[int] = []
-        prompt_rows: list[tuple[str, int, int, int]] = []  # (request id, first row, first position, count)
+        prompt_rows: list[tuple[Request, int, int, int]] = []  # (request, first row, first position, count)
         for s in sched.scheduled:
             r = s.request
             start, end = r.num_computed_tokens, r.num_computed_tokens + s.num_new_tokens
@@ -153,7 +154,7 @@ class ModelRunner:
                 first = max(start, len(r.prompt_logprobs) - 1)  # prompt_logprobs starts as [None]
                 last = min(end, r.num_prompt_tokens - 1)
                 if last > first:
-                    prompt_rows.append((r.request_id, row0 + first - start, first + 1, last - first))
+                    prompt_rows.append((r, row0 + first - start, first + 1, last - first))
 
         max_blocks = max(len(t) for t in tables)
         table_np = np.zeros((len(tables), max_blocks), dtype=np.int32)
@@ -186,15 +187,14 @@ class ModelRunner:
                         top.token_logprobs[i],
                         top.token_ranks[i],
                     )
-        for request_id, row0, first_pos, count in prompt_rows:
-            request = next(s.request for s in sched.scheduled if s.request.request_id == request_id)
+        for request, row0, first_pos, count in prompt_rows:
             logits = self.model.compute_logits(hidden[row0 : row0 + count])
             targets = torch.tensor(request.prompt_token_ids[first_pos : first_pos + count], device=self.device)
             top = top_logprobs(ops.log_softmax(logits), targets, request.params.prompt_logprobs)
-            result.prompt_logprobs[request_id] = (first_pos, top)
+            result.prompt_logprobs[request.request_id] = (first_pos, top)
         return result
 
-    def _sampling_tensors(self, requests: list) -> SamplingTensors:
+    def _sampling_tensors(self, requests: list[Request]) -> SamplingTensors:
         banned_rows: list[int] = []
         banned_tokens: list[int] = []
         for row, r in enumerate(requests):
