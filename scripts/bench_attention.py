@@ -213,6 +213,37 @@ def median_ms(fn: Callable[[], object]) -> float:
     return statistics.median(times)
 
 
+def graph_us(fn: Callable[[], object], calls: int = 20) -> float:
+    """GPU time of one call without host launch cost: `calls` calls captured in a CUDA graph, the
+    graph replayed and timed with events (L2 warm, unlike do_bench); NaN where graphs fail."""
+    try:
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            fn()  # no JIT compile during capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(calls):
+                fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        return triton.testing.do_bench(graph.replay, warmup=5, rep=50, return_mode="median") * 1e3 / calls
+    except Exception as error:  # noqa: BLE001 - a diagnostic, never fatal
+        print(f"  cuda graph timing failed: {error}", flush=True)
+        return float("nan")
+
+
+def host_us(fn: Callable[[], object], calls: int = 200) -> float:
+    """Host time of one call (Python and launch), GPU running behind: the launch overhead."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed * 1e6 / calls
+
+
 def synchronized_clock() -> float:
     """A pytest-benchmark timer that waits for the GPU, so a round times the kernels it launched."""
     if platform.is_gpu():
@@ -235,6 +266,9 @@ def measure(inputs: Inputs) -> dict:
     sdpa_bytes, _ = work(c, 2)
     result = dict(case=c.name, us=us, sdpa_us=sdpa_us, speedup_vs_sdpa=sdpa_us / us, num_splits=num_splits,
                   tiles=asdict(tiles))  # fmt: skip
+    if platform.is_gpu():  # where the time goes: GPU work alone, and the host's launch cost
+        result.update(graph_us=graph_us(inputs.run), host_us=host_us(inputs.run), sdpa_graph_us=graph_us(inputs.sdpa),
+                      sdpa_host_us=host_us(inputs.sdpa))  # fmt: skip
     if c.is_decode:
         result.update(tb_s=num_bytes / us / 1e6, sdpa_tb_s=sdpa_bytes / sdpa_us / 1e6)
     else:
@@ -283,13 +317,16 @@ def environment() -> dict:
 
 
 def _table(results: list[dict]) -> str:
-    lines = [f"{'case':<24} {'us':>9} {'rate':>13} {'SDPA us':>9} {'SDPA rate':>13} {'x SDPA':>7} {'splits':>6} ok"]
+    lines = [f"{'case':<24} {'us':>9} {'rate':>13} {'SDPA us':>9} {'SDPA rate':>13} {'x SDPA':>7} {'splits':>6} ok"
+             "  graph/host us  SDPA graph/host us"]
     for r in results:
         unit, key = ("TB/s", "tb_s") if "tb_s" in r else ("TFLOP/s", "tflop_s")
         lines.append(
             f"{r['case']:<24} {r['us']:>9.1f} {r[key]:>8.2f} {unit:<4} {r['sdpa_us']:>9.1f} "
             f"{r['sdpa_' + key]:>8.2f} {unit:<4} {r['speedup_vs_sdpa']:>7.2f} {r['num_splits']:>6} "
-            f"{'yes' if r['correct'] else 'NO'}"
+            f"{'yes' if r['correct'] else 'NO '}"
+            f" {r.get('graph_us', float('nan')):6.1f}/{r.get('host_us', float('nan')):<6.1f}"
+            f" {r.get('sdpa_graph_us', float('nan')):6.1f}/{r.get('sdpa_host_us', float('nan')):<6.1f}"
         )
     return "\n".join(lines)
 

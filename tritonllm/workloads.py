@@ -96,8 +96,12 @@ def run_shared_prefix(llm: LLM, workload: dict[str, Any]) -> dict[str, Any]:
     params = SamplingParams(
         temperature=workload["temperature"], max_tokens=workload["output_len"], ignore_eos=True, detokenize=False
     )
+    # warm-up: two full-length prompts, then as many short requests as the timed run so the kernel
+    # variants of a large decode batch are compiled before the clock starts
     warmup = [{"prompt_token_ids": draw(workload["prefix_len"] + workload["suffix_len"])} for _ in range(2)]
     llm.generate(warmup, params, use_tqdm=False)
+    short = SamplingParams(max_tokens=4, ignore_eos=True, detokenize=False)
+    llm.generate([{"prompt_token_ids": draw(16)} for _ in range(workload["num_requests"])], short, use_tqdm=False)
     llm.reset_prefix_cache()
     metrics_before = {m.name: m.value for m in llm.get_metrics()}
     prompts = [{"prompt_token_ids": prefix + draw(workload["suffix_len"])} for _ in range(workload["num_requests"])]
