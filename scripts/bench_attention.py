@@ -38,12 +38,14 @@ from torch.nn.attention.bias import causal_lower_right
 
 from tritonllm.kernels import reference
 from tritonllm.kernels.attention import (
+    AttentionPlan,
     AttentionTiles,
     choose_num_splits,
     choose_tiles,
     gpu_family,
     paged_attention,
     paged_attention_with_tiles,
+    plan_attention,
 )
 
 GPU_TOL = dict(atol=1.5e-2, rtol=2e-2)  # bf16 against the float32 reference, as tests/kernels
@@ -101,6 +103,7 @@ class Inputs:
     k_scale: torch.Tensor | None
     v_scale: torch.Tensor | None
     sdpa: Callable[[], torch.Tensor]  # the same attention by torch SDPA on contiguous K/V
+    plan: AttentionPlan | None = None  # the step's set-up, built once as the engine does per step
 
     @property
     def scale(self) -> float:
@@ -112,7 +115,12 @@ class Inputs:
                 c.q_len, c.seq_len, self.scale)  # fmt: skip
 
     def run(self) -> torch.Tensor:
-        return paged_attention(*self.args(), k_scale=self.k_scale, v_scale=self.v_scale)
+        """One layer's attention: what every layer of a step pays once the step's plan exists."""
+        if self.plan is None:
+            c = self.case
+            self.plan = plan_attention(*self.args()[3:8], c.num_heads, c.num_kv_heads, c.head_dim, c.block_size,
+                                       self.k_cache.dtype)  # fmt: skip
+        return paged_attention(*self.args(), k_scale=self.k_scale, v_scale=self.v_scale, plan=self.plan)
 
 
 def build_inputs(case: Case, device: str | torch.device, dtype: torch.dtype, seed: int = 0) -> Inputs:
@@ -258,7 +266,7 @@ def measure(inputs: Inputs) -> dict:
     num_splits = (
         choose_num_splits(c.num_seqs, c.num_kv_heads, c.seq_len, platform.num_multiprocessors()) if c.is_decode else 1
     )
-    tiles = choose_tiles(c.q_len, group, c.head_dim, c.num_seqs, c.num_kv_heads, num_splits)
+    tiles = choose_tiles(c.q_len, group, c.head_dim, c.num_seqs, c.num_kv_heads, num_splits, c.kv_dtype == "fp8")
     us = median_ms(inputs.run) * 1e3
     sdpa_us = median_ms(inputs.sdpa) * 1e3
     kv_bytes_per_elem = 1 if c.kv_dtype == "fp8" else 2
@@ -278,13 +286,45 @@ def measure(inputs: Inputs) -> dict:
 
 SWEEP_SPLITS = (1, 2, 4, 8, 16, 32, 64)
 SWEEP_SPLIT_TILES = ((32, 3), (64, 2), (64, 3), (128, 2), (128, 3))  # (tile_n, num_stages), 4 warps
+# many-query cases: (block_m, tile_n, num_warps, num_stages)
+SWEEP_QUERY_TILES = [
+    (m, n, w, st)
+    for m in (64, 128)
+    for n in (32, 64, 128)
+    for w in (4, 8)
+    for st in (2, 3, 4)
+    if not (m == 128 and w == 4 and n == 128)  # noqa: E131 - too many registers
+]
+# (tile_n, num_stages, num_warps); float16 dots (bf16 dots were 30% slower on the first sweep)
+SWEEP_FP8_TILES = ((128, 3, 4), (128, 4, 4), (128, 3, 8), (128, 4, 8), (256, 2, 4), (256, 2, 8), (256, 3, 8))
+
+
+def _timed_variant(inputs: Inputs, expected: torch.Tensor, tiles: AttentionTiles, **kw) -> dict:
+    def run() -> torch.Tensor:
+        return paged_attention_with_tiles(*inputs.args(), tiles, k_scale=inputs.k_scale, v_scale=inputs.v_scale, **kw)
+
+    try:
+        error, ok = max_error(run(), expected)
+    except Exception as failure:  # noqa: BLE001 - a variant that does not compile (shared memory) is skipped
+        return dict(tiles=asdict(tiles), **kw, failed=str(failure).splitlines()[0][:200])
+    return dict(tiles=asdict(tiles), **kw, us=median_ms(run) * 1e3, max_abs_error=error, correct=ok)
 
 
 def sweep(inputs: Inputs, expected: torch.Tensor) -> list[dict]:
-    """Times of a decode case at every split count (split tilings for > 1), each output checked."""
+    """Times of a case over tilings (and, for decode, split counts; FP8: float16 or bf16 dots),
+    each output checked."""
     c = inputs.case
     group = c.num_heads // c.num_kv_heads
     rows = []
+    if not c.is_decode:
+        for m, n, w, st in SWEEP_QUERY_TILES:
+            rows.append(_timed_variant(inputs, expected, AttentionTiles(m, n, w, st)))
+        return rows
+    if c.kv_dtype == "fp8":
+        block_m = choose_tiles(1, group, c.head_dim, c.num_seqs, c.num_kv_heads).block_m
+        for n, st, w in SWEEP_FP8_TILES:
+            rows.append(_timed_variant(inputs, expected, AttentionTiles(block_m, n, w, st), fp8_dot_f16=True))
+        return rows
     for num_splits in SWEEP_SPLITS:
         if num_splits > 1 and c.seq_len < num_splits * 16:
             continue
@@ -293,15 +333,55 @@ def sweep(inputs: Inputs, expected: torch.Tensor) -> list[dict]:
             AttentionTiles(default.block_m, tile_n, 4, stages) for tile_n, stages in SWEEP_SPLIT_TILES
         ]  # fmt: skip
         for tiles in variants:
-
-            def run(tiles: AttentionTiles = tiles, num_splits: int = num_splits) -> torch.Tensor:
-                return paged_attention_with_tiles(*inputs.args(), tiles, k_scale=inputs.k_scale,
-                                                  v_scale=inputs.v_scale, num_splits=num_splits)  # fmt: skip
-
-            error, ok = max_error(run(), expected)
-            rows.append(dict(num_splits=num_splits, tiles=asdict(tiles), us=median_ms(run) * 1e3, max_abs_error=error,
-                             correct=ok))  # fmt: skip
+            rows.append(_timed_variant(inputs, expected, tiles, num_splits=num_splits))
     return rows
+
+
+def mixed_batch(device: str | torch.device, dtype: torch.dtype, num_decodes: int = 64, decode_ctx: int = 1024,
+                chunks: tuple[tuple[int, int], ...] = ((1024, 0), (512, 1536))) -> dict:  # fmt: skip
+    """Decodes and prefill chunks in one launch against the same work as two launches (the decodes,
+    then the chunks), each with its own step plan, as an engine without a unified kernel would."""
+    torch.manual_seed(1)
+    h, kvh, d, bs = 32, 8, 128, 16
+    q_lens = [1] * num_decodes + [q for q, _ in chunks]
+    seq_lens_list = [decode_ctx] * num_decodes + [q + ctx for q, ctx in chunks]
+    blocks = [triton.cdiv(n, bs) for n in seq_lens_list]
+    k_cache = torch.randn(sum(blocks), bs, kvh, d, device=device, dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    perm = torch.randperm(sum(blocks), device=device).to(torch.int32)
+    tables = torch.zeros(len(q_lens), max(blocks), dtype=torch.int32, device=device)
+    start = 0
+    for i, n in enumerate(blocks):
+        tables[i, :n] = perm[start : start + n]
+        start += n
+    q = torch.randn(sum(q_lens), h, d, device=device, dtype=dtype)
+    scale = d**-0.5
+
+    def batch(lo: int, hi: int) -> tuple:
+        lens = torch.tensor(seq_lens_list[lo:hi], dtype=torch.int32, device=device)
+        qsl = torch.tensor([0, *torch.tensor(q_lens[lo:hi]).cumsum(0).tolist()], dtype=torch.int32, device=device)
+        rows = slice(sum(q_lens[:lo]), sum(q_lens[:hi]))
+        meta = (tables[lo:hi], lens, qsl, max(q_lens[lo:hi]), max(seq_lens_list[lo:hi]))
+        return q[rows], meta, plan_attention(*meta, h, kvh, d, bs)
+
+    q_all, meta_all, plan_all = batch(0, len(q_lens))
+    q_dec, meta_dec, plan_dec = batch(0, num_decodes)
+    q_chk, meta_chk, plan_chk = batch(num_decodes, len(q_lens))
+
+    def one() -> torch.Tensor:
+        return paged_attention(q_all, k_cache, v_cache, *meta_all, scale, plan=plan_all)
+
+    def two() -> tuple[torch.Tensor, torch.Tensor]:
+        return (paged_attention(q_dec, k_cache, v_cache, *meta_dec, scale, plan=plan_dec),
+                paged_attention(q_chk, k_cache, v_cache, *meta_chk, scale, plan=plan_chk))  # fmt: skip
+
+    expected = reference.paged_attention(q_all.float(), k_cache.float(), v_cache.float(), *meta_all, scale)
+    error, ok = max_error(one(), expected)
+    error_two, ok_two = max_error(torch.cat(two()), expected)
+    one_us, two_us = median_ms(one) * 1e3, median_ms(two) * 1e3
+    return dict(case=f"mixed_{num_decodes}x{decode_ctx}+chunks{list(chunks)}", one_launch_us=one_us,
+                two_launches_us=two_us, one_vs_two=two_us / one_us, correct=ok and ok_two,
+                max_abs_error=max(error, error_two))  # fmt: skip
 
 
 def environment() -> dict:
@@ -317,8 +397,10 @@ def environment() -> dict:
 
 
 def _table(results: list[dict]) -> str:
-    lines = [f"{'case':<24} {'us':>9} {'rate':>13} {'SDPA us':>9} {'SDPA rate':>13} {'x SDPA':>7} {'splits':>6} ok"
-             "  graph/host us  SDPA graph/host us"]
+    lines = [
+        f"{'case':<24} {'us':>9} {'rate':>13} {'SDPA us':>9} {'SDPA rate':>13} {'x SDPA':>7} {'splits':>6} ok"
+        "  graph/host us  SDPA graph/host us"
+    ]
     for r in results:
         unit, key = ("TB/s", "tb_s") if "tb_s" in r else ("TFLOP/s", "tflop_s")
         lines.append(
@@ -357,13 +439,22 @@ def main() -> None:
             f"{case.name}: {result['us']:.1f} us, x{result['speedup_vs_sdpa']:.2f} vs SDPA, error {error:.2e}",
             flush=True,
         )
-        if args.sweep and case.is_decode:
+        if args.sweep and (not case.is_decode or case.kv_dtype == "fp8" or case.num_seqs < 128):
             rows = report["sweeps"][case.name] = sweep(inputs, expected)
-            best = min((r for r in rows if r["correct"]), key=lambda r: r["us"])
-            print(f"  sweep best: {best['us']:.1f} us with {best['num_splits']} splits, {best['tiles']}", flush=True)
+            best = min((r for r in rows if r.get("correct")), key=lambda r: r["us"])
+            print(f"  sweep best: {best['us']:.1f} us: {best}", flush=True)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1))  # after every case: a timeout keeps what ran
         del inputs, expected
         if platform.is_gpu():
             torch.cuda.empty_cache()
+    if not args.smoke and not args.cases or args.cases and "mixed" in args.cases:
+        mixed = report["mixed"] = mixed_batch(platform.DEVICE, dtype)
+        print(f"{mixed['case']}: one launch {mixed['one_launch_us']:.1f} us, two launches "
+              f"{mixed['two_launches_us']:.1f} us (x{mixed['one_vs_two']:.2f}), correct {mixed['correct']}")  # fmt: skip
+    elif args.smoke:
+        mixed = report["mixed"] = mixed_batch(platform.DEVICE, dtype, 3, 40, ((9, 0), (5, 20)))
+        print(f"{mixed['case']}: correct {mixed['correct']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     print(f"\n{report['gpu']} ({report['gpu_family']}), torch {report['torch']}, triton {report['triton']}")

@@ -95,13 +95,16 @@ def test_split_kv_rejects_prefill_chunks() -> None:
 def test_single_sequence_decode_takes_split_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """One sequence with one KV head is too few programs for a GPU of 8 multiprocessors."""
     monkeypatch.setattr(attention, "_num_multiprocessors", lambda: 8)
-    launched = []
-    launch = attention._launch_split_kv
-    monkeypatch.setattr(attention, "_launch_split_kv", lambda *a: launched.append(a[-1]) or launch(*a))
     batch = make_batch([1], [150], 4, 1, 64, 16, seed=27)
-    out = paged_attention(*batch.args())
-    assert launched and launched[0] > 1
+    plan = attention.plan_attention(*batch.args()[3:8], 4, 1, 64, 16)
+    assert plan.num_splits > 1
+    out = paged_attention(*batch.args(), plan=plan)
     torch.testing.assert_close(out, reference.paged_attention(*batch.args()), **TOL[torch.float32])
+    # the plan serves every layer of the step: a second layer's caches through the same plan
+    layer2 = (torch.randn_like(batch.q), batch.k_cache * 0.5, -batch.v_cache, *batch.args()[3:])
+    out = paged_attention(*layer2, plan=plan)
+    expected = reference.paged_attention(*layer2)
+    torch.testing.assert_close(out, expected, **TOL[torch.float32])
 
 
 @pytest.mark.parametrize(
@@ -165,6 +168,23 @@ def test_fp8_cache_matches_reference(dtype: torch.dtype, num_splits: int) -> Non
     out = _split(batch, num_splits, k_scale=k_scale, v_scale=v_scale)
     expected = reference.paged_attention(*batch.args(), k_scale=k_scale, v_scale=v_scale)
     torch.testing.assert_close(out, expected, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_fp8_cache_float16_dots_match_reference(num_splits: int) -> None:
+    """The float16-dot path GPUs take for a bf16 q (forced here for a float32 q): q rounds to
+    float16 once, so the result is within float16 rounding of the reference."""
+    q_lens = [1] * 4 if num_splits > 1 else [1, 23, 1, 6]
+    batch, k_scale, v_scale = _quantized(make_batch(q_lens, [90, 0, 35, 12], 8, 2, 64, 16, seed=31), FP8_DTYPES[0])
+    group = batch.q.shape[1] // batch.k_cache.shape[2]
+    tiles = choose_tiles(max(q_lens), group, 64, 4, 2, num_splits)
+    out = paged_attention_with_tiles(*batch.args(), tiles, num_splits=num_splits, k_scale=k_scale,
+                                     v_scale=v_scale, fp8_dot_f16=True)  # fmt: skip
+    expected = reference.paged_attention(*batch.args(), k_scale=k_scale, v_scale=v_scale)
+    torch.testing.assert_close(out, expected, **TOL[torch.float16])
+    exact = paged_attention_with_tiles(*batch.args(), tiles, num_splits=num_splits, k_scale=k_scale,
+                                       v_scale=v_scale, fp8_dot_f16=False)  # fmt: skip
+    assert (out - exact).abs().max() > 0  # the float16 path really ran
 
 
 # e4m3 keeps 3 mantissa bits (relative rounding error <= 1/16). Unit-normal K and V with amax

@@ -12,6 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
+from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec
+
+# the backend's default (CUDA 3, ROCm 2), which the launches had before they went through Launcher
+
 
 @triton.jit
 def _silu_and_mul_kernel(
@@ -32,6 +36,9 @@ def _silu_and_mul_kernel(
     up = tl.load(x_ptr + x_offs + d, mask=mask, other=0.0).to(tl.float32)
     out = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(out_ptr + (rows64 * d)[:, None] + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+_SILU_AND_MUL = Launcher(_silu_and_mul_kernel)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -55,7 +62,12 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         block_rows = max(1, 1024 // block_d)
         num_warps = 4
     grid = (triton.cdiv(num_rows, block_rows), triton.cdiv(d, block_d))
-    _silu_and_mul_kernel[grid](
-        x2, out, num_rows, d, x2.stride(0), BLOCK_ROWS=block_rows, BLOCK_D=block_d, num_warps=num_warps
-    )
+    row_stride = x2.stride(0)
+    device_index = x.device.index or 0
+    # out has x's dtype; d and the row stride are fixed by the model: raw values
+    key = (x.dtype, aligned(x2, out), int_spec(num_rows), d, row_stride, block_rows, block_d, num_warps, device_index)
+    _SILU_AND_MUL(
+        key, grid, (x2, out, num_rows, d, row_stride), dict(BLOCK_ROWS=block_rows, BLOCK_D=block_d),
+        num_warps=num_warps, num_stages=DEFAULT_NUM_STAGES, device_index=device_index,
+    )  # fmt: skip
     return out

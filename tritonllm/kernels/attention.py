@@ -38,13 +38,13 @@ from dataclasses import dataclass
 
 import torch
 import triton
-import triton.language as tl
 
 # platform switches on the interpreter on CPU; triton reads that when a kernel is defined, below
 from tritonllm import platform
 from tritonllm.kernels.attention_split import merge_splits_kernel, split_kv_decode_kernel
-from tritonllm.kernels.attention_tile import _attend_tile
+from tritonllm.kernels.attention_unified import unified_attention_kernel
 from tritonllm.kernels.kv_cache_write import check_kv_scales
+from tritonllm.kernels.launch import Launcher, aligned, int_spec
 
 _num_multiprocessors = functools.cache(platform.num_multiprocessors)
 _LOG2_E = 1.4426950408889634
@@ -67,10 +67,12 @@ class AttentionConfig:
     decode_many: AttentionTiles  # pure decode, more programs
     mixed: AttentionTiles  # a batch with query runs of more than 16 rows (prefill chunks)
     split: AttentionTiles  # the split-KV decode kernel
+    decode_fp8: AttentionTiles  # pure decode (unsplit) over an FP8 cache: half the bytes per key
     few_programs_per_sm: int
     split_programs_per_sm: int  # split-KV: split until seqs x KV heads x splits reaches this per SM
     split_min_keys: int  # and keep at least this many keys per split
     max_splits: int
+    fp8_dot_f16: bool = True  # FP8 caches: widen K/V to float16 (one conversion) and run the dots in float16
 
 
 ATTENTION_CONFIGS: dict[str, AttentionConfig] = {
@@ -87,6 +89,8 @@ ATTENTION_CONFIGS: dict[str, AttentionConfig] = {
         decode_many=AttentionTiles(block_m=16, tile_n=64, num_warps=4, num_stages=2),
         mixed=AttentionTiles(block_m=64, tile_n=64, num_warps=4, num_stages=2),
         split=AttentionTiles(block_m=16, tile_n=64, num_warps=4, num_stages=3),
+        # FP8 sweep (128 x 8192, float16 dots): 128-key tiles 715 us, 64-key 962 us
+        decode_fp8=AttentionTiles(block_m=16, tile_n=128, num_warps=4, num_stages=3),
         few_programs_per_sm=4,
         split_programs_per_sm=2,
         split_min_keys=256,
@@ -99,6 +103,7 @@ ATTENTION_CONFIGS: dict[str, AttentionConfig] = {
         decode_many=AttentionTiles(block_m=16, tile_n=64, num_warps=4, num_stages=2),
         mixed=AttentionTiles(block_m=64, tile_n=64, num_warps=4, num_stages=2),
         split=AttentionTiles(block_m=16, tile_n=64, num_warps=4, num_stages=2),
+        decode_fp8=AttentionTiles(block_m=16, tile_n=128, num_warps=4, num_stages=2),
         few_programs_per_sm=4,
         split_programs_per_sm=2,
         split_min_keys=256,
@@ -111,6 +116,7 @@ ATTENTION_CONFIGS: dict[str, AttentionConfig] = {
         decode_many=AttentionTiles(block_m=16, tile_n=64, num_warps=4, num_stages=1),
         mixed=AttentionTiles(block_m=64, tile_n=64, num_warps=4, num_stages=1),
         split=AttentionTiles(block_m=16, tile_n=64, num_warps=4, num_stages=1),
+        decode_fp8=AttentionTiles(block_m=16, tile_n=128, num_warps=4, num_stages=1),
         few_programs_per_sm=4,
         split_programs_per_sm=2,
         split_min_keys=256,
@@ -123,6 +129,7 @@ ATTENTION_CONFIGS: dict[str, AttentionConfig] = {
         decode_many=AttentionTiles(block_m=16, tile_n=16, num_warps=4, num_stages=1),
         mixed=AttentionTiles(block_m=16, tile_n=16, num_warps=4, num_stages=1),
         split=AttentionTiles(block_m=16, tile_n=16, num_warps=4, num_stages=1),
+        decode_fp8=AttentionTiles(block_m=16, tile_n=32, num_warps=4, num_stages=1),
         few_programs_per_sm=4,
         split_programs_per_sm=2,
         split_min_keys=32,
@@ -168,7 +175,13 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
 
 
 def choose_tiles(
-    max_query_len: int, group: int, head_dim: int, num_seqs: int, num_kv_heads: int, num_splits: int = 1
+    max_query_len: int,
+    group: int,
+    head_dim: int,
+    num_seqs: int,
+    num_kv_heads: int,
+    num_splits: int = 1,
+    kv_fp8: bool = False,
 ) -> AttentionTiles:
     """Tiles for a batch whose longest query run is max_query_len rows, GQA group `group`, from this
     GPU family's ATTENTION_CONFIGS entry. Decode-only batches use the smallest M tile tl.dot allows
@@ -176,6 +189,8 @@ def choose_tiles(
     config = attention_config()
     if num_splits > 1:
         base = config.split
+    elif max_query_len * group <= 16 and kv_fp8:
+        base = config.decode_fp8
     elif max_query_len * group <= 16:
         few = num_seqs * num_kv_heads < config.few_programs_per_sm * _num_multiprocessors()
         base = config.decode_few if few else config.decode_many
@@ -191,107 +206,190 @@ def choose_tiles(
     )
 
 
-@triton.jit
-def _find_seq(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
-    """The last sequence i whose first query block, query_start_loc[i] // BLOCK_Q + i, is <= q_block."""
-    lo: tl.int32 = 0
-    hi = num_seqs
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid <= q_block:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo - 1
+class AttentionPlan:
+    """One step's attention set-up, shared by every layer: the metadata checked, the split count,
+    tiles, integer arguments and (split-KV) workspace fixed. Built once per step
+    (AttentionMetadata.attention_plan); `run`, per layer, checks the layer's tensors and launches.
+    Layers run one after another on one stream, so they can share the workspace."""
 
+    def __init__(
+        self,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        max_query_len: int,
+        max_seq_len: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        block_size: int,
+        *,
+        tiles: AttentionTiles | None = None,
+        num_splits: int | None = None,
+        fp8_dot_f16: bool | None = None,
+        kv_dtype: torch.dtype | None = None,
+        reuse_output: bool = False,
+    ) -> None:
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+        if head_dim < 16 or head_dim & (head_dim - 1):
+            raise ValueError(f"head_dim {head_dim} must be a power of two >= 16")
+        if block_size & (block_size - 1):
+            raise ValueError(f"block_size {block_size} must be a power of two")
+        if block_tables.stride(-1) != 1:
+            raise ValueError(
+                f"paged_attention: block_tables must be contiguous in its last dim ({block_tables.stride()})"
+            )
+        group = num_heads // num_kv_heads
+        num_seqs = seq_lens.shape[0]
+        if num_splits is None:
+            num_splits = 1
+            if max_query_len == 1:
+                num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, _num_multiprocessors())
+        if num_splits < 1 or (num_splits > 1 and max_query_len > 1):
+            raise ValueError(
+                f"num_splits {num_splits} with max_query_len {max_query_len}: split-KV serves pure-decode "
+                "batches (max_query_len 1); use num_splits=1 for batches with prefill chunks"
+            )
+        if tiles is None:
+            kv_fp8 = kv_dtype is not None and kv_dtype.itemsize == 1
+            tiles = choose_tiles(max_query_len, group, head_dim, num_seqs, num_kv_heads, num_splits, kv_fp8)
+        if tiles.block_m < group or tiles.block_m & (tiles.block_m - 1) or tiles.tile_n & (tiles.tile_n - 1):
+            raise ValueError(f"{tiles}: block_m, tile_n must be powers of two, block_m >= group {group}")
+        self.block_tables, self.seq_lens, self.query_start_loc = block_tables, seq_lens, query_start_loc
+        self.num_seqs, self.num_heads, self.num_kv_heads = num_seqs, num_heads, num_kv_heads
+        self.head_dim, self.block_size, self.group = head_dim, block_size, group
+        self.tiles, self.num_splits = tiles, num_splits
+        # FP8 caches: the float16 dots replace bf16 ones (a float32 q keeps float32 unless forced)
+        self.fp8_dot_f16 = fp8_dot_f16
+        self._config_dot_f16 = attention_config().fp8_dot_f16
+        self.device_index = seq_lens.device.index or 0
+        # reuse_output: every run returns the same buffer (the engine's layers consume it before the next
+        # layer's attention runs), which saves an allocation per layer
+        self.reuse_output = reuse_output
+        self._out: torch.Tensor | None = None
+        self._step_key = (self.device_index, tiles, num_splits, *int_spec(num_seqs, block_tables.stride(0)))
+        if num_splits > 1:
+            # one float32 workspace: partial outputs, maxima and sums, each 16-byte aligned
+            rows = num_seqs * num_heads * num_splits
+            padded = triton.cdiv(rows, 4) * 4
+            work = torch.empty(padded * (head_dim + 2), dtype=torch.float32, device=seq_lens.device)
+            self.partial_out = work[: rows * head_dim].view(num_seqs, num_heads, num_splits, head_dim)
+            self.partial_max = work[padded * head_dim : padded * head_dim + rows]
+            self.partial_sum = work[padded * (head_dim + 1) : padded * (head_dim + 1) + rows]
 
-@triton.jit(do_not_specialize=["num_seqs", "num_q_blocks"])
-def _paged_attention_kernel(
-    out_ptr,
-    q_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    block_tables_ptr,
-    seq_lens_ptr,
-    query_start_loc_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
-    num_seqs,
-    num_q_blocks,
-    qk_scale,
-    stride_q_token,
-    stride_q_head,
-    stride_o_token,
-    stride_o_head,
-    stride_bt_seq,
-    stride_kc_block,
-    stride_kc_slot,
-    stride_kc_head,
-    stride_vc_block,
-    stride_vc_slot,
-    stride_vc_head,
-    GROUP: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_Q: tl.constexpr,
-    TILE_N: tl.constexpr,
-    KV_SCALED: tl.constexpr,
-):
-    # highest global blocks first: within a prefill they hold the most keys (shorter tail)
-    q_block_global = num_q_blocks - 1 - tl.program_id(0)
-    kv_head = tl.program_id(1)
-    seq = _find_seq(query_start_loc_ptr, q_block_global, num_seqs, BLOCK_Q)
-    q_start = tl.load(query_start_loc_ptr + seq)
-    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
-    q_block = q_block_global - (q_start // BLOCK_Q + seq)
-    if q_block * BLOCK_Q >= q_len:
-        return
-    ctx_len = tl.load(seq_lens_ptr + seq) - q_len
+    def run(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        scale: float,
+        *,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attention of one layer: q [num_tokens, num_heads, head_dim] over its caches
+        [num_blocks, block_size, num_kv_heads, head_dim]; returns [num_tokens, num_heads, head_dim]."""
+        num_tokens = q.shape[0]
+        if q.shape[1:] != (self.num_heads, self.head_dim) or k_cache.shape[1:] != (
+            self.block_size, self.num_kv_heads, self.head_dim
+        ):  # fmt: skip
+            raise ValueError(
+                f"paged_attention: q {tuple(q.shape)} and cache {tuple(k_cache.shape)} do not match the plan's "
+                f"{self.num_heads} heads / {self.num_kv_heads} KV heads of {self.head_dim}, block size {self.block_size}"
+            )
+        if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+            raise ValueError("paged_attention: q, k_cache and v_cache must be contiguous in their last dim")
+        kv_scaled = check_kv_scales(k_cache, v_cache, k_scale, v_scale, "paged_attention")
+        if not kv_scaled:
+            k_scale = v_scale = None
+        out = self._out
+        if out is None or out.shape[0] != num_tokens or out.dtype != q.dtype:
+            out = torch.empty((num_tokens, self.num_heads, self.head_dim), dtype=q.dtype, device=q.device)
+            if self.reuse_output:
+                self._out = out
+        if num_tokens == 0 or self.num_seqs == 0:
+            return out
+        dot_f16 = self.fp8_dot_f16
+        if dot_f16 is None:
+            dot_f16 = self._config_dot_f16 and q.dtype == torch.bfloat16
+        flags = (kv_scaled, kv_scaled and dot_f16)
+        strides = (*q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3])
+        layer_key = (q.dtype, k_cache.dtype, flags, strides, aligned(q, k_cache, v_cache, k_scale, v_scale))
+        run = self._run_split if self.num_splits > 1 else self._run_unified
+        run(out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key)
+        return out
 
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, TILE_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    token_in_seq = q_block * BLOCK_Q + offs_m // GROUP
-    head = kv_head * GROUP + offs_m % GROUP
-    # rows past BLOCK_Q * GROUP exist only when GROUP does not divide BLOCK_M
-    row_ok = (offs_m < BLOCK_Q * GROUP) & (token_in_seq < q_len)
-    q_pos = ctx_len + token_in_seq
-    token = (q_start + token_in_seq).to(tl.int64)
-    q_offs = token[:, None] * stride_q_token + head[:, None] * stride_q_head + offs_d[None, :]
-    q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0)
-    if KV_SCALED:
-        qk_scale = qk_scale * tl.load(k_scale_ptr)
-
-    block_table_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
-    k_head_ptr = k_cache_ptr + kv_head * stride_kc_head
-    v_head_ptr = v_cache_ptr + kv_head * stride_vc_head
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-
-    first_pos = ctx_len + q_block * BLOCK_Q
-    last_pos = ctx_len + tl.minimum(q_block * BLOCK_Q + BLOCK_Q, q_len) - 1
-    num_full_tiles = (first_pos + 1) // TILE_N  # every key <= first_pos: visible to every row
-    num_tiles = tl.cdiv(last_pos + 1, TILE_N)
-    for tile in range(0, num_full_tiles):
-        acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, q, q_pos, tile * TILE_N, last_pos, qk_scale, block_table_row_ptr,
-            k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
-            offs_n, offs_d, BLOCK_SIZE, False,
+    def _run_unified(self, out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key) -> None:
+        tiles = self.tiles
+        block_q = tiles.block_m // self.group
+        num_q_blocks = q.shape[0] // block_q + self.num_seqs
+        args = (
+            out, q, k_cache, v_cache, self.block_tables, self.seq_lens, self.query_start_loc, k_scale, v_scale,
+            self.num_seqs, num_q_blocks, scale * _LOG2_E, strides[0], strides[1], out.stride(0), out.stride(1),
+            self.block_tables.stride(0), *strides[2:],
         )  # fmt: skip
-    for tile in range(num_full_tiles, num_tiles):
-        acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, q, q_pos, tile * TILE_N, last_pos, qk_scale, block_table_row_ptr,
-            k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
-            offs_n, offs_d, BLOCK_SIZE, True,
+        constexprs = dict(
+            GROUP=self.group, BLOCK_SIZE=self.block_size, HEAD_DIM=self.head_dim, BLOCK_M=tiles.block_m,
+            BLOCK_Q=block_q, TILE_N=tiles.tile_n, KV_SCALED=flags[0], FP8_DOT_F16=flags[1],
+        )  # fmt: skip
+        _UNIFIED(
+            (self._step_key, layer_key, *int_spec(num_q_blocks)), (num_q_blocks, self.num_kv_heads), args, constexprs,
+            num_warps=tiles.num_warps, num_stages=tiles.num_stages, device_index=self.device_index,
         )  # fmt: skip
 
-    acc = acc / l_i[:, None]
-    if KV_SCALED:
-        acc = acc * tl.load(v_scale_ptr)
-    o_offs = token[:, None] * stride_o_token + head[:, None] * stride_o_head + offs_d[None, :]
-    tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    def _run_split(self, out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key) -> None:
+        """Split-KV decode (attention_split.py): partial results per segment, then their merge into out."""
+        tiles, num_splits = self.tiles, self.num_splits
+        args = (
+            self.partial_out, self.partial_max, self.partial_sum, q, k_cache, v_cache, self.block_tables,
+            self.seq_lens, self.query_start_loc, k_scale, num_splits, scale * _LOG2_E, strides[0], strides[1],
+            self.block_tables.stride(0), *strides[2:],
+        )  # fmt: skip
+        constexprs = dict(
+            GROUP=self.group, BLOCK_SIZE=self.block_size, HEAD_DIM=self.head_dim, BLOCK_M=tiles.block_m,
+            TILE_N=tiles.tile_n, KV_SCALED=flags[0], FP8_DOT_F16=flags[1],
+        )  # fmt: skip
+        key = (self._step_key, layer_key)
+        _SPLIT(
+            key, (self.num_seqs, self.num_kv_heads, num_splits), args, constexprs, num_warps=tiles.num_warps,
+            num_stages=tiles.num_stages, device_index=self.device_index,
+        )  # fmt: skip
+        merge_args = (
+            out, self.partial_out, self.partial_max, self.partial_sum, self.seq_lens, self.query_start_loc, v_scale,
+            num_splits, out.stride(0), out.stride(1),
+        )  # fmt: skip
+        merge_constexprs = dict(
+            HEAD_DIM=self.head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits), TILE_N=tiles.tile_n,
+            KV_SCALED=flags[0],
+        )  # fmt: skip
+        _MERGE(key, (self.num_seqs, self.num_heads), merge_args, merge_constexprs, num_warps=4, num_stages=1,
+               device_index=self.device_index)  # fmt: skip
+
+
+_UNIFIED = Launcher(unified_attention_kernel)
+_SPLIT = Launcher(split_kv_decode_kernel)
+_MERGE = Launcher(merge_splits_kernel)
+
+
+def plan_attention(
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    max_seq_len: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    kv_dtype: torch.dtype | None = None,
+) -> AttentionPlan:
+    """A step's attention set-up for every layer of that shape (see AttentionPlan). Its runs return
+    one shared output buffer: each layer consumes its attention output before the next layer runs."""
+    return AttentionPlan(
+        block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, num_heads, num_kv_heads, head_dim,
+        block_size, kv_dtype=kv_dtype, reuse_output=True,
+    )  # fmt: skip
 
 
 def paged_attention(
@@ -307,6 +405,7 @@ def paged_attention(
     *,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    plan: AttentionPlan | None = None,
 ) -> torch.Tensor:
     """Causal attention of a flat ragged batch over the paged KV cache.
 
@@ -316,18 +415,13 @@ def paged_attention(
     ctx_len + j and attends to cache positions 0..ctx_len + j. Query head h reads KV head
     h // (num_heads // num_kv_heads). FP8 caches hold K / k_scale and V / v_scale (see
     write_kv_cache): their values are multiplied by the scales; other caches ignore them.
+    `plan`, built once per step from the same metadata, skips the per-call set-up.
     Returns [num_tokens, num_heads, head_dim] in q's dtype.
     """
-    num_seqs, num_kv_heads = seq_lens.shape[0], k_cache.shape[2]
-    num_splits = 1
-    if max_query_len == 1:
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, _num_multiprocessors())
-    group = q.shape[1] // num_kv_heads
-    tiles = choose_tiles(max_query_len, group, q.shape[2], num_seqs, num_kv_heads, num_splits)
-    return paged_attention_with_tiles(
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, scale, tiles,
-        k_scale=k_scale, v_scale=v_scale, num_splits=num_splits,
-    )  # fmt: skip
+    if plan is None:
+        plan = AttentionPlan(block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, q.shape[1],
+                             k_cache.shape[2], q.shape[2], k_cache.shape[1], kv_dtype=k_cache.dtype)  # fmt: skip
+    return plan.run(q, k_cache, v_cache, scale, k_scale=k_scale, v_scale=v_scale)
 
 
 def paged_attention_with_tiles(
@@ -345,146 +439,13 @@ def paged_attention_with_tiles(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     num_splits: int = 1,
+    fp8_dot_f16: bool | None = None,
 ) -> torch.Tensor:
     """`paged_attention` with explicit tiles and split count (tests and sweeps); same contract
     otherwise. num_splits > 1 takes the split-KV path, which serves pure-decode batches only
     (max_query_len <= 1); tiles.block_m then counts the query heads of one KV head."""
-    num_tokens, num_heads, head_dim = q.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    num_seqs = seq_lens.shape[0]
-    if num_heads % num_kv_heads:
-        raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
-    group = num_heads // num_kv_heads
-    if head_dim < 16 or head_dim & (head_dim - 1) or k_cache.shape[3] != head_dim:
-        raise ValueError(f"head_dim {head_dim} (cache {k_cache.shape[3]}) must be a power of two >= 16")
-    if block_size & (block_size - 1):
-        raise ValueError(f"block_size {block_size} must be a power of two")
-    if tiles.block_m < group or tiles.block_m & (tiles.block_m - 1) or tiles.tile_n & (tiles.tile_n - 1):
-        raise ValueError(f"{tiles}: block_m, tile_n must be powers of two, block_m >= group {group}")
-    if num_splits < 1 or (num_splits > 1 and max_query_len > 1):
-        raise ValueError(
-            f"num_splits {num_splits} with max_query_len {max_query_len}: split-KV serves pure-decode "
-            "batches (max_query_len 1); use num_splits=1 for batches with prefill chunks"
-        )
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"paged_attention: {name} must be contiguous in its last dim (stride {t.stride()})")
-    kv_scaled = check_kv_scales(k_cache, v_cache, k_scale, v_scale, "paged_attention")
-    if not kv_scaled:
-        k_scale = v_scale = None
-    out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
-    if num_tokens == 0 or num_seqs == 0:
-        return out
-    if num_splits > 1:
-        _launch_split_kv(out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, tiles,
-                         k_scale, v_scale, num_splits)  # fmt: skip
-        return out
-
-    block_q = tiles.block_m // group
-    num_q_blocks = num_tokens // block_q + num_seqs
-    _paged_attention_kernel[(num_q_blocks, num_kv_heads)](
-        out,
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        query_start_loc,
-        k_scale,
-        v_scale,
-        num_seqs,
-        num_q_blocks,
-        scale * _LOG2_E,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        block_tables.stride(0),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        GROUP=group,
-        BLOCK_SIZE=block_size,
-        HEAD_DIM=head_dim,
-        BLOCK_M=tiles.block_m,
-        BLOCK_Q=block_q,
-        TILE_N=tiles.tile_n,
-        KV_SCALED=kv_scaled,
-        num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages,
-    )
-    return out
-
-
-def _launch_split_kv(
-    out: torch.Tensor,
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    scale: float,
-    tiles: AttentionTiles,
-    k_scale: torch.Tensor | None,
-    v_scale: torch.Tensor | None,
-    num_splits: int,
-) -> None:
-    """Split-KV decode (attention_split.py): partial results per segment, then their merge into out."""
-    num_heads, head_dim = q.shape[1], q.shape[2]
-    num_seqs, num_kv_heads = seq_lens.shape[0], k_cache.shape[2]
-    kv_scaled = k_scale is not None
-    partial_out = torch.empty((num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
-    partial_max = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)
-    partial_sum = torch.empty_like(partial_max)
-    split_kv_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        partial_out,
-        partial_max,
-        partial_sum,
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        query_start_loc,
-        k_scale,
-        num_splits,
-        scale * _LOG2_E,
-        q.stride(0),
-        q.stride(1),
-        block_tables.stride(0),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        GROUP=num_heads // num_kv_heads,
-        BLOCK_SIZE=k_cache.shape[1],
-        HEAD_DIM=head_dim,
-        BLOCK_M=tiles.block_m,
-        TILE_N=tiles.tile_n,
-        KV_SCALED=kv_scaled,
-        num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages,
-    )
-    merge_splits_kernel[(num_seqs, num_heads)](
-        out,
-        partial_out,
-        partial_max,
-        partial_sum,
-        seq_lens,
-        query_start_loc,
-        v_scale,
-        num_splits,
-        out.stride(0),
-        out.stride(1),
-        HEAD_DIM=head_dim,
-        SPLITS_PAD=triton.next_power_of_2(num_splits),
-        TILE_N=tiles.tile_n,
-        KV_SCALED=kv_scaled,
-        num_warps=4,
-    )
+    plan = AttentionPlan(
+        block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, q.shape[1], k_cache.shape[2],
+        q.shape[2], k_cache.shape[1], tiles=tiles, num_splits=num_splits, fp8_dot_f16=fp8_dot_f16,
+    )  # fmt: skip
+    return plan.run(q, k_cache, v_cache, scale, k_scale=k_scale, v_scale=v_scale)

@@ -72,6 +72,7 @@ def split_kv_decode_kernel(
     BLOCK_M: tl.constexpr,
     TILE_N: tl.constexpr,
     KV_SCALED: tl.constexpr,
+    FP8_DOT_F16: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -94,6 +95,8 @@ def split_kv_decode_kernel(
     q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0)
     if KV_SCALED:
         qk_scale = qk_scale * tl.load(k_scale_ptr)
+        if FP8_DOT_F16:  # FP8 K/V widen to float16 in one conversion; the dots then run in float16
+            q = q.to(tl.float16)
 
     block_table_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
     k_head_ptr = k_cache_ptr + kv_head * stride_kc_head

@@ -65,6 +65,3 @@ def _attend_tile(
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision="ieee")
     return acc, m_new, l_i
-
-
-# specialising num_seqs == 1 would make the binary search's bound a constant of another type

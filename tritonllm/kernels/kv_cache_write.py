@@ -21,9 +21,12 @@ import triton.language as tl
 
 # platform switches on the interpreter on CPU; triton reads that when a kernel is defined, below
 from tritonllm import platform
+from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec
 
 # FP8 cache flavours: e4m3fn (NVIDIA, AMD CDNA4) and e4m3fnuz (AMD CDNA3, see platform.fp8_e4m3_dtype)
 FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+
+# the backend's default (CUDA 3, ROCm 2), which the launch had before it went through Launcher
 
 
 def check_kv_scales(
@@ -139,6 +142,9 @@ def _write_kv_cache_kernel(
     tl.store(v_cache_ptr + v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
+_WRITE_KV_CACHE = Launcher(_write_kv_cache_kernel)
+
+
 def write_kv_cache(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -165,25 +171,12 @@ def write_kv_cache(
     # GPU: ~4 tokens x 8 heads x 128 dims per program; interpreter: few, fat programs
     tokens_per_program = 4 if platform.is_gpu() else 16
     grid = (triton.cdiv(num_tokens, tokens_per_program),)
-    _write_kv_cache_kernel[grid](
-        k,
-        v,
-        k_cache,
-        v_cache,
-        slot_mapping,
-        k_scale if quantize else None,
-        v_scale if quantize else None,
-        num_tokens,
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
+    # the scales are passed (and float32, checked above) exactly when QUANTIZE_FP8, so the constexprs
+    # in the key also say which pointers are None
+    k_scale_arg, v_scale_arg = (k_scale, v_scale) if quantize else (None, None)
+    strides = (*k.stride()[:2], *v.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3])
+    args = (k, v, k_cache, v_cache, slot_mapping, k_scale_arg, v_scale_arg, num_tokens, *strides)
+    constexprs = dict(
         BLOCK_SIZE=k_cache.shape[1],
         HEAD_DIM=head_dim,
         HEADS_X_DIM=heads_x_dim,
@@ -193,5 +186,14 @@ def write_kv_cache(
         FP8_MAX=fp8_max,
         MANTISSA_BITS=mantissa_bits,
         MIN_NORMAL_EXP=min_normal_exp,
-        num_warps=4,
     )
+    device_index = k_cache.device.index or 0
+    # the strides are fixed by the model and the cache: raw values; num_tokens changes with the batch
+    key = (
+        k.dtype, v.dtype, k_cache.dtype, v_cache.dtype, slot_mapping.dtype,
+        aligned(k, v, k_cache, v_cache, slot_mapping, k_scale_arg, v_scale_arg), int_spec(num_tokens), strides,
+        tuple(constexprs.values()), device_index,
+    )  # fmt: skip
+    _WRITE_KV_CACHE(
+        key, grid, args, constexprs, num_warps=4, num_stages=DEFAULT_NUM_STAGES, device_index=device_index
+    )  # fmt: skip

@@ -20,6 +20,7 @@ _TRITON_MODULES: dict[str, str] = {
     "silu_and_mul": "activation",
     "write_kv_cache": "kv_cache_write",
     "paged_attention": "attention",
+    "plan_attention": "attention",
     "log_softmax": "sampling",
     "sample": "sampling",
 }

@@ -114,8 +114,10 @@ def paged_attention(
     *,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    plan: object = None,
 ) -> torch.Tensor:
-    """Causal attention of a flat ragged batch over the paged KV cache.
+    """Causal attention of a flat ragged batch over the paged KV cache (`plan` is the Triton
+    backend's per-step set-up; the reference needs none and ignores it).
 
     q [num_tokens, num_heads, head_dim]; caches [num_blocks, block_size, num_kv_heads, head_dim];
     block_tables [num_seqs, max_blocks] int32; seq_lens [num_seqs] (ctx_len + q_len);
@@ -153,6 +155,11 @@ def paged_attention(
 
 
 # ---- sampling ------------------------------------------------------------------------------
+
+
+def plan_attention(*args: object, **kwargs: object) -> None:
+    """The reference keeps no per-step attention set-up (see attention.plan_attention)."""
+    return None
 
 
 def log_softmax(logits: torch.Tensor) -> torch.Tensor:

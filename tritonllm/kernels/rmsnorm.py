@@ -14,6 +14,10 @@ import torch
 import triton
 import triton.language as tl
 
+from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec
+
+# the backend's default (CUDA 3, ROCm 2), which the launches had before they went through Launcher
+
 
 @triton.jit
 def _rms_norm_kernel(
@@ -55,6 +59,9 @@ def _rms_norm_kernel(
     w = tl.load(weight_ptr + cols, mask=cols < hidden, other=0.0).to(tl.float32)
     out = xf * rstd[:, None] * w[None, :]
     tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+_RMS_NORM = Launcher(_rms_norm_kernel)
 
 
 def _as_rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
@@ -104,25 +111,24 @@ def _launch(
     else:
         res_rows, res_outer, res_inner = x_rows, 0, 0
     block_rows, block_h, num_warps = _launch_config(num_rows, hidden)
-    _rms_norm_kernel[(triton.cdiv(num_rows, block_rows),)](
-        x_rows,
-        res_rows,
-        weight,
-        out,
-        residual_out if residual_out is not None else out,
-        num_rows,
-        hidden,
-        inner_rows,
-        x_outer,
-        x_inner,
-        res_outer,
-        res_inner,
-        eps,
-        HAS_RESIDUAL=residual is not None,
-        BLOCK_ROWS=block_rows,
-        BLOCK_H=block_h,
-        num_warps=num_warps,
-    )
+    res_out = residual_out if residual_out is not None else out
+    # eps as a float: an int would compile as an integer argument, which the key does not cover
+    args = (
+        x_rows, res_rows, weight, out, res_out, num_rows, hidden, inner_rows, x_outer, x_inner, res_outer, res_inner,
+        float(eps),
+    )  # fmt: skip
+    constexprs = dict(HAS_RESIDUAL=residual is not None, BLOCK_ROWS=block_rows, BLOCK_H=block_h)
+    device_index = x.device.index or 0
+    # out and residual_out have x's dtype; all but num_rows are fixed by the model: raw values
+    key = (
+        x.dtype, res_rows.dtype, weight.dtype, aligned(x_rows, res_rows, weight, out, res_out), int_spec(num_rows),
+        hidden, inner_rows, x_outer, x_inner, res_outer, res_inner, tuple(constexprs.values()), num_warps,
+        device_index,
+    )  # fmt: skip
+    _RMS_NORM(
+        key, (triton.cdiv(num_rows, block_rows),), args, constexprs, num_warps=num_warps, num_stages=DEFAULT_NUM_STAGES,
+        device_index=device_index,
+    )  # fmt: skip
     return out, residual_out
 
 

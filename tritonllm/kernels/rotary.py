@@ -15,6 +15,10 @@ import torch
 import triton
 import triton.language as tl
 
+from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec
+
+# the backend's default (CUDA 3, ROCm 2), which the launches had before they went through Launcher
+
 
 @triton.jit
 def _rotate_heads(
@@ -111,6 +115,9 @@ def _rotary_kernel(
         )  # fmt: skip
 
 
+_ROTARY = Launcher(_rotary_kernel)
+
+
 def _as_token_rows(x: torch.Tensor, num_tokens: int) -> torch.Tensor:
     """[num_tokens, ...] -> [num_tokens, heads * head_dim] with contiguous dims (a view if possible)."""
     x2 = x.reshape(num_tokens, -1)
@@ -151,24 +158,20 @@ def rotary_embedding(
         block_t = 1
         block_heads = min(triton.next_power_of_2(max(num_q_heads, num_kv_heads)), max(1, 4096 // block_d))
         num_warps = 4
-    _rotary_kernel[(triton.cdiv(num_tokens, block_t), 2)](
-        positions,
-        q2,
-        k2,
-        q_out,
-        k_out,
-        cache,
-        num_tokens,
-        num_q_heads,
-        num_kv_heads,
-        q2.stride(0),
-        k2.stride(0),
-        HEAD_DIM=head_dim,
-        ROT_DIM=rot_dim,
-        IS_NEOX=is_neox,
-        BLOCK_T=block_t,
-        BLOCK_HEADS=block_heads,
-        BLOCK_D=block_d,
-        num_warps=num_warps,
+    q_row_stride, k_row_stride = q2.stride(0), k2.stride(0)
+    args = (positions, q2, k2, q_out, k_out, cache, num_tokens, num_q_heads, num_kv_heads, q_row_stride, k_row_stride)
+    constexprs = dict(
+        HEAD_DIM=head_dim, ROT_DIM=rot_dim, IS_NEOX=is_neox, BLOCK_T=block_t, BLOCK_HEADS=block_heads, BLOCK_D=block_d
     )
+    device_index = q.device.index or 0
+    # q_out and k_out have q's and k's dtypes; all but num_tokens are fixed by the model: raw values
+    key = (
+        positions.dtype, q.dtype, k.dtype, cache.dtype, aligned(positions, q2, k2, q_out, k_out, cache),
+        int_spec(num_tokens), num_q_heads, num_kv_heads, q_row_stride, k_row_stride, tuple(constexprs.values()),
+        num_warps, device_index,
+    )  # fmt: skip
+    _ROTARY(
+        key, (triton.cdiv(num_tokens, block_t), 2), args, constexprs, num_warps=num_warps, num_stages=DEFAULT_NUM_STAGES,
+        device_index=device_index,
+    )  # fmt: skip
     return q_out, k_out

@@ -24,15 +24,20 @@ batch the row is in.
 
 from __future__ import annotations
 
+import functools
+
 from tritonllm import platform  # isort: skip  (on CPU it switches on the interpreter before triton loads)
 
 import torch
 import triton
 import triton.language as tl
 
+from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec
+
 # keys tried per pass of a threshold search: a pass is bound by memory latency, so comparing with
 # 4 keys costs little more than with 1 and each pass keeps 1/5 of the range instead of 1/2
 _NUM_PIVOTS = 4
+# the backend's default (CUDA 3, ROCm 2), which the launches had before they went through Launcher
 
 
 @triton.jit
@@ -354,6 +359,11 @@ def _log_softmax_kernel(
         tl.store(out_ptr + out_offs + cols[None, :], x - log_norm[:, None], mask=valid)
 
 
+_SAMPLING_MASK = Launcher(_sampling_mask_kernel)
+_SAMPLE = Launcher(_sample_kernel)
+_LOG_SOFTMAX = Launcher(_log_softmax_kernel)
+
+
 def _launch_config(num_rows: int, vocab: int) -> tuple[int, int, int]:
     """(BLOCK_ROWS, BLOCK_V, num_warps). GPU: one row per program, and long chunks with many warps,
     since a row's passes are bound by memory latency (measured on an H200 at vocab 151936).
@@ -365,16 +375,18 @@ def _launch_config(num_rows: int, vocab: int) -> tuple[int, int, int]:
     return 1, block_v, max(1, min(16, block_v // 512))
 
 
-def _search_config(logits: torch.Tensor) -> dict[str, int]:
-    """KEY_BITS: width of the logits' dtype; SEARCH_STEPS: narrowing steps that pin a threshold
-    among 2^KEY_BITS + 1 keys exactly, each step keeping one of _NUM_PIVOTS + 1 parts."""
-    if logits.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise ValueError(f"logits must be float32, float16 or bfloat16, got {logits.dtype}")
-    key_bits = 8 * logits.element_size()
+@functools.cache
+def _search_config(dtype: torch.dtype) -> tuple[int, int]:
+    """(KEY_BITS, SEARCH_STEPS) for logits of dtype. KEY_BITS: width of the dtype; SEARCH_STEPS:
+    narrowing steps that pin a threshold among 2^KEY_BITS + 1 keys exactly, each step keeping one of
+    _NUM_PIVOTS + 1 parts."""
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"logits must be float32, float16 or bfloat16, got {dtype}")
+    key_bits = 8 * dtype.itemsize
     span, steps, parts = 2**key_bits + 1, 0, _NUM_PIVOTS + 1
     while span > 1:
         span, steps = -(-span // parts), steps + 1
-    return {"KEY_BITS": key_bits, "SEARCH_STEPS": steps}
+    return key_bits, steps
 
 
 def _rows(logits: torch.Tensor) -> torch.Tensor:
@@ -391,9 +403,17 @@ def log_softmax(logits: torch.Tensor) -> torch.Tensor:
     if out.numel() == 0:
         return out
     block_rows, block_v, num_warps = _launch_config(num_rows, vocab)
-    _log_softmax_kernel[(triton.cdiv(num_rows, block_rows),)](
-        logits, out, num_rows, vocab, logits.stride(0), BLOCK_ROWS=block_rows, BLOCK_V=block_v,
-        num_warps=num_warps,
+    row_stride = logits.stride(0)
+    device_index = logits.device.index or 0
+    # out is float32; vocab and the row stride are fixed by the model: raw values
+    key = (
+        logits.dtype, aligned(logits, out), int_spec(num_rows), vocab, row_stride, block_rows, block_v, num_warps,
+        device_index,
+    )  # fmt: skip
+    _LOG_SOFTMAX(
+        key, (triton.cdiv(num_rows, block_rows),), (logits, out, num_rows, vocab, row_stride),
+        dict(BLOCK_ROWS=block_rows, BLOCK_V=block_v), num_warps=num_warps, num_stages=DEFAULT_NUM_STAGES,
+        device_index=device_index,
     )  # fmt: skip
     return out
 
@@ -413,9 +433,20 @@ def sampling_mask(
     if mask.numel() == 0:
         return mask
     block_rows, block_v, num_warps = _launch_config(num_rows, vocab)
-    _sampling_mask_kernel[(triton.cdiv(num_rows, block_rows),)](
-        logits, mask, temperature, top_k, top_p, min_p, num_rows, vocab, logits.stride(0),
-        **_search_config(logits), BLOCK_ROWS=block_rows, BLOCK_V=block_v, num_warps=num_warps,
+    key_bits, search_steps = _search_config(logits.dtype)
+    row_stride = logits.stride(0)
+    args = (logits, mask, temperature, top_k, top_p, min_p, num_rows, vocab, row_stride)
+    constexprs = dict(KEY_BITS=key_bits, SEARCH_STEPS=search_steps, BLOCK_ROWS=block_rows, BLOCK_V=block_v)
+    device_index = logits.device.index or 0
+    # mask is bool; vocab and the row stride are fixed by the model: raw values
+    key = (
+        logits.dtype, temperature.dtype, top_k.dtype, top_p.dtype, min_p.dtype,
+        aligned(logits, mask, temperature, top_k, top_p, min_p), int_spec(num_rows), vocab, row_stride,
+        tuple(constexprs.values()), num_warps, device_index,
+    )  # fmt: skip
+    _SAMPLING_MASK(
+        key, (triton.cdiv(num_rows, block_rows),), args, constexprs, num_warps=num_warps, num_stages=DEFAULT_NUM_STAGES,
+        device_index=device_index,
     )  # fmt: skip
     return mask
 
@@ -437,8 +468,19 @@ def sample(
     if num_rows == 0:
         return out
     block_rows, block_v, num_warps = _launch_config(num_rows, vocab)
-    _sample_kernel[(triton.cdiv(num_rows, block_rows),)](
-        logits, out, temperature, top_k, top_p, min_p, seeds, num_rows, vocab, logits.stride(0),
-        **_search_config(logits), BLOCK_ROWS=block_rows, BLOCK_V=block_v, num_warps=num_warps,
+    key_bits, search_steps = _search_config(logits.dtype)
+    row_stride = logits.stride(0)
+    args = (logits, out, temperature, top_k, top_p, min_p, seeds, num_rows, vocab, row_stride)
+    constexprs = dict(KEY_BITS=key_bits, SEARCH_STEPS=search_steps, BLOCK_ROWS=block_rows, BLOCK_V=block_v)
+    device_index = logits.device.index or 0
+    # out is int64; vocab and the row stride are fixed by the model: raw values
+    key = (
+        logits.dtype, temperature.dtype, top_k.dtype, top_p.dtype, min_p.dtype, seeds.dtype,
+        aligned(logits, out, temperature, top_k, top_p, min_p, seeds), int_spec(num_rows), vocab, row_stride,
+        tuple(constexprs.values()), num_warps, device_index,
+    )  # fmt: skip
+    _SAMPLE(
+        key, (triton.cdiv(num_rows, block_rows),), args, constexprs, num_warps=num_warps, num_stages=DEFAULT_NUM_STAGES,
+        device_index=device_index,
     )  # fmt: skip
     return out

@@ -6,7 +6,7 @@ reads the same tensors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -25,6 +25,19 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32: cumulative q_len
     max_query_len: int
     max_seq_len: int
+    # kernel set-up of this step per (num_heads, num_kv_heads, head_dim, block_size), built by the
+    # first layer of that shape and reused by the others
+    _plans: dict = field(default_factory=dict, repr=False)
+
+    def attention_plan(
+        self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, kv_dtype: torch.dtype
+    ) -> object:
+        key = (num_heads, num_kv_heads, head_dim, block_size, kv_dtype)
+        if key not in self._plans:
+            self._plans[key] = ops.plan_attention(
+                self.block_tables, self.seq_lens, self.query_start_loc, self.max_query_len, self.max_seq_len, *key
+            )
+        return self._plans[key]
 
 
 class Attention(nn.Module):
@@ -69,5 +82,6 @@ class Attention(nn.Module):
             self.scale,
             k_scale=self.k_scale,
             v_scale=self.v_scale,
+            plan=meta.attention_plan(self.num_heads, self.num_kv_heads, self.head_dim, k_cache.shape[1], k_cache.dtype),
         )
         return out.view(num_tokens, self.num_heads * self.head_dim)

@@ -1,0 +1,117 @@
+"""The unified paged-attention kernel: prefill chunks and decodes of a flat ragged batch in one
+launch. The contract, layouts and work split are described in attention.py (the launcher).
+"""
+
+import triton
+import triton.language as tl
+
+# platform switches on the interpreter on CPU; triton reads that when a kernel is defined, below
+from tritonllm import platform  # noqa: F401
+from tritonllm.kernels.attention_tile import _attend_tile
+
+
+@triton.jit
+def _find_seq(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
+    """The last sequence i whose first query block, query_start_loc[i] // BLOCK_Q + i, is <= q_block."""
+    lo: tl.int32 = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid <= q_block:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+# specialising num_seqs == 1 would make the binary search's bound a constant of another type
+@triton.jit(do_not_specialize=["num_seqs", "num_q_blocks"])
+def unified_attention_kernel(
+    out_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    num_seqs,
+    num_q_blocks,
+    qk_scale,
+    stride_q_token,
+    stride_q_head,
+    stride_o_token,
+    stride_o_head,
+    stride_bt_seq,
+    stride_kc_block,
+    stride_kc_slot,
+    stride_kc_head,
+    stride_vc_block,
+    stride_vc_slot,
+    stride_vc_head,
+    GROUP: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    TILE_N: tl.constexpr,
+    KV_SCALED: tl.constexpr,
+    FP8_DOT_F16: tl.constexpr,
+):
+    # highest global blocks first: within a prefill they hold the most keys (shorter tail)
+    q_block_global = num_q_blocks - 1 - tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = _find_seq(query_start_loc_ptr, q_block_global, num_seqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    q_block = q_block_global - (q_start // BLOCK_Q + seq)
+    if q_block * BLOCK_Q >= q_len:
+        return
+    ctx_len = tl.load(seq_lens_ptr + seq) - q_len
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, TILE_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    token_in_seq = q_block * BLOCK_Q + offs_m // GROUP
+    head = kv_head * GROUP + offs_m % GROUP
+    # rows past BLOCK_Q * GROUP exist only when GROUP does not divide BLOCK_M
+    row_ok = (offs_m < BLOCK_Q * GROUP) & (token_in_seq < q_len)
+    q_pos = ctx_len + token_in_seq
+    token = (q_start + token_in_seq).to(tl.int64)
+    q_offs = token[:, None] * stride_q_token + head[:, None] * stride_q_head + offs_d[None, :]
+    q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0)
+    if KV_SCALED:
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
+        if FP8_DOT_F16:  # FP8 K/V widen to float16 in one conversion; the dots then run in float16
+            q = q.to(tl.float16)
+
+    block_table_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
+    k_head_ptr = k_cache_ptr + kv_head * stride_kc_head
+    v_head_ptr = v_cache_ptr + kv_head * stride_vc_head
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    first_pos = ctx_len + q_block * BLOCK_Q
+    last_pos = ctx_len + tl.minimum(q_block * BLOCK_Q + BLOCK_Q, q_len) - 1
+    num_full_tiles = (first_pos + 1) // TILE_N  # every key <= first_pos: visible to every row
+    num_tiles = tl.cdiv(last_pos + 1, TILE_N)
+    for tile in range(0, num_full_tiles):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, q_pos, tile * TILE_N, last_pos, qk_scale, block_table_row_ptr,
+            k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
+            offs_n, offs_d, BLOCK_SIZE, False,
+        )  # fmt: skip
+    for tile in range(num_full_tiles, num_tiles):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, q_pos, tile * TILE_N, last_pos, qk_scale, block_table_row_ptr,
+            k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
+            offs_n, offs_d, BLOCK_SIZE, True,
+        )  # fmt: skip
+
+    acc = acc / l_i[:, None]
+    if KV_SCALED:
+        acc = acc * tl.load(v_scale_ptr)
+    o_offs = token[:, None] * stride_o_token + head[:, None] * stride_o_head + offs_d[None, :]
+    tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
