@@ -295,8 +295,9 @@ SWEEP_QUERY_TILES = [
     for st in (2, 3, 4)
     if not (m == 128 and w == 4 and n == 128)  # noqa: E131 - too many registers
 ]
-# (tile_n, num_stages, num_warps); float16 dots (bf16 dots were 30% slower on the first sweep)
-SWEEP_FP8_TILES = ((128, 3, 4), (128, 4, 4), (128, 3, 8), (128, 4, 8), (256, 2, 4), (256, 2, 8), (256, 3, 8))
+# (tile_n, num_stages, num_warps); float16 dots (bf16 dots were 30% slower on the first sweep), with
+# the query-key dot in float16 or in FP8 (fp8_qk). 8 warps and 256-key tiles were 60% slower.
+SWEEP_FP8_TILES = ((64, 3, 4), (64, 4, 4), (128, 3, 4), (128, 4, 4), (64, 4, 2), (128, 3, 2))
 
 
 def _timed_variant(inputs: Inputs, expected: torch.Tensor, tiles: AttentionTiles, **kw) -> dict:
@@ -305,6 +306,8 @@ def _timed_variant(inputs: Inputs, expected: torch.Tensor, tiles: AttentionTiles
 
     try:
         error, ok = max_error(run(), expected)
+        if kw.get("fp8_qk"):  # q itself is rounded to FP8: the FP8 cache's accuracy budget (tests/kernels)
+            ok = error <= 0.25
     except Exception as failure:  # noqa: BLE001 - a variant that does not compile (shared memory) is skipped
         return dict(tiles=asdict(tiles), **kw, failed=str(failure).splitlines()[0][:200])
     return dict(tiles=asdict(tiles), **kw, us=median_ms(run) * 1e3, max_abs_error=error, correct=ok)
@@ -322,8 +325,10 @@ def sweep(inputs: Inputs, expected: torch.Tensor) -> list[dict]:
         return rows
     if c.kv_dtype == "fp8":
         block_m = choose_tiles(1, group, c.head_dim, c.num_seqs, c.num_kv_heads).block_m
-        for n, st, w in SWEEP_FP8_TILES:
-            rows.append(_timed_variant(inputs, expected, AttentionTiles(block_m, n, w, st), fp8_dot_f16=True))
+        for fp8_qk in (False, True):
+            for n, st, w in SWEEP_FP8_TILES:
+                tiles = AttentionTiles(block_m, n, w, st)
+                rows.append(_timed_variant(inputs, expected, tiles, fp8_dot_f16=True, fp8_qk=fp8_qk))
         return rows
     for num_splits in SWEEP_SPLITS:
         if num_splits > 1 and c.seq_len < num_splits * 16:

@@ -125,6 +125,8 @@ def test_attention_configs_are_launchable(family: str) -> None:
     config = ATTENTION_CONFIGS[family]
     for field in dataclasses.fields(config):
         tiles = getattr(config, field.name)
+        if isinstance(tiles, bool):
+            continue
         if isinstance(tiles, int):
             assert tiles >= 1, field.name
             continue
@@ -197,6 +199,23 @@ def test_fp8_cache_attention_close_to_float32_cache(dtype: torch.dtype) -> None:
     full = make_batch([1, 17, 1, 1], [120, 0, 8, 60], 8, 2, 64, 16, seed=31)
     batch, k_scale, v_scale = _quantized(full, dtype)
     error = (paged_attention(*batch.args(), k_scale=k_scale, v_scale=v_scale) - paged_attention(*full.args())).abs()
+    assert error.max() <= FP8_ACCURACY["max_abs"] and error.mean() <= FP8_ACCURACY["mean_abs"], (
+        error.max(),
+        error.mean(),
+    )
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_fp8_query_key_dot_close_to_float32_cache(num_splits: int) -> None:
+    """fp8_qk (q quantised per row to FP8 for the query-key dot) stays within the FP8 budget."""
+    q_lens = [1] * 4 if num_splits > 1 else [1, 17, 1, 1]
+    full = make_batch(q_lens, [120, 9, 8, 60], 8, 2, 64, 16, seed=34)
+    batch, k_scale, v_scale = _quantized(full, torch.float8_e4m3fn)
+    group = 4
+    tiles = choose_tiles(max(q_lens), group, 64, 4, 2, num_splits)
+    out = paged_attention_with_tiles(*batch.args(), tiles, num_splits=num_splits, k_scale=k_scale, v_scale=v_scale,
+                                     fp8_qk=True)  # fmt: skip
+    error = (out - paged_attention(*full.args())).abs()
     assert error.max() <= FP8_ACCURACY["max_abs"] and error.mean() <= FP8_ACCURACY["mean_abs"], (
         error.max(),
         error.mean(),
@@ -287,3 +306,21 @@ def test_gpu_fp8_cache_mixed_batch_close_to_bf16() -> None:
     error = paged_attention(*batch.args(), k_scale=k_scale, v_scale=v_scale) - paged_attention(*bf16.args())
     error = error.float().abs()
     assert error.max() <= FP8_ACCURACY["max_abs"] and error.mean() <= FP8_ACCURACY["mean_abs"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8_qk", [False, True])
+def test_gpu_fp8_dot_paths_close_to_bf16(fp8_qk: bool) -> None:
+    """Both FP8 dot paths (float16 dots; FP8 query-key dot with per-row q scales) stay within the
+    FP8 cache's accuracy budget of the bf16 cache, decode and prefill rows alike."""
+    q_lens, ctx = [1] * 6 + [200], [64 * i + 5 for i in range(6)] + [700]
+    batch, k_scale, v_scale = _gpu_fp8_batch(q_lens, ctx, seed=45)
+    bf16 = make_batch(q_lens, ctx, 32, 8, 128, 16, torch.bfloat16, "cuda", seed=45)
+    group = 4
+    tiles = choose_tiles(max(q_lens), group, 128, len(q_lens), 8)
+    out = paged_attention_with_tiles(*batch.args(), tiles, k_scale=k_scale, v_scale=v_scale, fp8_qk=fp8_qk)
+    error = (out - paged_attention(*bf16.args())).float().abs()
+    assert error.max() <= FP8_ACCURACY["max_abs"] and error.mean() <= FP8_ACCURACY["mean_abs"], (
+        error.max(),
+        error.mean(),
+    )

@@ -73,6 +73,7 @@ class AttentionConfig:
     split_min_keys: int  # and keep at least this many keys per split
     max_splits: int
     fp8_dot_f16: bool = True  # FP8 caches: widen K/V to float16 (one conversion) and run the dots in float16
+    fp8_qk: bool = False  # FP8 caches: quantise q per row to FP8 and run the query-key dot in FP8
 
 
 ATTENTION_CONFIGS: dict[str, AttentionConfig] = {
@@ -227,6 +228,7 @@ class AttentionPlan:
         tiles: AttentionTiles | None = None,
         num_splits: int | None = None,
         fp8_dot_f16: bool | None = None,
+        fp8_qk: bool | None = None,
         kv_dtype: torch.dtype | None = None,
         reuse_output: bool = False,
     ) -> None:
@@ -261,8 +263,8 @@ class AttentionPlan:
         self.head_dim, self.block_size, self.group = head_dim, block_size, group
         self.tiles, self.num_splits = tiles, num_splits
         # FP8 caches: the float16 dots replace bf16 ones (a float32 q keeps float32 unless forced)
-        self.fp8_dot_f16 = fp8_dot_f16
-        self._config_dot_f16 = attention_config().fp8_dot_f16
+        self.fp8_dot_f16, self.fp8_qk = fp8_dot_f16, fp8_qk
+        self._config_dot_f16, self._config_qk = attention_config().fp8_dot_f16, attention_config().fp8_qk
         self.device_index = seq_lens.device.index or 0
         # reuse_output: every run returns the same buffer (the engine's layers consume it before the next
         # layer's attention runs), which saves an allocation per layer
@@ -310,10 +312,13 @@ class AttentionPlan:
                 self._out = out
         if num_tokens == 0 or self.num_seqs == 0:
             return out
-        dot_f16 = self.fp8_dot_f16
+        dot_f16, fp8_qk = self.fp8_dot_f16, self.fp8_qk
         if dot_f16 is None:
             dot_f16 = self._config_dot_f16 and q.dtype == torch.bfloat16
-        flags = (kv_scaled, kv_scaled and dot_f16)
+        if fp8_qk is None:
+            fp8_qk = self._config_qk and q.dtype in (torch.bfloat16, torch.float16)
+        fp8_max = torch.finfo(k_cache.dtype).max if kv_scaled else 1.0
+        flags = (kv_scaled, kv_scaled and dot_f16, kv_scaled and fp8_qk, fp8_max)
         strides = (*q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3])
         layer_key = (q.dtype, k_cache.dtype, flags, strides, aligned(q, k_cache, v_cache, k_scale, v_scale))
         run = self._run_split if self.num_splits > 1 else self._run_unified
@@ -331,7 +336,8 @@ class AttentionPlan:
         )  # fmt: skip
         constexprs = dict(
             GROUP=self.group, BLOCK_SIZE=self.block_size, HEAD_DIM=self.head_dim, BLOCK_M=tiles.block_m,
-            BLOCK_Q=block_q, TILE_N=tiles.tile_n, KV_SCALED=flags[0], FP8_DOT_F16=flags[1],
+            BLOCK_Q=block_q, TILE_N=tiles.tile_n, KV_SCALED=flags[0], FP8_DOT_F16=flags[1], FP8_QK=flags[2],
+            FP8_MAX=flags[3],
         )  # fmt: skip
         _UNIFIED(
             (self._step_key, layer_key, *int_spec(num_q_blocks)), (num_q_blocks, self.num_kv_heads), args, constexprs,
@@ -348,7 +354,7 @@ class AttentionPlan:
         )  # fmt: skip
         constexprs = dict(
             GROUP=self.group, BLOCK_SIZE=self.block_size, HEAD_DIM=self.head_dim, BLOCK_M=tiles.block_m,
-            TILE_N=tiles.tile_n, KV_SCALED=flags[0], FP8_DOT_F16=flags[1],
+            TILE_N=tiles.tile_n, KV_SCALED=flags[0], FP8_DOT_F16=flags[1], FP8_QK=flags[2], FP8_MAX=flags[3],
         )  # fmt: skip
         key = (self._step_key, layer_key)
         _SPLIT(
@@ -440,12 +446,13 @@ def paged_attention_with_tiles(
     v_scale: torch.Tensor | None = None,
     num_splits: int = 1,
     fp8_dot_f16: bool | None = None,
+    fp8_qk: bool | None = None,
 ) -> torch.Tensor:
     """`paged_attention` with explicit tiles and split count (tests and sweeps); same contract
     otherwise. num_splits > 1 takes the split-KV path, which serves pure-decode batches only
     (max_query_len <= 1); tiles.block_m then counts the query heads of one KV head."""
     plan = AttentionPlan(
         block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, q.shape[1], k_cache.shape[2],
-        q.shape[2], k_cache.shape[1], tiles=tiles, num_splits=num_splits, fp8_dot_f16=fp8_dot_f16,
+        q.shape[2], k_cache.shape[1], tiles=tiles, num_splits=num_splits, fp8_dot_f16=fp8_dot_f16, fp8_qk=fp8_qk,
     )  # fmt: skip
     return plan.run(q, k_cache, v_cache, scale, k_scale=k_scale, v_scale=v_scale)

@@ -36,7 +36,8 @@ def _attend_tile(
     MASKED: tl.constexpr,
 ):
     """One online-softmax step over keys start_n..start_n+TILE_N-1; MASKED tiles may hold keys past
-    some row's causal limit or past the sequence (last_pos is the tile's last query position)."""
+    some row's causal limit or past the sequence (last_pos is the tile's last query position).
+    qk_scale [BLOCK_M]: each row's score factor (softmax scale x log2(e) x FP8 scales)."""
     keys = start_n + offs_n
     if MASKED:
         key_ok = keys <= last_pos
@@ -54,14 +55,53 @@ def _attend_tile(
         k = tl.load(k_ptrs)
         v = tl.load(v_ptrs)
 
-    # FP8 caches are widened to q's dtype; their scales are folded into qk_scale and the epilogue
-    s = tl.dot(q, k.to(q.dtype), input_precision="ieee") * qk_scale  # [BLOCK_M, TILE_N], log2 domain
+    # FP8 caches are widened to the dot dtype (q's, or float16: see _prepare_q); k_scale and q's row
+    # scales are in qk_scale, folded into the exponent's multiply-add
+    if q.dtype == tl.float32:
+        s = tl.dot(q, k.to(q.dtype), input_precision="ieee")  # [BLOCK_M, TILE_N]
+    else:
+        s = tl.dot(q, k.to(q.dtype))
     if MASKED:
         s = tl.where(keys[None, :] <= q_pos[:, None], s, float("-inf"))
     # every row sees key 0 in the first tile, so m_new is finite and no exp2(-inf - -inf) occurs
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # log2 domain; qk_scale > 0
     alpha = tl.math.exp2(m_i - m_new)
-    p = tl.math.exp2(s - m_new[:, None])
+    p = tl.math.exp2(s * qk_scale[:, None] - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision="ieee")
+    if q.dtype.is_fp8():  # FP8 query-key dots; probabilities and values in float16
+        acc = tl.dot(p.to(tl.float16), v.to(tl.float16), acc * alpha[:, None])
+    elif q.dtype == tl.float32:
+        acc = tl.dot(p, v.to(q.dtype), acc * alpha[:, None], input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None])
     return acc, m_new, l_i
+
+
+@triton.jit
+def _prepare_q(
+    q,
+    qk_scale,
+    k_scale_ptr,
+    k_cache_ptr,
+    BLOCK_M: tl.constexpr,
+    KV_SCALED: tl.constexpr,
+    FP8_DOT_F16: tl.constexpr,
+    FP8_QK: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+):
+    """q in the dtype of the query-key dot, and the per-row factor of its scores (log2 domain).
+
+    FP8 caches: k_scale joins the factor; FP8_QK quantises each query row to the cache's FP8 type
+    with its own scale (amax / FP8_MAX, also in the factor) so the query-key dot runs on FP8 tensor
+    cores without widening K; else FP8_DOT_F16 runs the dots in float16, K/V widened in one step."""
+    scale_rows = tl.zeros([BLOCK_M], dtype=tl.float32) + qk_scale
+    if KV_SCALED:
+        scale_rows = scale_rows * tl.load(k_scale_ptr)
+        if FP8_QK:
+            q32 = q.to(tl.float32)
+            row_scale = tl.maximum(tl.max(tl.abs(q32), 1), 1e-30) / FP8_MAX
+            q = (q32 / row_scale[:, None]).to(k_cache_ptr.dtype.element_ty)
+            scale_rows = scale_rows * row_scale
+        elif FP8_DOT_F16:
+            q = q.to(tl.float16)
+    return q, scale_rows

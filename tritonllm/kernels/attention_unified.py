@@ -7,7 +7,7 @@ import triton.language as tl
 
 # platform switches on the interpreter on CPU; triton reads that when a kernel is defined, below
 from tritonllm import platform  # noqa: F401
-from tritonllm.kernels.attention_tile import _attend_tile
+from tritonllm.kernels.attention_tile import _attend_tile, _prepare_q
 
 
 @triton.jit
@@ -58,6 +58,8 @@ def unified_attention_kernel(
     TILE_N: tl.constexpr,
     KV_SCALED: tl.constexpr,
     FP8_DOT_F16: tl.constexpr,
+    FP8_QK: tl.constexpr,
+    FP8_MAX: tl.constexpr,
 ):
     # highest global blocks first: within a prefill they hold the most keys (shorter tail)
     q_block_global = num_q_blocks - 1 - tl.program_id(0)
@@ -81,10 +83,7 @@ def unified_attention_kernel(
     token = (q_start + token_in_seq).to(tl.int64)
     q_offs = token[:, None] * stride_q_token + head[:, None] * stride_q_head + offs_d[None, :]
     q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0)
-    if KV_SCALED:
-        qk_scale = qk_scale * tl.load(k_scale_ptr)
-        if FP8_DOT_F16:  # FP8 K/V widen to float16 in one conversion; the dots then run in float16
-            q = q.to(tl.float16)
+    q, qk_scale = _prepare_q(q, qk_scale, k_scale_ptr, k_cache_ptr, BLOCK_M, KV_SCALED, FP8_DOT_F16, FP8_QK, FP8_MAX)
 
     block_table_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
     k_head_ptr = k_cache_ptr + kv_head * stride_kc_head
