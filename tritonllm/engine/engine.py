@@ -83,6 +83,8 @@ class LLMEngine:
                 " or raise gpu_memory_utilization / num_gpu_blocks_override"
             )
         self.runner.allocate_kv_cache(num_blocks)
+        if not config.enforce_eager and platform.is_gpu():
+            self.runner.enable_decode_graphs(sched.max_num_seqs, self.max_model_len)
         logger.info(
             "KV cache (%s): %d blocks x %d = %s tokens; max concurrency at max_model_len %d: %.1fx",
             self.runner.kv_dtype,

@@ -8,6 +8,7 @@ each); layers never see requests. Owns the KV cache tensors: per layer K and V, 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,6 +20,7 @@ from tritonllm.engine.scheduler import SchedulerOutput
 from tritonllm.kernels import ops
 from tritonllm.layers.attention import Attention, AttentionMetadata
 from tritonllm.layers.sampler import Sampler, SamplingTensors, TopLogprobs, top_logprobs
+from tritonllm.worker.cuda_graphs import DecodeGraphs
 
 _SEED_MASK = (1 << 62) - 1
 
@@ -54,6 +56,14 @@ class ModelRunner:
         self.block_size = block_size
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.sampler = Sampler()
+        self.decode_graphs: DecodeGraphs | None = None
+
+    def enable_decode_graphs(self, max_num_seqs: int, max_model_len: int, capture: bool = True) -> None:
+        """Serve pure-decode steps of up to max_num_seqs sequences from CUDA/HIP graphs (see
+        cuda_graphs.py); capture=False runs the same padded path eagerly (tests on CPU). Call after
+        allocate_kv_cache."""
+        self.decode_graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs, max_model_len, self.block_size,
+                                          self.device, capture)  # fmt: skip
 
     def kv_bytes_per_block(self) -> int:
         m = self.model
@@ -161,6 +171,25 @@ class ModelRunner:
         for i, t in enumerate(tables):
             table_np[i, : len(t)] = t
         to_dev = lambda a, dt: torch.from_numpy(np.asarray(a)).to(device=self.device, dtype=dt, non_blocking=True)
+        graphs = self.decode_graphs
+        if graphs is not None and len(ids) == len(seq_lens) <= graphs.max_batch:  # one new token each
+            hidden = graphs.run(np.asarray(ids, dtype=np.int64), np.concatenate(positions), np.concatenate(slots),
+                                table_np, np.asarray(seq_lens, dtype=np.int32))  # fmt: skip
+        else:
+            hidden = self._forward_eager(ids, positions, slots, table_np, seq_lens, query_start, sched, to_dev)
+        return self._sample(sched, hidden, sample_rows, prompt_rows, to_dev)
+
+    def _forward_eager(
+        self,
+        ids: list[int],
+        positions: list[np.ndarray],
+        slots: list[np.ndarray],
+        table_np: np.ndarray,
+        seq_lens: list[int],
+        query_start: list[int],
+        sched: SchedulerOutput,
+        to_dev: Callable[[object, torch.dtype], torch.Tensor],
+    ) -> torch.Tensor:
         meta = AttentionMetadata(
             slot_mapping=to_dev(np.concatenate(slots), torch.int64),
             block_tables=to_dev(table_np, torch.int32),
@@ -170,8 +199,16 @@ class ModelRunner:
             max_seq_len=max(seq_lens),
         )
         input_ids = to_dev(np.asarray(ids, dtype=np.int64), torch.int64)
-        hidden = self.model(input_ids, to_dev(np.concatenate(positions), torch.int64), self.kv_caches, meta)
+        return self.model(input_ids, to_dev(np.concatenate(positions), torch.int64), self.kv_caches, meta)
 
+    def _sample(
+        self,
+        sched: SchedulerOutput,
+        hidden: torch.Tensor,
+        sample_rows: list[int],
+        prompt_rows: list[tuple[Request, int, int, int]],
+        to_dev: Callable[[object, torch.dtype], torch.Tensor],
+    ) -> StepResult:
         result = StepResult()
         sampling = [s.request for s in sched.scheduled if s.samples]
         if sampling:

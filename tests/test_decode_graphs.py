@@ -1,0 +1,62 @@
+"""Decode steps served from the static padded buffers of worker/cuda_graphs.py give the same
+tokens and logprobs as eager steps. On CPU the buffers run eagerly (capture=False); the GPU test
+captures real graphs."""
+
+import pytest
+import torch
+
+from tritonllm import LLM, SamplingParams, platform
+from tritonllm.worker.cuda_graphs import capture_sizes
+
+NUM_STEPS = 12
+
+
+def test_capture_sizes_cover_every_batch() -> None:
+    assert capture_sizes(1) == [1]
+    assert capture_sizes(6) == [1, 2, 4, 6]
+    assert capture_sizes(40) == [1, 2, 4, 8, 16, 24, 32, 40]
+    assert capture_sizes(44)[-2:] == [40, 44]
+
+
+def _generate(llm: LLM, prompts: list[list[int]]) -> list:
+    params = SamplingParams(temperature=0.0, max_tokens=NUM_STEPS, ignore_eos=True, logprobs=2)
+    # staggered lengths: prompts finish prefill at different steps, so decode batches of 1-3 rows
+    # (padded to 1, 2 and 4) run next to prefill steps that stay eager
+    return llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+
+
+def _compare(eager: list, graphed: list, tol: float) -> None:
+    for a, b in zip(eager, graphed, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for step, token in enumerate(a.outputs[0].token_ids):
+            assert abs(a.outputs[0].logprobs[step][token].logprob - b.outputs[0].logprobs[step][token].logprob) < tol
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(3)
+    return [torch.randint(5, 600, (n,), generator=g).tolist() for n in (5, 33, 18)]
+
+
+def test_padded_decode_buffers_match_eager(tiny_llama, prompts) -> None:
+    kw = dict(model=tiny_llama, max_model_len=128, max_num_seqs=6, max_num_batched_tokens=20)
+    eager = _generate(LLM(**kw), prompts)
+    llm = LLM(**kw)
+    engine = llm.llm_engine
+    engine.runner.enable_decode_graphs(6, engine.max_model_len, capture=False)
+    graphed = _generate(llm, prompts)
+    _compare(eager, graphed, 1e-4)
+    engine.kv_cache.check_invariant()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not platform.is_gpu(), reason="CUDA graphs need a GPU")
+def test_gpu_captured_decode_graphs_match_eager(tiny_model, prompts) -> None:
+    # float32: graph and eager steps differ only in the split count of attention (sized for
+    # max_model_len at capture), so tokens must agree exactly
+    kw = dict(model=tiny_model, dtype="float32", max_model_len=256, max_num_seqs=12)
+    eager = _generate(LLM(**kw, enforce_eager=True), prompts)
+    llm = LLM(**kw, enforce_eager=False)
+    assert llm.llm_engine.runner.decode_graphs is not None
+    assert llm.llm_engine.runner.decode_graphs.graphs
+    _compare(eager, _generate(llm, prompts), 1e-3)
