@@ -44,7 +44,7 @@ class LLM:
         max_num_batched_tokens: int = 8192,
         enable_prefix_caching: bool = True,
         enable_chunked_prefill: bool = True,
-        enforce_eager: bool = True,
+        enforce_eager: bool = False,
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",
         seed: int = 0,
