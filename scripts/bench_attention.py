@@ -119,7 +119,7 @@ class Inputs:
         if self.plan is None:
             c = self.case
             self.plan = plan_attention(*self.args()[3:8], c.num_heads, c.num_kv_heads, c.head_dim, c.block_size,
-                                       self.k_cache.dtype)  # fmt: skip
+                                       kv_dtype=self.k_cache.dtype)  # fmt: skip
         return paged_attention(*self.args(), k_scale=self.k_scale, v_scale=self.v_scale, plan=self.plan)
 
 

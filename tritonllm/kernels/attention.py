@@ -385,24 +385,12 @@ _SPLIT = Launcher(split_kv_decode_kernel)
 _MERGE = Launcher(merge_splits_kernel)
 
 
-def plan_attention(
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    max_query_len: int,
-    max_seq_len: int,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    block_size: int,
-    kv_dtype: torch.dtype | None = None,
-) -> AttentionPlan:
-    """A step's attention set-up for every layer of that shape (see AttentionPlan). Its runs return
-    one shared output buffer: each layer consumes its attention output before the next layer runs."""
-    return AttentionPlan(
-        block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, num_heads, num_kv_heads, head_dim,
-        block_size, kv_dtype=kv_dtype, reuse_output=True,
-    )  # fmt: skip
+def plan_attention(*metadata: object, kv_dtype: torch.dtype | None = None) -> AttentionPlan:
+    """A step's attention set-up for every layer of one shape: AttentionPlan's positional arguments
+    (block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, num_heads, num_kv_heads,
+    head_dim, block_size). Its runs return one shared output buffer: each layer consumes its
+    attention output before the next layer runs."""
+    return AttentionPlan(*metadata, kv_dtype=kv_dtype, reuse_output=True)
 
 
 def paged_attention(

@@ -35,8 +35,9 @@ class AttentionMetadata:
         key = (num_heads, num_kv_heads, head_dim, block_size, kv_dtype)
         if key not in self._plans:
             self._plans[key] = ops.plan_attention(
-                self.block_tables, self.seq_lens, self.query_start_loc, self.max_query_len, self.max_seq_len, *key
-            )
+                self.block_tables, self.seq_lens, self.query_start_loc, self.max_query_len, self.max_seq_len,
+                num_heads, num_kv_heads, head_dim, block_size, kv_dtype=kv_dtype,
+            )  # fmt: skip
         return self._plans[key]
 
 
