@@ -275,6 +275,8 @@ class AttentionPlan:
         # layer's attention runs), which saves an allocation per layer
         self.reuse_output = reuse_output
         self._out: torch.Tensor | None = None
+        self._flags: dict[tuple, tuple] = {}
+        self._bt_stride = block_tables.stride(0)
         # plain tuples: the key is hashed on every launch (a dataclass re-hashes its fields each time)
         self._step_key = (self.device_index, tiles.block_m, tiles.tile_n, tiles.num_warps, tiles.num_stages,
                           num_splits, *int_spec(num_seqs, block_tables.stride(0)))  # fmt: skip
@@ -307,7 +309,8 @@ class AttentionPlan:
                 f"paged_attention: q {tuple(q.shape)} and cache {tuple(k_cache.shape)} do not match the plan's "
                 f"{self.num_heads} heads / {self.num_kv_heads} KV heads of {self.head_dim}, block size {self.block_size}"
             )
-        if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        q_strides, k_strides, v_strides = q.stride(), k_cache.stride(), v_cache.stride()
+        if q_strides[-1] != 1 or k_strides[-1] != 1 or v_strides[-1] != 1:
             raise ValueError("paged_attention: q, k_cache and v_cache must be contiguous in their last dim")
         kv_scaled = check_kv_scales(k_cache, v_cache, k_scale, v_scale, "paged_attention")
         if not kv_scaled:
@@ -319,18 +322,24 @@ class AttentionPlan:
                 self._out = out
         if num_tokens == 0 or self.num_seqs == 0:
             return out
-        dot_f16, fp8_qk = self.fp8_dot_f16, self.fp8_qk
-        if dot_f16 is None:
-            dot_f16 = self._config_dot_f16 and q.dtype == torch.bfloat16
-        if fp8_qk is None:
-            fp8_qk = self._config_qk and q.dtype in (torch.bfloat16, torch.float16)
-        fp8_max = torch.finfo(k_cache.dtype).max if kv_scaled else 1.0
-        flags = (kv_scaled, kv_scaled and dot_f16, kv_scaled and fp8_qk, fp8_max)
-        strides = (*q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3])
+        flags = self._flags.get((q.dtype, k_cache.dtype))
+        if flags is None:
+            flags = self._flags[q.dtype, k_cache.dtype] = self._dtype_flags(q.dtype, k_cache.dtype, kv_scaled)
+        strides = (*q_strides[:2], *k_strides[:3], *v_strides[:3])
         layer_key = (q.dtype, k_cache.dtype, flags, strides, aligned(q, k_cache, v_cache, k_scale, v_scale))
         run = self._run_split if self.num_splits > 1 else self._run_unified
         run(out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key)
         return out
+
+    def _dtype_flags(self, q_dtype: torch.dtype, kv_dtype: torch.dtype, kv_scaled: bool) -> tuple:
+        """(KV_SCALED, FP8_DOT_F16, FP8_QK, FP8_MAX) for a q and cache dtype."""
+        dot_f16, fp8_qk = self.fp8_dot_f16, self.fp8_qk
+        if dot_f16 is None:
+            dot_f16 = self._config_dot_f16 and q_dtype == torch.bfloat16
+        if fp8_qk is None:
+            fp8_qk = self._config_qk and q_dtype in (torch.bfloat16, torch.float16)
+        fp8_max = torch.finfo(kv_dtype).max if kv_scaled else 1.0
+        return (kv_scaled, kv_scaled and dot_f16, kv_scaled and fp8_qk, fp8_max)
 
     def _run_unified(self, out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key) -> None:
         tiles = self.tiles
@@ -338,8 +347,8 @@ class AttentionPlan:
         num_q_blocks = q.shape[0] // block_q + self.num_seqs
         args = (
             out, q, k_cache, v_cache, self.block_tables, self.seq_lens, self.query_start_loc, k_scale, v_scale,
-            self.num_seqs, num_q_blocks, scale * _LOG2_E, strides[0], strides[1], out.stride(0), out.stride(1),
-            self.block_tables.stride(0), *strides[2:],
+            self.num_seqs, num_q_blocks, scale * _LOG2_E, strides[0], strides[1], self.num_heads * self.head_dim,
+            self.head_dim, self._bt_stride, *strides[2:],
         )  # fmt: skip
         constexprs = dict(
             GROUP=self.group, BLOCK_SIZE=self.block_size, HEAD_DIM=self.head_dim, BLOCK_M=tiles.block_m,
@@ -357,7 +366,7 @@ class AttentionPlan:
         args = (
             self.partial_out, self.partial_max, self.partial_sum, q, k_cache, v_cache, self.block_tables,
             self.seq_lens, self.query_start_loc, k_scale, num_splits, scale * _LOG2_E, strides[0], strides[1],
-            self.block_tables.stride(0), *strides[2:],
+            self._bt_stride, *strides[2:],
         )  # fmt: skip
         constexprs = dict(
             GROUP=self.group, BLOCK_SIZE=self.block_size, HEAD_DIM=self.head_dim, BLOCK_M=tiles.block_m,
@@ -370,7 +379,7 @@ class AttentionPlan:
         )  # fmt: skip
         merge_args = (
             out, self.partial_out, self.partial_max, self.partial_sum, self.seq_lens, self.query_start_loc, v_scale,
-            num_splits, out.stride(0), out.stride(1),
+            num_splits, self.num_heads * self.head_dim, self.head_dim,
         )  # fmt: skip
         merge_constexprs = dict(
             HEAD_DIM=self.head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits), TILE_N=tiles.tile_n,
