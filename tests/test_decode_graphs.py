@@ -1,4 +1,4 @@
-"""Decode steps served from the static padded buffers of worker/cuda_graphs.py give the same
+"""Decode steps served from the static padded buffers of worker/cuda_graph.py give the same
 tokens and logprobs as eager steps. On CPU the buffers run eagerly (capture=False); the GPU test
 captures real graphs."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tritonllm import LLM, SamplingParams, platform
-from tritonllm.worker.cuda_graphs import capture_sizes
+from tritonllm.worker.cuda_graph import capture_sizes
 
 NUM_STEPS = 12
 

@@ -89,7 +89,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     kernels: KernelConfig = field(default_factory=KernelConfig)
-    enforce_eager: bool = False  # on a GPU, decode steps replay CUDA/HIP graphs (worker/cuda_graphs.py)
+    enforce_eager: bool = False  # on a GPU, decode steps replay CUDA/HIP graphs (worker/cuda_graph.py)
 
     @staticmethod
     def from_dict(values: dict[str, Any]) -> EngineConfig:

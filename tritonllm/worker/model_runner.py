@@ -20,7 +20,7 @@ from tritonllm.engine.scheduler import SchedulerOutput
 from tritonllm.kernels import ops
 from tritonllm.layers.attention import Attention, AttentionMetadata
 from tritonllm.layers.sampler import Sampler, SamplingTensors, TopLogprobs, top_logprobs
-from tritonllm.worker.cuda_graphs import DecodeGraphs
+from tritonllm.worker.cuda_graph import DecodeGraphs
 
 _SEED_MASK = (1 << 62) - 1
 
@@ -60,7 +60,7 @@ class ModelRunner:
 
     def enable_decode_graphs(self, max_num_seqs: int, max_model_len: int, capture: bool = True) -> None:
         """Serve pure-decode steps of up to max_num_seqs sequences from CUDA/HIP graphs (see
-        cuda_graphs.py); capture=False runs the same padded path eagerly (tests on CPU). Call after
+        cuda_graph.py); capture=False runs the same padded path eagerly (tests on CPU). Call after
         allocate_kv_cache."""
         self.decode_graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs, max_model_len, self.block_size,
                                           self.device, capture)  # fmt: skip
