@@ -1,0 +1,123 @@
+"""`tritonllm serve`: every LLM argument is a kebab-case flag, and the flags become LLM's kwargs."""
+
+import inspect
+import subprocess
+import sys
+
+import pytest
+import uvicorn
+from fastapi.testclient import TestClient
+
+from tritonllm import LLM
+from tritonllm.entrypoints.cli import build_parser, llm_kwargs, main
+
+LLM_ARGS = [name for name in inspect.signature(LLM.__init__).parameters if name not in ("self", "model")]
+
+
+def test_help_lists_every_llm_argument_as_a_kebab_case_flag(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for name in LLM_ARGS:
+        assert "--" + name.replace("_", "-") in text
+    for flag in (
+        "--host",
+        "--port",
+        "--served-model-name",
+        "--no-enable-prefix-caching",
+        "--no-enable-chunked-prefill",
+    ):
+        assert flag in text
+
+
+def test_no_flags_give_llm_defaults_and_the_tiny_model():
+    kwargs = llm_kwargs(build_parser().parse_args(["serve"]))
+    defaults = {name: p.default for name, p in inspect.signature(LLM.__init__).parameters.items() if name != "self"}
+    assert kwargs == defaults
+    assert kwargs["model"] is None  # LLM's tiny built-in Llama
+
+
+def test_flags_map_to_llm_kwargs():
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "/models/llama",
+            "--port",
+            "9001",
+            "--dtype",
+            "float16",
+            "--max-model-len",
+            "4096",
+            "--gpu-memory-utilization",
+            "0.8",
+            "--block-size",
+            "32",
+            "--max-num-seqs",
+            "64",
+            "--max-num-batched-tokens",
+            "2048",
+            "--no-enable-prefix-caching",
+            "--no-enable-chunked-prefill",
+            "--enforce-eager",
+            "--kv-cache-dtype",
+            "fp8",
+            "--seed",
+            "3",
+            "--num-gpu-blocks-override",
+            "100",
+            "--scheduling-policy",
+            "priority",
+            "--kernel-backend",
+            "torch_ref",
+            "--tokenizer",
+            "/models/tok",
+        ]
+    )
+    assert args.port == 9001
+    assert llm_kwargs(args) == {
+        "model": "/models/llama",
+        "tokenizer": "/models/tok",
+        "dtype": "float16",
+        "max_model_len": 4096,
+        "gpu_memory_utilization": 0.8,
+        "block_size": 32,
+        "max_num_seqs": 64,
+        "max_num_batched_tokens": 2048,
+        "enable_prefix_caching": False,
+        "enable_chunked_prefill": False,
+        "enforce_eager": True,
+        "quantization": None,
+        "kv_cache_dtype": "fp8",
+        "seed": 3,
+        "num_gpu_blocks_override": 100,
+        "scheduling_policy": "priority",
+        "kernel_backend": "torch_ref",
+    }
+
+
+def test_a_bad_flag_value_exits_with_the_engine_message(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--block-size", "3"])
+    assert exit_info.value.code == 2
+    assert "block_size=3 must be a power of two" in capsys.readouterr().err
+
+
+def test_serve_builds_the_app_from_the_flags(tiny_llama, monkeypatch):
+    started = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, log_level: started.update(app=app, port=port))
+    main(["serve", tiny_llama, "--port", "9002", "--max-model-len", "64", "--served-model-name", "tiny"])
+    assert started["port"] == 9002
+    models = TestClient(started["app"]).get("/v1/models").json()["data"]
+    assert [(m["id"], m["max_model_len"]) for m in models] == [("tiny", 64)]
+
+
+def test_python_dash_m_runs_the_cli():
+    result = subprocess.run(
+        [sys.executable, "-m", "tritonllm.entrypoints.cli", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--max-model-len" in result.stdout

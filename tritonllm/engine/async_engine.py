@@ -1,0 +1,196 @@
+"""AsyncLLMEngine: the engine behind a server, driven from asyncio code.
+
+The LLMEngine is not thread-safe, so one background thread owns it: it runs queued commands
+(add, abort, reads) between steps, steps while requests are pending, and sleeps on a condition
+when idle. Each request's outputs go back to its caller's event loop through an asyncio.Queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from tritonllm.engine.engine import LLMEngine
+from tritonllm.outputs import RequestOutput
+from tritonllm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread has stopped; no request can be served."""
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue  # RequestOutput, or an exception to raise in the consumer
+
+
+class AsyncLLMEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._cond = threading.Condition()
+        self._commands: deque[Callable[[], None]] = deque()
+        self._streams: dict[str, _Stream] = {}  # touched by the engine thread only
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="tritonllm-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive()
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stop the engine thread after its current step; pending requests are left unfinished."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout_s)
+
+    # ---- asyncio side --------------------------------------------------------------------
+
+    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
+        """Run `fn(engine)` on the engine thread between steps (e.g. the tokenizer, metrics)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+
+        def command() -> None:
+            try:
+                result = fn(self.engine)
+            except Exception as e:
+                _resolve(loop, future, error=e)
+            else:
+                _resolve(loop, future, result=result)
+
+        self._submit(command)
+        return await future
+
+    async def get_metrics(self) -> list[Any]:
+        return await self.call(lambda engine: engine.get_metrics())
+
+    async def generate(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield the request's cumulative output after each step that advanced it, the last one
+        finished. Bad input (a too-long prompt, ids outside the vocabulary...) raises ValueError
+        from the first iteration. Stopping early (a client disconnect) aborts the request."""
+        request_id = request_id or uuid.uuid4().hex
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+
+        def add(engine: LLMEngine) -> None:
+            text = prompt if isinstance(prompt, str) else None
+            token_ids = engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            engine.add_request(request_id, token_ids, params, prompt=text)
+            self._streams[request_id] = _Stream(loop, queue)
+
+        finished = False  # or rejected: nothing to abort
+        try:
+            try:
+                await self.call(add)
+            except Exception:
+                finished = True
+                raise
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    finished = True  # the engine thread already dropped the request
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                # FIFO commands: this abort runs after the add, even if the add is still queued
+                with contextlib.suppress(EngineDeadError):  # a stopped engine has dropped it already
+                    self._submit(lambda: self._abort(request_id))
+
+    def _submit(self, command: Callable[[], None]) -> None:
+        with self._cond:
+            if self._stopping or not self._thread.is_alive():
+                raise EngineDeadError("the engine thread has stopped: restart the server")
+            self._commands.append(command)
+            self._cond.notify()
+
+    # ---- engine thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        engine = self.engine
+        while True:
+            with self._cond:
+                while not (self._commands or self._stopping or engine.has_unfinished_requests()):
+                    self._cond.wait()
+                stopping = self._stopping  # no command comes after this: _submit refuses them
+                commands = list(self._commands)
+                self._commands.clear()
+            for command in commands:  # run even when stopping, so that no caller waits forever
+                try:
+                    command()
+                except Exception:  # commands report their own errors; this one must not stop the thread
+                    logger.exception("engine command failed")
+            if stopping:
+                break
+            if engine.has_unfinished_requests():
+                self._step()
+        for request_id in list(self._streams):
+            self._fail(request_id, EngineDeadError("the engine was shut down"))
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as e:
+            # a failed step leaves its requests in an unknown state: fail them all, keep serving new ones
+            logger.exception("engine step failed; aborting %d request(s)", len(self._streams))
+            for request_id in list(self._streams):
+                self._fail(request_id, e)
+            return
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is None:
+                continue
+            if output.finished:
+                del self._streams[output.request_id]
+            if not _put(stream, output):
+                self._abort(output.request_id)  # the caller's event loop is gone
+
+    def _fail(self, request_id: str, error: BaseException) -> None:
+        stream = self._streams.get(request_id)
+        self._abort(request_id)
+        if stream is not None:
+            _put(stream, error)
+
+    def _abort(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+        self.engine.abort_request(request_id)
+
+
+def _put(stream: _Stream, item: Any) -> bool:
+    try:
+        stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+    except RuntimeError:  # loop closed
+        return False
+    return True
+
+
+def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future, result: Any = None, error: Any = None) -> None:
+    def set_future() -> None:
+        if future.cancelled():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    try:
+        loop.call_soon_threadsafe(set_future)
+    except RuntimeError:  # the caller's loop is closed: nobody waits for this result
+        pass

@@ -1,0 +1,103 @@
+"""`tritonllm serve [PATH] [flags]`: the OpenAI-compatible server, as `vllm serve`.
+
+Every `LLM(...)` argument is a kebab-case flag (`--max-model-len`, `--enable-prefix-caching` /
+`--no-enable-prefix-caching`, ...), generated from `LLM.__init__`'s signature so the two never drift.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import logging
+import types
+import typing
+from typing import Any
+
+from tritonllm.entrypoints.llm import LLM
+
+DEFAULT_SERVED_NAME = "tiny-llama"  # when no PATH is given: the built-in random-weight Llama
+
+
+def llm_parameters() -> list[inspect.Parameter]:
+    """LLM's keyword arguments that become flags (`model` is the positional PATH), annotations resolved."""
+    hints = typing.get_type_hints(LLM.__init__)
+    params = inspect.signature(LLM.__init__).parameters.values()
+    return [p.replace(annotation=hints[p.name]) for p in params if p.name not in ("self", "model")]
+
+
+def _value_type(annotation: Any) -> type:
+    """int for `int` or `int | None`; one concrete type per flag."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        (annotation,) = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return annotation
+
+
+def add_llm_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine", "the LLM(...) constructor's arguments, as kebab-case flags")
+    for param in llm_parameters():
+        flag = "--" + param.name.replace("_", "-")
+        value_type = _value_type(param.annotation)
+        if value_type is bool:
+            group.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=param.default, help="LLM(%(dest)s=)"
+            )
+        else:
+            metavar = value_type.__name__.upper()
+            group.add_argument(flag, type=value_type, default=param.default, metavar=metavar, help="LLM(%(dest)s=)")
+
+
+def llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The parsed flags as `LLM(**kwargs)` arguments (PATH as `model`)."""
+    return {"model": args.model, **{p.name: getattr(args, p.name) for p in llm_parameters()}}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tritonllm", description="tritonllm: Triton-kernel LLM inference")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser(
+        "serve",
+        help="run the OpenAI-compatible server",
+        description="Serve a model over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    serve.add_argument(
+        "model", nargs="?", default=None, metavar="PATH", help="HF model folder; None: the tiny built-in Llama"
+    )
+    serve.add_argument("--host", default="0.0.0.0", help="address to bind")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on")
+    serve.add_argument("--served-model-name", default=None, help="the `model` clients ask for; None: PATH")
+    serve.add_argument(
+        "--uvicorn-log-level", default="info", choices=["debug", "info", "warning", "error"], help="uvicorn's log level"
+    )
+    add_llm_flags(serve)
+    return parser
+
+
+def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    import uvicorn
+
+    from tritonllm.engine.async_engine import AsyncLLMEngine
+    from tritonllm.entrypoints.openai.app import build_app
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        llm = LLM(**llm_kwargs(args))
+    except ValueError as e:  # a bad flag value: say which, with usage
+        parser.error(str(e))
+    engine = AsyncLLMEngine(llm.llm_engine)
+    name = args.served_model_name or args.model or DEFAULT_SERVED_NAME
+    try:
+        uvicorn.run(build_app(engine, name), host=args.host, port=args.port, log_level=args.uvicorn_log_level)
+    finally:
+        engine.shutdown()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        serve(args, parser)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""What the completion and chat endpoints share: request checks, SamplingParams, starting engine
+requests (so bad input is a 400 before any byte is streamed), merging streams, and text deltas."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
+
+from tritonllm.engine.async_engine import AsyncLLMEngine
+from tritonllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields, Usage
+from tritonllm.outputs import Logprob, PositionLogprobs, RequestOutput
+from tritonllm.sampling_params import SamplingParams
+
+# JSON has no -inf; vLLM clamps the same way
+MIN_LOGPROB = -9999.0
+
+
+class BadRequestError(Exception):
+    """Turned into an HTTP 400 with an OpenAI-style error body."""
+
+
+def error_response(message: str, status_code: int = 400, kind: str = "BadRequestError") -> ErrorResponse:
+    return ErrorResponse(error=ErrorInfo(message=message, type=kind, code=status_code))
+
+
+def sse(payload: str) -> str:
+    return f"data: {payload}\n\n"
+
+
+def sse_error(message: str) -> str:
+    return sse(json.dumps(error_response(message, 500, "InternalServerError").model_dump()))
+
+
+SSE_DONE = sse("[DONE]")
+
+
+class OpenAIServing:
+    def __init__(self, engine: AsyncLLMEngine, served_model_name: str) -> None:
+        self.engine = engine
+        self.served_model_name = served_model_name
+
+    def check_request(self, request: SamplingFields) -> None:
+        if request.model is not None and request.model != self.served_model_name:
+            raise BadRequestError(
+                f"model {request.model!r} is not served here: use model={self.served_model_name!r} (see /v1/models)"
+            )
+        if request.stream_options is not None and not request.stream:
+            raise BadRequestError("stream_options needs stream=true: set stream or leave stream_options out")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(request, name):
+                raise BadRequestError(f"{name} is not supported: leave it out or set it to 0")
+        if request.logit_bias:
+            raise BadRequestError("logit_bias is not supported: leave it out")
+
+    def sampling_params(self, request: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        optional = {
+            name: getattr(request, name)
+            for name in ("temperature", "top_p", "top_k", "min_p")
+            if getattr(request, name) is not None
+        }
+        try:
+            return SamplingParams(
+                n=request.n,
+                seed=request.seed,
+                max_tokens=max_tokens,
+                min_tokens=request.min_tokens,
+                stop=request.stop,
+                stop_token_ids=request.stop_token_ids,
+                ignore_eos=request.ignore_eos,
+                logprobs=logprobs,
+                include_stop_str_in_output=request.include_stop_str_in_output,
+                skip_special_tokens=request.skip_special_tokens,
+                **optional,
+            )
+        except ValueError as e:
+            raise BadRequestError(str(e)) from e
+
+    async def start(
+        self, prompts: list[str | list[int]], params: SamplingParams, request_id: str
+    ) -> tuple[list[RequestOutput], list[AsyncIterator[RequestOutput]]]:
+        """Add one engine request per prompt and wait for each one's first output, so that a refused
+        prompt is a 400 (and the others are aborted) before anything is sent."""
+        streams = [
+            self.engine.generate(prompt, params, f"{request_id}-{i}" if len(prompts) > 1 else request_id)
+            for i, prompt in enumerate(prompts)
+        ]
+        try:
+            firsts = await _gather_or_cancel([stream.__anext__() for stream in streams])
+        except BaseException as e:
+            for stream in streams:
+                await stream.aclose()
+            if isinstance(e, ValueError):
+                raise BadRequestError(str(e)) from e
+            raise
+        return firsts, streams
+
+
+async def _gather_or_cancel(awaitables: list[Awaitable]) -> list:
+    """gather, but on the first failure cancel the others (aborting their requests) and wait for them."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def final_outputs(
+    firsts: list[RequestOutput], streams: list[AsyncIterator[RequestOutput]]
+) -> list[RequestOutput]:
+    async def last(output: RequestOutput, stream: AsyncIterator[RequestOutput]) -> RequestOutput:
+        async for update in stream:
+            output = update
+        return output
+
+    return await _gather_or_cancel([last(f, s) for f, s in zip(firsts, streams)])
+
+
+async def merged(
+    firsts: list[RequestOutput], streams: list[AsyncIterator[RequestOutput]]
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(prompt index, output) from every stream as outputs arrive; closing this aborts the rest."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, stream: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async for output in stream:
+                queue.put_nowait((i, output))
+        except Exception as e:
+            queue.put_nowait((i, e))
+        queue.put_nowait((i, None))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        for i, first in enumerate(firsts):
+            yield i, first
+        remaining = len(streams)
+        while remaining:
+            i, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def usage_of(outputs: list[RequestOutput]) -> Usage:
+    prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    completion_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    return Usage(
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens
+    )
+
+
+def top_entries(position: PositionLogprobs, num_top: int) -> list[Logprob]:
+    """The `num_top` most probable tokens at one position, best first (the sampled one is extra)."""
+    ranked = [lp for lp in position.values() if lp.rank is not None and lp.rank <= num_top]
+    return sorted(ranked, key=lambda lp: lp.rank)
+
+
+def clamp(logprob: float) -> float:
+    return max(logprob, MIN_LOGPROB)
+
+
+@dataclass
+class Delta:
+    """What one completion gained since the last chunk."""
+
+    index: int  # the completion's index within its prompt's n samples
+    text: str
+    text_offset: int  # characters of this completion sent before `text`
+    token_ids: list[int]
+    logprobs: list[PositionLogprobs] | None
+    finish_reason: str | None
+    stop_reason: int | str | None
+
+
+class DeltaTracker:
+    """Turns one request's cumulative outputs into deltas. While a completion runs, the last
+    (longest stop string - 1) characters are held back: a stop string completed later removes
+    them from the output, and sent text cannot be taken back."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.hold_back_chars = max((len(s) for s in params.stop_strings), default=1) - 1
+        self.sent_chars = [0] * params.n
+        self.sent_tokens = [0] * params.n
+        self.done = [False] * params.n
+
+    def deltas(self, output: RequestOutput) -> list[Delta]:
+        out = []
+        for c in output.outputs:
+            if self.done[c.index]:
+                continue
+            finished = c.finish_reason is not None
+            end = len(c.text) if finished else max(self.sent_chars[c.index], len(c.text) - self.hold_back_chars)
+            start, first_token = self.sent_chars[c.index], self.sent_tokens[c.index]
+            new_tokens = len(c.token_ids) > first_token and c.logprobs is not None  # logprobs to send
+            if end == start and not new_tokens and not finished:
+                continue
+            out.append(
+                Delta(
+                    index=c.index,
+                    text=c.text[start:end],
+                    text_offset=start,
+                    token_ids=c.token_ids[first_token:],
+                    logprobs=c.logprobs[first_token:] if c.logprobs is not None else None,
+                    finish_reason=c.finish_reason,
+                    stop_reason=c.stop_reason,
+                )
+            )
+            self.sent_chars[c.index], self.sent_tokens[c.index] = end, len(c.token_ids)
+            self.done[c.index] = finished
+        return out

@@ -1,0 +1,128 @@
+"""POST /v1/completions: prompts (text or token ids, one or many) in, completions out, whole or streamed."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+from tritonllm.entrypoints.openai.protocol import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+)
+from tritonllm.entrypoints.openai.serving import (
+    SSE_DONE,
+    BadRequestError,
+    DeltaTracker,
+    OpenAIServing,
+    clamp,
+    final_outputs,
+    merged,
+    sse,
+    sse_error,
+    top_entries,
+    usage_of,
+)
+from tritonllm.outputs import PositionLogprobs, RequestOutput
+from tritonllm.sampling_params import SamplingParams
+
+
+def completion_logprobs(
+    token_ids: list[int], positions: list[PositionLogprobs], num_top: int, text_offset: int
+) -> CompletionLogprobs:
+    """The completions API's logprobs: per token its text, logprob, top `num_top` and character offset."""
+    out = CompletionLogprobs()
+    for token_id, position in zip(token_ids, positions):
+        sampled = position[token_id]
+        token = sampled.decoded_token or ""
+        out.tokens.append(token)
+        out.token_logprobs.append(clamp(sampled.logprob))
+        out.top_logprobs.append({lp.decoded_token or "": clamp(lp.logprob) for lp in top_entries(position, num_top)})
+        out.text_offset.append(text_offset)
+        text_offset += len(token)
+    return out
+
+
+def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise BadRequestError("prompt is empty: give a string, a list of strings or token ids")
+    if all(isinstance(p, int) for p in prompt):
+        return [list(prompt)]
+    return list(prompt)
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    async def create(self, request: CompletionRequest) -> CompletionResponse | AsyncIterator[str]:
+        self.check_request(request)
+        if request.echo:
+            raise BadRequestError("echo=true is not supported: leave echo out")
+        prompts = _prompts(request.prompt)
+        params = self.sampling_params(request, request.max_tokens, request.logprobs)
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        firsts, streams = await self.start(prompts, params, request_id)
+        if request.stream:
+            include_usage = request.stream_options is not None and request.stream_options.include_usage
+            return self._stream(request_id, params, firsts, streams, include_usage)
+        outputs = await final_outputs(firsts, streams)
+        choices = [
+            CompletionChoice(
+                index=i * params.n + c.index,
+                text=c.text,
+                logprobs=completion_logprobs(c.token_ids, c.logprobs, params.logprobs, 0)
+                if params.logprobs is not None
+                else None,
+                finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason,
+            )
+            for i, output in enumerate(outputs)
+            for c in output.outputs
+        ]
+        return CompletionResponse(id=request_id, model=self.served_model_name, choices=choices, usage=usage_of(outputs))
+
+    async def _stream(
+        self,
+        request_id: str,
+        params: SamplingParams,
+        firsts: list[RequestOutput],
+        streams: list[AsyncIterator[RequestOutput]],
+        include_usage: bool,
+    ) -> AsyncIterator[str]:
+        trackers = [DeltaTracker(params) for _ in streams]
+        text_offsets: dict[int, int] = {}
+        last = list(firsts)
+        try:
+            async with aclosing(merged(firsts, streams)) as events:
+                async for i, output in events:
+                    last[i] = output
+                    choices = []
+                    for delta in trackers[i].deltas(output):
+                        index = i * params.n + delta.index
+                        logprobs = None
+                        if params.logprobs is not None:
+                            offset = text_offsets.get(index, 0)
+                            logprobs = completion_logprobs(delta.token_ids, delta.logprobs, params.logprobs, offset)
+                            text_offsets[index] = offset + sum(len(t) for t in logprobs.tokens)
+                        choices.append(
+                            CompletionChoice(
+                                index=index,
+                                text=delta.text,
+                                logprobs=logprobs,
+                                finish_reason=delta.finish_reason,
+                                stop_reason=delta.stop_reason,
+                            )
+                        )
+                    if choices:
+                        chunk = CompletionResponse(id=request_id, model=self.served_model_name, choices=choices)
+                        yield sse(chunk.model_dump_json())
+            if include_usage:
+                chunk = CompletionResponse(
+                    id=request_id, model=self.served_model_name, choices=[], usage=usage_of(last)
+                )
+                yield sse(chunk.model_dump_json())
+        except Exception as e:  # headers are sent: the error goes in the stream
+            yield sse_error(str(e))
+        yield SSE_DONE
