@@ -87,8 +87,10 @@ ATTENTION_CONFIGS: dict[str, AttentionConfig] = {
     # tiles win by ~2% once there are several programs per SM (128 x 8192: 992 us, 4.3 TB/s). Longer
     # query runs: 64 rows x 64 keys, fastest or within 1% of the best of 8 configs on a 4096 causal
     # prefill (428 us, 320 TFLOP/s), a 512 chunk after 3584 cached (115 us) and 64 decodes + two 1024
-    # chunks (240 us; 128-row tiles took 300-410 us there). The split-KV entries are a guess until
-    # `scripts/bench_attention.py --sweep` has run on the H200.
+    # chunks (240 us; 128-row tiles took 300-410 us there); a later sweep of 34 tilings found none
+    # better on the prefill. Split-KV (sweep of split counts x tiles, experiments/attention_kernels):
+    # 1 x 1024 best 16.8 us (4 splits, 128-key tiles) vs 17.6 us with this table; 1 x 8192 best 23.0 us
+    # (64 splits) vs 24.3 us; 32 x 1024 best unsplit. Within run-to-run noise, so the table stays.
     "hopper": AttentionConfig(
         decode_few=AttentionTiles(block_m=16, tile_n=128, num_warps=4, num_stages=3),
         decode_many=AttentionTiles(block_m=16, tile_n=64, num_warps=4, num_stages=2),
