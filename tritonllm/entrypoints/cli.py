@@ -74,10 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    import uvicorn
+    try:
+        import uvicorn
 
+        from tritonllm.entrypoints.openai.app import build_app
+    except ImportError as e:  # checked before the model loads
+        parser.error(f"the server needs its extras ({e.name} is missing): pip install -e '.[server]'")
     from tritonllm.engine.async_engine import AsyncLLMEngine
-    from tritonllm.entrypoints.openai.app import build_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
