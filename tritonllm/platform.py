@@ -44,7 +44,15 @@ def num_multiprocessors() -> int:
 
 
 def fp8_e4m3_dtype() -> torch.dtype:
-    """The FP8 e4m3 flavour of this GPU: e4m3fnuz on AMD CDNA3 (MI300), e4m3fn elsewhere."""
+    """The FP8 e4m3 flavour of this GPU: e4m3fnuz on AMD CDNA3 (MI300), e4m3fn elsewhere.
+    NVIDIA GPUs before compute capability 8.9 (Ada) have no FP8 conversions: Triton cannot compile
+    FP8 kernels for them, so they are refused here with the fix."""
     if PLATFORM == "rocm" and "gfx94" in torch.cuda.get_device_properties(DEVICE).gcnArchName:
         return torch.float8_e4m3fnuz
+    if PLATFORM == "cuda" and torch.cuda.get_device_capability(DEVICE) < (8, 9):
+        name = torch.cuda.get_device_name(DEVICE)
+        raise ValueError(
+            f"an FP8 KV cache needs an NVIDIA GPU of compute capability 8.9 or newer (Ada, Hopper); {name} is "
+            f"{torch.cuda.get_device_capability(DEVICE)}: use kv_cache_dtype='auto'"
+        )
     return torch.float8_e4m3fn
