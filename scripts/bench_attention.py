@@ -104,6 +104,8 @@ class Inputs:
     v_scale: torch.Tensor | None
     sdpa: Callable[[], torch.Tensor]  # the same attention by torch SDPA on contiguous K/V
     plan: AttentionPlan | None = None  # the step's set-up, built once as the engine does per step
+    k_new: torch.Tensor | None = None  # the new tokens' K/V, contiguous [num_tokens, kv_heads, head_dim]
+    v_new: torch.Tensor | None = None
 
     @property
     def scale(self) -> float:
@@ -120,7 +122,8 @@ class Inputs:
             c = self.case
             self.plan = plan_attention(*self.args()[3:8], c.num_heads, c.num_kv_heads, c.head_dim, c.block_size,
                                        kv_dtype=self.k_cache.dtype)  # fmt: skip
-        return paged_attention(*self.args(), k_scale=self.k_scale, v_scale=self.v_scale, plan=self.plan)
+        return paged_attention(*self.args(), k_scale=self.k_scale, v_scale=self.v_scale, plan=self.plan,
+                               k_new=self.k_new, v_new=self.v_new)  # fmt: skip
 
 
 def build_inputs(case: Case, device: str | torch.device, dtype: torch.dtype, seed: int = 0) -> Inputs:
@@ -175,8 +178,11 @@ def build_inputs(case: Case, device: str | torch.device, dtype: torch.dtype, see
 
     seq_lens = torch.full((c.num_seqs,), c.seq_len, dtype=torch.int32, device=device)
     query_start_loc = torch.arange(0, c.num_seqs + 1, dtype=torch.int32, device=device) * c.q_len
+    # the new tokens' K/V as the engine has them: rows of the step's projections, sequence after sequence
+    k_new = k[:, c.ctx_len : c.seq_len].reshape(-1, c.num_kv_heads, c.head_dim)
+    v_new = v[:, c.ctx_len : c.seq_len].reshape(-1, c.num_kv_heads, c.head_dim)
     return Inputs(case, q, k_cache, v_cache, block_tables.to(torch.int32), seq_lens, query_start_loc, k_scale,
-                  v_scale, sdpa)  # fmt: skip
+                  v_scale, sdpa, k_new=k_new, v_new=v_new)  # fmt: skip
 
 
 def reference_output(inputs: Inputs) -> torch.Tensor:
@@ -286,7 +292,9 @@ def measure(inputs: Inputs) -> dict:
 
 SWEEP_SPLITS = (1, 2, 4, 8, 16, 32, 64)
 SWEEP_SPLIT_TILES = ((32, 3), (64, 2), (64, 3), (128, 2), (128, 3))  # (tile_n, num_stages), 4 warps
-# many-query cases: (block_m, tile_n, num_warps, num_stages)
+# many-query cases: (block_m, tile_n, num_warps, num_stages); the new K/V through tensor descriptors
+# (TMA) for the best tilings of the gathered path
+SWEEP_DESC_TILES = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 3)]
 SWEEP_QUERY_TILES = [
     (m, n, w, st)
     for m in (64, 128)
@@ -301,6 +309,9 @@ SWEEP_FP8_TILES = ((64, 3, 4), (64, 4, 4), (128, 3, 4), (128, 4, 4), (64, 4, 2),
 
 
 def _timed_variant(inputs: Inputs, expected: torch.Tensor, tiles: AttentionTiles, **kw) -> dict:
+    if kw.get("new_kv_desc"):
+        kw = dict(kw, k_new=inputs.k_new, v_new=inputs.v_new)
+
     def run() -> torch.Tensor:
         return paged_attention_with_tiles(*inputs.args(), tiles, k_scale=inputs.k_scale, v_scale=inputs.v_scale, **kw)
 
@@ -309,8 +320,10 @@ def _timed_variant(inputs: Inputs, expected: torch.Tensor, tiles: AttentionTiles
         if kw.get("fp8_qk"):  # q itself is rounded to FP8: the FP8 cache's accuracy budget (tests/kernels)
             ok = error <= 0.25
     except Exception as failure:  # noqa: BLE001 - a variant that does not compile (shared memory) is skipped
-        return dict(tiles=asdict(tiles), **kw, failed=str(failure).splitlines()[0][:200])
-    return dict(tiles=asdict(tiles), **kw, us=median_ms(run) * 1e3, max_abs_error=error, correct=ok)
+        shown = {k: v for k, v in kw.items() if not isinstance(v, torch.Tensor)}
+        return dict(tiles=asdict(tiles), **shown, failed=str(failure).splitlines()[0][:200])
+    shown = {k: v for k, v in kw.items() if not isinstance(v, torch.Tensor)}
+    return dict(tiles=asdict(tiles), **shown, us=median_ms(run) * 1e3, max_abs_error=error, correct=ok)
 
 
 def sweep(inputs: Inputs, expected: torch.Tensor) -> list[dict]:
@@ -322,6 +335,8 @@ def sweep(inputs: Inputs, expected: torch.Tensor) -> list[dict]:
     if not c.is_decode:
         for m, n, w, st in SWEEP_QUERY_TILES:
             rows.append(_timed_variant(inputs, expected, AttentionTiles(m, n, w, st)))
+        for m, n, w, st in SWEEP_DESC_TILES:
+            rows.append(_timed_variant(inputs, expected, AttentionTiles(m, n, w, st), new_kv_desc=True))
         return rows
     if c.kv_dtype == "fp8":
         block_m = choose_tiles(1, group, c.head_dim, c.num_seqs, c.num_kv_heads).block_m

@@ -30,7 +30,11 @@ POINTERS = {
 
 def compile_one(fn: triton.JITFunction, target: GPUTarget, kv: str, constexprs: dict) -> str | None:
     """None if it compiles, else the first line of the error."""
-    types = dict(POINTERS, k_cache_ptr=f"*{kv}", v_cache_ptr=f"*{kv}")
+    desc = f"tensordesc<bf16[{constexprs['TILE_N']}, {constexprs['HEAD_DIM']}]>"
+    descs = dict(k_new_desc=desc, v_new_desc=desc) if constexprs.get("NEW_KV_DESC") else {}
+    if "NEW_KV_DESC" in constexprs and not descs:
+        constexprs = dict(constexprs, k_new_desc=None, v_new_desc=None)
+    types = dict(POINTERS, k_cache_ptr=f"*{kv}", v_cache_ptr=f"*{kv}", **descs)
     signature = {n: ("constexpr" if n in constexprs else types.get(n, "i32")) for n in fn.arg_names}
     source = ASTSource(
         fn=fn, signature=signature, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()}
@@ -51,15 +55,20 @@ def main() -> None:
             scaled = kv != "bf16"
             common = dict(GROUP=4, BLOCK_SIZE=16, HEAD_DIM=128, BLOCK_M=16, TILE_N=64, KV_SCALED=scaled,
                           FP8_DOT_F16=scaled, FP8_QK=fp8_qk, FP8_MAX=448.0)  # fmt: skip
-            for fn, constexprs in (
-                (attention_unified.unified_attention_kernel, dict(common, BLOCK_Q=4)),
+            variants = [
+                (attention_unified.unified_attention_kernel, dict(common, BLOCK_Q=4, NEW_KV_DESC=False)),
                 (attention_split.split_kv_decode_kernel, common),
-            ):
+            ]
+            if kv == "bf16":  # the prefill path with the new K/V through tensor descriptors
+                prefill = dict(common, BLOCK_M=64, BLOCK_Q=16, NEW_KV_DESC=True)
+                variants.append((attention_unified.unified_attention_kernel, prefill))
+            for fn, constexprs in variants:
                 error = compile_one(fn, target, kv, constexprs)
                 expected_failure = scaled and target.arch == 80
                 failures += error is not None and not expected_failure
                 status = "ok" if error is None else ("expected failure" if expected_failure else "FAILED")
-                print(f"{target.backend} {target.arch} {fn.__name__} {kv}{' fp8_qk' if fp8_qk else ''}: {status}")
+                desc = " new_kv_desc" if constexprs.get("NEW_KV_DESC") else ""
+                print(f"{target.backend} {target.arch} {fn.__name__} {kv}{' fp8_qk' if fp8_qk else ''}{desc}: {status}")
     raise SystemExit(1 if failures else 0)
 
 

@@ -262,3 +262,36 @@ def test_gpu_written_kv_then_attention() -> None:
     torch.testing.assert_close(batch.k_cache, expected_k, atol=0, rtol=0, equal_nan=True)
     torch.testing.assert_close(batch.v_cache, expected_v, atol=0, rtol=0, equal_nan=True)
     _check_on_gpu(batch)
+
+
+def _new_kv(batch: PagedBatch, q_lens: list[int], ctx_lens: list[int], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's new tokens' K and V gathered from its cache, as [num_tokens, kv_heads, head_dim]
+    views with row stride `width` (as the K/V slices of a fused QKV projection)."""
+    block_size, kv_heads, head_dim = batch.k_cache.shape[1:]
+    rows_k, rows_v = [], []
+    for i, (n, ctx) in enumerate(zip(q_lens, ctx_lens)):
+        pos = torch.arange(ctx, ctx + n)
+        blocks, offsets = batch.block_tables[i, pos // block_size].long(), pos % block_size
+        rows_k.append(batch.k_cache[blocks, offsets])
+        rows_v.append(batch.v_cache[blocks, offsets])
+    qkv = torch.randn(sum(q_lens), width)
+    k = qkv[:, 16 : 16 + kv_heads * head_dim].view(-1, kv_heads, head_dim)
+    v = qkv[:, -kv_heads * head_dim :].view(-1, kv_heads, head_dim)
+    k.copy_(torch.cat(rows_k))
+    v.copy_(torch.cat(rows_v))
+    return k, v
+
+
+def test_new_kv_through_tensor_descriptors_matches_reference() -> None:
+    """Prefill chunks whose new keys/values come through tensor descriptors over strided views of
+    the projections, cached prefixes (partial last tiles) gathered from the cache, and decodes."""
+    q_lens, ctx_lens = [1, 37, 19, 5, 1], [40, 0, 23, 30, 7]
+    batch = make_batch(q_lens, ctx_lens, 8, 2, 64, 16, seed=41)
+    k_new, v_new = _new_kv(batch, q_lens, ctx_lens, 16 + 4 * 2 * 64 + 32)
+    tiles = AttentionTiles(block_m=16, tile_n=16, num_warps=4, num_stages=1)
+    out = paged_attention_with_tiles(*batch.args(), tiles, new_kv_desc=True, k_new=k_new, v_new=v_new)
+    expected = reference.paged_attention(*batch.args())
+    torch.testing.assert_close(out, expected, **TOL[torch.float32])
+    # the new K/V really are read from k_new/v_new: other values there change the result
+    wrong = paged_attention_with_tiles(*batch.args(), tiles, new_kv_desc=True, k_new=k_new * 2, v_new=v_new)
+    assert not torch.allclose(wrong, expected, **TOL[torch.float32])

@@ -46,6 +46,11 @@ from tritonllm.kernels.attention_unified import unified_attention_kernel
 from tritonllm.kernels.kv_cache_write import check_kv_scales
 from tritonllm.kernels.launch import Launcher, aligned, int_spec
 
+try:  # triton >= 3.4: host-side tensor descriptors (TMA on Hopper)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover
+    TensorDescriptor = None
+
 _num_multiprocessors = functools.cache(platform.num_multiprocessors)
 _LOG2_E = 1.4426950408889634
 
@@ -78,6 +83,11 @@ class AttentionConfig:
     # FP8 caches: quantise q per row to FP8 and run the query-key dot on FP8 tensor cores, so K is never
     # widened. Off: no faster on the H200 (720 vs 714 us), and q's rounding adds error
     fp8_qk: bool = False
+    # batches with prefill chunks: read the step's new keys/values from the contiguous K/V projections
+    # through tensor descriptors (TMA on Hopper) instead of gathering them from the cache; the cached
+    # prefix is still gathered. Off until measured (the causal prefill is at 319 of 400 TFLOP/s with
+    # gathered loads on the H200)
+    prefill_new_kv_desc: bool = False
 
 
 ATTENTION_CONFIGS: dict[str, AttentionConfig] = {
@@ -236,6 +246,7 @@ class AttentionPlan:
         num_splits: int | None = None,
         fp8_dot_f16: bool | None = None,
         fp8_qk: bool | None = None,
+        new_kv_desc: bool | None = None,
         kv_dtype: torch.dtype | None = None,
         reuse_output: bool = False,
     ) -> None:
@@ -272,6 +283,10 @@ class AttentionPlan:
         # FP8 caches: the float16 dots replace bf16 ones (a float32 q keeps float32 unless forced)
         self.fp8_dot_f16, self.fp8_qk = fp8_dot_f16, fp8_qk
         self._config_dot_f16, self._config_qk = attention_config().fp8_dot_f16, attention_config().fp8_qk
+        # new K/V through tensor descriptors: only for batches with prefill chunks on the unified path
+        if new_kv_desc is None:
+            new_kv_desc = attention_config().prefill_new_kv_desc and max_query_len * group > 16
+        self.new_kv_desc = new_kv_desc and num_splits == 1 and TensorDescriptor is not None
         self.device_index = seq_lens.device.index or 0
         # reuse_output: every run returns the same buffer (the engine's layers consume it before the next
         # layer's attention runs), which saves an allocation per layer
@@ -300,9 +315,13 @@ class AttentionPlan:
         *,
         k_scale: torch.Tensor | None = None,
         v_scale: torch.Tensor | None = None,
+        k_new: torch.Tensor | None = None,
+        v_new: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of one layer: q [num_tokens, num_heads, head_dim] over its caches
-        [num_blocks, block_size, num_kv_heads, head_dim]; returns [num_tokens, num_heads, head_dim]."""
+        [num_blocks, block_size, num_kv_heads, head_dim]; returns [num_tokens, num_heads, head_dim].
+        k_new, v_new [num_tokens, num_kv_heads, head_dim] (optional): this step's keys and values,
+        already written to the cache, which the descriptor path reads contiguously."""
         num_tokens = q.shape[0]
         if q.shape[1:] != (self.num_heads, self.head_dim) or k_cache.shape[1:] != (
             self.block_size, self.num_kv_heads, self.head_dim
@@ -329,9 +348,27 @@ class AttentionPlan:
             flags = self._flags[q.dtype, k_cache.dtype] = self._dtype_flags(q.dtype, k_cache.dtype, kv_scaled)
         strides = (*q_strides[:2], *k_strides[:3], *v_strides[:3])
         layer_key = (q.dtype, k_cache.dtype, flags, strides, aligned(q, k_cache, v_cache, k_scale, v_scale))
-        run = self._run_split if self.num_splits > 1 else self._run_unified
-        run(out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key)
+        if self.num_splits > 1:
+            self._run_split(out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key)
+            return out
+        descs = (None, None)
+        if self.new_kv_desc and not flags[0] and k_new is not None and v_new is not None:
+            descs = self._new_kv_descriptors(k_new, v_new)
+        self._run_unified(out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key, descs)
         return out
+
+    def _new_kv_descriptors(self, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple:
+        """Tensor descriptors over [num_tokens, num_kv_heads * head_dim] views of the new K/V, with
+        [tile_n, head_dim] boxes; (None, None) when the layout does not allow them (16-byte rule)."""
+        descs = []
+        for t in (k_new, v_new):
+            if t.dim() != 3 or t.stride(2) != 1 or t.stride(1) != self.head_dim:
+                return None, None
+            rows = t.as_strided((t.shape[0], self.num_kv_heads * self.head_dim), (t.stride(0), 1))
+            if rows.data_ptr() % 16 or (rows.stride(0) * rows.element_size()) % 16:
+                return None, None
+            descs.append(TensorDescriptor.from_tensor(rows, [self.tiles.tile_n, self.head_dim]))
+        return tuple(descs)
 
     def _dtype_flags(self, q_dtype: torch.dtype, kv_dtype: torch.dtype, kv_scaled: bool) -> tuple:
         """(KV_SCALED, FP8_DOT_F16, FP8_QK, FP8_MAX) for a q and cache dtype."""
@@ -343,22 +380,24 @@ class AttentionPlan:
         fp8_max = torch.finfo(kv_dtype).max if kv_scaled else 1.0
         return (kv_scaled, kv_scaled and dot_f16, kv_scaled and fp8_qk, fp8_max)
 
-    def _run_unified(self, out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key) -> None:
+    def _run_unified(self, out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key, descs) -> None:
         tiles = self.tiles
         block_q = tiles.block_m // self.group
         num_q_blocks = q.shape[0] // block_q + self.num_seqs
         args = (
             out, q, k_cache, v_cache, self.block_tables, self.seq_lens, self.query_start_loc, k_scale, v_scale,
-            self.num_seqs, num_q_blocks, scale * _LOG2_E, strides[0], strides[1], self.num_heads * self.head_dim,
+            *descs, self.num_seqs, num_q_blocks, scale * _LOG2_E, strides[0], strides[1], self.num_heads * self.head_dim,
             self.head_dim, self._bt_stride, *strides[2:],
         )  # fmt: skip
         constexprs = dict(
             GROUP=self.group, BLOCK_SIZE=self.block_size, HEAD_DIM=self.head_dim, BLOCK_M=tiles.block_m,
             BLOCK_Q=block_q, TILE_N=tiles.tile_n, KV_SCALED=flags[0], FP8_DOT_F16=flags[1], FP8_QK=flags[2],
-            FP8_MAX=flags[3],
+            FP8_MAX=flags[3], NEW_KV_DESC=descs[0] is not None,
         )  # fmt: skip
+        # descriptor arguments take Triton's ordinary launch path (key None)
+        key = None if descs[0] is not None else (self._step_key, layer_key, *int_spec(num_q_blocks))
         _UNIFIED(
-            (self._step_key, layer_key, *int_spec(num_q_blocks)), (num_q_blocks, self.num_kv_heads), args, constexprs,
+            key, (num_q_blocks, self.num_kv_heads), args, constexprs,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages, device_index=self.device_index,
         )  # fmt: skip
 
@@ -418,6 +457,8 @@ def paged_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     plan: AttentionPlan | None = None,
+    k_new: torch.Tensor | None = None,
+    v_new: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of a flat ragged batch over the paged KV cache.
 
@@ -427,13 +468,15 @@ def paged_attention(
     ctx_len + j and attends to cache positions 0..ctx_len + j. Query head h reads KV head
     h // (num_heads // num_kv_heads). FP8 caches hold K / k_scale and V / v_scale (see
     write_kv_cache): their values are multiplied by the scales; other caches ignore them.
-    `plan`, built once per step from the same metadata, skips the per-call set-up.
+    `plan`, built once per step from the same metadata, skips the per-call set-up. k_new, v_new
+    [num_tokens, num_kv_heads, head_dim] (optional): the step's new K/V, already in the cache, read
+    contiguously by the descriptor path where the plan takes it.
     Returns [num_tokens, num_heads, head_dim] in q's dtype.
     """
     if plan is None:
         plan = AttentionPlan(block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, q.shape[1],
                              k_cache.shape[2], q.shape[2], k_cache.shape[1], kv_dtype=k_cache.dtype)  # fmt: skip
-    return plan.run(q, k_cache, v_cache, scale, k_scale=k_scale, v_scale=v_scale)
+    return plan.run(q, k_cache, v_cache, scale, k_scale=k_scale, v_scale=v_scale, k_new=k_new, v_new=v_new)
 
 
 def paged_attention_with_tiles(
@@ -453,6 +496,9 @@ def paged_attention_with_tiles(
     num_splits: int = 1,
     fp8_dot_f16: bool | None = None,
     fp8_qk: bool | None = None,
+    new_kv_desc: bool | None = None,
+    k_new: torch.Tensor | None = None,
+    v_new: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`paged_attention` with explicit tiles and split count (tests and sweeps); same contract
     otherwise. num_splits > 1 takes the split-KV path, which serves pure-decode batches only
@@ -460,5 +506,6 @@ def paged_attention_with_tiles(
     plan = AttentionPlan(
         block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, q.shape[1], k_cache.shape[2],
         q.shape[2], k_cache.shape[1], tiles=tiles, num_splits=num_splits, fp8_dot_f16=fp8_dot_f16, fp8_qk=fp8_qk,
+        new_kv_desc=new_kv_desc,
     )  # fmt: skip
-    return plan.run(q, k_cache, v_cache, scale, k_scale=k_scale, v_scale=v_scale)
+    return plan.run(q, k_cache, v_cache, scale, k_scale=k_scale, v_scale=v_scale, k_new=k_new, v_new=v_new)

@@ -55,6 +55,40 @@ def _attend_tile(
         k = tl.load(k_ptrs)
         v = tl.load(v_ptrs)
 
+    return _softmax_step(acc, m_i, l_i, q, k, v, keys, q_pos, qk_scale, MASKED)
+
+
+@triton.jit
+def _attend_new_tile(
+    acc,
+    m_i,
+    l_i,
+    q,
+    q_pos,
+    k_desc,
+    v_desc,
+    row,
+    col,
+    start_n,
+    qk_scale,
+    offs_n,
+    MASKED: tl.constexpr,
+):
+    """One online-softmax step over keys start_n..start_n+TILE_N-1 (absolute positions) of the
+    step's new tokens, read through tensor descriptors (TMA on Hopper) from the contiguous K/V
+    projections [num_tokens, num_kv_heads * head_dim]: rows row.., columns col.. (the KV head).
+    Rows past the sequence belong to the next one or lie outside the tensor (zeros): a MASKED tile
+    drops them with the causal mask, as they sit past every query's position."""
+    keys = start_n + offs_n
+    k = tl.trans(k_desc.load([row, col]))
+    v = v_desc.load([row, col])
+    return _softmax_step(acc, m_i, l_i, q, k, v, keys, q_pos, qk_scale, MASKED)
+
+
+@triton.jit
+def _softmax_step(acc, m_i, l_i, q, k, v, keys, q_pos, qk_scale, MASKED: tl.constexpr):
+    """The online-softmax update with k [HEAD_DIM, TILE_N] and v [TILE_N, HEAD_DIM] of keys
+    `keys`; MASKED applies the causal mask keys <= q_pos."""
     # FP8 caches are widened to the dot dtype (q's, or float16: see _prepare_q); k_scale and q's row
     # scales are in qk_scale, folded into the exponent's multiply-add
     if q.dtype == tl.float32:

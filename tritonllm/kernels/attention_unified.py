@@ -7,7 +7,7 @@ import triton.language as tl
 
 # platform switches on the interpreter on CPU; triton reads that when a kernel is defined, below
 from tritonllm import platform  # noqa: F401
-from tritonllm.kernels.attention_tile import _attend_tile, _prepare_q
+from tritonllm.kernels.attention_tile import _attend_new_tile, _attend_tile, _prepare_q
 
 
 @triton.jit
@@ -36,6 +36,8 @@ def unified_attention_kernel(
     query_start_loc_ptr,
     k_scale_ptr,
     v_scale_ptr,
+    k_new_desc,
+    v_new_desc,
     num_seqs,
     num_q_blocks,
     qk_scale,
@@ -60,6 +62,7 @@ def unified_attention_kernel(
     FP8_DOT_F16: tl.constexpr,
     FP8_QK: tl.constexpr,
     FP8_MAX: tl.constexpr,
+    NEW_KV_DESC: tl.constexpr,
 ):
     # highest global blocks first: within a prefill they hold the most keys (shorter tail)
     q_block_global = num_q_blocks - 1 - tl.program_id(0)
@@ -94,20 +97,51 @@ def unified_attention_kernel(
 
     first_pos = ctx_len + q_block * BLOCK_Q
     last_pos = ctx_len + tl.minimum(q_block * BLOCK_Q + BLOCK_Q, q_len) - 1
-    num_full_tiles = (first_pos + 1) // TILE_N  # every key <= first_pos: visible to every row
-    num_tiles = tl.cdiv(last_pos + 1, TILE_N)
-    for tile in range(0, num_full_tiles):
-        acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, q, q_pos, tile * TILE_N, last_pos, qk_scale, block_table_row_ptr,
-            k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
-            offs_n, offs_d, BLOCK_SIZE, False,
-        )  # fmt: skip
-    for tile in range(num_full_tiles, num_tiles):
-        acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, q, q_pos, tile * TILE_N, last_pos, qk_scale, block_table_row_ptr,
-            k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
-            offs_n, offs_d, BLOCK_SIZE, True,
-        )  # fmt: skip
+    if NEW_KV_DESC:
+        # cached prefix [0, ctx_len) from the paged cache; its partial last tile sees keys < ctx_len
+        num_prefix_full = ctx_len // TILE_N
+        for tile in range(0, num_prefix_full):
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, q, q_pos, tile * TILE_N, last_pos, qk_scale, block_table_row_ptr,
+                k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
+                offs_n, offs_d, BLOCK_SIZE, False,
+            )  # fmt: skip
+        if num_prefix_full * TILE_N < ctx_len:
+            prefix_pos = tl.minimum(q_pos, ctx_len - 1)
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, q, prefix_pos, num_prefix_full * TILE_N, ctx_len - 1, qk_scale,
+                block_table_row_ptr, k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block,
+                stride_vc_slot, offs_n, offs_d, BLOCK_SIZE, True,
+            )  # fmt: skip
+        # the new tokens' keys [ctx_len, last_pos] from the contiguous projections
+        col = kv_head * HEAD_DIM
+        num_new_full = (first_pos + 1 - ctx_len) // TILE_N  # every key <= first_pos
+        num_new = tl.cdiv(last_pos + 1 - ctx_len, TILE_N)
+        for tile in range(0, num_new_full):
+            acc, m_i, l_i = _attend_new_tile(
+                acc, m_i, l_i, q, q_pos, k_new_desc, v_new_desc, q_start + tile * TILE_N, col,
+                ctx_len + tile * TILE_N, qk_scale, offs_n, False,
+            )  # fmt: skip
+        for tile in range(num_new_full, num_new):
+            acc, m_i, l_i = _attend_new_tile(
+                acc, m_i, l_i, q, q_pos, k_new_desc, v_new_desc, q_start + tile * TILE_N, col,
+                ctx_len + tile * TILE_N, qk_scale, offs_n, True,
+            )  # fmt: skip
+    else:
+        num_full_tiles = (first_pos + 1) // TILE_N  # every key <= first_pos: visible to every row
+        num_tiles = tl.cdiv(last_pos + 1, TILE_N)
+        for tile in range(0, num_full_tiles):
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, q, q_pos, tile * TILE_N, last_pos, qk_scale, block_table_row_ptr,
+                k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
+                offs_n, offs_d, BLOCK_SIZE, False,
+            )  # fmt: skip
+        for tile in range(num_full_tiles, num_tiles):
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, q, q_pos, tile * TILE_N, last_pos, qk_scale, block_table_row_ptr,
+                k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
+                offs_n, offs_d, BLOCK_SIZE, True,
+            )  # fmt: skip
 
     acc = acc / l_i[:, None]
     if KV_SCALED:

@@ -56,7 +56,8 @@ def aligned(*tensors: torch.Tensor | None) -> bool:
 
 
 class Launcher:
-    """Launches one @triton.jit kernel; `key` names a specialisation the caller vouches for."""
+    """Launches one @triton.jit kernel; `key` names a specialisation the caller vouches for
+    (None: always the ordinary path, e.g. for tensor-descriptor arguments)."""
 
     def __init__(self, fn: Any) -> None:
         self.fn = fn
@@ -73,10 +74,10 @@ class Launcher:
         num_stages: int,
         device_index: int = 0,
     ) -> None:
-        entry = self._compiled.get(key) if _FAST else None
+        entry = self._compiled.get(key) if _FAST and key is not None else None
         if entry is None or _hooked():
             compiled = self.fn[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
-            if _FAST and list(constexprs) == self.fn.arg_names[len(args) :]:
+            if _FAST and key is not None and list(constexprs) == self.fn.arg_names[len(args) :]:
                 self._compiled[key] = (compiled, tuple(constexprs.values()))
             return
         compiled, constexpr_values = entry

@@ -115,9 +115,12 @@ def paged_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     plan: object = None,
+    k_new: torch.Tensor | None = None,
+    v_new: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of a flat ragged batch over the paged KV cache (`plan` is the Triton
-    backend's per-step set-up; the reference needs none and ignores it).
+    backend's per-step set-up, k_new/v_new the step's K/V that it may read contiguously; both are
+    already reflected in the cache, so the reference ignores them).
 
     q [num_tokens, num_heads, head_dim]; caches [num_blocks, block_size, num_kv_heads, head_dim];
     block_tables [num_seqs, max_blocks] int32; seq_lens [num_seqs] (ctx_len + q_len);

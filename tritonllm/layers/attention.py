@@ -62,9 +62,11 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         num_tokens = q.shape[0]
         k_cache, v_cache = kv_cache
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         ops.write_kv_cache(
-            k.view(num_tokens, self.num_kv_heads, self.head_dim),
-            v.view(num_tokens, self.num_kv_heads, self.head_dim),
+            k,
+            v,
             k_cache,
             v_cache,
             meta.slot_mapping,
@@ -84,5 +86,7 @@ class Attention(nn.Module):
             k_scale=self.k_scale,
             v_scale=self.v_scale,
             plan=meta.attention_plan(self.num_heads, self.num_kv_heads, self.head_dim, k_cache.shape[1], k_cache.dtype),
+            k_new=k,
+            v_new=v,
         )
         return out.view(num_tokens, self.num_heads * self.head_dim)
