@@ -2,6 +2,7 @@
 # On the lent GPU: the GPU test suite, then end-to-end benchmarks on random-weight models of real
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3]   (default: all)
+#   env: SWEEP=1 CASES="..." (bench-attention), BUDGETS="8192 2048" (e2e-qwen3), MODELS=/tmp/models
 set -uo pipefail
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 if [ -d .whl ]; then
@@ -19,7 +20,9 @@ for step in $STEPS; do
     tests)
       python3 -m pytest -q -m gpu -o addopts="" tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -30 ;;
     bench-attention)
-      python3 scripts/bench_attention.py "$OUT/attention_h200.json" ${SWEEP:+--sweep} 2>&1 | tee "$OUT/attention.log" | tail -20 ;;
+      # SWEEP=1: also sweep tilings; CASES="prefill_4096 ...": only those cases
+      python3 scripts/bench_attention.py "$OUT/attention_h200.json" ${SWEEP:+--sweep} ${CASES:+--cases $CASES} 2>&1 \
+        | tee "$OUT/attention.log" | tail -20 ;;
     e2e-prefix)
       [ -d "$MODELS/llama3-8b" ] || python3 scripts/make_random_model.py llama3-8b "$MODELS/llama3-8b"
       for caching in true false; do
