@@ -14,8 +14,6 @@ import triton.language as tl
 
 from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec
 
-# the backend's default (CUDA 3, ROCm 2), which the launches had before they went through Launcher
-
 
 @triton.jit
 def _silu_and_mul_kernel(
@@ -65,7 +63,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     row_stride = x2.stride(0)
     device_index = x.device.index or 0
     # out has x's dtype; d and the row stride are fixed by the model: raw values
-    key = (x.dtype, aligned(x2, out), int_spec(num_rows), d, row_stride, block_rows, block_d, num_warps, device_index)
+    key = (x.dtype, aligned(x2, out), int_spec(num_rows), d, row_stride)
     _SILU_AND_MUL(
         key, grid, (x2, out, num_rows, d, row_stride), dict(BLOCK_ROWS=block_rows, BLOCK_D=block_d),
         num_warps=num_warps, num_stages=DEFAULT_NUM_STAGES, device_index=device_index,

@@ -281,11 +281,12 @@ class AttentionPlan:
         self.head_dim, self.block_size, self.group = head_dim, block_size, group
         self.tiles, self.num_splits = tiles, num_splits
         # FP8 caches: the float16 dots replace bf16 ones (a float32 q keeps float32 unless forced)
+        config = attention_config()
         self.fp8_dot_f16, self.fp8_qk = fp8_dot_f16, fp8_qk
-        self._config_dot_f16, self._config_qk = attention_config().fp8_dot_f16, attention_config().fp8_qk
+        self._config_dot_f16, self._config_qk = config.fp8_dot_f16, config.fp8_qk
         # new K/V through tensor descriptors: only for batches with prefill chunks on the unified path
         if new_kv_desc is None:
-            new_kv_desc = attention_config().prefill_new_kv_desc and max_query_len * group > 16
+            new_kv_desc = config.prefill_new_kv_desc and max_query_len * group > 16
         self.new_kv_desc = new_kv_desc and num_splits == 1 and TensorDescriptor is not None
         self.device_index = seq_lens.device.index or 0
         # reuse_output: every run returns the same buffer (the engine's layers consume it before the next
@@ -294,9 +295,8 @@ class AttentionPlan:
         self._out: torch.Tensor | None = None
         self._flags: dict[tuple, tuple] = {}
         self._bt_stride = block_tables.stride(0)
-        # plain tuples: the key is hashed on every launch (a dataclass re-hashes its fields each time)
-        self._step_key = (self.device_index, tiles.block_m, tiles.tile_n, tiles.num_warps, tiles.num_stages,
-                          num_splits, *int_spec(num_seqs, block_tables.stride(0)))  # fmt: skip
+        # the step's integer arguments; Launcher adds the tiles (constexprs, warps, stages) and device
+        self._step_key = (num_splits, *int_spec(num_seqs, self._bt_stride))
         if num_splits > 1:
             # one float32 workspace: partial outputs, maxima and sums, each 16-byte aligned
             rows = num_seqs * num_heads * num_splits

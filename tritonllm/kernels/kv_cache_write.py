@@ -26,8 +26,6 @@ from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_
 # FP8 cache flavours: e4m3fn (NVIDIA, AMD CDNA4) and e4m3fnuz (AMD CDNA3, see platform.fp8_e4m3_dtype)
 FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
-# the backend's default (CUDA 3, ROCm 2), which the launch had before it went through Launcher
-
 
 def check_kv_scales(
     k_cache: torch.Tensor,
@@ -192,7 +190,6 @@ def write_kv_cache(
     key = (
         k.dtype, v.dtype, k_cache.dtype, v_cache.dtype, slot_mapping.dtype,
         aligned(k, v, k_cache, v_cache, slot_mapping, k_scale_arg, v_scale_arg), int_spec(num_tokens), strides,
-        tuple(constexprs.values()), device_index,
     )  # fmt: skip
     _WRITE_KV_CACHE(
         key, grid, args, constexprs, num_warps=4, num_stages=DEFAULT_NUM_STAGES, device_index=device_index

@@ -6,9 +6,10 @@ call. A hot-path kernel is launched call after call with the same specialisation
 keeps the compiled kernel under a key the caller builds once (per step, say) and launches it
 through the compiled kernel's own launcher (about 8.5 us measured on the same machine).
 
-The caller's key must determine everything Triton specialises on: argument dtypes, 16-byte
-alignment of pointers, integers equal to 1 or divisible by 16 (`int_spec`), constexprs, warps,
-stages and the device. A key that is finer than Triton's only costs an extra slow launch.
+The caller's key must determine what Triton specialises on in the runtime arguments: their dtypes,
+16-byte alignment of pointers (`aligned`) and integers equal to 1 or divisible by 16 (`int_spec`).
+Launcher adds the rest itself (constexpr values, warps, stages, device). A key that is finer than
+Triton's only costs an extra slow launch.
 
 On the interpreter (CPU), with a launch hook installed (profilers), or for a kernel whose
 constexprs are not its last parameters, every launch takes the ordinary path.
@@ -56,8 +57,8 @@ def aligned(*tensors: torch.Tensor | None) -> bool:
 
 
 class Launcher:
-    """Launches one @triton.jit kernel; `key` names a specialisation the caller vouches for
-    (None: always the ordinary path, e.g. for tensor-descriptor arguments)."""
+    """Launches one @triton.jit kernel; `key` names the runtime arguments' specialisation, which the
+    caller vouches for (None: always the ordinary path, e.g. for tensor-descriptor arguments)."""
 
     def __init__(self, fn: Any) -> None:
         self.fn = fn
@@ -74,6 +75,8 @@ class Launcher:
         num_stages: int,
         device_index: int = 0,
     ) -> None:
+        if key is not None:
+            key = (key, tuple(constexprs.values()), num_warps, num_stages, device_index)
         entry = self._compiled.get(key) if _FAST and key is not None else None
         if entry is None or _hooked():
             compiled = self.fn[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)

@@ -16,8 +16,6 @@ import triton.language as tl
 
 from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec
 
-# the backend's default (CUDA 3, ROCm 2), which the launches had before they went through Launcher
-
 
 @triton.jit
 def _rms_norm_kernel(
@@ -122,8 +120,7 @@ def _launch(
     # out and residual_out have x's dtype; all but num_rows are fixed by the model: raw values
     key = (
         x.dtype, res_rows.dtype, weight.dtype, aligned(x_rows, res_rows, weight, out, res_out), int_spec(num_rows),
-        hidden, inner_rows, x_outer, x_inner, res_outer, res_inner, tuple(constexprs.values()), num_warps,
-        device_index,
+        hidden, inner_rows, x_outer, x_inner, res_outer, res_inner,
     )  # fmt: skip
     _RMS_NORM(
         key, (triton.cdiv(num_rows, block_rows),), args, constexprs, num_warps=num_warps, num_stages=DEFAULT_NUM_STAGES,

@@ -17,8 +17,6 @@ import triton.language as tl
 
 from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec
 
-# the backend's default (CUDA 3, ROCm 2), which the launches had before they went through Launcher
-
 
 @triton.jit
 def _rotate_heads(
@@ -167,8 +165,7 @@ def rotary_embedding(
     # q_out and k_out have q's and k's dtypes; all but num_tokens are fixed by the model: raw values
     key = (
         positions.dtype, q.dtype, k.dtype, cache.dtype, aligned(positions, q2, k2, q_out, k_out, cache),
-        int_spec(num_tokens), num_q_heads, num_kv_heads, q_row_stride, k_row_stride, tuple(constexprs.values()),
-        num_warps, device_index,
+        int_spec(num_tokens), num_q_heads, num_kv_heads, q_row_stride, k_row_stride,
     )  # fmt: skip
     _ROTARY(
         key, (triton.cdiv(num_tokens, block_t), 2), args, constexprs, num_warps=num_warps, num_stages=DEFAULT_NUM_STAGES,

@@ -37,7 +37,6 @@ from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_
 # keys tried per pass of a threshold search: a pass is bound by memory latency, so comparing with
 # 4 keys costs little more than with 1 and each pass keeps 1/5 of the range instead of 1/2
 _NUM_PIVOTS = 4
-# the backend's default (CUDA 3, ROCm 2), which the launches had before they went through Launcher
 
 
 @triton.jit
@@ -407,8 +406,7 @@ def log_softmax(logits: torch.Tensor) -> torch.Tensor:
     device_index = logits.device.index or 0
     # out is float32; vocab and the row stride are fixed by the model: raw values
     key = (
-        logits.dtype, aligned(logits, out), int_spec(num_rows), vocab, row_stride, block_rows, block_v, num_warps,
-        device_index,
+        logits.dtype, aligned(logits, out), int_spec(num_rows), vocab, row_stride,
     )  # fmt: skip
     _LOG_SOFTMAX(
         key, (triton.cdiv(num_rows, block_rows),), (logits, out, num_rows, vocab, row_stride),
@@ -442,7 +440,6 @@ def sampling_mask(
     key = (
         logits.dtype, temperature.dtype, top_k.dtype, top_p.dtype, min_p.dtype,
         aligned(logits, mask, temperature, top_k, top_p, min_p), int_spec(num_rows), vocab, row_stride,
-        tuple(constexprs.values()), num_warps, device_index,
     )  # fmt: skip
     _SAMPLING_MASK(
         key, (triton.cdiv(num_rows, block_rows),), args, constexprs, num_warps=num_warps, num_stages=DEFAULT_NUM_STAGES,
@@ -477,7 +474,6 @@ def sample(
     key = (
         logits.dtype, temperature.dtype, top_k.dtype, top_p.dtype, min_p.dtype, seeds.dtype,
         aligned(logits, out, temperature, top_k, top_p, min_p, seeds), int_spec(num_rows), vocab, row_stride,
-        tuple(constexprs.values()), num_warps, device_index,
     )  # fmt: skip
     _SAMPLE(
         key, (triton.cdiv(num_rows, block_rows),), args, constexprs, num_warps=num_warps, num_stages=DEFAULT_NUM_STAGES,
