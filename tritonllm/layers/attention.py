@@ -25,8 +25,8 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32: cumulative q_len
     max_query_len: int
     max_seq_len: int
-    # kernel set-up of this step per (num_heads, num_kv_heads, head_dim, block_size), built by the
-    # first layer of that shape and reused by the others
+    # kernel set-up of this step per (num_heads, num_kv_heads, head_dim, block_size, KV dtype), built
+    # by the first layer of that shape and reused by the others
     _plans: dict = field(default_factory=dict, repr=False)
 
     def attention_plan(

@@ -23,6 +23,7 @@ import time
 import numpy as np
 import torch
 
+from tritonllm.engine.kv_cache import cdiv
 from tritonllm.layers.attention import AttentionMetadata
 
 logger = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ class DecodeGraphs:
         self.kv_caches = kv_caches
         self.max_model_len = max_model_len
         self.sizes = capture_sizes(max_num_seqs)
-        size, max_blocks = self.sizes[-1], -(-max_model_len // block_size)
+        size, max_blocks = self.sizes[-1], cdiv(max_model_len, block_size)
         self.input_ids = torch.zeros(size, dtype=torch.int64, device=device)
         self.positions = torch.zeros(size, dtype=torch.int64, device=device)
         self.slot_mapping = torch.full((size,), -1, dtype=torch.int64, device=device)

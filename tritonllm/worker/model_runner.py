@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from tritonllm.engine.kv_cache import KVCacheManager
+from tritonllm.engine.kv_cache import KVCacheManager, cdiv
 from tritonllm.engine.request import Request
 from tritonllm.engine.scheduler import SchedulerOutput
 from tritonllm.kernels import ops
@@ -90,7 +90,7 @@ class ModelRunner:
         num_seqs = max(1, min(max_num_seqs, max_num_batched_tokens))
         lens = [max_num_batched_tokens // num_seqs] * num_seqs
         lens[-1] += max_num_batched_tokens - sum(lens)
-        blocks_per_seq = [-(-n // bs) for n in lens]
+        blocks_per_seq = [cdiv(n, bs) for n in lens]
         scratch = self.kv_caches
         self.allocate_kv_cache(sum(blocks_per_seq))
         table = torch.zeros(num_seqs, max(blocks_per_seq), dtype=torch.int32)
