@@ -377,23 +377,30 @@ def mixed_batch(device: str | torch.device, dtype: torch.dtype, num_decodes: int
     q = torch.randn(sum(q_lens), h, d, device=device, dtype=dtype)
     scale = d**-0.5
 
+    # the step's new K/V as the engine has them (contiguous projections; already in the cache)
+    positions = [(i, p) for i, (ql, n) in enumerate(zip(q_lens, seq_lens_list)) for p in range(n - ql, n)]
+    seq_ids = torch.tensor([i for i, _ in positions], device=device)
+    pos = torch.tensor([p for _, p in positions], device=device)
+    slots = (tables[seq_ids, pos // bs].long(), pos % bs)
+    k_new, v_new = k_cache[slots], v_cache[slots]
+
     def batch(lo: int, hi: int) -> tuple:
         lens = torch.tensor(seq_lens_list[lo:hi], dtype=torch.int32, device=device)
         qsl = torch.tensor([0, *torch.tensor(q_lens[lo:hi]).cumsum(0).tolist()], dtype=torch.int32, device=device)
         rows = slice(sum(q_lens[:lo]), sum(q_lens[:hi]))
         meta = (tables[lo:hi], lens, qsl, max(q_lens[lo:hi]), max(seq_lens_list[lo:hi]))
-        return q[rows], meta, plan_attention(*meta, h, kvh, d, bs)
+        return q[rows], meta, plan_attention(*meta, h, kvh, d, bs), dict(k_new=k_new[rows], v_new=v_new[rows])
 
-    q_all, meta_all, plan_all = batch(0, len(q_lens))
-    q_dec, meta_dec, plan_dec = batch(0, num_decodes)
-    q_chk, meta_chk, plan_chk = batch(num_decodes, len(q_lens))
+    q_all, meta_all, plan_all, new_all = batch(0, len(q_lens))
+    q_dec, meta_dec, plan_dec, new_dec = batch(0, num_decodes)
+    q_chk, meta_chk, plan_chk, new_chk = batch(num_decodes, len(q_lens))
 
     def one() -> torch.Tensor:
-        return paged_attention(q_all, k_cache, v_cache, *meta_all, scale, plan=plan_all)
+        return paged_attention(q_all, k_cache, v_cache, *meta_all, scale, plan=plan_all, **new_all)
 
     def two() -> tuple[torch.Tensor, torch.Tensor]:
-        return (paged_attention(q_dec, k_cache, v_cache, *meta_dec, scale, plan=plan_dec),
-                paged_attention(q_chk, k_cache, v_cache, *meta_chk, scale, plan=plan_chk))  # fmt: skip
+        return (paged_attention(q_dec, k_cache, v_cache, *meta_dec, scale, plan=plan_dec, **new_dec),
+                paged_attention(q_chk, k_cache, v_cache, *meta_chk, scale, plan=plan_chk, **new_chk))  # fmt: skip
 
     expected = reference.paged_attention(q_all.float(), k_cache.float(), v_cache.float(), *meta_all, scale)
     error, ok = max_error(one(), expected)

@@ -85,8 +85,7 @@ class AttentionConfig:
     fp8_qk: bool = False
     # batches with prefill chunks: read the step's new keys/values from the contiguous K/V projections
     # through tensor descriptors (TMA on Hopper) instead of gathering them from the cache; the cached
-    # prefix is still gathered. Off until measured (the causal prefill is at 319 of 400 TFLOP/s with
-    # gathered loads on the H200)
+    # prefix is still gathered
     prefill_new_kv_desc: bool = False
 
 
@@ -98,13 +97,16 @@ ATTENTION_CONFIGS: dict[str, AttentionConfig] = {
     # query runs: 64 rows x 64 keys, fastest or within 1% of the best of 8 configs on a 4096 causal
     # prefill (428 us, 320 TFLOP/s), a 512 chunk after 3584 cached (115 us) and 64 decodes + two 1024
     # chunks (240 us; 128-row tiles took 300-410 us there); a later sweep of 34 tilings found none
-    # better on the prefill. Split-KV (sweep of split counts x tiles, experiments/attention_kernels):
+    # better on the prefill. With the new K/V read through tensor descriptors (prefill_new_kv_desc)
+    # and 3 stages: prefill 4096 319 -> 458-464 TFLOP/s, the 512 chunk 279 TFLOP/s, the mixed batch
+    # 169 us (2 stages: 380 TFLOP/s; 128 x 128 tiles, 8 warps: 475-481 TFLOP/s, but the mixed batch
+    # 240 us). Split-KV (sweep of split counts x tiles, experiments/attention_kernels):
     # 1 x 1024 best 16.8 us (4 splits, 128-key tiles) vs 17.6 us with this table; 1 x 8192 best 23.0 us
     # (64 splits) vs 24.3 us; 32 x 1024 best unsplit. Within run-to-run noise, so the table stays.
     "hopper": AttentionConfig(
         decode_few=AttentionTiles(block_m=16, tile_n=128, num_warps=4, num_stages=3),
         decode_many=AttentionTiles(block_m=16, tile_n=64, num_warps=4, num_stages=2),
-        mixed=AttentionTiles(block_m=64, tile_n=64, num_warps=4, num_stages=2),
+        mixed=AttentionTiles(block_m=64, tile_n=64, num_warps=4, num_stages=3),
         split=AttentionTiles(block_m=16, tile_n=64, num_warps=4, num_stages=3),
         # FP8 sweep (128 x 8192, float16 dots): 128-key tiles 714 us (3 or 4 stages), 64-key 956 us, 8 warps
         # or 256-key tiles 1140-1200 us
@@ -113,6 +115,7 @@ ATTENTION_CONFIGS: dict[str, AttentionConfig] = {
         split_programs_per_sm=2,
         split_min_keys=256,
         max_splits=64,
+        prefill_new_kv_desc=True,
     ),
     # A100 (164 KiB) and consumer Ampere/Ada/Blackwell parts (~100 KiB shared memory per SM): two stages
     # of 64-key K and V tiles (64 KiB at head_dim 128 in bf16) fit all of them. Unmeasured.
@@ -394,8 +397,8 @@ class AttentionPlan:
             BLOCK_Q=block_q, TILE_N=tiles.tile_n, KV_SCALED=flags[0], FP8_DOT_F16=flags[1], FP8_QK=flags[2],
             FP8_MAX=flags[3], NEW_KV_DESC=descs[0] is not None,
         )  # fmt: skip
-        # descriptor arguments take Triton's ordinary launch path (key None)
-        key = None if descs[0] is not None else (self._step_key, layer_key, *int_spec(num_q_blocks))
+        # Triton specialises a descriptor on its dtype (q's) and block shape (constexpr tiles), both in the key
+        key = (self._step_key, layer_key, *int_spec(num_q_blocks))
         _UNIFIED(
             key, (num_q_blocks, self.num_kv_heads), args, constexprs,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages, device_index=self.device_index,

@@ -7,9 +7,9 @@ keeps the compiled kernel under a key the caller builds once (per step, say) and
 through the compiled kernel's own launcher (about 8.5 us measured on the same machine).
 
 The caller's key must determine what Triton specialises on in the runtime arguments: their dtypes,
-16-byte alignment of pointers (`aligned`) and integers equal to 1 or divisible by 16 (`int_spec`).
-Launcher adds the rest itself (constexpr values, warps, stages, device). A key that is finer than
-Triton's only costs an extra slow launch.
+16-byte alignment of pointers (`aligned`), integers equal to 1 or divisible by 16 (`int_spec`), and
+a tensor descriptor's dtype and block shape. Launcher adds the rest itself (constexpr values, warps,
+stages, device). A key that is finer than Triton's only costs an extra slow launch.
 
 On the interpreter (CPU), with a launch hook installed (profilers), or for a kernel whose
 constexprs are not its last parameters, every launch takes the ordinary path.
@@ -58,7 +58,7 @@ def aligned(*tensors: torch.Tensor | None) -> bool:
 
 class Launcher:
     """Launches one @triton.jit kernel; `key` names the runtime arguments' specialisation, which the
-    caller vouches for (None: always the ordinary path, e.g. for tensor-descriptor arguments)."""
+    caller vouches for (None: always the ordinary path)."""
 
     def __init__(self, fn: Any) -> None:
         self.fn = fn
