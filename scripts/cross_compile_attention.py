@@ -56,11 +56,14 @@ def main() -> None:
             common = dict(GROUP=4, BLOCK_SIZE=16, HEAD_DIM=128, BLOCK_M=16, TILE_N=64, KV_SCALED=scaled,
                           FP8_DOT_F16=scaled, FP8_QK=fp8_qk, FP8_MAX=448.0)  # fmt: skip
             variants = [
-                (attention_unified.unified_attention_kernel, dict(common, BLOCK_Q=4, NEW_KV_DESC=False)),
+                (
+                    attention_unified.unified_attention_kernel,
+                    dict(common, NUM_KV_HEADS=8, BLOCK_Q=4, NEW_KV_DESC=False),
+                ),
                 (attention_split.split_kv_decode_kernel, common),
             ]
             if kv == "bf16":  # the prefill path with the new K/V through tensor descriptors
-                prefill = dict(common, BLOCK_M=64, BLOCK_Q=16, NEW_KV_DESC=True)
+                prefill = dict(common, NUM_KV_HEADS=8, BLOCK_M=64, BLOCK_Q=16, NEW_KV_DESC=True)
                 variants.append((attention_unified.unified_attention_kernel, prefill))
             for fn, constexprs in variants:
                 error = compile_one(fn, target, kv, constexprs)

@@ -393,14 +393,14 @@ class AttentionPlan:
             self.head_dim, self._bt_stride, *strides[2:],
         )  # fmt: skip
         constexprs = dict(
-            GROUP=self.group, BLOCK_SIZE=self.block_size, HEAD_DIM=self.head_dim, BLOCK_M=tiles.block_m,
-            BLOCK_Q=block_q, TILE_N=tiles.tile_n, KV_SCALED=flags[0], FP8_DOT_F16=flags[1], FP8_QK=flags[2],
-            FP8_MAX=flags[3], NEW_KV_DESC=descs[0] is not None,
+            NUM_KV_HEADS=self.num_kv_heads, GROUP=self.group, BLOCK_SIZE=self.block_size, HEAD_DIM=self.head_dim,
+            BLOCK_M=tiles.block_m, BLOCK_Q=block_q, TILE_N=tiles.tile_n, KV_SCALED=flags[0], FP8_DOT_F16=flags[1],
+            FP8_QK=flags[2], FP8_MAX=flags[3], NEW_KV_DESC=descs[0] is not None,
         )  # fmt: skip
         # Triton specialises a descriptor on its dtype (q's) and block shape (constexpr tiles), both in the key
         key = (self._step_key, layer_key, *int_spec(num_q_blocks))
         _UNIFIED(
-            key, (num_q_blocks, self.num_kv_heads), args, constexprs,
+            key, (self.num_kv_heads * num_q_blocks,), args, constexprs,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages, device_index=self.device_index,
         )  # fmt: skip
 

@@ -52,6 +52,7 @@ def unified_attention_kernel(
     stride_vc_block,
     stride_vc_slot,
     stride_vc_head,
+    NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -64,9 +65,12 @@ def unified_attention_kernel(
     FP8_MAX: tl.constexpr,
     NEW_KV_DESC: tl.constexpr,
 ):
-    # highest global blocks first: within a prefill they hold the most keys (shorter tail)
-    q_block_global = num_q_blocks - 1 - tl.program_id(0)
-    kv_head = tl.program_id(1)
+    # the KV heads of a query block run side by side (they read neighbouring cache rows: a 512 chunk
+    # after 3584 cached took 102 us against 115 us with heads outermost on the H200); highest global
+    # blocks first: within a prefill they hold the most keys (shorter tail)
+    # (one grid axis: a second one would cap the query blocks at 65535)
+    kv_head = tl.program_id(0) % NUM_KV_HEADS
+    q_block_global = num_q_blocks - 1 - tl.program_id(0) // NUM_KV_HEADS
     seq = _find_seq(query_start_loc_ptr, q_block_global, num_seqs, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
