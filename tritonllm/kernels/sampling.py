@@ -111,6 +111,39 @@ def _narrow(lo, hi, p1, p2, p3, p4, low1, low2, low3, low4):
 
 
 @triton.jit
+def _pivot_sums(logits_ptr, row_offs, row_mask, vocab, lo, hi, row_max_2d, scale, KEY_BITS: tl.constexpr,
+                MASS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+    """The four pivots of (lo, hi) and, per row, what lies above each in one pass over the logits:
+    the count of x >= pivot, or (MASS) the softmax mass exp2((x - row_max) * scale) of x > pivot."""
+    DTYPE: tl.constexpr = logits_ptr.dtype.element_ty
+    p1, p2, p3, p4 = _pivots(lo, hi)
+    t1 = _key_to_float(p1, KEY_BITS, DTYPE)[:, None]
+    t2 = _key_to_float(p2, KEY_BITS, DTYPE)[:, None]
+    t3 = _key_to_float(p3, KEY_BITS, DTYPE)[:, None]
+    t4 = _key_to_float(p4, KEY_BITS, DTYPE)[:, None]
+    ACC: tl.constexpr = tl.float32 if MASS else tl.int32
+    s1 = tl.zeros([BLOCK_ROWS, BLOCK_V], ACC)
+    s2 = tl.zeros([BLOCK_ROWS, BLOCK_V], ACC)
+    s3 = tl.zeros([BLOCK_ROWS, BLOCK_V], ACC)
+    s4 = tl.zeros([BLOCK_ROWS, BLOCK_V], ACC)
+    for start in range(0, vocab, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        x = _load_for_search(logits_ptr, row_offs, row_mask, cols, vocab)
+        if MASS:
+            mass = tl.exp2((x - row_max_2d) * scale)
+            s1 += tl.where(x > t1, mass, 0.0)
+            s2 += tl.where(x > t2, mass, 0.0)
+            s3 += tl.where(x > t3, mass, 0.0)
+            s4 += tl.where(x > t4, mass, 0.0)
+        else:
+            s1 += (x >= t1).to(tl.int32)
+            s2 += (x >= t2).to(tl.int32)
+            s3 += (x >= t3).to(tl.int32)
+            s4 += (x >= t4).to(tl.int32)
+    return p1, p2, p3, p4, tl.sum(s1, axis=1), tl.sum(s2, axis=1), tl.sum(s3, axis=1), tl.sum(s4, axis=1)
+
+
+@triton.jit
 def _top_k_threshold(logits_ptr, row_offs, row_mask, vocab, k, row_max, row_min, KEY_BITS: tl.constexpr,
                      SEARCH_STEPS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
     """The k-th largest logit of each row: the largest key with count(x >= key) >= k."""
@@ -118,26 +151,10 @@ def _top_k_threshold(logits_ptr, row_offs, row_mask, vocab, k, row_max, row_min,
     lo = _float_to_key(row_min, KEY_BITS, DTYPE)  # count(x >= min) = vocab >= k: feasible
     hi = _float_to_key(row_max, KEY_BITS, DTYPE) + 1  # count(x > max) = 0 < k: infeasible
     for _step in range(SEARCH_STEPS):
-        p1, p2, p3, p4 = _pivots(lo, hi)
-        t1 = _key_to_float(p1, KEY_BITS, DTYPE)[:, None]
-        t2 = _key_to_float(p2, KEY_BITS, DTYPE)[:, None]
-        t3 = _key_to_float(p3, KEY_BITS, DTYPE)[:, None]
-        t4 = _key_to_float(p4, KEY_BITS, DTYPE)[:, None]
-        c1 = tl.zeros([BLOCK_ROWS, BLOCK_V], tl.int32)
-        c2 = tl.zeros([BLOCK_ROWS, BLOCK_V], tl.int32)
-        c3 = tl.zeros([BLOCK_ROWS, BLOCK_V], tl.int32)
-        c4 = tl.zeros([BLOCK_ROWS, BLOCK_V], tl.int32)
-        for start in range(0, vocab, BLOCK_V):
-            cols = start + tl.arange(0, BLOCK_V)
-            x = _load_for_search(logits_ptr, row_offs, row_mask, cols, vocab)
-            c1 += (x >= t1).to(tl.int32)
-            c2 += (x >= t2).to(tl.int32)
-            c3 += (x >= t3).to(tl.int32)
-            c4 += (x >= t4).to(tl.int32)
-        lo, hi = _narrow(
-            lo, hi, p1, p2, p3, p4, tl.sum(c1, axis=1) >= k, tl.sum(c2, axis=1) >= k, tl.sum(c3, axis=1) >= k,
-            tl.sum(c4, axis=1) >= k,
-        )  # fmt: skip
+        p1, p2, p3, p4, c1, c2, c3, c4 = _pivot_sums(
+            logits_ptr, row_offs, row_mask, vocab, lo, hi, None, None, KEY_BITS, False, BLOCK_ROWS, BLOCK_V
+        )
+        lo, hi = _narrow(lo, hi, p1, p2, p3, p4, c1 >= k, c2 >= k, c3 >= k, c4 >= k)
     return _key_to_float(lo, KEY_BITS, DTYPE)
 
 
@@ -159,29 +176,12 @@ def _top_p_threshold(logits_ptr, row_offs, row_mask, vocab, temperature, top_p, 
     lo = _float_to_key(thr_k, KEY_BITS, DTYPE) - 1  # all surviving mass lies above: infeasible
     hi = _float_to_key(row_max, KEY_BITS, DTYPE)  # no mass above the maximum: feasible for top_p > 0
     for _step in range(SEARCH_STEPS):
-        p1, p2, p3, p4 = _pivots(lo, hi)
         # every pivot is >= thr_k, so x > pivot implies a top-k survivor
-        t1 = _key_to_float(p1, KEY_BITS, DTYPE)[:, None]
-        t2 = _key_to_float(p2, KEY_BITS, DTYPE)[:, None]
-        t3 = _key_to_float(p3, KEY_BITS, DTYPE)[:, None]
-        t4 = _key_to_float(p4, KEY_BITS, DTYPE)[:, None]
-        m1 = tl.zeros([BLOCK_ROWS, BLOCK_V], tl.float32)
-        m2 = tl.zeros([BLOCK_ROWS, BLOCK_V], tl.float32)
-        m3 = tl.zeros([BLOCK_ROWS, BLOCK_V], tl.float32)
-        m4 = tl.zeros([BLOCK_ROWS, BLOCK_V], tl.float32)
-        for start in range(0, vocab, BLOCK_V):
-            cols = start + tl.arange(0, BLOCK_V)
-            x = _load_for_search(logits_ptr, row_offs, row_mask, cols, vocab)
-            mass = tl.exp2((x - row_max_2d) * scale)
-            m1 += tl.where(x > t1, mass, 0.0)
-            m2 += tl.where(x > t2, mass, 0.0)
-            m3 += tl.where(x > t3, mass, 0.0)
-            m4 += tl.where(x > t4, mass, 0.0)
+        p1, p2, p3, p4, m1, m2, m3, m4 = _pivot_sums(
+            logits_ptr, row_offs, row_mask, vocab, lo, hi, row_max_2d, scale, KEY_BITS, True, BLOCK_ROWS, BLOCK_V
+        )
         # infeasible pivots (too much mass above) lie on lo's side
-        lo, hi = _narrow(
-            lo, hi, p1, p2, p3, p4, tl.sum(m1, axis=1) >= limit, tl.sum(m2, axis=1) >= limit,
-            tl.sum(m3, axis=1) >= limit, tl.sum(m4, axis=1) >= limit,
-        )  # fmt: skip
+        lo, hi = _narrow(lo, hi, p1, p2, p3, p4, m1 >= limit, m2 >= limit, m3 >= limit, m4 >= limit)
     return _key_to_float(hi, KEY_BITS, DTYPE)
 
 
