@@ -397,8 +397,9 @@ class AttentionPlan:
             BLOCK_M=tiles.block_m, BLOCK_Q=block_q, TILE_N=tiles.tile_n, KV_SCALED=flags[0], FP8_DOT_F16=flags[1],
             FP8_QK=flags[2], FP8_MAX=flags[3], NEW_KV_DESC=descs[0] is not None,
         )  # fmt: skip
-        # Triton specialises a descriptor on its dtype (q's) and block shape (constexpr tiles), both in the key
-        key = (self._step_key, layer_key, *int_spec(num_q_blocks))
+        # Triton specialises a descriptor on its dtype and block shape (fixed by the constexpr tiles)
+        desc_dtype = None if descs[0] is None else (descs[0].base.dtype, descs[1].base.dtype)
+        key = (self._step_key, layer_key, desc_dtype, *int_spec(num_q_blocks))
         _UNIFIED(
             key, (self.num_kv_heads * num_q_blocks,), args, constexprs,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages, device_index=self.device_index,
