@@ -22,9 +22,12 @@ block through the block table (TILE_N may span several blocks or part of one). T
 the tile's first query position need no mask; the rest, up to its last query position, are masked.
 Softmax is online in the log2 domain with float32 statistics and accumulator.
 
-Grid: (num_tokens // BLOCK_Q + num_seqs, num_kv_heads). Sequence i's query blocks start at global
-index query_start_loc[i] // BLOCK_Q + i, an upper-bounded numbering that needs no host sync; a
-program finds its sequence by binary search over query_start_loc and exits if its block is empty.
+Grid: one axis of (num_tokens // BLOCK_Q + num_seqs) x num_kv_heads programs, KV head fastest.
+Sequence i's query blocks start at global index query_start_loc[i] // BLOCK_Q + i, an
+upper-bounded numbering that needs no host sync; a program finds its sequence by binary search over
+query_start_loc and exits if its block is empty. Batches with prefill chunks can read the step's new
+K/V from the contiguous projections through tensor descriptors (prefill_new_kv_desc), the cached
+prefix still through the block table.
 
 Pure-decode batches with too few (sequence, KV head) pairs to fill the GPU take the split-KV path
 of attention_split.py instead (choose_num_splits). Tiles and split parameters come from a table per
