@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable
+from contextlib import aclosing
 from dataclasses import dataclass
 
 from tritonllm.engine.async_engine import AsyncLLMEngine
@@ -34,6 +35,24 @@ def sse_error(message: str) -> str:
 
 
 SSE_DONE = sse("[DONE]")
+
+
+async def sse_events(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
+    """A streamed response's events: the endpoint's chunks; if producing them fails, an error event
+    (the headers are already sent); then [DONE]. Closing this (a client that disconnects) closes the
+    chunks, which aborts their engine requests."""
+    try:
+        async with aclosing(chunks) as events:
+            async for chunk in events:
+                yield chunk
+    except Exception as e:  # headers are sent: the error goes in the stream
+        yield sse_error(str(e))
+    yield SSE_DONE
+
+
+def wants_usage(request: SamplingFields) -> bool:
+    """Whether a streamed request asked for a final usage chunk (stream_options.include_usage)."""
+    return request.stream_options is not None and request.stream_options.include_usage
 
 
 class OpenAIServing:

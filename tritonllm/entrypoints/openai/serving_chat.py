@@ -23,7 +23,6 @@ from tritonllm.entrypoints.openai.protocol import (
     TopLogprob,
 )
 from tritonllm.entrypoints.openai.serving import (
-    SSE_DONE,
     BadRequestError,
     DeltaTracker,
     OpenAIServing,
@@ -31,9 +30,10 @@ from tritonllm.entrypoints.openai.serving import (
     final_outputs,
     merged,
     sse,
-    sse_error,
+    sse_events,
     top_entries,
     usage_of,
+    wants_usage,
 )
 from tritonllm.outputs import PositionLogprobs, RequestOutput
 from tritonllm.sampling_params import MAX_LOGPROBS, SamplingParams
@@ -92,8 +92,7 @@ class OpenAIServingChat(OpenAIServing):
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         firsts, streams = await self.start([prompt_ids], params, request_id)
         if request.stream:
-            include_usage = request.stream_options is not None and request.stream_options.include_usage
-            return self._stream(request_id, params, firsts, streams, include_usage)
+            return sse_events(self._chunks(request_id, params, firsts, streams, wants_usage(request)))
         (output,) = await final_outputs(firsts, streams)
         choices = [
             ChatChoice(
@@ -114,7 +113,7 @@ class OpenAIServingChat(OpenAIServing):
     def _chunk(self, request_id: str, choices: list[ChatStreamChoice]) -> str:
         return sse(ChatCompletionChunk(id=request_id, model=self.served_model_name, choices=choices).model_dump_json())
 
-    async def _stream(
+    async def _chunks(
         self,
         request_id: str,
         params: SamplingParams,
@@ -122,34 +121,29 @@ class OpenAIServingChat(OpenAIServing):
         streams: list[AsyncIterator[RequestOutput]],
         include_usage: bool,
     ) -> AsyncIterator[str]:
+        """The stream's data chunks (sse_events adds the error event and [DONE])."""
         tracker = DeltaTracker(params)
         last = firsts[0]
-        try:
-            for index in range(params.n):
-                role = DeltaMessage(role="assistant", content="")
-                yield self._chunk(request_id, [ChatStreamChoice(index=index, delta=role)])
-            async with aclosing(merged(firsts, streams)) as events:
-                async for _, output in events:
-                    last = output
-                    choices = [
-                        ChatStreamChoice(
-                            index=delta.index,
-                            delta=DeltaMessage(content=delta.text),
-                            logprobs=chat_logprobs(delta.token_ids, delta.logprobs, params.logprobs)
-                            if params.logprobs is not None
-                            else None,
-                            finish_reason=delta.finish_reason,
-                            stop_reason=delta.stop_reason,
-                        )
-                        for delta in tracker.deltas(output)
-                    ]
-                    if choices:
-                        yield self._chunk(request_id, choices)
-            if include_usage:
-                chunk = ChatCompletionChunk(
-                    id=request_id, model=self.served_model_name, choices=[], usage=usage_of([last])
-                )
-                yield sse(chunk.model_dump_json())
-        except Exception as e:  # headers are sent: the error goes in the stream
-            yield sse_error(str(e))
-        yield SSE_DONE
+        for index in range(params.n):
+            role = DeltaMessage(role="assistant", content="")
+            yield self._chunk(request_id, [ChatStreamChoice(index=index, delta=role)])
+        async with aclosing(merged(firsts, streams)) as events:
+            async for _, output in events:
+                last = output
+                choices = [
+                    ChatStreamChoice(
+                        index=delta.index,
+                        delta=DeltaMessage(content=delta.text),
+                        logprobs=chat_logprobs(delta.token_ids, delta.logprobs, params.logprobs)
+                        if params.logprobs is not None
+                        else None,
+                        finish_reason=delta.finish_reason,
+                        stop_reason=delta.stop_reason,
+                    )
+                    for delta in tracker.deltas(output)
+                ]
+                if choices:
+                    yield self._chunk(request_id, choices)
+        if include_usage:
+            chunk = ChatCompletionChunk(id=request_id, model=self.served_model_name, choices=[], usage=usage_of([last]))
+            yield sse(chunk.model_dump_json())

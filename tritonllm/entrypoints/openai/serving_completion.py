@@ -13,7 +13,6 @@ from tritonllm.entrypoints.openai.protocol import (
     CompletionResponse,
 )
 from tritonllm.entrypoints.openai.serving import (
-    SSE_DONE,
     BadRequestError,
     DeltaTracker,
     OpenAIServing,
@@ -21,9 +20,10 @@ from tritonllm.entrypoints.openai.serving import (
     final_outputs,
     merged,
     sse,
-    sse_error,
+    sse_events,
     top_entries,
     usage_of,
+    wants_usage,
 )
 from tritonllm.outputs import PositionLogprobs, RequestOutput
 from tritonllm.sampling_params import SamplingParams
@@ -65,8 +65,7 @@ class OpenAIServingCompletion(OpenAIServing):
         request_id = f"cmpl-{uuid.uuid4().hex}"
         firsts, streams = await self.start(prompts, params, request_id)
         if request.stream:
-            include_usage = request.stream_options is not None and request.stream_options.include_usage
-            return self._stream(request_id, params, firsts, streams, include_usage)
+            return sse_events(self._chunks(request_id, params, firsts, streams, wants_usage(request)))
         outputs = await final_outputs(firsts, streams)
         choices = [
             CompletionChoice(
@@ -83,7 +82,7 @@ class OpenAIServingCompletion(OpenAIServing):
         ]
         return CompletionResponse(id=request_id, model=self.served_model_name, choices=choices, usage=usage_of(outputs))
 
-    async def _stream(
+    async def _chunks(
         self,
         request_id: str,
         params: SamplingParams,
@@ -91,38 +90,33 @@ class OpenAIServingCompletion(OpenAIServing):
         streams: list[AsyncIterator[RequestOutput]],
         include_usage: bool,
     ) -> AsyncIterator[str]:
+        """The stream's data chunks (sse_events adds the error event and [DONE])."""
         trackers = [DeltaTracker(params) for _ in streams]
         text_offsets: dict[int, int] = {}
         last = list(firsts)
-        try:
-            async with aclosing(merged(firsts, streams)) as events:
-                async for i, output in events:
-                    last[i] = output
-                    choices = []
-                    for delta in trackers[i].deltas(output):
-                        index = i * params.n + delta.index
-                        logprobs = None
-                        if params.logprobs is not None:
-                            offset = text_offsets.get(index, 0)
-                            logprobs = completion_logprobs(delta.token_ids, delta.logprobs, params.logprobs, offset)
-                            text_offsets[index] = offset + sum(len(t) for t in logprobs.tokens)
-                        choices.append(
-                            CompletionChoice(
-                                index=index,
-                                text=delta.text,
-                                logprobs=logprobs,
-                                finish_reason=delta.finish_reason,
-                                stop_reason=delta.stop_reason,
-                            )
+        async with aclosing(merged(firsts, streams)) as events:
+            async for i, output in events:
+                last[i] = output
+                choices = []
+                for delta in trackers[i].deltas(output):
+                    index = i * params.n + delta.index
+                    logprobs = None
+                    if params.logprobs is not None:
+                        offset = text_offsets.get(index, 0)
+                        logprobs = completion_logprobs(delta.token_ids, delta.logprobs, params.logprobs, offset)
+                        text_offsets[index] = offset + sum(len(t) for t in logprobs.tokens)
+                    choices.append(
+                        CompletionChoice(
+                            index=index,
+                            text=delta.text,
+                            logprobs=logprobs,
+                            finish_reason=delta.finish_reason,
+                            stop_reason=delta.stop_reason,
                         )
-                    if choices:
-                        chunk = CompletionResponse(id=request_id, model=self.served_model_name, choices=choices)
-                        yield sse(chunk.model_dump_json())
-            if include_usage:
-                chunk = CompletionResponse(
-                    id=request_id, model=self.served_model_name, choices=[], usage=usage_of(last)
-                )
-                yield sse(chunk.model_dump_json())
-        except Exception as e:  # headers are sent: the error goes in the stream
-            yield sse_error(str(e))
-        yield SSE_DONE
+                    )
+                if choices:
+                    chunk = CompletionResponse(id=request_id, model=self.served_model_name, choices=choices)
+                    yield sse(chunk.model_dump_json())
+        if include_usage:
+            chunk = CompletionResponse(id=request_id, model=self.served_model_name, choices=[], usage=usage_of(last))
+            yield sse(chunk.model_dump_json())
