@@ -101,19 +101,25 @@ def unified_attention_kernel(
 
     first_pos = ctx_len + q_block * BLOCK_Q
     last_pos = ctx_len + tl.minimum(q_block * BLOCK_Q + BLOCK_Q, q_len) - 1
+    # tiles wholly below first_pos are visible to every row: no mask. With NEW_KV_DESC only the cached
+    # prefix [0, ctx_len) is gathered from the paged cache; the new tokens' keys come afterwards
     if NEW_KV_DESC:
-        # cached prefix [0, ctx_len) from the paged cache; its partial last tile sees keys < ctx_len
-        num_prefix_full = ctx_len // TILE_N
-        for tile in range(0, num_prefix_full):
-            acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, q, q_pos, tile * TILE_N, last_pos, qk_scale, block_table_row_ptr,
-                k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
-                offs_n, offs_d, BLOCK_SIZE, False,
-            )  # fmt: skip
-        if num_prefix_full * TILE_N < ctx_len:
+        num_full_tiles = ctx_len // TILE_N
+    else:
+        num_full_tiles = (first_pos + 1) // TILE_N
+        num_tiles = tl.cdiv(last_pos + 1, TILE_N)
+    for tile in range(0, num_full_tiles):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, q_pos, tile * TILE_N, last_pos, qk_scale, block_table_row_ptr,
+            k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
+            offs_n, offs_d, BLOCK_SIZE, False,
+        )  # fmt: skip
+    if NEW_KV_DESC:
+        # the prefix's partial last tile sees keys < ctx_len
+        if num_full_tiles * TILE_N < ctx_len:
             prefix_pos = tl.minimum(q_pos, ctx_len - 1)
             acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, q, prefix_pos, num_prefix_full * TILE_N, ctx_len - 1, qk_scale,
+                acc, m_i, l_i, q, prefix_pos, num_full_tiles * TILE_N, ctx_len - 1, qk_scale,
                 block_table_row_ptr, k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block,
                 stride_vc_slot, offs_n, offs_d, BLOCK_SIZE, True,
             )  # fmt: skip
@@ -132,14 +138,7 @@ def unified_attention_kernel(
                 ctx_len + tile * TILE_N, qk_scale, offs_n, True,
             )  # fmt: skip
     else:
-        num_full_tiles = (first_pos + 1) // TILE_N  # every key <= first_pos: visible to every row
-        num_tiles = tl.cdiv(last_pos + 1, TILE_N)
-        for tile in range(0, num_full_tiles):
-            acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, q, q_pos, tile * TILE_N, last_pos, qk_scale, block_table_row_ptr,
-                k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
-                offs_n, offs_d, BLOCK_SIZE, False,
-            )  # fmt: skip
+        # the rest, up to the block's last query position, masked
         for tile in range(num_full_tiles, num_tiles):
             acc, m_i, l_i = _attend_tile(
                 acc, m_i, l_i, q, q_pos, tile * TILE_N, last_pos, qk_scale, block_table_row_ptr,
