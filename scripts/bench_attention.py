@@ -23,7 +23,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 # first: on CPU it switches on Triton's interpreter, which must precede importing triton (and
@@ -38,8 +38,10 @@ from torch.nn.attention.bias import causal_lower_right
 
 from tritonllm.kernels import reference
 from tritonllm.kernels.attention import (
+    ATTENTION_CONFIGS,
     AttentionPlan,
     AttentionTiles,
+    Fp8DecodeTiles,
     choose_num_splits,
     choose_tiles,
     gpu_family,
@@ -306,6 +308,29 @@ SWEEP_QUERY_TILES = [
 # (tile_n, num_stages, num_warps); float16 dots (bf16 dots were 30% slower on the first sweep), with
 # the query-key dot in float16 or in FP8 (fp8_qk). 8 warps and 256-key tiles were 60% slower.
 SWEEP_FP8_TILES = ((64, 3, 4), (64, 4, 4), (128, 3, 4), (128, 4, 4), (64, 4, 2), (128, 3, 2))
+# the sm90 Gluon FP8 decode kernel (attention_fp8_decode_sm90.py): (tile_n, ring slots, V widened in place)
+SWEEP_FP8_GLUON = [(64, 2, False), (64, 2, True), (64, 3, True), (64, 4, True), (128, 2, True), (128, 2, False),
+                   (128, 3, True)]  # fmt: skip
+
+
+def _timed_fp8_gluon(inputs: Inputs, expected: torch.Tensor, tiles: Fp8DecodeTiles) -> dict:
+    """The sm90 FP8 decode kernel with other tiles: this GPU family's config entry, swapped for the run."""
+    family = gpu_family()
+    config = ATTENTION_CONFIGS[family]
+    ATTENTION_CONFIGS[family] = replace(config, fp8_decode_sm90=tiles)
+    try:
+        plan = plan_attention(*inputs.args()[3:8], inputs.case.num_heads, inputs.case.num_kv_heads,
+                              inputs.case.head_dim, inputs.case.block_size, kv_dtype=inputs.k_cache.dtype)  # fmt: skip
+        if plan.fp8_tiles is None:
+            return dict(fp8_gluon=asdict(tiles), failed="the Gluon kernel does not serve this case or machine")
+
+        def run() -> torch.Tensor:
+            return paged_attention(*inputs.args(), k_scale=inputs.k_scale, v_scale=inputs.v_scale, plan=plan)
+
+        error, ok = max_error(run(), expected)
+        return dict(fp8_gluon=asdict(tiles), us=median_ms(run) * 1e3, max_abs_error=error, correct=ok)
+    finally:
+        ATTENTION_CONFIGS[family] = config
 
 
 def _timed_variant(inputs: Inputs, expected: torch.Tensor, tiles: AttentionTiles, **kw) -> dict:
@@ -344,6 +369,8 @@ def sweep(inputs: Inputs, expected: torch.Tensor) -> list[dict]:
             for n, st, w in SWEEP_FP8_TILES:
                 tiles = AttentionTiles(block_m, n, w, st)
                 rows.append(_timed_variant(inputs, expected, tiles, fp8_dot_f16=True, fp8_qk=fp8_qk))
+        for n, st, inplace in SWEEP_FP8_GLUON:
+            rows.append(_timed_fp8_gluon(inputs, expected, Fp8DecodeTiles(n, st, inplace)))
         return rows
     for num_splits in SWEEP_SPLITS:
         if num_splits > 1 and c.seq_len < num_splits * 16:

@@ -30,8 +30,10 @@ K/V from the contiguous projections through tensor descriptors (prefill_new_kv_d
 prefix still through the block table.
 
 Pure-decode batches with too few (sequence, KV head) pairs to fill the GPU take the split-KV path
-of attention_split.py instead (choose_num_splits). Tiles and split parameters come from a table per
-GPU family (ATTENTION_CONFIGS), picked at run time.
+of attention_split.py instead (choose_num_splits). Pure-decode batches over an FP8 cache on Hopper
+(sm90) take the Gluon kernel of attention_fp8_decode_sm90.py (split or not), whose hand-picked
+layouts avoid the FP8 operand costs of tl.dot. Tiles and split parameters come from a table per GPU
+family (ATTENTION_CONFIGS), picked at run time.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import triton
 
 # platform switches on the interpreter on CPU; triton reads that when a kernel is defined, below
 from tritonllm import platform
+from tritonllm.kernels import attention_fp8_decode_sm90 as fp8_sm90
 from tritonllm.kernels.attention_split import merge_splits_kernel, split_kv_decode_kernel
 from tritonllm.kernels.attention_unified import unified_attention_kernel
 from tritonllm.kernels.kv_cache_write import check_kv_scales
@@ -64,6 +67,15 @@ class AttentionTiles:
     tile_n: int  # keys per step of the KV loop; >= 16
     num_warps: int
     num_stages: int
+
+
+@dataclass(frozen=True)
+class Fp8DecodeTiles:
+    """Tiles of the sm90 FP8 decode kernel (attention_fp8_decode_sm90.py): one warpgroup a program."""
+
+    tile_n: int  # keys per step (64 or 128; halved per doubling of head_dim past 128)
+    num_stages: int  # ring slots of K/V tiles in flight
+    inplace_v: bool  # widen V into its own ring slot instead of a separate float16 buffer
 
 
 @dataclass(frozen=True)
@@ -90,6 +102,8 @@ class AttentionConfig:
     # through tensor descriptors (TMA on Hopper) instead of gathering them from the cache; the cached
     # prefix is still gathered
     prefill_new_kv_desc: bool = False
+    # pure decode over an FP8 cache on sm90: the Gluon kernel and its tiles (None: the Triton kernels)
+    fp8_decode_sm90: Fp8DecodeTiles | None = None
 
 
 ATTENTION_CONFIGS: dict[str, AttentionConfig] = {
@@ -119,6 +133,10 @@ ATTENTION_CONFIGS: dict[str, AttentionConfig] = {
         split_min_keys=256,
         max_splits=64,
         prefill_new_kv_desc=True,
+        # 128 x 8192 on the H200 (experiments/attention_kernels/fp8_gluon/): 128-key tiles, 2 slots, V
+        # widened in place (70 KB shared, 168 registers: 3 programs per SM) 530 us; 64-key tiles
+        # 551-554 us (2 slots), 572-636 us (3-4 slots: fewer programs per SM); the Triton kernel 713 us
+        fp8_decode_sm90=Fp8DecodeTiles(tile_n=128, num_stages=2, inplace_v=True),
     ),
     # A100 (164 KiB) and consumer Ampere/Ada/Blackwell parts (~100 KiB shared memory per SM): two stages
     # of 64-key K and V tiles (64 KiB at head_dim 128 in bf16) fit all of them. Unmeasured.
@@ -253,6 +271,7 @@ class AttentionPlan:
         fp8_dot_f16: bool | None = None,
         fp8_qk: bool | None = None,
         new_kv_desc: bool | None = None,
+        fp8_gluon: bool | None = None,
         kv_dtype: torch.dtype | None = None,
         reuse_output: bool = False,
     ) -> None:
@@ -294,6 +313,22 @@ class AttentionPlan:
         if new_kv_desc is None:
             new_kv_desc = config.prefill_new_kv_desc and max_query_len * group > 16
         self.new_kv_desc = new_kv_desc and num_splits == 1 and TensorDescriptor is not None
+        # pure decode over an FP8 cache on sm90: the Gluon kernel (fp8_gluon False: never, None: where the
+        # config says, True: required)
+        self.fp8_tiles = None
+        gluon_tiles = config.fp8_decode_sm90
+        if fp8_gluon and gluon_tiles is None:
+            gluon_tiles = ATTENTION_CONFIGS["hopper"].fp8_decode_sm90
+        if fp8_gluon is not False and gluon_tiles is not None and max_query_len <= 1:
+            tile_n = max(64, gluon_tiles.tile_n // max(1, head_dim // 128))
+            if fp8_sm90.available() and fp8_sm90.supported(head_dim, group, block_size, tile_n):
+                self.fp8_tiles = Fp8DecodeTiles(tile_n, gluon_tiles.num_stages, gluon_tiles.inplace_v)
+        if fp8_gluon and self.fp8_tiles is None:
+            raise ValueError(
+                f"fp8_gluon=True: the Gluon FP8 decode kernel needs an sm90 GPU, Triton with Gluon, a pure-decode "
+                f"batch and head_dim 64/128/256 with a group <= 16 (got max_query_len {max_query_len}, head_dim "
+                f"{head_dim}, group {group}); use fp8_gluon=None"
+            )
         self.device_index = seq_lens.device.index or 0
         # reuse_output: every run returns the same buffer (the engine's layers consume it before the next
         # layer's attention runs), which saves an allocation per layer
@@ -354,6 +389,9 @@ class AttentionPlan:
             flags = self._flags[q.dtype, k_cache.dtype] = self._dtype_flags(q.dtype, k_cache.dtype, kv_scaled)
         strides = (*q_strides[:2], *k_strides[:3], *v_strides[:3])
         layer_key = (q.dtype, k_cache.dtype, flags, strides, aligned(q, k_cache, v_cache, k_scale, v_scale))
+        if self.fp8_tiles is not None and flags[0] and q.dtype in (torch.bfloat16, torch.float16):
+            self._run_fp8_sm90(out, q, k_cache, v_cache, scale, k_scale, v_scale, strides, layer_key)
+            return out
         if self.num_splits > 1:
             self._run_split(out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key)
             return out
@@ -408,6 +446,42 @@ class AttentionPlan:
             num_warps=tiles.num_warps, num_stages=tiles.num_stages, device_index=self.device_index,
         )  # fmt: skip
 
+    def _run_fp8_sm90(self, out, q, k_cache, v_cache, scale, k_scale, v_scale, strides, layer_key) -> None:
+        """Pure decode over an FP8 cache on sm90 (attention_fp8_decode_sm90.py): straight into out when
+        unsplit, else partial results and their merge."""
+        tiles, num_splits = self.fp8_tiles, self.num_splits
+        partials = (self.partial_out, self.partial_max, self.partial_sum) if num_splits > 1 else (out, out, out)
+        args = (
+            out, *partials, q, k_cache, v_cache, self.block_tables, self.seq_lens, self.query_start_loc, k_scale,
+            v_scale, num_splits, scale * _LOG2_E, strides[0], strides[1], self.num_heads * self.head_dim, self.head_dim,
+            self._bt_stride, *strides[2:],
+        )  # fmt: skip
+        constexprs = dict(
+            GROUP=self.group, ROWS=max(8, triton.next_power_of_2(self.group)), BLOCK_SIZE=self.block_size,
+            HEAD_DIM=self.head_dim, TILE_N=tiles.tile_n, STAGES=tiles.num_stages, DIRECT=num_splits == 1,
+            INPLACE_V=tiles.inplace_v,
+        )  # fmt: skip
+        key = (self._step_key, layer_key)
+        _FP8_SM90(
+            key, (self.num_kv_heads, self.num_seqs, num_splits), args, constexprs, num_warps=fp8_sm90.NUM_WARPS,
+            num_stages=tiles.num_stages, device_index=self.device_index,
+        )  # fmt: skip
+        if num_splits > 1:
+            self._merge(out, v_scale, (True,), key, tiles.tile_n)
+
+    def _merge(self, out, v_scale, flags, key, tile_n) -> None:
+        """The split-KV partial results merged into out (attention_split.merge_splits_kernel)."""
+        merge_args = (
+            out, self.partial_out, self.partial_max, self.partial_sum, self.seq_lens, self.query_start_loc, v_scale,
+            self.num_splits, self.num_heads * self.head_dim, self.head_dim,
+        )  # fmt: skip
+        merge_constexprs = dict(
+            HEAD_DIM=self.head_dim, SPLITS_PAD=triton.next_power_of_2(self.num_splits), TILE_N=tile_n,
+            KV_SCALED=flags[0],
+        )  # fmt: skip
+        _MERGE(key, (self.num_seqs, self.num_heads), merge_args, merge_constexprs, num_warps=4, num_stages=1,
+               device_index=self.device_index)  # fmt: skip
+
     def _run_split(self, out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key) -> None:
         """Split-KV decode (attention_split.py): partial results per segment, then their merge into out."""
         tiles, num_splits = self.tiles, self.num_splits
@@ -425,21 +499,13 @@ class AttentionPlan:
             key, (self.num_seqs, self.num_kv_heads, num_splits), args, constexprs, num_warps=tiles.num_warps,
             num_stages=tiles.num_stages, device_index=self.device_index,
         )  # fmt: skip
-        merge_args = (
-            out, self.partial_out, self.partial_max, self.partial_sum, self.seq_lens, self.query_start_loc, v_scale,
-            num_splits, self.num_heads * self.head_dim, self.head_dim,
-        )  # fmt: skip
-        merge_constexprs = dict(
-            HEAD_DIM=self.head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits), TILE_N=tiles.tile_n,
-            KV_SCALED=flags[0],
-        )  # fmt: skip
-        _MERGE(key, (self.num_seqs, self.num_heads), merge_args, merge_constexprs, num_warps=4, num_stages=1,
-               device_index=self.device_index)  # fmt: skip
+        self._merge(out, v_scale, flags, key, tiles.tile_n)
 
 
 _UNIFIED = Launcher(unified_attention_kernel)
 _SPLIT = Launcher(split_kv_decode_kernel)
 _MERGE = Launcher(merge_splits_kernel)
+_FP8_SM90 = Launcher(fp8_sm90.fp8_decode_sm90_kernel) if fp8_sm90.HAVE_GLUON else None
 
 
 def plan_attention(*metadata: object, kv_dtype: torch.dtype | None = None) -> AttentionPlan:
@@ -504,15 +570,17 @@ def paged_attention_with_tiles(
     fp8_dot_f16: bool | None = None,
     fp8_qk: bool | None = None,
     new_kv_desc: bool | None = None,
+    fp8_gluon: bool | None = False,
     k_new: torch.Tensor | None = None,
     v_new: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`paged_attention` with explicit tiles and split count (tests and sweeps); same contract
     otherwise. num_splits > 1 takes the split-KV path, which serves pure-decode batches only
-    (max_query_len <= 1); tiles.block_m then counts the query heads of one KV head."""
+    (max_query_len <= 1); tiles.block_m then counts the query heads of one KV head. The tiles are
+    the Triton kernels', so the sm90 FP8 decode kernel is off unless fp8_gluon asks for it."""
     plan = AttentionPlan(
         block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, q.shape[1], k_cache.shape[2],
         q.shape[2], k_cache.shape[1], tiles=tiles, num_splits=num_splits, fp8_dot_f16=fp8_dot_f16, fp8_qk=fp8_qk,
-        new_kv_desc=new_kv_desc,
+        new_kv_desc=new_kv_desc, fp8_gluon=fp8_gluon,
     )  # fmt: skip
     return plan.run(q, k_cache, v_cache, scale, k_scale=k_scale, v_scale=v_scale, k_new=k_new, v_new=v_new)

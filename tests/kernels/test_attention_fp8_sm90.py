@@ -1,0 +1,160 @@
+"""The sm90 FP8 decode kernel (Gluon, attention_fp8_decode_sm90.py) against the float32 reference
+and the bf16 cache, and its dispatch. The kernel itself needs an sm90 GPU (no interpreter runs
+Gluon), so its numerics are GPU tests; on CPU the dispatch must leave it alone.
+
+Batches come from test_attention.make_batch (unowned cache slots and block-table padding are NaN,
+so reading past a sequence without a mask fails), rewritten to FP8 by write_kv_cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from test_attention import GPU_TOL, PagedBatch, make_batch
+from test_attention_split import FP8_ACCURACY
+
+from tritonllm import platform
+from tritonllm.kernels import attention, attention_fp8_decode_sm90, reference
+from tritonllm.kernels.attention import (
+    ATTENTION_CONFIGS,
+    AttentionPlan,
+    Fp8DecodeTiles,
+    choose_tiles,
+    paged_attention,
+    paged_attention_with_tiles,
+)
+from tritonllm.kernels.kv_cache_write import write_kv_cache
+
+needs_sm90 = pytest.mark.skipif(
+    not attention_fp8_decode_sm90.available(), reason="the Gluon FP8 decode kernel runs on sm90 GPUs only"
+)
+
+
+def _fp8_batch(ctx: list[int], num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, seed: int,
+               q_lens: list[int] | None = None):  # fmt: skip
+    """A bf16 decode batch on the GPU and the same batch with its caches written as FP8 (NaN poison kept)."""
+    dtype = platform.fp8_e4m3_dtype()
+    q_lens = q_lens or [1] * len(ctx)
+    bf16 = make_batch(q_lens, ctx, num_heads, num_kv_heads, head_dim, block_size, torch.bfloat16, "cuda", seed)
+    fp8_max = torch.finfo(dtype).max
+    scales = [(c.nan_to_num(0).float().abs().amax() / fp8_max).reshape(1) for c in (bf16.k_cache, bf16.v_cache)]
+    caches = [torch.full(bf16.k_cache.shape, float("nan"), device="cuda").to(dtype) for _ in range(2)]
+    rows_k = bf16.k_cache.reshape(-1, num_kv_heads, head_dim)
+    rows_v = bf16.v_cache.reshape(-1, num_kv_heads, head_dim)
+    slots = torch.nonzero(~rows_k.isnan().any(-1).any(-1)).flatten()
+    write_kv_cache(rows_k[slots], rows_v[slots], *caches, slots, k_scale=scales[0], v_scale=scales[1])
+    return bf16, dataclasses.replace(bf16, k_cache=caches[0], v_cache=caches[1]), scales[0], scales[1]
+
+
+def _plan(batch: PagedBatch, num_splits: int | None = None, fp8_gluon: bool | None = None) -> AttentionPlan:
+    q, k_cache = batch.q, batch.k_cache
+    return AttentionPlan(*batch.args()[3:8], q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1],
+                         num_splits=num_splits, fp8_gluon=fp8_gluon, kv_dtype=k_cache.dtype)  # fmt: skip
+
+
+def _check(batch: PagedBatch, k_scale: torch.Tensor, v_scale: torch.Tensor, num_splits: int | None = None) -> None:
+    plan = _plan(batch, num_splits)
+    assert plan.fp8_tiles is not None  # the Gluon kernel serves it
+    out = plan.run(batch.q, batch.k_cache, batch.v_cache, batch.scale, k_scale=k_scale, v_scale=v_scale)
+    expected = reference.paged_attention(*dataclasses.replace(batch, q=batch.q.float()).args(), k_scale=k_scale,
+                                         v_scale=v_scale)  # fmt: skip
+    torch.testing.assert_close(out.float(), expected, **GPU_TOL)
+
+
+# ---- CPU: dispatch ------------------------------------------------------------------------------
+
+
+def test_hopper_config_names_the_kernel_and_cpu_leaves_it_alone() -> None:
+    assert ATTENTION_CONFIGS["hopper"].fp8_decode_sm90 is not None
+    assert all(ATTENTION_CONFIGS[f].fp8_decode_sm90 is None for f in ("ampere", "cdna", "interpreter"))
+    assert not attention_fp8_decode_sm90.available()  # CPU: no sm90 GPU
+    batch = make_batch([1, 1], [40, 7], 8, 2, 64, 16, seed=60)
+    assert _plan(batch).fp8_tiles is None
+
+
+def test_shapes_the_kernel_serves() -> None:
+    supported = attention_fp8_decode_sm90.supported
+    assert supported(128, 4, 16, 128) == attention_fp8_decode_sm90.HAVE_GLUON
+    assert not supported(96, 4, 16, 64)  # head_dim outside 64/128/256
+    assert not supported(128, 32, 16, 64)  # group > 16
+    assert not supported(128, 4, 16, 32)  # tiles are 64 or 128 keys (wgmma's M per warpgroup)
+
+
+def test_requiring_the_kernel_where_it_cannot_run_names_the_fix() -> None:
+    batch = make_batch([1, 1], [40, 7], 8, 2, 64, 16, seed=61)
+    with pytest.raises(ValueError, match="fp8_gluon=None"):
+        _plan(batch, fp8_gluon=True)
+    mixed = make_batch([1, 5], [40, 7], 8, 2, 64, 16, seed=62)  # a prefill chunk: not a decode batch
+    with pytest.raises(ValueError, match="pure-decode"):
+        _plan(mixed, fp8_gluon=True)
+
+
+# ---- GPU: numerics --------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("num_splits", [None, 1, 3, 16])
+def test_gpu_ragged_decode_matches_reference(num_splits: int | None) -> None:
+    """Contexts shorter than a tile, at tile edges (63/64/65, 127/128/129), one key, long ones."""
+    ctx = [1, 15, 17, 63, 64, 65, 127, 128, 129, 1000, 8191, 3]
+    _, batch, k_scale, v_scale = _fp8_batch(ctx, 32, 8, 128, 16, seed=63)
+    _check(batch, k_scale, v_scale, num_splits)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize(
+    "num_heads, num_kv_heads, head_dim, block_size",
+    [(28, 4, 128, 16), (16, 8, 64, 32), (8, 8, 128, 8), (32, 2, 128, 16), (8, 2, 256, 16)],
+)
+def test_gpu_other_head_layouts(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int) -> None:
+    """Qwen2.5-7B's group of 7, head_dim 64 and 256, MHA (group 1), group 16, block sizes 8 and 32."""
+    _, batch, k_scale, v_scale = _fp8_batch([5000, 3, 1234, 77], num_heads, num_kv_heads, head_dim, block_size, 64)
+    _check(batch, k_scale, v_scale)
+    _check(batch, k_scale, v_scale, num_splits=4)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize(
+    "tiles", [Fp8DecodeTiles(64, 2, False), Fp8DecodeTiles(64, 3, True), Fp8DecodeTiles(128, 3, False)]
+)
+def test_gpu_other_tiles(monkeypatch: pytest.MonkeyPatch, tiles: Fp8DecodeTiles) -> None:
+    """Every ring depth, tile size and V buffer choice computes the same thing."""
+    hopper = dataclasses.replace(ATTENTION_CONFIGS["hopper"], fp8_decode_sm90=tiles)
+    monkeypatch.setitem(ATTENTION_CONFIGS, "hopper", hopper)
+    _, batch, k_scale, v_scale = _fp8_batch([4000, 1, 130, 64], 32, 8, 128, 16, seed=65)
+    _check(batch, k_scale, v_scale)
+    _check(batch, k_scale, v_scale, num_splits=5)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_close_to_bf16_cache_and_to_the_triton_kernel() -> None:
+    """The FP8 cache's accuracy budget against the bf16 cache, and agreement with the portable FP8 path."""
+    bf16, batch, k_scale, v_scale = _fp8_batch([100 * i + 7 for i in range(16)] + [8191], 32, 8, 128, 16, seed=66)
+    out = paged_attention(*batch.args(), k_scale=k_scale, v_scale=v_scale)
+    error = (out - paged_attention(*bf16.args())).float().abs()
+    assert error.max() <= FP8_ACCURACY["max_abs"] and error.mean() <= FP8_ACCURACY["mean_abs"], (
+        error.max(),
+        error.mean(),
+    )
+    tiles = choose_tiles(1, 4, 128, batch.q.shape[0], 8, kv_fp8=True)
+    triton_path = paged_attention_with_tiles(*batch.args(), tiles, k_scale=k_scale, v_scale=v_scale)
+    torch.testing.assert_close(out.float(), triton_path.float(), **GPU_TOL)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_engine_plan_takes_it_and_skips_empty_sequences() -> None:
+    """A step's plan (as the engine builds it) uses the kernel; a sequence without a query is left alone."""
+    _, batch, k_scale, v_scale = _fp8_batch([300, 20, 900], 32, 8, 128, 16, seed=67, q_lens=[1, 0, 1])
+    plan = attention.plan_attention(*batch.args()[3:8], 32, 8, 128, 16, kv_dtype=batch.k_cache.dtype)
+    assert plan.fp8_tiles is not None
+    out = plan.run(batch.q, batch.k_cache, batch.v_cache, batch.scale, k_scale=k_scale, v_scale=v_scale)
+    expected = reference.paged_attention(*dataclasses.replace(batch, q=batch.q.float()).args(), k_scale=k_scale,
+                                         v_scale=v_scale)  # fmt: skip
+    torch.testing.assert_close(out.float(), expected, **GPU_TOL)
