@@ -2,14 +2,18 @@
 
 Checks that one kernel source builds for every target (no CUDA-only construct), for bf16 and FP8
 caches (e4m3fn on NVIDIA, e4m3fnuz on MI300) with both FP8 dot paths. sm80 has no FP8 conversions:
-its FP8 variants are expected to fail (platform.fp8_e4m3_dtype refuses FP8 caches there).
+its FP8 variants are expected to fail (platform.fp8_e4m3_dtype refuses FP8 caches there). Then the
+NVIDIA-only Gluon FP8 decode kernel (attention_fp8_decode_sm90.py) for sm90, at every tile, head
+layout and output variant the engine can pick; its PTX must hold wgmma and no local memory.
 
-    python scripts/cross_compile_attention.py        # ~2 minutes on a laptop CPU
+    python scripts/cross_compile_attention.py            # ~2 minutes on a laptop CPU
+    python scripts/cross_compile_attention.py --gluon    # only the sm90 Gluon kernel (~20 s)
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ["TRITON_INTERPRET"] = "0"  # before tritonllm.platform, which would switch it on without a GPU
 
@@ -18,7 +22,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from tritonllm.kernels import attention_split, attention_unified
+from tritonllm.kernels import attention_fp8_decode_sm90, attention_split, attention_unified
 
 TARGETS = [GPUTarget("cuda", 90, 32), GPUTarget("cuda", 80, 32), GPUTarget("hip", "gfx942", 64)]
 POINTERS = {
@@ -47,8 +51,44 @@ def compile_one(fn: triton.JITFunction, target: GPUTarget, kv: str, constexprs: 
     return None
 
 
-def main() -> None:
+# (head_dim, group, block_size, tile_n, stages, inplace_v, direct): the Hopper config first
+GLUON_VARIANTS = [
+    (128, 4, 16, 128, 2, True, True),
+    (128, 4, 16, 128, 2, True, False),
+    (128, 4, 16, 64, 3, False, True),
+    (64, 2, 32, 128, 2, True, True),
+    (256, 8, 16, 64, 2, True, False),
+    (128, 7, 8, 64, 2, True, True),
+    (128, 16, 16, 128, 2, True, True),
+]
+
+
+def compile_gluon() -> int:
+    """The sm90 Gluon FP8 decode kernel at GLUON_VARIANTS; returns the number of failures."""
+    if not attention_fp8_decode_sm90.HAVE_GLUON:
+        print("cuda 90 fp8_decode_sm90_kernel: skipped (this Triton has no Gluon)")
+        return 0
     failures = 0
+    for head_dim, group, block_size, tile_n, stages, inplace_v, direct in GLUON_VARIANTS:
+        name = f"head_dim {head_dim} group {group} block {block_size} tile_n {tile_n} stages {stages}"
+        name += f"{' inplace_v' if inplace_v else ''}{' direct' if direct else ' partials'}"
+        try:
+            kernel = attention_fp8_decode_sm90.compile_sm90(
+                head_dim, group, block_size, tile_n, stages, inplace_v, direct
+            )
+            ptx = kernel.asm["ptx"]
+            error = None if "wgmma.mma_async" in ptx and "ld.local" not in ptx else "no wgmma, or local memory"
+        except Exception as failure:  # noqa: BLE001 - reported, not raised
+            error = str(failure).splitlines()[0][:200]
+        failures += error is not None
+        print(f"cuda 90 fp8_decode_sm90_kernel {name}: {'ok' if error is None else 'FAILED: ' + error}")
+    return failures
+
+
+def main() -> None:
+    failures = compile_gluon()
+    if "--gluon" in sys.argv[1:]:
+        raise SystemExit(1 if failures else 0)
     for target in TARGETS:
         fp8 = "fp8e4nv" if target.backend == "cuda" else "fp8e4b8"
         for kv, fp8_qk in (("bf16", False), (fp8, False), (fp8, True)):

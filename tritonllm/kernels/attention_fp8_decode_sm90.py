@@ -29,6 +29,7 @@ Grid: (num_kv_heads, num_seqs, num_splits); segments of a sequence as attention_
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
@@ -45,6 +46,11 @@ try:  # triton >= 3.5 ships Gluon; without it the portable kernels serve FP8 cac
     )
 
     HAVE_GLUON = True
+    # Gluon's API is experimental: triton 3.6 names the cp.async copy async_copy_global_to_shared and
+    # the CTA barrier thread_barrier, later versions async_load and barrier (the old names then raise)
+    _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+    _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+    _PUBLIC_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))  # else _reinterpret
 except ImportError:  # pragma: no cover - older triton
     HAVE_GLUON = False
 
@@ -53,10 +59,51 @@ NUM_WARPS = 4  # one warpgroup
 
 @functools.cache
 def available() -> bool:
-    """Whether this machine runs the kernel: an NVIDIA sm90 GPU (wgmma) and Triton with Gluon."""
-    if not HAVE_GLUON or platform.PLATFORM != "cuda":
+    """Whether this machine runs the kernel: an NVIDIA sm90 GPU (wgmma) and a Triton whose Gluon
+    compiles it (Gluon's API is experimental: a version that breaks it leaves FP8 decode to the
+    portable kernels, with a warning, instead of failing a step)."""
+    if not HAVE_GLUON or platform.PLATFORM != "cuda" or torch.cuda.get_device_capability(platform.DEVICE)[0] != 9:
         return False
-    return torch.cuda.get_device_capability(platform.DEVICE)[0] == 9
+    try:
+        compile_sm90()
+    except Exception as failure:  # noqa: BLE001 - any compiler error means: use the portable kernels
+        warnings.warn(f"FP8 decode: the sm90 Gluon kernel does not compile with this Triton ({failure!r:.300}); "
+                      "the portable Triton kernel serves FP8 caches instead", stacklevel=2)  # fmt: skip
+        return False
+    return True
+
+
+def compile_sm90(
+    head_dim: int = 128,
+    group: int = 4,
+    block_size: int = 16,
+    tile_n: int = 128,
+    stages: int = 2,
+    inplace_v: bool = True,
+    direct: bool = True,
+    q_dtype: str = "bf16",
+):
+    """Compile the kernel for sm90 without a GPU (Triton's own compiler and ptxas); returns the
+    compiled kernel (its .asm holds the IR, PTX and cubin). For tests, scripts/cross_compile_attention.py
+    and the probe of available()."""
+    from triton import compile as triton_compile
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = fp8_decode_sm90_kernel
+    constexprs = dict(GROUP=group, ROWS=max(8, 1 << (group - 1).bit_length()), BLOCK_SIZE=block_size,
+                      HEAD_DIM=head_dim, TILE_N=tile_n, STAGES=stages, DIRECT=direct, INPLACE_V=inplace_v)  # fmt: skip
+    pointers = dict(out_ptr=f"*{q_dtype}", q_ptr=f"*{q_dtype}", k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv",
+                    block_tables_ptr="*i32", seq_lens_ptr="*i32", query_start_loc_ptr="*i32")  # fmt: skip
+    names = fn.arg_names
+    signature = {n: "constexpr" if n in constexprs else pointers.get(n, "*fp32" if n.endswith("_ptr") else "i32")
+                 for n in names}  # fmt: skip
+    signature["qk_scale"] = "fp32"
+    # pointers and the block/token strides divisible by 16, as an engine's caches have them
+    aligned = [i for i, n in enumerate(names) if n not in constexprs and (n.endswith("_ptr") or n.startswith("stride"))]
+    source = GluonASTSource(fn, signature, {(names.index(k),): v for k, v in constexprs.items()},
+                            {(i,): [["tt.divisibility", 16]] for i in aligned})  # fmt: skip
+    return triton_compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=NUM_WARPS))
 
 
 def supported(head_dim: int, group: int, block_size: int, tile_n: int) -> bool:
@@ -133,8 +180,8 @@ if HAVE_GLUON:
         in_block = keys % BLOCK_SIZE
         k_rows = gl.expand_dims(blocks * stride_kc_block + in_block * stride_kc_slot, 1)
         v_rows = gl.expand_dims(blocks * stride_vc_block + in_block * stride_vc_slot, 1)
-        async_copy.async_copy_global_to_shared(slot.slice(0, TILE_N), k_head_ptr + k_rows + offs_d, mask=mask)
-        async_copy.async_copy_global_to_shared(slot.slice(TILE_N, TILE_N), v_head_ptr + v_rows + offs_d, mask=mask)
+        _async_load(slot.slice(0, TILE_N), k_head_ptr + k_rows + offs_d, mask=mask)
+        _async_load(slot.slice(TILE_N, TILE_N), v_head_ptr + v_rows + offs_d, mask=mask)
 
     @gluon.jit(do_not_specialize=["num_splits"])
     def fp8_decode_sm90_kernel(
@@ -238,7 +285,7 @@ if HAVE_GLUON:
             # tile `tile` landed (this thread's copies), then everyone's: and every thread is done
             # with the slot the next issue overwrites (read in the previous iteration)
             async_copy.wait_group(STAGES - 2)
-            gl.thread_barrier()
+            _barrier()
             nxt = tile + STAGES - 1
             _issue_tile(
                 ring.index(nxt % STAGES), blocks, nxt, key_start, key_end, k_head_ptr, v_head_ptr, stride_kc_block,
@@ -256,8 +303,11 @@ if HAVE_GLUON:
             # V widened once into the float16 operand buffer (overlaps the MMA)
             v = slot.slice(TILE_N, TILE_N).load(copy).to(gl.float16)
             if INPLACE_V:
-                vh_smem = slot._reinterpret(gl.float16, [TILE_N, HEAD_DIM], vh_layout)
-                gl.thread_barrier()  # every thread has read the slot's FP8 bytes
+                if _PUBLIC_REINTERPRET:
+                    vh_smem = slot.reinterpret(gl.float16, [TILE_N, HEAD_DIM], vh_layout)
+                else:
+                    vh_smem = slot._reinterpret(gl.float16, [TILE_N, HEAD_DIM], vh_layout)
+                _barrier()  # every thread has read the slot's FP8 bytes
             vh_smem.store(v)
 
             s = warpgroup_mma_wait(0, deps=(s,))
@@ -271,7 +321,7 @@ if HAVE_GLUON:
             m_i = m_new
             p_smem.store(gl.permute(p.to(gl.float16), (1, 0)))
             fence_async_shared()
-            gl.thread_barrier()
+            _barrier()
             o_acc = warpgroup_mma(
                 vh_smem.permute((1, 0)), p_smem.permute((1, 0)), o_acc * gl.expand_dims(alpha, 0), is_async=True
             )
