@@ -23,7 +23,7 @@ Layouts (element strides passed in; the last dim of every tensor must be contigu
   k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim] FP8 (values / k_scale, v_scale)
   k_scale, v_scale [1] float32
   partial_*        as attention_split.py (used when num_splits > 1; merge_splits_kernel finishes)
-Grid: (num_kv_heads, num_seqs, num_splits); segments of a sequence as attention_split._split_len.
+Grid: (num_kv_heads, num_seqs, num_splits); segments of a sequence as attention_split.segment_len.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import warnings
 import torch
 
 from tritonllm import platform
+from tritonllm.kernels.attention_split import segment_len
 
 try:  # triton >= 3.5 ships Gluon; without it the portable kernels serve FP8 caches too
     from triton.experimental import gluon
@@ -226,7 +227,7 @@ if HAVE_GLUON:
         q_start = gl.load(query_start_loc_ptr + seq)
         q_len = gl.load(query_start_loc_ptr + seq + 1) - q_start
         seq_len = gl.load(seq_lens_ptr + seq)
-        split_len = gl.cdiv(gl.cdiv(seq_len, num_splits), TILE_N) * TILE_N
+        split_len = segment_len(seq_len, num_splits, TILE_N)
         key_start = split * split_len
         key_end = gl.minimum(key_start + split_len, seq_len)
         if (q_len == 0) | (key_start >= key_end):

@@ -38,7 +38,7 @@ from tritonllm.kernels.attention_tile import _attend_tile, _prepare_q
 
 
 @triton.jit
-def _split_len(seq_len, num_splits, TILE_N: tl.constexpr):
+def segment_len(seq_len, num_splits, TILE_N: tl.constexpr):
     """Keys per segment of a sequence: whole tiles, num_splits segments cover seq_len."""
     return tl.cdiv(tl.cdiv(seq_len, num_splits), TILE_N) * TILE_N
 
@@ -82,7 +82,7 @@ def split_kv_decode_kernel(
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + seq)
-    split_len = _split_len(seq_len, num_splits, TILE_N)
+    split_len = segment_len(seq_len, num_splits, TILE_N)
     key_start = split * split_len
     key_end = tl.minimum(key_start + split_len, seq_len)
     if (q_len == 0) | (key_start >= key_end):
@@ -153,7 +153,7 @@ def merge_splits_kernel(
     if q_len == 0:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
-    num_used = tl.cdiv(seq_len, _split_len(seq_len, num_splits, TILE_N))  # non-empty segments
+    num_used = tl.cdiv(seq_len, segment_len(seq_len, num_splits, TILE_N))  # non-empty segments
 
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
