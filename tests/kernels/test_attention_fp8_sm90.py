@@ -84,6 +84,8 @@ def test_shapes_the_kernel_serves() -> None:
     assert not supported(96, 4, 16, 64)  # head_dim outside 64/128/256
     assert not supported(128, 32, 16, 64)  # group > 16
     assert not supported(128, 4, 16, 32)  # tiles are 64 or 128 keys (wgmma's M per warpgroup)
+    # the query heads of a KV head fill wgmma's N dim: at least 8, a power of two
+    assert [attention_fp8_decode_sm90.padded_rows(g) for g in (1, 4, 7, 8, 9, 16)] == [8, 8, 8, 8, 16, 16]
 
 
 def test_requiring_the_kernel_where_it_cannot_run_names_the_fix() -> None:

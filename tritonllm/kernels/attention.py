@@ -457,7 +457,7 @@ class AttentionPlan:
             self._bt_stride, *strides[2:],
         )  # fmt: skip
         constexprs = dict(
-            GROUP=self.group, ROWS=max(8, triton.next_power_of_2(self.group)), BLOCK_SIZE=self.block_size,
+            GROUP=self.group, ROWS=fp8_sm90.padded_rows(self.group), BLOCK_SIZE=self.block_size,
             HEAD_DIM=self.head_dim, TILE_N=tiles.tile_n, STAGES=tiles.num_stages, DIRECT=num_splits == 1,
             INPLACE_V=tiles.inplace_v,
         )  # fmt: skip
@@ -467,9 +467,9 @@ class AttentionPlan:
             num_stages=tiles.num_stages, device_index=self.device_index,
         )  # fmt: skip
         if num_splits > 1:
-            self._merge(out, v_scale, (True,), key, tiles.tile_n)
+            self._merge(out, v_scale, True, key, tiles.tile_n)
 
-    def _merge(self, out, v_scale, flags, key, tile_n) -> None:
+    def _merge(self, out, v_scale, kv_scaled: bool, key, tile_n: int) -> None:
         """The split-KV partial results merged into out (attention_split.merge_splits_kernel)."""
         merge_args = (
             out, self.partial_out, self.partial_max, self.partial_sum, self.seq_lens, self.query_start_loc, v_scale,
@@ -477,7 +477,7 @@ class AttentionPlan:
         )  # fmt: skip
         merge_constexprs = dict(
             HEAD_DIM=self.head_dim, SPLITS_PAD=triton.next_power_of_2(self.num_splits), TILE_N=tile_n,
-            KV_SCALED=flags[0],
+            KV_SCALED=kv_scaled,
         )  # fmt: skip
         _MERGE(key, (self.num_seqs, self.num_heads), merge_args, merge_constexprs, num_warps=4, num_stages=1,
                device_index=self.device_index)  # fmt: skip
@@ -499,7 +499,7 @@ class AttentionPlan:
             key, (self.num_seqs, self.num_kv_heads, num_splits), args, constexprs, num_warps=tiles.num_warps,
             num_stages=tiles.num_stages, device_index=self.device_index,
         )  # fmt: skip
-        self._merge(out, v_scale, flags, key, tiles.tile_n)
+        self._merge(out, v_scale, flags[0], key, tiles.tile_n)
 
 
 _UNIFIED = Launcher(unified_attention_kernel)

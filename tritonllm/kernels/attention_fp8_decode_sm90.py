@@ -74,6 +74,11 @@ def available() -> bool:
     return True
 
 
+def padded_rows(group: int) -> int:
+    """The wgmma N dim the GROUP query heads of a KV head are padded to (ROWS): 8 or a power of two."""
+    return max(8, 1 << (group - 1).bit_length())
+
+
 def compile_sm90(
     head_dim: int = 128,
     group: int = 4,
@@ -92,7 +97,7 @@ def compile_sm90(
     from triton.experimental.gluon._runtime import GluonASTSource
 
     fn = fp8_decode_sm90_kernel
-    constexprs = dict(GROUP=group, ROWS=max(8, 1 << (group - 1).bit_length()), BLOCK_SIZE=block_size,
+    constexprs = dict(GROUP=group, ROWS=padded_rows(group), BLOCK_SIZE=block_size,
                       HEAD_DIM=head_dim, TILE_N=tile_n, STAGES=stages, DIRECT=direct, INPLACE_V=inplace_v)  # fmt: skip
     pointers = dict(out_ptr=f"*{q_dtype}", q_ptr=f"*{q_dtype}", k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv",
                     block_tables_ptr="*i32", seq_lens_ptr="*i32", query_start_loc_ptr="*i32")  # fmt: skip
