@@ -14,8 +14,8 @@ bandwidth: experiments/attention_kernels/session3/). Here every layout is chosen
   because the dot's reduction order is free: the register layout loads key dims
   d = (HEAD_DIM / 4) t + 4 s + 2 h + e where the wgmma fragment expects k = 16 s + 8 h + 2 t + e,
   and q (the B operand, staged once in shared memory) is permuted the same way.
-- V is widened once per tile into a float16 shared buffer that wgmma reads as a transposed A
-  operand: O^T [HEAD_DIM, ROWS] += V^T P^T, P^T staged in shared memory. Accumulators stay tiny
+- V is widened once per tile into a float16 shared buffer (by default the tile's own ring slot,
+  INPLACE_V, which saves 16-32 KB a program) that wgmma reads as a transposed A operand: O^T [HEAD_DIM, ROWS] += V^T P^T, P^T staged in shared memory. Accumulators stay tiny
   (S^T: 4 registers a thread at 64 keys, O^T: 8), so registers do not limit occupancy.
 
 Layouts (element strides passed in; the last dim of every tensor must be contiguous):
@@ -36,7 +36,7 @@ import torch
 from tritonllm import platform
 from tritonllm.kernels.attention_split import segment_len
 
-try:  # triton >= 3.5 ships Gluon; without it the portable kernels serve FP8 caches too
+try:  # recent triton ships Gluon (3.6 and 3.9 checked); without it the portable kernels serve FP8 caches
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
