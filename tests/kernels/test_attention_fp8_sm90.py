@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 from test_attention import GPU_TOL, PagedBatch, make_batch
-from test_attention_split import FP8_ACCURACY
+from test_attention_split import FP8_ACCURACY, _gpu_fp8_batch
 
-from tritonllm import platform
 from tritonllm.kernels import attention, attention_fp8_decode_sm90, reference
 from tritonllm.kernels.attention import (
     ATTENTION_CONFIGS,
@@ -29,27 +28,10 @@ from tritonllm.kernels.attention import (
     paged_attention,
     paged_attention_with_tiles,
 )
-from tritonllm.kernels.kv_cache_write import write_kv_cache
 
 needs_sm90 = pytest.mark.skipif(
     not attention_fp8_decode_sm90.available(), reason="the Gluon FP8 decode kernel runs on sm90 GPUs only"
 )
-
-
-def _fp8_batch(ctx: list[int], num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, seed: int,
-               q_lens: list[int] | None = None):  # fmt: skip
-    """A bf16 decode batch on the GPU and the same batch with its caches written as FP8 (NaN poison kept)."""
-    dtype = platform.fp8_e4m3_dtype()
-    q_lens = q_lens or [1] * len(ctx)
-    bf16 = make_batch(q_lens, ctx, num_heads, num_kv_heads, head_dim, block_size, torch.bfloat16, "cuda", seed)
-    fp8_max = torch.finfo(dtype).max
-    scales = [(c.nan_to_num(0).float().abs().amax() / fp8_max).reshape(1) for c in (bf16.k_cache, bf16.v_cache)]
-    caches = [torch.full(bf16.k_cache.shape, float("nan"), device="cuda").to(dtype) for _ in range(2)]
-    rows_k = bf16.k_cache.reshape(-1, num_kv_heads, head_dim)
-    rows_v = bf16.v_cache.reshape(-1, num_kv_heads, head_dim)
-    slots = torch.nonzero(~rows_k.isnan().any(-1).any(-1)).flatten()
-    write_kv_cache(rows_k[slots], rows_v[slots], *caches, slots, k_scale=scales[0], v_scale=scales[1])
-    return bf16, dataclasses.replace(bf16, k_cache=caches[0], v_cache=caches[1]), scales[0], scales[1]
 
 
 def _plan(batch: PagedBatch, num_splits: int | None = None, fp8_gluon: bool | None = None) -> AttentionPlan:
@@ -58,8 +40,9 @@ def _plan(batch: PagedBatch, num_splits: int | None = None, fp8_gluon: bool | No
                          num_splits=num_splits, fp8_gluon=fp8_gluon, kv_dtype=k_cache.dtype)  # fmt: skip
 
 
-def _check(batch: PagedBatch, k_scale: torch.Tensor, v_scale: torch.Tensor, num_splits: int | None = None) -> None:
-    plan = _plan(batch, num_splits)
+def _check(batch: PagedBatch, k_scale: torch.Tensor, v_scale: torch.Tensor, num_splits: int | None = None,
+           plan: AttentionPlan | None = None) -> None:  # fmt: skip
+    plan = plan or _plan(batch, num_splits)
     assert plan.fp8_tiles is not None  # the Gluon kernel serves it
     out = plan.run(batch.q, batch.k_cache, batch.v_cache, batch.scale, k_scale=k_scale, v_scale=v_scale)
     expected = reference.paged_attention(*dataclasses.replace(batch, q=batch.q.float()).args(), k_scale=k_scale,
@@ -119,7 +102,7 @@ def test_kernel_compiles_for_sm90_with_this_triton() -> None:
 def test_gpu_ragged_decode_matches_reference(num_splits: int | None) -> None:
     """Contexts shorter than a tile, at tile edges (63/64/65, 127/128/129), one key, long ones."""
     ctx = [1, 15, 17, 63, 64, 65, 127, 128, 129, 1000, 8191, 3]
-    _, batch, k_scale, v_scale = _fp8_batch(ctx, 32, 8, 128, 16, seed=63)
+    _, batch, k_scale, v_scale = _gpu_fp8_batch([1] * len(ctx), ctx, seed=63)
     _check(batch, k_scale, v_scale, num_splits)
 
 
@@ -131,7 +114,8 @@ def test_gpu_ragged_decode_matches_reference(num_splits: int | None) -> None:
 )
 def test_gpu_other_head_layouts(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int) -> None:
     """Qwen2.5-7B's group of 7, head_dim 64 and 256, MHA (group 1), group 16, block sizes 8 and 32."""
-    _, batch, k_scale, v_scale = _fp8_batch([5000, 3, 1234, 77], num_heads, num_kv_heads, head_dim, block_size, 64)
+    ctx = [5000, 3, 1234, 77]
+    _, batch, k_scale, v_scale = _gpu_fp8_batch([1] * 4, ctx, 64, num_heads, num_kv_heads, head_dim, block_size)
     _check(batch, k_scale, v_scale)
     _check(batch, k_scale, v_scale, num_splits=4)
 
@@ -145,7 +129,7 @@ def test_gpu_other_tiles(monkeypatch: pytest.MonkeyPatch, tiles: Fp8DecodeTiles)
     """Every ring depth, tile size and V buffer choice computes the same thing."""
     hopper = dataclasses.replace(ATTENTION_CONFIGS["hopper"], fp8_decode_sm90=tiles)
     monkeypatch.setitem(ATTENTION_CONFIGS, "hopper", hopper)
-    _, batch, k_scale, v_scale = _fp8_batch([4000, 1, 130, 64], 32, 8, 128, 16, seed=65)
+    _, batch, k_scale, v_scale = _gpu_fp8_batch([1] * 4, [4000, 1, 130, 64], seed=65)
     _check(batch, k_scale, v_scale)
     _check(batch, k_scale, v_scale, num_splits=5)
 
@@ -154,7 +138,8 @@ def test_gpu_other_tiles(monkeypatch: pytest.MonkeyPatch, tiles: Fp8DecodeTiles)
 @needs_sm90
 def test_gpu_close_to_bf16_cache_and_to_the_triton_kernel() -> None:
     """The FP8 cache's accuracy budget against the bf16 cache, and agreement with the portable FP8 path."""
-    bf16, batch, k_scale, v_scale = _fp8_batch([100 * i + 7 for i in range(16)] + [8191], 32, 8, 128, 16, seed=66)
+    ctx = [100 * i + 7 for i in range(16)] + [8191]
+    bf16, batch, k_scale, v_scale = _gpu_fp8_batch([1] * len(ctx), ctx, seed=66)
     out = paged_attention(*batch.args(), k_scale=k_scale, v_scale=v_scale)
     error = (out - paged_attention(*bf16.args())).float().abs()
     assert error.max() <= FP8_ACCURACY["max_abs"] and error.mean() <= FP8_ACCURACY["mean_abs"], (
@@ -170,10 +155,6 @@ def test_gpu_close_to_bf16_cache_and_to_the_triton_kernel() -> None:
 @needs_sm90
 def test_gpu_engine_plan_takes_it_and_skips_empty_sequences() -> None:
     """A step's plan (as the engine builds it) uses the kernel; a sequence without a query is left alone."""
-    _, batch, k_scale, v_scale = _fp8_batch([300, 20, 900], 32, 8, 128, 16, seed=67, q_lens=[1, 0, 1])
+    _, batch, k_scale, v_scale = _gpu_fp8_batch([1, 0, 1], [300, 20, 900], seed=67)
     plan = attention.plan_attention(*batch.args()[3:8], 32, 8, 128, 16, kv_dtype=batch.k_cache.dtype)
-    assert plan.fp8_tiles is not None
-    out = plan.run(batch.q, batch.k_cache, batch.v_cache, batch.scale, k_scale=k_scale, v_scale=v_scale)
-    expected = reference.paged_attention(*dataclasses.replace(batch, q=batch.q.float()).args(), k_scale=k_scale,
-                                         v_scale=v_scale)  # fmt: skip
-    torch.testing.assert_close(out.float(), expected, **GPU_TOL)
+    _check(batch, k_scale, v_scale, plan=plan)

@@ -277,35 +277,44 @@ def test_gpu_split_kv_other_head_layouts(num_heads: int, num_kv_heads: int, head
     _check_on_gpu(batch, 8)
 
 
-def _gpu_fp8_batch(q_lens: list[int], ctx_lens: list[int], seed: int) -> tuple[PagedBatch, torch.Tensor, torch.Tensor]:
-    """A bf16 batch whose caches are rewritten as FP8 by write_kv_cache on the GPU."""
+def _gpu_fp8_batch(
+    q_lens: list[int],
+    ctx_lens: list[int],
+    seed: int,
+    num_heads: int = 32,
+    num_kv_heads: int = 8,
+    head_dim: int = 128,
+    block_size: int = 16,
+    device: str = "cuda",
+) -> tuple[PagedBatch, PagedBatch, torch.Tensor, torch.Tensor]:
+    """A bf16 batch and the same batch with its caches rewritten as FP8 by write_kv_cache (the NaN
+    poison of unowned slots kept): (bf16, fp8, k_scale, v_scale)."""
     dtype = platform.fp8_e4m3_dtype()
-    batch = make_batch(q_lens, ctx_lens, 32, 8, 128, 16, torch.bfloat16, "cuda", seed=seed)
+    bf16 = make_batch(q_lens, ctx_lens, num_heads, num_kv_heads, head_dim, block_size, torch.bfloat16, device, seed)
     fp8_max = torch.finfo(dtype).max
-    scales = [(c.nan_to_num(0).float().abs().amax() / fp8_max).reshape(1) for c in (batch.k_cache, batch.v_cache)]
-    k8 = torch.full(batch.k_cache.shape, float("nan"), device="cuda").to(dtype)
-    v8 = torch.full(batch.v_cache.shape, float("nan"), device="cuda").to(dtype)
-    rows_k = batch.k_cache.reshape(-1, 8, 128)
-    rows_v = batch.v_cache.reshape(-1, 8, 128)
+    scales = [(c.nan_to_num(0).float().abs().amax() / fp8_max).reshape(1) for c in (bf16.k_cache, bf16.v_cache)]
+    k8 = torch.full(bf16.k_cache.shape, float("nan"), device=device).to(dtype)
+    v8 = torch.full(bf16.v_cache.shape, float("nan"), device=device).to(dtype)
+    rows_k = bf16.k_cache.reshape(-1, num_kv_heads, head_dim)
+    rows_v = bf16.v_cache.reshape(-1, num_kv_heads, head_dim)
     slots = torch.nonzero(~rows_k.isnan().any(-1).any(-1)).flatten()
     write_kv_cache(rows_k[slots], rows_v[slots], k8, v8, slots, k_scale=scales[0], v_scale=scales[1])
-    return dataclasses.replace(batch, k_cache=k8, v_cache=v8), scales[0], scales[1]
+    return bf16, dataclasses.replace(bf16, k_cache=k8, v_cache=v8), scales[0], scales[1]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_splits", [None, 1, 8])
 def test_gpu_fp8_cache_decode_matches_reference(num_splits: int | None) -> None:
     ctx = [8191] if num_splits is None else [3000, 7, 8000, 513]
-    batch, k_scale, v_scale = _gpu_fp8_batch([1] * len(ctx), ctx, seed=43)
+    _, batch, k_scale, v_scale = _gpu_fp8_batch([1] * len(ctx), ctx, seed=43)
     _check_on_gpu(batch, num_splits, k_scale=k_scale, v_scale=v_scale)
 
 
 @pytest.mark.gpu
 def test_gpu_fp8_cache_mixed_batch_close_to_bf16() -> None:
     q_lens, ctx = [1] * 8 + [512, 300], [100 * i + 7 for i in range(8)] + [3584, 0]
-    batch, k_scale, v_scale = _gpu_fp8_batch(q_lens, ctx, seed=44)
+    bf16, batch, k_scale, v_scale = _gpu_fp8_batch(q_lens, ctx, seed=44)
     _check_on_gpu(batch, 1, k_scale=k_scale, v_scale=v_scale)
-    bf16 = make_batch(q_lens, ctx, 32, 8, 128, 16, torch.bfloat16, "cuda", seed=44)
     error = paged_attention(*batch.args(), k_scale=k_scale, v_scale=v_scale) - paged_attention(*bf16.args())
     error = error.float().abs()
     assert error.max() <= FP8_ACCURACY["max_abs"] and error.mean() <= FP8_ACCURACY["mean_abs"]
@@ -317,8 +326,7 @@ def test_gpu_fp8_dot_paths_close_to_bf16(fp8_qk: bool) -> None:
     """Both FP8 dot paths (float16 dots; FP8 query-key dot with per-row q scales) stay within the
     FP8 cache's accuracy budget of the bf16 cache, decode and prefill rows alike."""
     q_lens, ctx = [1] * 6 + [200], [64 * i + 5 for i in range(6)] + [700]
-    batch, k_scale, v_scale = _gpu_fp8_batch(q_lens, ctx, seed=45)
-    bf16 = make_batch(q_lens, ctx, 32, 8, 128, 16, torch.bfloat16, "cuda", seed=45)
+    bf16, batch, k_scale, v_scale = _gpu_fp8_batch(q_lens, ctx, seed=45)
     group = 4
     tiles = choose_tiles(max(q_lens), group, 128, len(q_lens), 8)
     out = paged_attention_with_tiles(*batch.args(), tiles, k_scale=k_scale, v_scale=v_scale, fp8_qk=fp8_qk)
