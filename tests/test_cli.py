@@ -72,6 +72,7 @@ def test_flags_map_to_llm_kwargs():
             "torch_ref",
             "--tokenizer",
             "/models/tok",
+            "--no-async-scheduling",
         ]
     )
     assert args.port == 9001
@@ -93,6 +94,7 @@ def test_flags_map_to_llm_kwargs():
         "num_gpu_blocks_override": 100,
         "scheduling_policy": "priority",
         "kernel_backend": "torch_ref",
+        "async_scheduling": False,
     }
 
 

@@ -60,3 +60,16 @@ def test_gpu_captured_decode_graphs_match_eager(tiny_model, prompts) -> None:
     assert llm.llm_engine.runner.decode_graphs is not None
     assert llm.llm_engine.runner.decode_graphs.graphs
     _compare(eager, _generate(llm, prompts), 1e-3)
+
+
+def test_warm_up_compiles_prefill_shapes_without_touching_the_cache(tiny_llama) -> None:
+    llm = LLM(model=tiny_llama, max_model_len=64)
+    runner = llm.llm_engine.runner
+    k_cache, v_cache = runner.kv_caches[0]
+    k_cache.normal_()
+    before = k_cache.clone()
+    runner.warm_up()
+    assert torch.equal(k_cache, before)  # cache slot -1: nothing written
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    fresh = LLM(model=tiny_llama, max_model_len=64).generate(["The river"], params, use_tqdm=False)
+    assert llm.generate(["The river"], params, use_tqdm=False)[0].outputs[0].token_ids == fresh[0].outputs[0].token_ids

@@ -18,9 +18,9 @@ def request(rid: str, tokens: list[int], **params) -> Request:
 def admit(kv: KVCacheManager, r: Request) -> int:
     """Admit and fully compute a request's prompt; returns the cached tokens it hit."""
     hit = kv.find_cached_prefix(r)
-    assert kv.allocate_slots(r.request_id, r.num_tokens, hit)
+    assert kv.allocate_slots(r.request_id, r.num_tokens, hit) is not None
     r.num_computed_tokens = r.num_tokens
-    kv.cache_computed_blocks(r)
+    kv.cache_computed_blocks(r, r.num_tokens)
     kv.check_invariant()
     return len(hit) * BS
 

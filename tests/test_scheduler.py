@@ -80,7 +80,7 @@ def test_chunked_prefill_mixes_decodes_and_chunks_in_one_step(tiny_llama):
     sched = engine.scheduler.schedule()
     sizes = {s.request.request_id: s.num_new_tokens for s in sched.scheduled}
     assert sizes == {"short": 1, "long": 15}
-    engine.runner.execute(sched, engine.kv_cache)
+    engine.runner.execute(sched).result()
 
 
 def test_prompt_logprobs_survive_chunking(tiny_llama):

@@ -68,6 +68,9 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192
     enable_chunked_prefill: bool = True
     policy: str = "fcfs"
+    # overlap scheduling: schedule step N+1 and process step N's outputs while the GPU runs step N+1
+    # (None: on with a GPU, off on CPU)
+    async_scheduling: bool | None = None
 
     def validate(self) -> None:
         if self.max_num_seqs <= 0:

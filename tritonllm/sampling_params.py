@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20
+
+
+class RequestOutputKind(enum.Enum):
+    """When a request's outputs are returned (vLLM's names and values)."""
+
+    CUMULATIVE = 0  # after every step that advanced it: everything so far
+    FINAL_ONLY = 2  # once, when it finishes (offline `generate`): text is decoded once, at the end
 
 
 @dataclass
@@ -26,6 +34,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     detokenize: bool = True  # False: token ids only (benchmarks)
     priority: int = 0
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

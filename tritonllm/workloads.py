@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import random
+import resource
 import time
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from tritonllm.entrypoints.llm import LLM
 from tritonllm.outputs import RequestOutput
@@ -50,38 +53,91 @@ def run_demo(llm: LLM, workload: dict[str, Any]) -> dict[str, Any]:
 
 
 def random_requests(workload: dict[str, Any], vocab_size: int, count: int, seed: int) -> list[tuple[list[int], int]]:
+    """(prompt token ids, output length) pairs, lengths uniform in the workload's ranges, ids
+    uniform in [0, token_id_max) (the whole vocabulary when it is null)."""
     rng = random.Random(seed)
+    id_max = min(workload.get("token_id_max") or vocab_size, vocab_size)
     requests = []
     for _ in range(count):
         prompt_len = rng.randint(workload["prompt_len_min"], workload["prompt_len_max"])
         output_len = rng.randint(workload["output_len_min"], workload["output_len_max"])
-        requests.append(([rng.randrange(vocab_size) for _ in range(prompt_len)], output_len))
+        requests.append(([rng.randrange(id_max) for _ in range(prompt_len)], output_len))
     return requests
 
 
-def run_random(llm: LLM, workload: dict[str, Any]) -> dict[str, Any]:
-    vocab_size = llm.llm_engine.hf_config.vocab_size
+def percentiles(values: list[float], prefix: str) -> dict[str, float]:
+    """mean, p50 and p99 of `values` (seconds) as `{prefix}_mean_ms`, ... rounded to microseconds."""
+    if not values:
+        return {}
+    ordered = sorted(values)
+    pick = lambda q: ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+    stats = {"mean": sum(ordered) / len(ordered), "p50": pick(0.5), "p99": pick(0.99)}
+    return {f"{prefix}_{name}_ms": round(1000 * value, 3) for name, value in stats.items()}
 
-    def generate(requests: list[tuple[list[int], int]]):
+
+def latency_summary(outputs: list[RequestOutput]) -> dict[str, float]:
+    """TTFT (arrival to first token) and TPOT (first token to finish, per later token) over requests."""
+    ttfts, tpots = [], []
+    for o in outputs:
+        m = o.metrics
+        if m is None or m.first_token_time is None:
+            continue
+        ttfts.append(m.first_token_time - m.arrival_time)
+        num_tokens = max(len(c.token_ids) for c in o.outputs)
+        if num_tokens > 1 and m.finished_time is not None:
+            tpots.append((m.finished_time - m.first_token_time) / (num_tokens - 1))
+    return {**percentiles(ttfts, "ttft"), **percentiles(tpots, "tpot")}
+
+
+def peak_memory_gib() -> float:
+    """Peak device memory allocated by torch on a GPU; the process's peak resident set on CPU."""
+    if torch.cuda.is_available():
+        return round(torch.cuda.max_memory_allocated() / 2**30, 3)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
+
+
+def run_random(llm: LLM, workload: dict[str, Any]) -> dict[str, Any]:
+    """Random-token prompts with random lengths, EOS ignored. Throughput counts the requested
+    output tokens over the wall time of the timed `generate` (nano-vllm's and vLLM's measure); each
+    of `passes` timed runs is reported (`passes` > 1: the first pass compiles what the warm-up did
+    not reach), the headline figures are the first pass's."""
+    vocab_size = llm.llm_engine.hf_config.vocab_size
+    sampling = {k: workload[k] for k in ("temperature", "top_p", "top_k") if workload.get(k) is not None}
+    detokenize = workload.get("detokenize", False)
+
+    def generate(requests: list[tuple[list[int], int]]) -> tuple[list[RequestOutput], float]:
         prompts = [{"prompt_token_ids": ids} for ids, _ in requests]
         params = [
-            SamplingParams(temperature=workload["temperature"], max_tokens=n, ignore_eos=True, seed=i, detokenize=False)
+            SamplingParams(max_tokens=n, ignore_eos=True, seed=i, detokenize=detokenize, **sampling)
             for i, (_, n) in enumerate(requests)
         ]
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         return outputs, time.perf_counter() - start
 
+    if workload.get("warmup_prompt"):  # nano-vllm's warm-up: one short text request
+        llm.generate([workload["warmup_prompt"]], SamplingParams(), use_tqdm=False)
     if workload["warmup_requests"]:
         generate(random_requests(workload, vocab_size, workload["warmup_requests"], workload["seed"] + 1))
-    outputs, elapsed = generate(random_requests(workload, vocab_size, workload["num_requests"], workload["seed"]))
-    result = WorkloadResult.of(outputs, elapsed).summary()
-    ttfts = [o.metrics.first_token_s for o in outputs if o.metrics is not None and o.metrics.first_token_s is not None]
+    requests = random_requests(workload, vocab_size, workload["num_requests"], workload["seed"])
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    passes, first = [], None
+    for _ in range(workload.get("passes", 1)):
+        outputs, elapsed = generate(requests)
+        first = first or outputs
+        summary = WorkloadResult.of(outputs, elapsed).summary()
+        summary["output_tok_per_s"] = round(sum(n for _, n in requests) / elapsed, 2)  # requested tokens
+        passes.append({**summary, **latency_summary(outputs)})
+    result = {**passes[0], "peak_memory_gib": peak_memory_gib(), "detokenize": detokenize, **sampling}
+    if len(passes) > 1:
+        result["passes"] = passes
+    ttfts = [o.metrics.first_token_s for o in first if o.metrics is not None and o.metrics.first_token_s is not None]
     if ttfts:
         result["mean_ttft_s"] = round(sum(ttfts) / len(ttfts), 4)
     if workload["num_requests"] == 1 and ttfts:
         decode_tokens = result["output_tokens"] - 1
-        result["decode_tok_per_s"] = round(decode_tokens / (elapsed - ttfts[0]), 2)
+        result["decode_tok_per_s"] = round(decode_tokens / (passes[0]["elapsed_s"] - ttfts[0]), 2)
     return result
 
 

@@ -1,44 +1,43 @@
 """LLMEngine: requests in, `RequestOutput`s out, one `step()` at a time.
 
-step(): Scheduler -> ModelRunner (forward + sampling) -> append tokens, detokenize, check stops,
-free finished requests. A prompt with `n` samples is `n` engine requests sharing one group.
+step(): Scheduler -> ModelRunner (forward + sampling, launched without waiting) -> OutputProcessor
+(append tokens, detokenize, check stops; finished requests are freed). A prompt with `n` samples
+is `n` engine requests sharing one group.
+
+Overlap scheduling (`scheduler.async_scheduling`, on by default on a GPU): a step schedules and
+launches step N+1, then processes step N's results while the GPU runs N+1, so the GPU never waits
+for the host's scheduling and output processing. The scheduler schedules a decode on the token
+still in flight (a placeholder) and the runner reads that token on the device. A request that
+finished in step N (EOS, a stop string) may already be in step N+1: that token is discarded, never
+emitted; max_tokens is known ahead, so such requests are not scheduled again. Outputs come one
+step later than in the synchronous loop; tokens, logprobs and texts are the same.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import random
 import time
-from dataclasses import dataclass
 
 import torch
 
 from tritonllm import platform
 from tritonllm.config import EngineConfig
-from tritonllm.engine.detokenizer import IncrementalDetokenizer, find_stop_string
 from tritonllm.engine.kv_cache import KVCacheManager, cdiv
+from tritonllm.engine.output_processor import OutputProcessor
 from tritonllm.engine.request import Request, RequestStatus
-from tritonllm.engine.scheduler import Scheduler
+from tritonllm.engine.scheduler import Scheduler, SchedulerOutput
 from tritonllm.kernels import ops
 from tritonllm.loader.hf_config import load_eos_token_ids
 from tritonllm.loader.tokenizer import load_tokenizer
 from tritonllm.metrics.stats import EngineStats, StepStats
 from tritonllm.models.loader import load_model
-from tritonllm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from tritonllm.outputs import RequestOutput
 from tritonllm.sampling_params import SamplingParams
-from tritonllm.worker.model_runner import ModelRunner, StepResult
+from tritonllm.worker.model_runner import ModelRunner, PendingStep
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class RequestGroup:
-    """One user request: its prompt and its `n` engine requests."""
-
-    request_id: str
-    prompt: str | None
-    children: list[Request]
-    detokenizers: list[IncrementalDetokenizer]
 
 
 class LLMEngine:
@@ -73,8 +72,10 @@ class LLMEngine:
 
         block_size = config.cache.block_size
         self.runner = ModelRunner(
-            self.model, self.dtype, self.device, block_size, config.cache.torch_kv_dtype(self.dtype)
-        )
+            self.model, self.dtype, self.device, block_size, config.cache.torch_kv_dtype(self.dtype),
+            max_num_seqs=sched.max_num_seqs, max_model_len=self.max_model_len,
+            max_num_batched_tokens=sched.max_num_batched_tokens,
+        )  # fmt: skip
         num_blocks = self._num_kv_blocks()
         capacity = num_blocks * block_size
         if self.max_model_len > capacity:
@@ -85,6 +86,8 @@ class LLMEngine:
         self.runner.allocate_kv_cache(num_blocks)
         if not config.enforce_eager and platform.is_gpu():
             self.runner.enable_decode_graphs(sched.max_num_seqs, self.max_model_len)
+        if platform.is_gpu():
+            self.runner.warm_up()  # Triton compiles prefill kernels now, not in the first generate
         logger.info(
             "KV cache (%s): %d blocks x %d = %s tokens; max concurrency at max_model_len %d: %.1fx",
             self.runner.kv_dtype,
@@ -96,9 +99,11 @@ class LLMEngine:
         )
         self.kv_cache = KVCacheManager(num_blocks, block_size, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(sched, self.kv_cache)
-        self.groups: dict[str, RequestGroup] = {}
-        self._rng = random.Random(config.model.seed)
+        self.async_scheduling = platform.is_gpu() if sched.async_scheduling is None else sched.async_scheduling
         self.stats = EngineStats()
+        self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len, self.scheduler, self.stats)
+        self._in_flight: tuple[SchedulerOutput, PendingStep] | None = None  # overlap: launched, not processed
+        self._rng = random.Random(config.model.seed)
 
     def _num_kv_blocks(self) -> int:
         cache = self.config.cache
@@ -108,6 +113,8 @@ class LLMEngine:
             return cdiv(cache.cpu_kv_cache_tokens, cache.block_size)
         # As vLLM: the utilization share of the card, less the peak of a profiling step at the
         # largest batch (weights + activations), and less what other processes and the CUDA context hold.
+        gc.collect()  # engines dropped before this one (reference cycles) give their memory back first
+        torch.cuda.empty_cache()
         sched = self.config.scheduler
         peak = self.runner.profile_peak_bytes(sched.max_num_batched_tokens, sched.max_num_seqs)
         free, total = torch.cuda.mem_get_info(self.device)
@@ -132,7 +139,7 @@ class LLMEngine:
         prompt: str | None = None,
         priority: int | None = None,
     ) -> None:
-        if request_id in self.groups:
+        if request_id in self.output_processor.groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if not prompt_token_ids:
             raise ValueError("the prompt is empty: give at least one token")
@@ -162,13 +169,13 @@ class LLMEngine:
             if params.prompt_logprobs is not None:
                 child.prompt_logprobs = [None]
             children.append(child)
-        detoks = [IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens) for _ in children]
-        self.groups[request_id] = RequestGroup(request_id, prompt, children, detoks)
+        self.output_processor.add_group(request_id, prompt, children)
         for child in children:
             self.scheduler.add_request(child)
 
     def abort_request(self, request_id: str) -> None:
-        group = self.groups.pop(request_id, None)
+        """Stop a request now and free its blocks (a token of it still in flight is discarded)."""
+        group = self.output_processor.pop_group(request_id)
         if group is None:
             return
         for child in group.children:
@@ -190,14 +197,30 @@ class LLMEngine:
         return self.kv_cache.reset_prefix_cache()
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     # ---- the step ------------------------------------------------------------------------
 
-    def step(self, finished_only: bool = False) -> list[RequestOutput]:
-        """Run one scheduled step; returns the outputs of the groups it advanced (a finished group is
-        last seen here), or of the groups it finished only (offline use: no per-step copies)."""
-        sched = self.scheduler.schedule()
+    def step(self) -> list[RequestOutput]:
+        """Run one step; returns the outputs of the groups whose results it processed (a finished
+        group is last seen here): every step's for CUMULATIVE requests, the final one for FINAL_ONLY.
+        With overlap scheduling the results processed are the previous step's. If a step fails,
+        every unfinished request is aborted (their state is unknown) and the error is raised; the
+        engine keeps serving new requests."""
+        try:
+            sched = self.scheduler.schedule()
+            self._record_step(sched)
+            launched = None if sched.is_empty else (sched, self.runner.execute(sched))
+            if self.async_scheduling:
+                previous, self._in_flight = self._in_flight, launched
+            else:
+                previous = launched
+            return [] if previous is None else self._process(*previous)
+        except BaseException:
+            self._abort_all()
+            raise
+
+    def _record_step(self, sched: SchedulerOutput) -> None:
         self.stats.steps.append(
             StepStats(
                 num_scheduled_tokens=sched.num_batched_tokens,
@@ -207,111 +230,28 @@ class LLMEngine:
                 num_preempted=len(sched.preempted),
             )
         )
-        if sched.is_empty:
-            return []
-        result = self.runner.execute(sched, self.kv_cache)
-        now = time.monotonic()
-        touched: dict[str, RequestGroup] = {}
+
+    def _process(self, sched: SchedulerOutput, pending: PendingStep) -> list[RequestOutput]:
+        """Apply a finished step's results: its KV is written (its blocks can be shared), its tokens
+        go to the output processor."""
+        result = pending.result()
+        self.kv_cache.confirm_step(sched.step_id)
         for s in sched.scheduled:
             r = s.request
-            if r.num_computed_tokens < r.num_prompt_tokens:
-                self.stats.prompt_tokens += min(s.num_new_tokens, r.num_prompt_tokens - r.num_computed_tokens)
-            r.num_computed_tokens += s.num_new_tokens
-            self.kv_cache.cache_computed_blocks(r)
-            group = self.groups[self._group_id(r)]
-            if r.request_id in result.prompt_logprobs:
-                self._append_prompt_logprobs(r, *result.prompt_logprobs[r.request_id])
-            if r.request_id in result.sampled:
-                self._append_token(r, group, result, now)
-            touched[group.request_id] = group
-        outputs = []
-        for group in touched.values():
-            finished = all(c.is_finished for c in group.children)
-            if finished or not finished_only:
-                outputs.append(self._make_output(group))
-            if finished:
-                del self.groups[group.request_id]
-        return outputs
+            r.num_output_placeholders -= s.samples
+            if r.is_finished:
+                continue
+            end = s.start + s.num_new_tokens
+            if s.start < r.num_prompt_tokens:
+                self.stats.prompt_tokens += min(end, r.num_prompt_tokens) - s.start
+            self.kv_cache.cache_computed_blocks(r, end)
+        return self.output_processor.process(result, time.monotonic())
 
-    @staticmethod
-    def _group_id(request: Request) -> str:
-        return request.request_id.rsplit("#", 1)[0] if request.params.n > 1 else request.request_id
-
-    def _append_prompt_logprobs(self, r: Request, first_pos: int, top) -> None:
-        for j in range(len(top.token_logprobs)):
-            token = r.prompt_token_ids[first_pos + j]
-            entry = self._logprob_dict(
-                top.top_ids[j], top.top_logprobs[j], token, top.token_logprobs[j], top.token_ranks[j]
-            )
-            r.prompt_logprobs.append(entry)
-
-    def _logprob_dict(self, ids: list[int], lps: list[float], token: int, token_lp: float, rank: int) -> dict:
-        entry = {token: Logprob(token_lp, rank, self.tokenizer.decode([token]))}
-        for i, (tid, lp) in enumerate(zip(ids, lps)):
-            if tid not in entry:
-                entry[tid] = Logprob(lp, i + 1, self.tokenizer.decode([tid]))
-        return entry
-
-    def _append_token(self, r: Request, group: RequestGroup, result: StepResult, now: float) -> None:
-        token = result.sampled[r.request_id]
-        r.output_token_ids.append(token)
-        self.stats.generation_tokens += 1
-        if r.times.first_token is None:
-            r.times.first_token = now
-        if r.request_id in result.sampled_logprobs:
-            ids, lps, token_lp, rank = result.sampled_logprobs[r.request_id]
-            r.logprobs.append(self._logprob_dict(ids, lps, token, token_lp, rank))
-            r.cumulative_logprob += token_lp
-        p = r.params
-        new_text = group.detokenizers[group.children.index(r)].append(token) if p.detokenize else ""
-        r.output_text += new_text
-        status = None
-        num_out = len(r.output_token_ids)
-        if num_out >= p.min_tokens:
-            if not p.ignore_eos and token in r.eos_token_ids:
-                status = RequestStatus.FINISHED_STOPPED
-            elif token in p.stop_token_ids:
-                status, r.stop_reason = RequestStatus.FINISHED_STOPPED, token
-            elif p.stop_strings and new_text:
-                hit = find_stop_string(r.output_text, len(new_text), p.stop_strings)
-                if hit is not None:
-                    stop, index = hit
-                    r.output_text = r.output_text[: index + (len(stop) if p.include_stop_str_in_output else 0)]
-                    status, r.stop_reason = RequestStatus.FINISHED_STOPPED, stop
-        if status is None and (num_out >= r.max_tokens or r.num_tokens >= self.max_model_len):
-            status = RequestStatus.FINISHED_LENGTH
-        if status is not None:
-            self.scheduler.finish(r, status)
-            t = r.times
-            self.stats.record_finished(t.arrival, t.first_scheduled, t.first_token, t.finished, num_out)
-
-    def _make_output(self, group: RequestGroup) -> RequestOutput:
-        first = group.children[0]
-        completions = [
-            CompletionOutput(
-                index=i,
-                text=c.output_text,
-                token_ids=list(c.output_token_ids),
-                cumulative_logprob=c.cumulative_logprob if c.params.logprobs is not None else None,
-                logprobs=list(c.logprobs) if c.params.logprobs is not None else None,
-                finish_reason=c.status.value if c.is_finished else None,
-                stop_reason=c.stop_reason,
-            )
-            for i, c in enumerate(group.children)
-        ]
-        return RequestOutput(
-            request_id=group.request_id,
-            prompt=group.prompt,
-            prompt_token_ids=first.prompt_token_ids,
-            prompt_logprobs=list(first.prompt_logprobs) if first.params.prompt_logprobs is not None else None,
-            outputs=completions,
-            finished=all(c.is_finished for c in group.children),
-            metrics=RequestMetrics(
-                arrival_time=first.times.arrival,
-                first_scheduled_time=first.times.first_scheduled,
-                first_token_time=min(
-                    (c.times.first_token for c in group.children if c.times.first_token), default=None
-                ),
-                finished_time=first.times.finished,
-            ),
-        )
+    def _abort_all(self) -> None:
+        """After a failed step: forget publications whose KV may be unwritten, drop the step in
+        flight and abort every unfinished request, freeing its blocks."""
+        self._in_flight = None
+        self.kv_cache.discard_unconfirmed()
+        for request_id in list(self.output_processor.groups):
+            self.abort_request(request_id)
+        self.runner.reset_batch()

@@ -10,6 +10,13 @@ be reused until it is needed for new data. The free queue is the LRU: blocks lea
 front (least recently freed first), and a request's blocks are freed tail first, so a prefix's
 later blocks are evicted before its earlier ones.
 
+Blocks enter the prefix cache only once their KV is written. A request admitted in a step
+publishes the blocks that step will compute at once, so that later admissions of the same step
+(and, with overlap scheduling, of the next one, which runs after it on the same stream) can share
+them; those publications stay unconfirmed until the engine has the step's results
+(`confirm_step`). If the step fails instead, `discard_unconfirmed` forgets them, so no later
+request is served KV that was never computed.
+
 Invariant after every step: free + in use + cached-evictable == num_blocks.
 """
 
@@ -53,6 +60,7 @@ class KVCacheManager:
         self._blocks: dict[str, list[int]] = {}
         self._hashes: dict[str, list[BlockHash]] = {}  # each request's full-block hashes so far
         self._num_published: dict[str, int] = {}  # each request's leading blocks already in the table
+        self._unconfirmed: dict[int, int] = {}  # block -> id of the step that writes its published KV
         self.prefix_cache_queries = 0  # tokens looked up
         self.prefix_cache_hits = 0  # tokens found
 
@@ -112,23 +120,37 @@ class KVCacheManager:
             self.prefix_cache_queries += num_query_tokens
             self.prefix_cache_hits += num_hit_tokens
 
-    def cache_computed_blocks(self, request: Request, num_computed_tokens: int | None = None) -> None:
-        """Publish the request's full blocks whose KV is computed (by the end of this step, when
-        `num_computed_tokens` is given), so later requests can reuse them."""
+    def cache_computed_blocks(self, request: Request, num_computed_tokens: int, step_id: int | None = None) -> None:
+        """Publish the request's full blocks within its first `num_computed_tokens` tokens, so later
+        requests can reuse them: KV already written (step_id None), or that step `step_id` writes
+        (unconfirmed until `confirm_step`)."""
         if not self.enable_prefix_caching:
             return
-        hashes = self._update_hashes(request)
-        blocks = self._blocks.get(request.request_id, [])
-        if num_computed_tokens is None:
-            num_computed_tokens = request.num_computed_tokens
-        num_computed_full = min(num_computed_tokens // self.block_size, len(blocks), len(hashes))
+        blocks = self._blocks.get(request.request_id)
         first = self._num_published.get(request.request_id, 0)  # blocks before it are published already
-        self._num_published[request.request_id] = max(first, num_computed_full)
+        if not blocks or num_computed_tokens // self.block_size <= first:
+            return  # no new full block (most decode steps): nothing to hash
+        hashes = self._update_hashes(request)
+        num_computed_full = min(num_computed_tokens // self.block_size, len(blocks), len(hashes))
+        self._num_published[request.request_id] = num_computed_full
         for i in range(first, num_computed_full):
             block, h = blocks[i], hashes[i]
             if self._block_hash[block] is None and h not in self._cached:
                 self._block_hash[block] = h
                 self._cached[h] = block
+                if step_id is not None:
+                    self._unconfirmed[block] = step_id
+
+    def confirm_step(self, step_id: int) -> None:
+        """Step `step_id` (and every step before it) has written its KV: its publications stand."""
+        if self._unconfirmed:
+            self._unconfirmed = {b: s for b, s in self._unconfirmed.items() if s > step_id}
+
+    def discard_unconfirmed(self) -> None:
+        """A step failed: forget every publication whose KV may never have been written."""
+        for block in list(self._unconfirmed):
+            self._evict(block)
+        self._unconfirmed.clear()
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block not in use; False if some cached blocks are in use (they stay)."""
@@ -140,32 +162,42 @@ class KVCacheManager:
         h = self._block_hash[block]
         if h is not None:
             self._block_hash[block] = None
+            self._unconfirmed.pop(block, None)
             if self._cached.get(h) == block:
                 del self._cached[h]
 
     # ---- allocation ----------------------------------------------------------------------
 
-    def allocate_slots(self, request_id: str, num_total_tokens: int, cached_blocks: Sequence[int] = ()) -> bool:
+    def allocate_slots(
+        self, request_id: str, num_total_tokens: int, cached_blocks: Sequence[int] = ()
+    ) -> list[int] | None:
         """Grow the request's block table to cover `num_total_tokens`, first with `cached_blocks` (a
-        prefix-cache hit, for a request holding no blocks yet), then with new blocks. False, and
-        nothing taken, if there are not enough free blocks."""
-        have = len(self.block_ids(request_id)) + len(cached_blocks)
-        needed = max(0, cdiv(num_total_tokens, self.block_size) - have)
+        prefix-cache hit, for a request holding no blocks yet), then with new blocks. Returns the
+        blocks appended to its table (the scheduler's delta for the runner's block table); None,
+        and nothing taken, if there are not enough free blocks."""
+        blocks = self._blocks.get(request_id)
+        have = (len(blocks) if blocks else 0) + len(cached_blocks)
+        needed = cdiv(num_total_tokens, self.block_size) - have
+        if needed <= 0 and not cached_blocks:
+            return []
+        needed = max(0, needed)
         revived = sum(1 for b in cached_blocks if self._ref_count[b] == 0)  # taken out of the free queue
         if needed + revived > len(self._free):
-            return False
-        blocks = self._blocks.setdefault(request_id, [])
+            return None
+        if blocks is None:
+            blocks = self._blocks[request_id] = []
+        added = list(cached_blocks)
         for b in cached_blocks:
             if self._ref_count[b] == 0:
                 del self._free[b]
             self._ref_count[b] += 1
-            blocks.append(b)
         for _ in range(needed):
             b, _ = self._free.popitem(last=False)
             self._evict(b)
             self._ref_count[b] = 1
-            blocks.append(b)
-        return True
+            added.append(b)
+        blocks.extend(added)
+        return added
 
     def free(self, request_id: str) -> None:
         """Release the request's blocks, tail first (evicted first), keeping their hashes for reuse."""

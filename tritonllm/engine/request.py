@@ -22,7 +22,10 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED)
+        return self in _FINISHED
+
+
+_FINISHED = frozenset((RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED))
 
 
 @dataclass
@@ -45,7 +48,9 @@ class Request:
     extra_keys: tuple = ()  # mixed into block hashes (room for LoRA / multimodal identity)
     arrival_index: int = 0  # set by the scheduler: order of arrival, for stable policy ordering
     output_token_ids: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0  # tokens whose KV is in the cache
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache once the scheduled steps ran
+    # tokens sampled by steps in flight, not yet known on the host (overlap scheduling: 0 or 1)
+    num_output_placeholders: int = 0
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
     cumulative_logprob: float = 0.0
@@ -54,6 +59,12 @@ class Request:
     output_text: str = ""
     times: RequestTimes = field(default_factory=RequestTimes)
     num_preemptions: int = 0
+    group_index: int = 0  # which of its prompt's n samples
+
+    @property
+    def num_tokens_with_placeholders(self) -> int:
+        """Known tokens plus those sampled by steps in flight: where scheduling continues from."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_output_placeholders
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -78,4 +89,4 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status.finished
+        return self.status in _FINISHED

@@ -6,8 +6,17 @@ budget leaves), then waiting requests are admitted in policy order. A prompt lon
 budget left is chunked (or waits, with chunked prefill off). When blocks run out, the most
 recently admitted running request is preempted: its blocks are freed and it is recomputed later,
 ahead of new arrivals. Policies: `fcfs` (arrival order) and `priority` (lower `priority` first,
-then arrival; the victim of a preemption is the lowest-priority running request). The decision is
-a plain `SchedulerOutput` for the model runner.
+then arrival; the victim of a preemption is the lowest-priority running request).
+
+The scheduler does its own bookkeeping when it schedules: a request's `num_computed_tokens`
+advances by the step's tokens, and a step that samples adds an output placeholder, resolved
+when the engine processes that step's results. So with overlap scheduling (the next step
+scheduled while this one runs) a decode is scheduled on the token still in flight, and a
+request whose in-flight token is its last one (max_tokens) is not scheduled again.
+
+The decision is a plain `SchedulerOutput` of deltas for the model runner's persistent batch:
+what each request computes, the blocks it gained, and who left (finished, aborted, preempted).
+Bookkeeping is O(1) per request: running requests live in an insertion-ordered dict.
 """
 
 from __future__ import annotations
@@ -26,22 +35,19 @@ from tritonllm.engine.request import Request, RequestStatus
 @dataclass
 class ScheduledRequest:
     request: Request
-    num_new_tokens: int  # computed this step, from request.num_computed_tokens on
-
-    @property
-    def samples(self) -> bool:
-        """Whether this step reaches the request's last known token, so a new token is sampled."""
-        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+    start: int  # first position computed this step (the request's num_computed_tokens before it)
+    num_new_tokens: int
+    new_block_ids: list[int]  # blocks appended to its block table (all of them when it is admitted)
+    samples: bool  # the step reaches its last token (known or in flight), so a token is sampled
 
 
 @dataclass
 class SchedulerOutput:
+    step_id: int = 0
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
+    finished_ids: list[str] = field(default_factory=list)  # finished or aborted since the last step
+    num_batched_tokens: int = 0
 
     @property
     def is_empty(self) -> bool:
@@ -53,9 +59,11 @@ class Scheduler:
         self.config = config
         self.kv_cache = kv_cache
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.running: dict[Request, None] = {}  # in admission order
         self.num_preemptions = 0
         self._arrivals = itertools.count()
+        self._steps = itertools.count()
+        self._finished_ids: list[str] = []
 
     def _key(self, request: Request) -> tuple[int, int]:
         return (request.priority, request.arrival_index)
@@ -75,72 +83,97 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+        out = SchedulerOutput(step_id=next(self._steps), finished_ids=self._finished_ids)
+        self._finished_ids = []
         chunked = self.config.enable_chunked_prefill
-        budget = lambda: self.config.max_num_batched_tokens - out.num_batched_tokens
+        max_tokens = self.config.max_num_batched_tokens
 
         # 1. Running requests, oldest first: each needs its remaining tokens (1 for a decode).
-        index = 0
-        while index < len(self.running) and budget() > 0:
-            request = self.running[index]
-            num_new = request.num_tokens - request.num_computed_tokens
-            if not chunked and num_new > budget():
-                index += 1
+        for request in list(self.running):
+            budget = max_tokens - out.num_batched_tokens
+            if budget <= 0:
+                break
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = request.num_tokens_with_placeholders - request.num_computed_tokens
+            if len(request.output_token_ids) + request.num_output_placeholders >= request.max_tokens:
+                continue  # its token in flight is its last
+            if not chunked and num_new > budget:
                 continue
-            num_new = min(num_new, budget())
-            if not self._allocate_or_preempt(request, num_new, out):
+            num_new = min(num_new, budget)
+            new_blocks = self._allocate_or_preempt(request, num_new, out)
+            if new_blocks is None:
                 break  # the request itself was preempted: what follows it has no blocks either
-            out.scheduled.append(ScheduledRequest(request, num_new))
-            index = self.running.index(request) + 1  # a victim before it may have left the list
+            self._add(out, request, num_new, new_blocks)
 
         # 2. Waiting requests, in policy order, while budget, sequence slots and blocks last. A
         # fresh (or preempted) request starts after its longest cached prefix.
         if not out.preempted:
-            while self.waiting and budget() > 0 and len(self.running) < self.config.max_num_seqs:
+            while self.waiting and out.num_batched_tokens < max_tokens and len(self.running) < self.config.max_num_seqs:
                 request = self.waiting[0]
-                cached = self.kv_cache.find_cached_prefix(request) if request.num_computed_tokens == 0 else []
+                if request.num_output_placeholders:
+                    break  # preempted with a token in flight: it resumes once that token is known
+                budget = max_tokens - out.num_batched_tokens
+                cached = self.kv_cache.find_cached_prefix(request)
                 num_cached_tokens = len(cached) * self.kv_cache.block_size
-                num_new = request.num_tokens - request.num_computed_tokens - num_cached_tokens
-                if not chunked and num_new > budget():
+                num_new = request.num_tokens - num_cached_tokens
+                if not chunked and num_new > budget:
                     break
-                num_new = min(num_new, budget())
-                num_total = request.num_computed_tokens + num_cached_tokens + num_new
-                if not self.kv_cache.allocate_slots(request.request_id, num_total, cached):
+                num_new = min(num_new, budget)
+                new_blocks = self.kv_cache.allocate_slots(request.request_id, num_cached_tokens + num_new, cached)
+                if new_blocks is None:
                     break
-                if request.num_computed_tokens == 0:
-                    self.kv_cache.record_lookup(request.num_tokens, num_cached_tokens)
-                request.num_computed_tokens += num_cached_tokens
-                # Published now, so later admissions of this step share them: each layer writes the
-                # step's KV before any attention reads it, and no preemption follows admissions.
-                self.kv_cache.cache_computed_blocks(request, request.num_computed_tokens + num_new)
+                self.kv_cache.record_lookup(request.num_tokens, num_cached_tokens)
+                request.num_computed_tokens = num_cached_tokens
+                # Published now, so later admissions of this step (and the next, which runs after it
+                # on the stream) share them: each layer writes the step's KV before any attention
+                # reads it. Unconfirmed until the step's results arrive (kv_cache.confirm_step).
+                self.kv_cache.cache_computed_blocks(request, num_cached_tokens + num_new, out.step_id)
                 self.waiting.popleft()
                 request.status = RequestStatus.RUNNING
                 if request.times.first_scheduled is None:
                     request.times.first_scheduled = time.monotonic()
-                self.running.append(request)
-                out.scheduled.append(ScheduledRequest(request, num_new))
+                self.running[request] = None
+                self._add(out, request, num_new, new_blocks)
         return out
 
-    def _allocate_or_preempt(self, request: Request, num_new: int, out: SchedulerOutput) -> bool:
+    @staticmethod
+    def _add(out: SchedulerOutput, request: Request, num_new: int, new_blocks: list[int]) -> None:
+        start = request.num_computed_tokens
+        samples = start + num_new == request.num_tokens_with_placeholders
+        out.scheduled.append(ScheduledRequest(request, start, num_new, new_blocks, samples))
+        out.num_batched_tokens += num_new
+        request.num_computed_tokens = start + num_new
+        if samples:
+            request.num_output_placeholders += 1
+
+    def _allocate_or_preempt(self, request: Request, num_new: int, out: SchedulerOutput) -> list[int] | None:
         """Give `request` slots for `num_new` tokens, preempting running requests (per policy) as
-        needed. A victim already scheduled in this step leaves the step. Returns False if `request`
-        itself had to be preempted."""
-        while not self.kv_cache.allocate_slots(request.request_id, request.num_computed_tokens + num_new):
+        needed; returns its new blocks. A victim already scheduled in this step leaves the step.
+        Returns None if `request` itself had to be preempted."""
+        while True:
+            new_blocks = self.kv_cache.allocate_slots(request.request_id, request.num_computed_tokens + num_new)
+            if new_blocks is not None:
+                return new_blocks
             victim = self._pick_victim()
-            self.running.remove(victim)
-            out.scheduled = [s for s in out.scheduled if s.request is not victim]
+            for i, s in enumerate(out.scheduled):
+                if s.request is victim:  # undo what scheduling it in this step added
+                    del out.scheduled[i]
+                    out.num_batched_tokens -= s.num_new_tokens
+                    victim.num_output_placeholders -= s.samples
+                    break
             self._preempt(victim)
             out.preempted.append(victim)
             if victim is request:
-                return False
-        return True
+                return None
 
     def _pick_victim(self) -> Request:
         if self.config.policy == "priority":
             return max(self.running, key=self._key)
-        return self.running[-1]  # the most recently admitted
+        return next(reversed(self.running))  # the most recently admitted
 
     def _preempt(self, request: Request) -> None:
+        del self.running[request]
         self.kv_cache.free(request.request_id)
         request.num_computed_tokens = 0
         request.status = RequestStatus.WAITING
@@ -153,10 +186,11 @@ class Scheduler:
 
     def finish(self, request: Request, status: RequestStatus) -> None:
         """Take a request out of the queues (finished or aborted) and free its blocks at once."""
+        if request.status is RequestStatus.RUNNING:
+            del self.running[request]
+        elif request.status is RequestStatus.WAITING:
+            self.waiting.remove(request)
         request.status = status
         request.times.finished = time.monotonic()
-        if request in self.running:
-            self.running.remove(request)
-        elif request in self.waiting:
-            self.waiting.remove(request)
         self.kv_cache.free(request.request_id)
+        self._finished_ids.append(request.request_id)

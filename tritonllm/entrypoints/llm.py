@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Sequence
@@ -12,7 +13,7 @@ from tqdm.auto import tqdm
 from tritonllm.config import CacheConfig, EngineConfig, KernelConfig, ModelConfig, SchedulerConfig
 from tritonllm.engine.engine import LLMEngine
 from tritonllm.outputs import RequestOutput
-from tritonllm.sampling_params import SamplingParams
+from tritonllm.sampling_params import RequestOutputKind, SamplingParams
 
 PromptType = str | dict[str, Any]
 
@@ -51,6 +52,7 @@ class LLM:
         num_gpu_blocks_override: int | None = None,
         scheduling_policy: str = "fcfs",
         kernel_backend: str = "triton",
+        async_scheduling: bool | None = None,
     ) -> None:
         if quantization is not None:
             raise ValueError(f"quantization={quantization!r} is not supported yet: load an unquantized checkpoint")
@@ -68,6 +70,7 @@ class LLM:
                 max_num_batched_tokens=max_num_batched_tokens,
                 enable_chunked_prefill=enable_chunked_prefill,
                 policy=scheduling_policy,
+                async_scheduling=async_scheduling,
             ),
             kernels=KernelConfig(backend=kernel_backend),
             enforce_eager=enforce_eager,
@@ -124,6 +127,9 @@ class LLM:
                 raise ValueError(
                     f"sampling_params has {len(params_list)} entries for {len(prompts)} prompts: give one or one per prompt"
                 )
+        # only the final outputs are read: texts are decoded once, at the end (as vLLM's LLM does)
+        final = {id(p): dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params_list}
+        params_list = [final[id(p)] for p in params_list]
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"priority has {len(priority)} entries for {len(prompts)} prompts: give one per prompt")
         engine = self.llm_engine
@@ -140,7 +146,13 @@ class LLM:
             except ValueError as e:
                 errors[i] = str(e)
                 ids.append(None)
-        finished = self._run_engine([i for i in ids if i is not None], use_tqdm)
+        try:
+            finished = self._run_engine([i for i in ids if i is not None], use_tqdm)
+        except BaseException:
+            for request_id in ids:  # a failed step aborted them already; an interrupt did not
+                if request_id is not None:
+                    engine.abort_request(request_id)
+            raise
         outputs = [finished[i] if i is not None else None for i in ids]
         if errors:
             raise PromptRejectedError(errors, outputs)
@@ -161,7 +173,7 @@ class LLM:
         start = time.perf_counter()
         prompt0, gen0 = engine.stats.prompt_tokens, engine.stats.generation_tokens
         while engine.has_unfinished_requests():
-            for out in engine.step(finished_only=True):
+            for out in engine.step():
                 if out.finished:
                     finished[out.request_id] = out
                     if bar is not None:

@@ -30,5 +30,8 @@ class LMHead(nn.Module):
             self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype), requires_grad=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [n, hidden] -> float32 logits [n, vocab] (sampling and log-probs want float32)."""
-        return F.linear(hidden, self.weight).float()
+        """hidden [n, hidden] -> logits [n, vocab] in the model's dtype: the GEMM's own output, so no
+        precision is lost to a cast. Sampling reads them as they are (for bf16, its threshold
+        searches run over 16-bit keys: half the passes and bytes of float32); log-probs are
+        computed in float32."""
+        return F.linear(hidden, self.weight)

@@ -1,7 +1,9 @@
 """Turns the logits of the rows that sample into tokens and, when asked, logprobs.
 
-Sampling runs on the device (`ops.sample`); logprobs are those of the model's raw distribution
-(before temperature and filters), as in vLLM.
+Sampling runs on the device (`ops.sample`) and returns device tensors: nothing here waits for the
+GPU, so a step's sampling can sit inside a CUDA graph and its tokens can feed the next step on the
+device. Logprobs are those of the model's raw distribution (before temperature and filters), as
+in vLLM.
 """
 
 from __future__ import annotations
@@ -35,21 +37,49 @@ class TopLogprobs:
     token_ranks: list[int]
 
 
-def top_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> TopLogprobs:
+@dataclass
+class LogprobTensors:
+    """TopLogprobs as tensors (on the device, or their host copies): [rows, k] ids and logprobs,
+    [rows] chosen-token logprobs and ranks."""
+
+    top_ids: torch.Tensor
+    top_logprobs: torch.Tensor
+    token_logprobs: torch.Tensor
+    token_ranks: torch.Tensor
+
+    def to_host(self) -> LogprobTensors:
+        """Start non-blocking copies to host memory (valid once the step's event has completed)."""
+        return LogprobTensors(*(to_host(t) for t in (self.top_ids, self.top_logprobs, self.token_logprobs, self.token_ranks)))  # fmt: skip
+
+    def tolist(self) -> TopLogprobs:
+        return TopLogprobs(
+            self.top_ids.tolist(), self.top_logprobs.tolist(), self.token_logprobs.tolist(), self.token_ranks.tolist()
+        )
+
+
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """A host copy of `t`: non-blocking into pinned memory from a GPU (read it after the copy's
+    event), a snapshot on CPU (so a later step that overwrites `t` does not change it)."""
+    return t.to("cpu", non_blocking=True) if t.is_cuda else t.clone()
+
+
+def top_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> LogprobTensors:
     """logprobs [rows, vocab] float32, token_ids [rows] -> top-k plus each chosen token's logprob and rank."""
     token_lp = logprobs.gather(-1, token_ids.long()[:, None])[:, 0]
     ranks = (logprobs > token_lp[:, None]).sum(-1) + 1
     top_vals, top_ids = logprobs.topk(k, dim=-1) if k > 0 else (logprobs[:, :0], token_ids[:, None][:, :0])
-    return TopLogprobs(top_ids.tolist(), top_vals.tolist(), token_lp.tolist(), ranks.tolist())
+    return LogprobTensors(top_ids, top_vals, token_lp, ranks)
 
 
 class Sampler:
-    def __call__(self, logits: torch.Tensor, st: SamplingTensors) -> tuple[list[int], TopLogprobs | None]:
+    def __call__(self, logits: torch.Tensor, st: SamplingTensors) -> tuple[torch.Tensor, LogprobTensors | None]:
+        """logits [rows, vocab] -> (token ids [rows] int64, their logprobs when asked), on the device."""
         logprobs = ops.log_softmax(logits) if st.max_num_logprobs is not None else None
         if st.banned_rows is not None:
             logits = logits.index_put(
-                (st.banned_rows, st.banned_tokens), torch.tensor(float("-inf"), device=logits.device)
+                (st.banned_rows, st.banned_tokens),
+                torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device),
             )
         token_ids = ops.sample(logits, st.temperature, st.top_k, st.top_p, st.min_p, st.seeds)
         top = top_logprobs(logprobs, token_ids, st.max_num_logprobs) if logprobs is not None else None
-        return token_ids.tolist(), top
+        return token_ids, top

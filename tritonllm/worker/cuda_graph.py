@@ -1,32 +1,52 @@
-"""CUDA/HIP graphs for decode steps: a pure-decode forward replayed from a captured graph.
+"""CUDA/HIP graphs for decode steps: forward, LM head and sampling replayed from a captured graph.
 
 A decode step of a small batch is launch-bound: Llama-3-8B launches ~330 kernels a step from
-Python. The runner captures the model's forward once per padded batch size (1, 2, 4, 8, then
-multiples of 8 up to max_num_seqs) over static input buffers. A step whose sequences all have one
-new token copies its inputs into the buffers of the smallest captured size that holds it (one
-host-to-device copy per buffer), replays that graph, and reads the first rows of its output.
+Python. The runner captures, once per padded batch size (1, 2, 4, 8, then multiples of 8 up to
+max_num_seqs), everything a pure-decode step does on the device: the block-table entries it
+gained, the token still in flight (read from the runner's `last_sampled`), the block tables and
+sampling parameters gathered from the persistent batch by row, the forward, the logits and the
+sampled tokens (written to `last_sampled`). A step packs its inputs into the staging buffer in
+DECODE_LAYOUT for its padded size (one host-to-device copy), which is where the graph of that
+size reads them, and replays it: no other launch on the host.
 
-Padding rows: token 0 at position 0, cache slot -1 (no write), one key in block 0 (a readable
-block): they compute values nobody reads. Every graph's attention plan is built at capture for
-max_query_len 1 and max_seq_len = max_model_len, so any decode batch of its size is served.
+Padding rows: token 0 at position 0, cache slot -1 (no write), one key in the dummy row's block
+(block 0, readable), block-table entries into the dummy row: they compute values nobody reads.
+Every graph's attention plan is built at capture for max_query_len 1 and max_seq_len =
+max_model_len, so any decode batch of its size is served.
 
-Graphs share one memory pool (captured largest first). The LM head and sampling run eagerly
-after the replay. Without a GPU (tests), `capture=False` runs the same padded static-buffer path
-eagerly, which checks padding and buffer handling.
+Graphs share one memory pool (captured largest first); each keeps only its hidden-state output
+alive, so a step that needs logprobs or min_tokens bans can recompute its logits from it. Without a
+GPU (tests), `capture=False` runs the same padded static-buffer path eagerly.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
-from tritonllm.engine.kv_cache import cdiv
-from tritonllm.layers.attention import AttentionMetadata
+from tritonllm.worker.staging import StagingBuffer
 
 logger = logging.getLogger(__name__)
+
+Body = Callable[[int, dict[str, torch.Tensor]], torch.Tensor]
+
+# A decode graph's inputs in staging order: (name, extra length beyond the padded size, dtype).
+DECODE_LAYOUT: list[tuple[str, int, torch.dtype]] = [
+    ("input_ids", 0, torch.int64),
+    ("positions", 0, torch.int64),
+    ("slot_mapping", 0, torch.int64),
+    ("prev_src", 0, torch.int64),  # index into last_sampled, -1 where input_ids holds the token
+    ("rows", 0, torch.int64),
+    ("entry_rows", 0, torch.int64),  # block-table entries gained this step (at most one a row)
+    ("entry_cols", 0, torch.int64),
+    ("entry_vals", 0, torch.int32),
+    ("seq_lens", 0, torch.int32),
+    ("query_start_loc", 1, torch.int32),
+]
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -35,92 +55,77 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
     return sorted(s for s in sizes if s <= max_num_seqs)
 
 
+def decode_views(staging: StagingBuffer, size: int) -> dict[str, torch.Tensor]:
+    """The device views that a step packed in DECODE_LAYOUT for `size` rows lands in."""
+    slots = StagingBuffer.layout([(size + extra, dtype) for _, extra, dtype in DECODE_LAYOUT])
+    return {name: staging.view(*slot) for (name, _, _), slot in zip(DECODE_LAYOUT, slots)}
+
+
+def dummy_decode_inputs(size: int, dummy_row: int) -> dict[str, np.ndarray]:
+    """DECODE_LAYOUT inputs whose every row is padding."""
+    i64 = lambda fill: np.full(size, fill, dtype=np.int64)
+    return {
+        "input_ids": i64(0),
+        "positions": i64(0),
+        "slot_mapping": i64(-1),
+        "prev_src": i64(-1),
+        "rows": i64(dummy_row),
+        "entry_rows": i64(dummy_row),
+        "entry_cols": i64(0),
+        "entry_vals": np.zeros(size, dtype=np.int32),
+        "seq_lens": np.ones(size, dtype=np.int32),
+        "query_start_loc": np.arange(size + 1, dtype=np.int32),
+    }
+
+
 class DecodeGraphs:
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        kv_caches: list,
-        max_num_seqs: int,
-        max_model_len: int,
-        block_size: int,
-        device: torch.device,
-        capture: bool = True,
-    ) -> None:
-        self.model = model
-        self.kv_caches = kv_caches
-        self.max_model_len = max_model_len
+    def __init__(self, staging: StagingBuffer, max_num_seqs: int, dummy_row: int) -> None:
+        self.staging = staging
+        self.dummy_row = dummy_row
         self.sizes = capture_sizes(max_num_seqs)
-        size, max_blocks = self.sizes[-1], cdiv(max_model_len, block_size)
-        self.input_ids = torch.zeros(size, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(size, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((size,), -1, dtype=torch.int64, device=device)
-        self.block_tables = torch.zeros(size, max_blocks, dtype=torch.int32, device=device)
-        self.seq_lens = torch.ones(size, dtype=torch.int32, device=device)
-        self.query_start_loc = torch.arange(size + 1, dtype=torch.int32, device=device)
+        self.views = {size: decode_views(staging, size) for size in self.sizes}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
-        if capture:
-            self._capture_all()
 
     @property
     def max_batch(self) -> int:
         return self.sizes[-1]
 
-    def _forward(self, size: int) -> torch.Tensor:
-        meta = AttentionMetadata(
-            slot_mapping=self.slot_mapping[:size],
-            block_tables=self.block_tables[:size],
-            seq_lens=self.seq_lens[:size],
-            query_start_loc=self.query_start_loc[: size + 1],
-            max_query_len=1,
-            max_seq_len=self.max_model_len,
-        )
-        return self.model(self.input_ids[:size], self.positions[:size], self.kv_caches, meta)
+    def padded_size(self, n: int) -> int:
+        return next(s for s in self.sizes if s >= n)
+
+    def _stage_padding(self, size: int) -> None:
+        self.staging.begin()
+        inputs = dummy_decode_inputs(size, self.dummy_row)
+        for name, _, _ in DECODE_LAYOUT:
+            self.staging.put(inputs[name])
+        self.staging.send()
 
     @torch.inference_mode()
-    def _capture_all(self) -> None:
+    def capture(self, body: Body) -> None:
+        """Capture `body` (the runner's decode step: (size, input views) -> hidden states, tokens
+        sampled into its last_sampled) at every size. The graphs keep no reference to the runner."""
         start = time.perf_counter()
         pool = None
         for size in reversed(self.sizes):
-            self._forward(size)  # compiles kernels and fills launch caches outside the capture
+            self._stage_padding(size)  # valid inputs for the warm-up and the capture
+            body(size, self.views[size])  # compiles kernels and fills launch caches outside the capture
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[size] = self._forward(size)
+                self.outputs[size] = body(size, self.views[size])
             pool = graph.pool()
             self.graphs[size] = graph
         torch.cuda.synchronize()
         logger.info("captured decode graphs for %d batch sizes up to %d in %.1f s", len(self.sizes),
                     self.max_batch, time.perf_counter() - start)  # fmt: skip
 
-    @torch.inference_mode()
-    def run(
-        self,
-        input_ids: np.ndarray,
-        positions: np.ndarray,
-        slot_mapping: np.ndarray,
-        block_tables: np.ndarray,
-        seq_lens: np.ndarray,
-    ) -> torch.Tensor:
-        """Hidden states [n, hidden] of n <= max_batch decode rows (numpy inputs from the runner);
-        the tensor is the graph's output buffer, valid until the next replay."""
-        n = input_ids.shape[0]
-        size = next(s for s in self.sizes if s >= n)
-        pad = size - n
-        width = block_tables.shape[1]
-
-        def put(buffer: torch.Tensor, values: np.ndarray, fill: int) -> None:
-            if pad:
-                values = np.concatenate([values, np.full((pad, *values.shape[1:]), fill, dtype=values.dtype)])
-            buffer.copy_(torch.from_numpy(values), non_blocking=True)
-
-        put(self.input_ids[:size], input_ids.astype(np.int64, copy=False), 0)
-        put(self.positions[:size], positions.astype(np.int64, copy=False), 0)
-        put(self.slot_mapping[:size], slot_mapping.astype(np.int64, copy=False), -1)
-        put(self.seq_lens[:size], seq_lens.astype(np.int32, copy=False), 1)
-        put(self.block_tables[:size, :width], block_tables.astype(np.int32, copy=False), 0)
+    def run(self, size: int, body: Body) -> torch.Tensor:
+        """Replay the graph of `size` rows over the inputs a step staged in its layout; returns its
+        hidden states [size, hidden] (valid until the next replay). Not captured (CPU tests): the
+        same padded buffers through `body`, eagerly."""
         graph = self.graphs.get(size)
-        if graph is None:  # capture=False: the same padded buffers, run eagerly
-            return self._forward(size)[:n]
+        if graph is None:
+            return body(size, self.views[size])
         graph.replay()
-        return self.outputs[size][:n]
+        return self.outputs[size]

@@ -1,43 +1,64 @@
-"""Runs one scheduled step on the device: batch metadata, forward pass, logits, sampling.
+"""Runs one scheduled step on the device: batch inputs, forward pass, logits, sampling.
 
-The scheduler's `SchedulerOutput` becomes device tensors once per step (one host-to-device copy
-each); layers never see requests. Owns the KV cache tensors: per layer K and V, each
-[num_blocks, block_size, num_kv_heads, head_dim].
+The runner keeps a persistent batch (input_batch.py) that the scheduler's deltas update (rows
+for new requests, rows freed for finished and preempted ones, new block ids); a step's inputs are
+built by vectorised numpy over its rows and reach the device in one copy (staging.py). Layers
+never see requests.
+
+`execute` launches a step and returns without waiting for the GPU: its `PendingStep.result()`
+waits for the step's tokens, copied without blocking to pinned host memory. So the engine can
+schedule and launch step N+1 before it reads step N's tokens (overlap scheduling). Sampled tokens
+stay on the device in `last_sampled`: a decode whose input token is still in flight (the
+scheduler scheduled it on a placeholder) reads it from there, with no host round trip.
+
+Owns the KV cache tensors: per layer K and V, each [num_blocks, block_size, num_kv_heads, head_dim].
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from tritonllm.engine.kv_cache import KVCacheManager, cdiv
+from tritonllm.engine.kv_cache import cdiv
+from tritonllm.engine.output_processor import SampledLogprobs, StepResult
 from tritonllm.engine.request import Request
 from tritonllm.engine.scheduler import SchedulerOutput
 from tritonllm.kernels import ops
 from tritonllm.layers.attention import Attention, AttentionMetadata
-from tritonllm.layers.sampler import Sampler, SamplingTensors, TopLogprobs, top_logprobs
-from tritonllm.worker.cuda_graph import DecodeGraphs
+from tritonllm.layers.sampler import LogprobTensors, Sampler, SamplingTensors, to_host, top_logprobs
+from tritonllm.worker.cuda_graph import DECODE_LAYOUT, DecodeGraphs
+from tritonllm.worker.input_batch import InputBatch
+from tritonllm.worker.staging import StagingBuffer
 
-_SEED_MASK = (1 << 62) - 1
-
-
-def step_seed(base_seed: int, step: int) -> int:
-    """The seed of one request's `step`-th sampled token: a reproducible mix of both."""
-    return (base_seed * 0x9E3779B97F4A7C15 + (step + 1) * 0xBF58476D1CE4E5B9) & _SEED_MASK
+_DECODE_ROWS = [name for name, _, _ in DECODE_LAYOUT].index("rows")
 
 
 @dataclass
-class StepResult:
-    """What one step produced, on the host, keyed by request id."""
+class PendingStep:
+    """A launched step; `result()` waits for its outputs and brings them to the host."""
 
-    sampled: dict[str, int] = field(default_factory=dict)
-    sampled_logprobs: dict[str, tuple[list[int], list[float], float, int]] = field(default_factory=dict)
-    # request id -> (first prompt position covered, TopLogprobs of consecutive prompt positions)
-    prompt_logprobs: dict[str, tuple[int, TopLogprobs]] = field(default_factory=dict)
+    sampled: list[Request]  # the requests that sample, in row order
+    tokens: torch.Tensor  # host copy of their tokens
+    logprob_ks: list[int | None] | None  # per sampled request: its top-k, None: no logprobs
+    logprobs: LogprobTensors | None  # host copies
+    prompt_logprobs: list[tuple[Request, int, LogprobTensors]]  # host copies
+    done: torch.cuda.Event | None
+
+    def result(self) -> StepResult:
+        if self.done is not None:
+            self.done.synchronize()
+        logprobs = None
+        if self.logprobs is not None:
+            top = self.logprobs.tolist()
+            logprobs: list[SampledLogprobs | None] = [
+                None if k is None else (top.top_ids[i][:k], top.top_logprobs[i][:k], top.token_logprobs[i], top.token_ranks[i])
+                for i, k in enumerate(self.logprob_ks)
+            ]  # fmt: skip
+        prompt = [(r, first, t.tolist()) for r, first, t in self.prompt_logprobs]
+        return StepResult(self.sampled, self.tokens.tolist(), logprobs, prompt)
 
 
 class ModelRunner:
@@ -48,22 +69,34 @@ class ModelRunner:
         device: torch.device,
         block_size: int,
         kv_dtype: torch.dtype | None = None,
+        *,
+        max_num_seqs: int = 256,
+        max_model_len: int = 2048,
+        max_num_batched_tokens: int = 8192,
     ) -> None:
         self.model = model
         self.dtype = dtype
         self.kv_dtype = kv_dtype or dtype
         self.device = device
         self.block_size = block_size
+        self.max_model_len = max_model_len
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.sampler = Sampler()
         self.decode_graphs: DecodeGraphs | None = None
+        max_blocks = cdiv(max_model_len, block_size)
+        self.batch = InputBatch(max_num_seqs, max_blocks, device)
+        self.last_sampled = torch.zeros(max_num_seqs, dtype=torch.int64, device=device)
+        max_tokens = max(max_num_batched_tokens, max_num_seqs)
+        max_entries = max_num_seqs * max_blocks
+        self.staging = StagingBuffer(64 * max_tokens + 128 * max_num_seqs + 24 * max_entries + 4096, device)
 
     def enable_decode_graphs(self, max_num_seqs: int, max_model_len: int, capture: bool = True) -> None:
-        """Serve pure-decode steps of up to max_num_seqs sequences from CUDA/HIP graphs (see
-        cuda_graph.py); capture=False runs the same padded path eagerly (tests on CPU). Call after
-        allocate_kv_cache."""
-        self.decode_graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs, max_model_len, self.block_size,
-                                          self.device, capture)  # fmt: skip
+        """Serve pure-decode steps of up to max_num_seqs sequences, sampling included, from CUDA/HIP
+        graphs (cuda_graph.py); capture=False runs the same padded path eagerly (tests on CPU).
+        Call after allocate_kv_cache."""
+        self.decode_graphs = DecodeGraphs(self.staging, min(max_num_seqs, len(self.last_sampled)), self.batch.dummy_row)
+        if capture:
+            self.decode_graphs.capture(self._decode_body)
 
     def kv_bytes_per_block(self) -> int:
         m = self.model
@@ -134,120 +167,252 @@ class ModelRunner:
         torch.cuda.empty_cache()
         return peak - kv_scratch_bytes
 
+    # Prefill/mixed step shapes that Triton specialises on differently: (query lengths of the
+    # sequences) giving token and sequence counts equal to 1, divisible by 16, or neither.
+    WARM_UP_SHAPES = ((32,), (37,), (32, 32, 32), (37, 40, 34), (32,) * 16, (37,) * 15 + (38,))
+
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput, kv_cache: KVCacheManager) -> StepResult:
-        bs = self.block_size
+    def warm_up(self) -> None:
+        """Run a prefill-like forward, logits, sampling and log-probs at each WARM_UP_SHAPES shape
+        (inputs that write no KV), so that Triton compiles the kernel variants of prefill and mixed
+        steps now rather than during the first `generate`. Decode shapes compile at graph capture."""
+        batch = self.batch
+        for q_lens in self.WARM_UP_SHAPES:
+            lens = torch.tensor(q_lens, dtype=torch.int32, device=self.device)
+            num_tokens, num_seqs = sum(q_lens), len(q_lens)
+            rows = torch.full((num_seqs,), batch.dummy_row, dtype=torch.int64, device=self.device)
+            query_start = torch.zeros(num_seqs + 1, dtype=torch.int32, device=self.device)
+            query_start[1:] = torch.cumsum(lens, 0)
+            zeros = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
+            hidden = self._forward(zeros, zeros, zeros - 1, None, rows, lens, query_start, max(q_lens), max(q_lens))
+            logits = self.model.compute_logits(hidden[(query_start[1:] - 1).long()])
+            self.sampler(logits, batch.sampling_tensors(rows, max_num_logprobs=2))
+            ops.log_softmax(self.model.compute_logits(hidden))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    # ---- one step ------------------------------------------------------------------------
+
+    def reset_batch(self) -> None:
+        """Drop the persistent batch (the engine aborted every request after a failed step)."""
+        self.batch.reset()
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> PendingStep:
+        """Launch the scheduled step; returns at once (the tokens arrive through `result()`)."""
+        batch = self.batch
+        for request_id in sched.finished_ids:
+            batch.remove(request_id)
+        for request in sched.preempted:
+            batch.remove(request.request_id)
+        n = len(sched.scheduled)
+        rows = np.empty(n, dtype=np.int64)
+        starts = np.empty(n, dtype=np.int64)
+        num_new = np.empty(n, dtype=np.int64)
+        samples = np.zeros(n, dtype=bool)
+        from_prev = np.zeros(n, dtype=bool)
         ids: list[int] = []
-        positions: list[np.ndarray] = []
-        slots: list[np.ndarray] = []
-        seq_lens: list[int] = []
-        query_start = [0]
-        tables: list[list[int]] = []
-        sample_rows: list[int] = []
-        prompt_rows: list[tuple[Request, int, int, int]] = []  # (request, first row, first position, count)
-        for s in sched.scheduled:
+        sampled: list[Request] = []
+        special: list[int] = []  # indices into `sampled` of rows with logprobs or min_tokens
+        prompt: list[tuple[int, Request]] = []
+        row_of = batch.row_of
+        for i, s in enumerate(sched.scheduled):
             r = s.request
-            start, end = r.num_computed_tokens, r.num_computed_tokens + s.num_new_tokens
-            row0 = query_start[-1]
-            ids.extend(r.token_ids_range(start, end))
-            pos = np.arange(start, end, dtype=np.int64)
-            blocks = np.asarray(kv_cache.block_ids(r.request_id), dtype=np.int64)
-            positions.append(pos)
-            slots.append(blocks[pos // bs] * bs + pos % bs)
-            seq_lens.append(end)
-            query_start.append(row0 + s.num_new_tokens)
-            tables.append(kv_cache.block_ids(r.request_id))
+            row = row_of.get(r.request_id)
+            if row is None:
+                row = batch.add(r)
+            if s.new_block_ids:
+                batch.append_blocks(row, s.new_block_ids)
+            rows[i], starts[i], num_new[i] = row, s.start, s.num_new_tokens
+            if s.start == r.num_tokens:  # its input is the token still in flight
+                from_prev[i] = True
+                ids.append(0)
+            else:
+                ids.extend(r.token_ids_range(s.start, s.start + s.num_new_tokens))
             if s.samples:
-                sample_rows.append(query_start[-1] - 1)
+                samples[i] = True
+                if r.params.logprobs is not None or r.params.min_tokens:
+                    special.append(len(sampled))
+                sampled.append(r)
             if r.params.prompt_logprobs is not None:
-                # row of position p predicts prompt token p + 1; keep those not computed before
-                first = max(start, len(r.prompt_logprobs) - 1)  # prompt_logprobs starts as [None]
-                last = min(end, r.num_prompt_tokens - 1)
-                if last > first:
-                    prompt_rows.append((r, row0 + first - start, first + 1, last - first))
+                prompt.append((i, r))
 
-        max_blocks = max(len(t) for t in tables)
-        table_np = np.zeros((len(tables), max_blocks), dtype=np.int32)
-        for i, t in enumerate(tables):
-            table_np[i, : len(t)] = t
-        to_dev = lambda a, dt: torch.from_numpy(np.asarray(a)).to(device=self.device, dtype=dt, non_blocking=True)
-        graphs = self.decode_graphs
-        if graphs is not None and len(ids) == len(seq_lens) <= graphs.max_batch:  # one new token each
-            hidden = graphs.run(np.asarray(ids, dtype=np.int64), np.concatenate(positions), np.concatenate(slots),
-                                table_np, np.asarray(seq_lens, dtype=np.int32))  # fmt: skip
+        num_tokens, num_sampled = len(ids), len(sampled)
+        query_start = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum(num_new, out=query_start[1:])
+        if num_tokens == n:
+            positions, token_rows = starts, rows
         else:
-            hidden = self._forward_eager(ids, positions, slots, table_np, seq_lens, query_start, sched, to_dev)
-        return self._sample(sched, hidden, sample_rows, prompt_rows, to_dev)
+            positions = np.arange(num_tokens, dtype=np.int64) - np.repeat(query_start[:-1] - starts, num_new)
+            token_rows = np.repeat(rows, num_new)
+        bs = self.block_size
+        slots = batch.table_np[token_rows, positions // bs].astype(np.int64) * bs + positions % bs
+        prev_src = np.full(num_tokens, -1, dtype=np.int64)
+        prev_src[query_start[:-1][from_prev]] = batch.sample_pos[rows[from_prev]]
+        seq_lens = (starts + num_new).astype(np.int32)
+        sample_rows = rows[samples]
+        batch.sample_pos[sample_rows] = np.arange(num_sampled)
 
-    def _forward_eager(
+        staging = self.staging
+        staging.begin()
+        graphs = self.decode_graphs
+        use_graph = graphs is not None and num_tokens == n == num_sampled and n <= graphs.max_batch
+        entries = batch.take_entries()
+        prompt_lp: list[tuple[Request, int, LogprobTensors | None]] = []
+        if use_graph:
+            size = graphs.padded_size(n)
+            pad = size - n
+            padded = lambda a, fill: np.concatenate([a, np.full(pad, fill, dtype=a.dtype)]) if pad else a
+            num_entries = 0 if entries is None else len(entries[0])
+            in_graph = entries if num_entries <= size else None
+            e_rows, e_cols, e_vals = in_graph or (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int32))
+            fill_e = size - len(e_rows)
+            dummy = batch.dummy_row
+            values = {
+                "input_ids": padded(np.asarray(ids, dtype=np.int64), 0),
+                "positions": padded(positions, 0),
+                "slot_mapping": padded(slots, -1),
+                "prev_src": padded(prev_src, -1),
+                "rows": padded(rows, dummy),
+                "entry_rows": np.concatenate([e_rows, np.full(fill_e, dummy, dtype=np.int64)]),
+                "entry_cols": np.concatenate([e_cols, np.zeros(fill_e, dtype=np.int64)]),
+                "entry_vals": np.concatenate([e_vals, np.zeros(fill_e, dtype=np.int32)]),
+                "seq_lens": padded(seq_lens, 1),
+                "query_start_loc": np.arange(size + 1, dtype=np.int32),
+            }
+            for name, _, _ in DECODE_LAYOUT:
+                staging.put(values[name])
+            extra = self._put_batch_updates(None if in_graph is not None else entries)
+            views = staging.send()
+            self._apply_batch_updates(views[len(DECODE_LAYOUT) :], extra)
+            hidden = graphs.run(size, self._decode_body)
+            tokens, lp = None, None
+            if special:  # logprobs or min_tokens bans: sample again, eagerly, from the logits
+                logits = self.model.compute_logits(hidden[:n])
+                tokens, lp = self._sample(logits, views[_DECODE_ROWS][:n], sampled, special, advance=False)
+        else:
+            slot = {}
+            slot["input_ids"] = staging.put(np.asarray(ids, dtype=np.int64))
+            slot["positions"] = staging.put(positions)
+            slot["slot_mapping"] = staging.put(slots)
+            if from_prev.any():
+                slot["prev_src"] = staging.put(prev_src)
+            slot["rows"] = staging.put(rows)
+            slot["sample_idx"] = staging.put((query_start[1:][samples] - 1).astype(np.int64))
+            slot["sample_rows"] = staging.put(sample_rows)
+            slot["seq_lens"] = staging.put(seq_lens)
+            slot["query_start_loc"] = staging.put(query_start)
+            extra = self._put_batch_updates(entries)
+            views = staging.send()
+            self._apply_batch_updates(views[len(slot) :], extra)
+            v = {name: views[i] for name, i in slot.items()}
+            hidden = self._forward(
+                v["input_ids"], v["positions"], v["slot_mapping"], v.get("prev_src"), v["rows"], v["seq_lens"],
+                v["query_start_loc"], int(num_new.max()) if n else 0, int(seq_lens.max()) if n else 0,
+            )  # fmt: skip
+            tokens, lp = None, None
+            if num_sampled:
+                logits = self.model.compute_logits(hidden[v["sample_idx"]])
+                tokens, lp = self._sample(logits, v["sample_rows"], sampled, special, advance=True)
+            prompt_lp = [self._prompt_logprobs(hidden, r, int(query_start[i]), int(starts[i]), int(num_new[i])) for i, r in prompt]  # fmt: skip
+        if tokens is not None:
+            self.last_sampled[:num_sampled].copy_(tokens)
+        host_tokens = to_host(self.last_sampled[:num_sampled])
+        ks = None
+        if lp is not None:
+            ks = [r.params.logprobs for r in sampled]
+            lp = lp.to_host()
+        prompt_host = [(r, first, t.to_host()) for r, first, t in prompt_lp if t is not None]
+        done = None
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+        return PendingStep(sampled, host_tokens, ks, lp, prompt_host, done)
+
+    def _put_batch_updates(self, entries) -> tuple[bool, bool]:
+        """Stage the persistent batch's pending changes: block-table entries (unless a graph applies
+        them) and new rows' sampling parameters. Returns which were staged."""
+        if entries is not None:
+            for a in entries:
+                self.staging.put(a)
+        new_rows = self.batch.take_new_rows()
+        if new_rows is not None:
+            for a in new_rows:
+                self.staging.put(a.reshape(-1))
+        return entries is not None, new_rows is not None
+
+    def _apply_batch_updates(self, views: list[torch.Tensor], staged: tuple[bool, bool]) -> None:
+        has_entries, has_rows = staged
+        if has_entries:
+            self.batch.apply_entries(*views[:3])
+            views = views[3:]
+        if has_rows:
+            self.batch.apply_new_rows(*views[:5])
+
+    def _forward(
         self,
-        ids: list[int],
-        positions: list[np.ndarray],
-        slots: list[np.ndarray],
-        table_np: np.ndarray,
-        seq_lens: list[int],
-        query_start: list[int],
-        sched: SchedulerOutput,
-        to_dev: Callable[[object, torch.dtype], torch.Tensor],
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        prev_src: torch.Tensor | None,
+        rows: torch.Tensor,
+        seq_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        max_query_len: int,
+        max_seq_len: int,
     ) -> torch.Tensor:
+        """The forward pass over staged inputs (device work only: capturable)."""
+        if prev_src is not None:  # tokens sampled by the step before, still on the device
+            input_ids = torch.where(prev_src >= 0, self.last_sampled[prev_src.clamp(min=0)], input_ids)
         meta = AttentionMetadata(
-            slot_mapping=to_dev(np.concatenate(slots), torch.int64),
-            block_tables=to_dev(table_np, torch.int32),
-            seq_lens=to_dev(np.asarray(seq_lens, dtype=np.int32), torch.int32),
-            query_start_loc=to_dev(np.asarray(query_start, dtype=np.int32), torch.int32),
-            max_query_len=max(s.num_new_tokens for s in sched.scheduled),
-            max_seq_len=max(seq_lens),
+            slot_mapping=slot_mapping,
+            block_tables=self.batch.block_table[rows],
+            seq_lens=seq_lens,
+            query_start_loc=query_start_loc,
+            max_query_len=max_query_len,
+            max_seq_len=max_seq_len,
         )
-        input_ids = to_dev(np.asarray(ids, dtype=np.int64), torch.int64)
-        return self.model(input_ids, to_dev(np.concatenate(positions), torch.int64), self.kv_caches, meta)
+        return self.model(input_ids, positions, self.kv_caches, meta)
+
+    def _decode_body(self, size: int, v: dict[str, torch.Tensor]) -> torch.Tensor:
+        """What a decode graph of `size` rows runs: block-table entries, forward, logits and sampling
+        (tokens into last_sampled). Returns the hidden states."""
+        self.batch.apply_entries(v["entry_rows"], v["entry_cols"], v["entry_vals"])
+        hidden = self._forward(v["input_ids"], v["positions"], v["slot_mapping"], v["prev_src"], v["rows"],
+                               v["seq_lens"], v["query_start_loc"], 1, self.max_model_len)  # fmt: skip
+        tokens, _ = self.sampler(self.model.compute_logits(hidden), self.batch.sampling_tensors(v["rows"]))
+        self.last_sampled[:size].copy_(tokens)
+        return hidden
 
     def _sample(
-        self,
-        sched: SchedulerOutput,
-        hidden: torch.Tensor,
-        sample_rows: list[int],
-        prompt_rows: list[tuple[Request, int, int, int]],
-        to_dev: Callable[[object, torch.dtype], torch.Tensor],
-    ) -> StepResult:
-        result = StepResult()
-        sampling = [s.request for s in sched.scheduled if s.samples]
-        if sampling:
-            logits = self.model.compute_logits(hidden[to_dev(sample_rows, torch.int64)])
-            tokens, top = self.sampler(logits, self._sampling_tensors(sampling))
-            for i, r in enumerate(sampling):
-                result.sampled[r.request_id] = tokens[i]
-                if top is not None and r.params.logprobs is not None:
-                    k = r.params.logprobs
-                    result.sampled_logprobs[r.request_id] = (
-                        top.top_ids[i][:k],
-                        top.top_logprobs[i][:k],
-                        top.token_logprobs[i],
-                        top.token_ranks[i],
-                    )
-        for request, row0, first_pos, count in prompt_rows:
-            logits = self.model.compute_logits(hidden[row0 : row0 + count])
-            targets = torch.tensor(request.prompt_token_ids[first_pos : first_pos + count], device=self.device)
-            top = top_logprobs(ops.log_softmax(logits), targets, request.params.prompt_logprobs)
-            result.prompt_logprobs[request.request_id] = (first_pos, top)
-        return result
-
-    def _sampling_tensors(self, requests: list[Request]) -> SamplingTensors:
+        self, logits: torch.Tensor, rows: torch.Tensor, sampled: list[Request], special: list[int], advance: bool
+    ) -> tuple[torch.Tensor, LogprobTensors | None]:
+        want = [sampled[i].params.logprobs for i in special if sampled[i].params.logprobs is not None]
+        st = self.batch.sampling_tensors(rows, max(want) if want else None, advance=advance)
         banned_rows: list[int] = []
         banned_tokens: list[int] = []
-        for row, r in enumerate(requests):
-            if len(r.output_token_ids) < r.params.min_tokens:
+        for i in special:
+            r = sampled[i]
+            # tokens before this one: the known ones and the one still in flight, if any
+            if len(r.output_token_ids) + r.num_output_placeholders - 1 < r.params.min_tokens:
                 stops = set(r.params.stop_token_ids) | (set() if r.params.ignore_eos else set(r.eos_token_ids))
-                banned_rows.extend([row] * len(stops))
+                banned_rows.extend([i] * len(stops))
                 banned_tokens.extend(sorted(stops))
-        want_logprobs = [r.params.logprobs for r in requests if r.params.logprobs is not None]
-        dev = lambda values, dt: torch.tensor(values, dtype=dt).to(self.device, non_blocking=True)
-        return SamplingTensors(
-            temperature=dev([r.params.temperature for r in requests], torch.float32),
-            top_k=dev([r.params.top_k for r in requests], torch.int32),
-            top_p=dev([r.params.top_p for r in requests], torch.float32),
-            min_p=dev([r.params.min_p for r in requests], torch.float32),
-            seeds=dev([step_seed(r.seed, len(r.output_token_ids)) for r in requests], torch.int64),
-            banned_rows=dev(banned_rows, torch.int64) if banned_rows else None,
-            banned_tokens=dev(banned_tokens, torch.int64) if banned_rows else None,
-            max_num_logprobs=max(want_logprobs) if want_logprobs else None,
-        )
+        if banned_rows:
+            st.banned_rows = torch.tensor(banned_rows, dtype=torch.int64).to(self.device, non_blocking=True)
+            st.banned_tokens = torch.tensor(banned_tokens, dtype=torch.int64).to(self.device, non_blocking=True)
+        return self.sampler(logits, st)
+
+    def _prompt_logprobs(
+        self, hidden: torch.Tensor, r: Request, row0: int, start: int, count: int
+    ) -> tuple[Request, int, LogprobTensors | None]:
+        """Logprobs of the prompt tokens this chunk predicts (row of position p predicts token p + 1),
+        skipping those delivered before a preemption."""
+        first = max(start, len(r.prompt_logprobs) - 1)  # prompt_logprobs starts as [None]
+        last = min(start + count, r.num_prompt_tokens - 1)
+        if last <= first:
+            return r, first + 1, None
+        rows = slice(row0 + first - start, row0 + last - start)
+        logits = self.model.compute_logits(hidden[rows])
+        targets = torch.tensor(r.prompt_token_ids[first + 1 : last + 1], device=self.device)
+        return r, first + 1, top_logprobs(ops.log_softmax(logits), targets, r.params.prompt_logprobs)
