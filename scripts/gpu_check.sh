@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the lent GPU: the GPU test suite, then end-to-end benchmarks on random-weight models of real
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
-#   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3]   (default: all)
-#   env: SWEEP=1 CASES="..." (bench-attention), BUDGETS="8192 2048" (e2e-qwen3), MODELS=/tmp/models
+#   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
+#   (default: all). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
+#   TESTS="tests/..." (tests), MODELS=/tmp/models
 set -uo pipefail
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 if [ -d .whl ]; then
@@ -12,13 +13,13 @@ else
   export PYTHONPATH=$PWD
 fi
 export PYTHONUNBUFFERED=1
-STEPS=${*:-tests bench-attention e2e-llama e2e-prefix e2e-qwen3}
+STEPS=${*:-tests bench-attention e2e-llama e2e-prefix e2e-qwen3 idle host-profile}
 MODELS=${MODELS:-/tmp/models}
 python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())" | tee "$OUT/env.txt"
 for step in $STEPS; do
   case $step in
     tests)
-      python3 -m pytest -q -m gpu -o addopts="" tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -30 ;;
+      python3 -m pytest -q -m gpu -o addopts="" ${TESTS:-tests} 2>&1 | tee "$OUT/gpu_tests.log" | tail -30 ;;
     bench-attention)
       # SWEEP=1: also sweep tilings; CASES="prefill_4096 ...": only those cases
       python3 scripts/bench_attention.py "$OUT/attention_h200.json" ${SWEEP:+--sweep} ${CASES:+--cases $CASES} 2>&1 \
@@ -33,15 +34,40 @@ for step in $STEPS; do
     e2e-llama)
       [ -d "$MODELS/llama3-8b" ] || python3 scripts/make_random_model.py llama3-8b "$MODELS/llama3-8b"
       for exp in batch1_decode throughput_64x512; do
-        python3 -m tritonllm.run model.path="$MODELS/llama3-8b" +experiment=$exp output_json="$OUT/llama3-8b_$exp.json" \
+        python3 -m tritonllm.run model.path="$MODELS/llama3-8b" +experiment=$exp workload.detokenize=true \
+          output_json="$OUT/llama3-8b_$exp.json" \
           hydra.run.dir=/tmp/hydra 2>&1 | tee "$OUT/llama3-8b_$exp.log" | tail -4
       done ;;
     e2e-qwen3)
+      # nano-vllm's benchmark with its settings (overlap on, temperature 0.6, text decoded) and the
+      # ablations: overlap off, greedy without text, greedy with text, top-p/top-k sampling
       [ -d "$MODELS/qwen3-0.6b" ] || python3 scripts/make_random_model.py qwen3-0.6b "$MODELS/qwen3-0.6b"
-      for budget in ${BUDGETS:-8192}; do
-        python3 -m tritonllm.run model.path="$MODELS/qwen3-0.6b" +experiment=nanovllm_bench \
-          scheduler.max_num_batched_tokens=$budget output_json="$OUT/qwen3-0.6b_nanovllm_b$budget.json" \
-          hydra.run.dir=/tmp/hydra 2>&1 | tee "$OUT/qwen3-0.6b_nanovllm_b$budget.log" | tail -4
+      for variant in ${VARIANTS:-overlap sync greedy_nodetok sync_greedy_nodetok greedy topk_topp}; do
+        case $variant in
+          overlap) args="" ;;
+          sync) args="scheduler.async_scheduling=false" ;;
+          greedy_nodetok) args="workload.temperature=0 workload.detokenize=false" ;;
+          sync_greedy_nodetok) args="scheduler.async_scheduling=false workload.temperature=0 workload.detokenize=false" ;;
+          greedy) args="workload.temperature=0" ;;
+          topk_topp) args="workload.top_p=0.95 workload.top_k=50" ;;
+        esac
+        python3 -m tritonllm.run model.path="$MODELS/qwen3-0.6b" +experiment=nanovllm_bench $args \
+          output_json="$OUT/qwen3-0.6b_nanovllm_$variant.json" hydra.run.dir=/tmp/hydra 2>&1 \
+          | tee "$OUT/qwen3-0.6b_nanovllm_$variant.log" | tail -1
       done ;;
+    idle)
+      # GPU idle share of a decode-heavy window (torch profiler), overlap on and off
+      [ -d "$MODELS/qwen3-0.6b" ] || python3 scripts/make_random_model.py qwen3-0.6b "$MODELS/qwen3-0.6b"
+      for mode in async-scheduling no-async-scheduling; do
+        python3 scripts/profile_decode_idle.py --model "$MODELS/qwen3-0.6b" --$mode \
+          --output-json "$OUT/idle_$mode.json" 2>&1 | grep -E "idle|step_ms"
+      done ;;
+    host-profile)
+      # py-spy host profile of nano-vllm's benchmark (overlap on), folded stacks
+      [ -d "$MODELS/qwen3-0.6b" ] || python3 scripts/make_random_model.py qwen3-0.6b "$MODELS/qwen3-0.6b"
+      PYSPY=$(command -v py-spy || echo /tmp/site/bin/py-spy)
+      "$PYSPY" record -r 200 -f raw -o "$OUT/pyspy_nanovllm.txt" -- python3 scripts/bench_throughput.py \
+        --model "$MODELS/qwen3-0.6b" --num-prompts 256 --input-len 562 --output-len 562 --random-range-ratio 0.82 \
+        --token-id-max 10000 --temperature 0.6 --max-model-len 4096 2>&1 | tail -2 ;;
   esac
 done

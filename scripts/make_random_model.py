@@ -2,8 +2,9 @@
 
 Tensor names and shapes come from transformers' own class (built on the meta device, so no
 memory is spent); the values are random normal * 0.02, made on the GPU when there is one, in
-bfloat16, and saved as safetensors shards with an index. The tokenizer is the tiny built-in one:
-benchmarks feed token ids and skip detokenization.
+bfloat16, and saved as safetensors shards with an index. The tokenizer is a fast byte-level BPE
+whose vocabulary covers the model's (models/covering_tokenizer.py), BOS and EOS at the config's
+ids, so sampled ids decode to text and detokenization costs what it costs with a real model.
 
     python scripts/make_random_model.py llama3-8b /tmp/models/llama3-8b
 """
@@ -12,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM
+
+from tritonllm.models.covering_tokenizer import make_covering_tokenizer
 
 SHAPES = {
     "llama3-8b": dict(
@@ -81,8 +83,6 @@ SHAPES = {
 
 
 def make_random_model(name: str, out: Path, shard_bytes: int = 4 << 30, seed: int = 0) -> Path:
-    from tritonllm.models.tiny import tiny_model_path
-
     shape = dict(SHAPES[name])
     model_type = shape.pop("model_type")
     config = AutoConfig.for_model(model_type, **shape)
@@ -114,10 +114,8 @@ def make_random_model(name: str, out: Path, shard_bytes: int = 4 << 30, seed: in
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     config.save_pretrained(out)
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": shape["eos_token_id"]}))
-    tiny = tiny_model_path("LlamaForCausalLM")
-    for f in Path(tiny).iterdir():
-        if "token" in f.name or f.suffix == ".jinja":
-            shutil.copy(f, out / f.name)
+    specials = {shape["bos_token_id"]: "<|bos|>", shape["eos_token_id"]: "<|eos|>"}
+    make_covering_tokenizer(shape["vocab_size"], specials).save_pretrained(out)
     return out
 
 

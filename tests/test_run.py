@@ -39,3 +39,24 @@ def test_experiment_and_ablation_switches_compose(tmp_path):
 def test_unknown_option_is_refused_by_name(tmp_path):
     proc = run_main(tmp_path, "+scheduler.max_num_sequences=4")
     assert proc.returncode != 0 and "max_num_sequences" in proc.stderr
+
+
+def test_nanovllm_benchmark_experiment_runs_with_its_settings(tmp_path):
+    out_json = tmp_path / "result.json"
+    proc = run_main(
+        tmp_path,
+        "+experiment=nanovllm_bench",
+        "model.max_model_len=128",
+        "workload.num_requests=3",
+        "workload.prompt_len_min=4",
+        "workload.prompt_len_max=12",
+        "workload.output_len_min=2",
+        "workload.output_len_max=5",
+        "workload.passes=1",
+        "scheduler.async_scheduling=true",
+        f"output_json={out_json}",
+    )
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(out_json.read_text())["results"]
+    assert results["temperature"] == 0.6 and results["detokenize"] is True
+    assert "ttft_p99_ms" in results and "tpot_p50_ms" in results and results["peak_memory_gib"] > 0

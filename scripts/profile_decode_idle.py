@@ -1,0 +1,104 @@
+"""GPU idle time between decode steps, from a torch profiler trace of a decode-heavy window.
+
+Runs nano-vllm's workload (256 requests, lengths uniform in 100-1024, temperature 0.6; texts
+decoded at the end as offline `generate` does, or every step with --streaming) until every prompt
+is prefilled, then records `--steps` engine steps with
+the torch profiler and reports the share of the window in which no kernel or copy ran on the GPU,
+plus the host time per step. Run once with overlap scheduling and once without:
+
+    python scripts/profile_decode_idle.py --model DIR [--no-async-scheduling] [--output-json OUT.json] [--trace OUT.json.gz]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+from tritonllm import LLM, SamplingParams
+from tritonllm.sampling_params import RequestOutputKind
+
+
+def busy_fraction(intervals: list[tuple[float, float]]) -> tuple[float, float]:
+    """(union of the intervals / the window they span, the window) for [start, end] pairs (us)."""
+    if not intervals:
+        return 0.0, 0.0
+    intervals.sort()
+    busy, (cur_start, cur_end) = 0.0, intervals[0]
+    for start, end in intervals[1:]:
+        if start > cur_end:
+            busy += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    busy += cur_end - cur_start
+    window = max(e for _, e in intervals) - intervals[0][0]
+    return busy / window, window
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--streaming", action="store_true", help="every step's outputs, text streamed (the server's path)"
+    )
+    parser.add_argument("--output-json", default=None)
+    parser.add_argument("--trace", default=None, help="also write the Chrome trace here")
+    args = parser.parse_args()
+    llm = LLM(model=args.model, max_model_len=4096, async_scheduling=args.async_scheduling)
+    engine = llm.llm_engine
+    rng = random.Random(0)
+    kind = RequestOutputKind.CUMULATIVE if args.streaming else RequestOutputKind.FINAL_ONLY
+    for i in range(args.num_requests):
+        prompt = [rng.randrange(10000) for _ in range(rng.randint(100, 1024))]
+        params = SamplingParams(
+            temperature=0.6, ignore_eos=True, max_tokens=rng.randint(300, 1024), seed=i, output_kind=kind
+        )
+        engine.add_request(str(i), prompt, params)
+    while engine.scheduler.waiting or any(
+        r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running
+    ):
+        engine.step()
+    for _ in range(20):  # settle into pure decode
+        engine.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:  # GPU activity only: little host overhead
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            engine.step()
+        torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+    intervals = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    fraction, window_us = busy_fraction(intervals)
+    results = {
+        "model": args.model,
+        "async_scheduling": engine.async_scheduling,
+        "streaming": args.streaming,
+        "num_running": len(engine.scheduler.running),
+        "steps": args.steps,
+        "step_ms": round(1000 * elapsed / args.steps, 3),
+        "gpu_window_ms": round(window_us / 1000, 3),
+        "gpu_busy_fraction": round(fraction, 4),
+        "gpu_idle_percent": round(100 * (1 - fraction), 2),
+        "device": torch.cuda.get_device_name(),
+    }
+    print(json.dumps(results, indent=2))
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump(results, f, indent=2)
+    if args.trace:
+        prof.export_chrome_trace(args.trace)
+    for request_id in list(engine.output_processor.groups):
+        engine.abort_request(request_id)
+
+
+if __name__ == "__main__":
+    main()
