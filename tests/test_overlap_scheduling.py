@@ -237,3 +237,15 @@ def test_a_dropped_engine_is_freed_without_the_cycle_collector(tiny_llama):
         assert engine() is None and runner() is None
     finally:
         gc.enable()
+
+
+def test_rows_of_requests_that_finish_before_an_empty_step_are_freed(tiny_llama):
+    """With overlap, a request can finish while the only other one has its last token in flight:
+    the next schedule is empty and does not run, and the finished request's batch row must still
+    be freed (by the next step that runs). A leak fills the batch: max_num_seqs=2 fails at once."""
+    llm = LLM(model=tiny_llama, **KW, async_scheduling=True, max_num_seqs=2)
+    params = [SamplingParams(max_tokens=2, ignore_eos=True), SamplingParams(max_tokens=3, ignore_eos=True)]
+    for _ in range(3):
+        outs = llm.generate(["a b", "c d"], params, use_tqdm=False)
+        assert [len(o.outputs[0].token_ids) for o in outs] == [2, 3]
+        assert len(llm.llm_engine.runner.batch) <= 2

@@ -46,7 +46,9 @@ class SchedulerOutput:
     step_id: int = 0
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
-    finished_ids: list[str] = field(default_factory=list)  # finished or aborted since the last step
+    # requests that left the running batch (finished, aborted, preempted) since the last step that
+    # ran: the runner frees their rows before it adds this step's new ones
+    removed_ids: list[str] = field(default_factory=list)
     num_batched_tokens: int = 0
 
     @property
@@ -63,7 +65,7 @@ class Scheduler:
         self.num_preemptions = 0
         self._arrivals = itertools.count()
         self._steps = itertools.count()
-        self._finished_ids: list[str] = []
+        self._removed_ids: list[str] = []  # handed to the next step that runs
 
     def _key(self, request: Request) -> tuple[int, int]:
         return (request.priority, request.arrival_index)
@@ -83,8 +85,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput(step_id=next(self._steps), finished_ids=self._finished_ids)
-        self._finished_ids = []
+        out = SchedulerOutput(step_id=next(self._steps))
         chunked = self.config.enable_chunked_prefill
         max_tokens = self.config.max_num_batched_tokens
 
@@ -135,6 +136,8 @@ class Scheduler:
                     request.times.first_scheduled = time.monotonic()
                 self.running[request] = None
                 self._add(out, request, num_new, new_blocks)
+        if out.scheduled:  # an empty step does not run: its removals wait for the next one
+            out.removed_ids, self._removed_ids = self._removed_ids, []
         return out
 
     @staticmethod
@@ -175,6 +178,7 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         del self.running[request]
         self.kv_cache.free(request.request_id)
+        self._removed_ids.append(request.request_id)
         request.num_computed_tokens = 0
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
@@ -193,4 +197,4 @@ class Scheduler:
         request.status = status
         request.times.finished = time.monotonic()
         self.kv_cache.free(request.request_id)
-        self._finished_ids.append(request.request_id)
+        self._removed_ids.append(request.request_id)

@@ -201,10 +201,8 @@ class ModelRunner:
     def execute(self, sched: SchedulerOutput) -> PendingStep:
         """Launch the scheduled step; returns at once (the tokens arrive through `result()`)."""
         batch = self.batch
-        for request_id in sched.finished_ids:
+        for request_id in sched.removed_ids:
             batch.remove(request_id)
-        for request in sched.preempted:
-            batch.remove(request.request_id)
         n = len(sched.scheduled)
         rows = np.empty(n, dtype=np.int64)
         starts = np.empty(n, dtype=np.int64)
