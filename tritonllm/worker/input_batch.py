@@ -19,20 +19,20 @@ import torch
 from tritonllm.engine.request import Request
 from tritonllm.layers.sampler import SamplingTensors
 
-# step_seed's multipliers as int64 (two's complement), for the same arithmetic on the device
-_SEED_MUL = 0x9E3779B97F4A7C15 - (1 << 64)
-_STEP_MUL = 0xBF58476D1CE4E5B9 - (1 << 64)
+_SEED_MUL = 0x9E3779B97F4A7C15
+_STEP_MUL = 0xBF58476D1CE4E5B9
 SEED_MASK = (1 << 62) - 1
 
 
 def step_seed(base_seed: int, step: int) -> int:
     """The seed of one request's `step`-th sampled token: a reproducible mix of both."""
-    return (base_seed * 0x9E3779B97F4A7C15 + (step + 1) * 0xBF58476D1CE4E5B9) & SEED_MASK
+    return (base_seed * _SEED_MUL + (step + 1) * _STEP_MUL) & SEED_MASK
 
 
 def step_seeds(base_seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-    """`step_seed` elementwise on int64 tensors (products wrap mod 2^64, as the masked result needs)."""
-    return (base_seeds * _SEED_MUL + (steps + 1) * _STEP_MUL) & SEED_MASK
+    """`step_seed` elementwise on int64 tensors: the multipliers as two's-complement int64, products
+    wrapping mod 2^64, give the same masked result."""
+    return (base_seeds * (_SEED_MUL - (1 << 64)) + (steps + 1) * (_STEP_MUL - (1 << 64))) & SEED_MASK
 
 
 class InputBatch:
@@ -40,8 +40,6 @@ class InputBatch:
         rows = max_num_seqs + 1
         self.dummy_row = max_num_seqs
         self.max_blocks_per_seq = max_blocks_per_seq
-        self.row_of: dict[str, int] = {}
-        self._free_rows = list(range(max_num_seqs - 1, -1, -1))
         self.table_np = np.zeros((rows, max_blocks_per_seq), dtype=np.int32)
         self.num_blocks = np.zeros(rows, dtype=np.int64)
         # each row's index among the tokens sampled by the last step launched (its in-flight token)
@@ -52,16 +50,15 @@ class InputBatch:
         self.top_k = torch.zeros(rows, dtype=torch.int32, device=device)
         self.base_seed = torch.zeros(rows, dtype=torch.int64, device=device)
         self.num_sampled = torch.zeros(rows, dtype=torch.int64, device=device)
-        self._entries: list[tuple[int, int, list[int]]] = []  # (row, first column, block ids) not on the device yet
-        self._new_rows: list[tuple[int, Request]] = []
+        self.reset()
 
     def reset(self) -> None:
-        """Forget every row (after a failed step; the device tensors keep stale values nobody reads)."""
-        self.row_of.clear()
+        """Forget every row (also after a failed step: the device tensors keep stale values nobody reads)."""
+        self.row_of: dict[str, int] = {}
         self._free_rows = list(range(self.dummy_row - 1, -1, -1))
         self.num_blocks[:] = 0
-        self._entries = []
-        self._new_rows = []
+        self._entries: list[tuple[int, int, list[int]]] = []  # (row, first column, block ids) not on the device yet
+        self._new_rows: list[tuple[int, Request]] = []
 
     def __len__(self) -> int:
         return len(self.row_of)

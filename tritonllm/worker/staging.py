@@ -67,8 +67,7 @@ class StagingBuffer:
         return [self.view(start, size, dtype) for start, size, dtype in self._slots]
 
     def view(self, start: int, size: int, dtype: torch.dtype) -> torch.Tensor:
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        return self.device_buffer[start : start + size * itemsize].view(dtype)
+        return self.device_buffer[start : start + size * dtype.itemsize].view(dtype)
 
     @staticmethod
     def layout(arrays: list[tuple[int, torch.dtype]]) -> list[tuple[int, int, torch.dtype]]:
@@ -76,6 +75,6 @@ class StagingBuffer:
         slots, offset = [], 0
         for size, dtype in arrays:
             start = _aligned(offset)
-            offset = start + size * torch.empty((), dtype=dtype).element_size()
+            offset = start + size * dtype.itemsize
             slots.append((start, size, dtype))
         return slots
