@@ -2,6 +2,7 @@
 # On the lent GPU: the GPU test suite, then end-to-end benchmarks on random-weight models of real
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
+#   [profile-llama-b1] [profile-prefill] [bench-sampling]
 #   (default: all). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models
 set -uo pipefail
@@ -50,6 +51,7 @@ for step in $STEPS; do
           sync_greedy_nodetok) args="scheduler.async_scheduling=false workload.temperature=0 workload.detokenize=false" ;;
           greedy) args="workload.temperature=0" ;;
           topk_topp) args="workload.top_p=0.95 workload.top_k=50" ;;
+          topp) args="workload.top_p=0.95" ;;
         esac
         python3 -m tritonllm.run model.path="$MODELS/qwen3-0.6b" +experiment=nanovllm_bench $args \
           output_json="$OUT/qwen3-0.6b_nanovllm_$variant.json" hydra.run.dir=/tmp/hydra 2>&1 \
@@ -59,9 +61,22 @@ for step in $STEPS; do
       # GPU idle share of a decode-heavy window (torch profiler), overlap on and off
       [ -d "$MODELS/qwen3-0.6b" ] || python3 scripts/make_random_model.py qwen3-0.6b "$MODELS/qwen3-0.6b"
       for mode in async-scheduling no-async-scheduling; do
-        python3 scripts/profile_decode_idle.py --model "$MODELS/qwen3-0.6b" --$mode \
+        python3 scripts/profile_steps.py --model "$MODELS/qwen3-0.6b" --$mode --kernel-table 12 \
           --output-json "$OUT/idle_$mode.json" 2>&1 | grep -E "idle|step_ms"
       done ;;
+    profile-llama-b1)
+      # batch-1 decode of Llama-3-8B: kernel time per step (where TPOT goes), then the GPU idle share
+      [ -d "$MODELS/llama3-8b" ] || python3 scripts/make_random_model.py llama3-8b "$MODELS/llama3-8b"
+      python3 scripts/profile_steps.py --model "$MODELS/llama3-8b" --num-requests 1 --prompt-len 512 \
+        --output-len 1024 --temperature 0 --steps 100 --kernel-table 20 --output-json "$OUT/profile_llama_b1.json" \
+        2>&1 | tail -40 ;;
+    profile-prefill)
+      # prefill and mixed steps of nano-vllm's workload (eager forward): what piecewise graphs could win
+      [ -d "$MODELS/qwen3-0.6b" ] || python3 scripts/make_random_model.py qwen3-0.6b "$MODELS/qwen3-0.6b"
+      python3 scripts/profile_steps.py --model "$MODELS/qwen3-0.6b" --phase prefill --steps 40 --kernel-table 20 \
+        --output-json "$OUT/profile_prefill.json" 2>&1 | tail -40 ;;
+    bench-sampling)
+      python3 scripts/bench_sampling.py "$OUT/sampling_h200.json" 2>&1 | tee "$OUT/sampling.log" | tail -20 ;;
     host-profile)
       # py-spy host profile of nano-vllm's benchmark (overlap on), folded stacks
       [ -d "$MODELS/qwen3-0.6b" ] || python3 scripts/make_random_model.py qwen3-0.6b "$MODELS/qwen3-0.6b"

@@ -1,12 +1,16 @@
-"""GPU idle time between decode steps, from a torch profiler trace of a decode-heavy window.
+"""GPU idle time and kernel time per engine step, from a torch profiler trace of a window of steps.
 
-Runs nano-vllm's workload (256 requests, lengths uniform in 100-1024, temperature 0.6; texts
-decoded at the end as offline `generate` does, or every step with --streaming) until every prompt
-is prefilled, then records `--steps` engine steps with
-the torch profiler and reports the share of the window in which no kernel or copy ran on the GPU,
-plus the host time per step. Run once with overlap scheduling and once without:
+Runs nano-vllm's workload by default (256 requests, lengths uniform in 100-1024, temperature 0.6;
+texts decoded at the end as offline `generate` does, or every step with --streaming) and records
+`--steps` engine steps with the torch profiler:
+  --phase decode   after every prompt is prefilled (a decode-heavy window: graphs replay);
+  --phase prefill  from the first step (prefill chunks and mixed steps: eager forward).
+It reports the share of the window in which no kernel or copy ran on the GPU, the host time per
+step and, with --kernel-table N, the N kernels that take the most GPU time (us per step).
+Fixed lengths (--prompt-len, --output-len) and --num-requests 1 give a batch-1 profile.
 
-    python scripts/profile_decode_idle.py --model DIR [--no-async-scheduling] [--output-json OUT.json] [--trace OUT.json.gz]
+    python scripts/profile_steps.py --model DIR [--no-async-scheduling] [--phase prefill] [--kernel-table 15]
+        [--output-json OUT.json] [--trace OUT.json.gz]
 """
 
 from __future__ import annotations
@@ -41,6 +45,15 @@ def busy_fraction(intervals: list[tuple[float, float]]) -> tuple[float, float]:
     return busy / window, window
 
 
+def kernel_table(events: list, steps: int, top: int) -> dict[str, float]:
+    """GPU time per step of each kernel name (summed over its launches), the `top` largest."""
+    totals: dict[str, float] = {}
+    for e in events:
+        totals[e.name] = totals.get(e.name, 0.0) + (e.time_range.end - e.time_range.start)
+    ranked = sorted(totals.items(), key=lambda item: -item[1])[:top]
+    return {name[:120]: round(total / steps, 1) for name, total in ranked}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True)
@@ -50,25 +63,33 @@ def main() -> None:
     parser.add_argument(
         "--streaming", action="store_true", help="every step's outputs, text streamed (the server's path)"
     )
+    parser.add_argument("--phase", choices=["decode", "prefill"], default="decode")
+    parser.add_argument("--prompt-len", type=int, default=None, help="fixed prompt length (default 100-1024)")
+    parser.add_argument("--output-len", type=int, default=None, help="fixed output length (default 300-1024)")
+    parser.add_argument("--temperature", type=float, default=0.6)
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--kernel-table", type=int, default=0, help="report the N kernels taking most GPU time")
     parser.add_argument("--output-json", default=None)
     parser.add_argument("--trace", default=None, help="also write the Chrome trace here")
     args = parser.parse_args()
-    llm = LLM(model=args.model, max_model_len=4096, async_scheduling=args.async_scheduling)
+    llm = LLM(model=args.model, max_model_len=args.max_model_len, async_scheduling=args.async_scheduling)
     engine = llm.llm_engine
     rng = random.Random(0)
     kind = RequestOutputKind.CUMULATIVE if args.streaming else RequestOutputKind.FINAL_ONLY
     for i in range(args.num_requests):
-        prompt = [rng.randrange(10000) for _ in range(rng.randint(100, 1024))]
+        prompt = [rng.randrange(10000) for _ in range(args.prompt_len or rng.randint(100, 1024))]
+        max_tokens = args.output_len or rng.randint(300, 1024)
         params = SamplingParams(
-            temperature=0.6, ignore_eos=True, max_tokens=rng.randint(300, 1024), seed=i, output_kind=kind
+            temperature=args.temperature, ignore_eos=True, max_tokens=max_tokens, seed=i, output_kind=kind
         )
         engine.add_request(str(i), prompt, params)
-    while engine.scheduler.waiting or any(
-        r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running
-    ):
-        engine.step()
-    for _ in range(20):  # settle into pure decode
-        engine.step()
+    if args.phase == "decode":
+        while engine.scheduler.waiting or any(
+            r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running
+        ):
+            engine.step()
+        for _ in range(20):  # settle into pure decode
+            engine.step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:  # GPU activity only: little host overhead
         start = time.perf_counter()
@@ -76,10 +97,12 @@ def main() -> None:
             engine.step()
         torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
-    intervals = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    gpu_events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    intervals = [(e.time_range.start, e.time_range.end) for e in gpu_events]
     fraction, window_us = busy_fraction(intervals)
     results = {
         "model": args.model,
+        "phase": args.phase,
         "async_scheduling": engine.async_scheduling,
         "streaming": args.streaming,
         "num_running": len(engine.scheduler.running),
@@ -88,8 +111,11 @@ def main() -> None:
         "gpu_window_ms": round(window_us / 1000, 3),
         "gpu_busy_fraction": round(fraction, 4),
         "gpu_idle_percent": round(100 * (1 - fraction), 2),
+        "gpu_busy_ms_per_step": round(fraction * window_us / 1000 / args.steps, 3),
         "device": torch.cuda.get_device_name(),
     }
+    if args.kernel_table:
+        results["kernels_us_per_step"] = kernel_table(gpu_events, args.steps, args.kernel_table)
     print(json.dumps(results, indent=2))
     if args.output_json:
         with open(args.output_json, "w") as f:
