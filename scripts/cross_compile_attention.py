@@ -32,6 +32,17 @@ POINTERS = {
 }  # fmt: skip
 
 
+def compile_kernel(fn: triton.JITFunction, target: GPUTarget, types: dict, constexprs: dict, num_warps: int):
+    """Compile fn for target: its constexprs bound, every other argument typed from `types` (i32 when
+    absent), at the backend's default pipelining depth. Raises what the compiler raises."""
+    signature = {n: ("constexpr" if n in constexprs else types.get(n, "i32")) for n in fn.arg_names}
+    source = ASTSource(
+        fn=fn, signature=signature, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()}
+    )
+    stages = 2 if target.backend == "hip" else 3
+    return triton.compile(source, target=target, options={"num_warps": num_warps, "num_stages": stages})
+
+
 def compile_one(fn: triton.JITFunction, target: GPUTarget, kv: str, constexprs: dict) -> str | None:
     """None if it compiles, else the first line of the error."""
     desc = f"tensordesc<bf16[{constexprs['TILE_N']}, {constexprs['HEAD_DIM']}]>"
@@ -39,13 +50,8 @@ def compile_one(fn: triton.JITFunction, target: GPUTarget, kv: str, constexprs: 
     if "NEW_KV_DESC" in constexprs and not descs:
         constexprs = dict(constexprs, k_new_desc=None, v_new_desc=None)
     types = dict(POINTERS, k_cache_ptr=f"*{kv}", v_cache_ptr=f"*{kv}", **descs)
-    signature = {n: ("constexpr" if n in constexprs else types.get(n, "i32")) for n in fn.arg_names}
-    source = ASTSource(
-        fn=fn, signature=signature, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()}
-    )
-    stages = 2 if target.backend == "hip" else 3
     try:
-        triton.compile(source, target=target, options={"num_warps": 4, "num_stages": stages})
+        compile_kernel(fn, target, types, constexprs, num_warps=4)
     except Exception as error:  # noqa: BLE001 - reported, not raised
         return str(error).splitlines()[0][:200]
     return None

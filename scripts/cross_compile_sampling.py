@@ -15,8 +15,8 @@ os.environ["TRITON_INTERPRET"] = "0"  # before tritonllm.platform, which would s
 # isort: split
 import torch
 import triton
+from cross_compile_attention import compile_kernel  # this folder: sys.path[0] when run as a script
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 from tritonllm.kernels import sampling
 
@@ -24,25 +24,20 @@ TARGETS = [GPUTarget("cuda", 90, 32), GPUTarget("hip", "gfx942", 64)]
 KERNELS = [sampling._sample_kernel, sampling._sampling_mask_kernel, sampling._log_softmax_kernel]
 TYPES = {
     "mask_ptr": "*i1", "out_ptr": "*i64", "temperature_ptr": "*fp32", "top_k_ptr": "*i32", "top_p_ptr": "*fp32",
-    "min_p_ptr": "*fp32", "seeds_ptr": "*i64", "vals_ptr": "*fp32", "ids_ptr": "*i32",
+    "min_p_ptr": "*fp32", "seeds_ptr": "*i64",
 }  # fmt: skip
 
 
 def compile_one(fn: triton.JITFunction, target: GPUTarget, dtype: torch.dtype) -> str | None:
     """None if it compiles without spills, else the first line of the error."""
     key_bits, search_steps = sampling._search_config(dtype)
-    constexprs = dict(KEY_BITS=key_bits, SEARCH_STEPS=search_steps, COMPACT=1024, BLOCK_ROWS=1, BLOCK_V=8192)
-    constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}
+    constexprs = dict(KEY_BITS=key_bits, SEARCH_STEPS=search_steps, BLOCK_ROWS=1, BLOCK_V=8192)
+    constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}  # log-softmax: no search
     types = dict(TYPES, logits_ptr="*bf16" if dtype == torch.bfloat16 else "*fp32")
     if fn is sampling._log_softmax_kernel:
         types["out_ptr"] = "*fp32"
-    signature = {n: ("constexpr" if n in constexprs else types.get(n, "i32")) for n in fn.arg_names}
-    source = ASTSource(
-        fn=fn, signature=signature, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()}
-    )
-    stages = 2 if target.backend == "hip" else 3
     try:
-        kernel = triton.compile(source, target=target, options={"num_warps": 16, "num_stages": stages})
+        kernel = compile_kernel(fn, target, types, constexprs, num_warps=16)
     except Exception as error:  # noqa: BLE001 - reported, not raised
         return str(error).splitlines()[0][:300]
     if target.backend == "cuda" and "ld.local" in kernel.asm["ptx"]:

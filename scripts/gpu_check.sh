@@ -16,6 +16,8 @@ fi
 export PYTHONUNBUFFERED=1
 STEPS=${*:-tests bench-attention e2e-llama e2e-prefix e2e-qwen3 idle host-profile}
 MODELS=${MODELS:-/tmp/models}
+# a random-weight model folder of that architecture (built once per machine)
+ensure_model() { [ -d "$MODELS/$1" ] || python3 scripts/make_random_model.py "$1" "$MODELS/$1"; }
 python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())" | tee "$OUT/env.txt"
 for step in $STEPS; do
   case $step in
@@ -26,14 +28,14 @@ for step in $STEPS; do
       python3 scripts/bench_attention.py "$OUT/attention_h200.json" ${SWEEP:+--sweep} ${CASES:+--cases $CASES} 2>&1 \
         | tee "$OUT/attention.log" | tail -20 ;;
     e2e-prefix)
-      [ -d "$MODELS/llama3-8b" ] || python3 scripts/make_random_model.py llama3-8b "$MODELS/llama3-8b"
+      ensure_model llama3-8b
       for caching in true false; do
         python3 -m tritonllm.run model.path="$MODELS/llama3-8b" +experiment=prefix_sharing \
           cache.enable_prefix_caching=$caching output_json="$OUT/llama3-8b_prefix_$caching.json" \
           hydra.run.dir=/tmp/hydra 2>&1 | tail -3
       done ;;
     e2e-llama)
-      [ -d "$MODELS/llama3-8b" ] || python3 scripts/make_random_model.py llama3-8b "$MODELS/llama3-8b"
+      ensure_model llama3-8b
       for exp in batch1_decode throughput_64x512; do
         python3 -m tritonllm.run model.path="$MODELS/llama3-8b" +experiment=$exp workload.detokenize=true \
           output_json="$OUT/llama3-8b_$exp.json" \
@@ -42,7 +44,7 @@ for step in $STEPS; do
     e2e-qwen3)
       # nano-vllm's benchmark with its settings (overlap on, temperature 0.6, text decoded) and the
       # ablations: overlap off, greedy without text, greedy with text, top-p/top-k sampling
-      [ -d "$MODELS/qwen3-0.6b" ] || python3 scripts/make_random_model.py qwen3-0.6b "$MODELS/qwen3-0.6b"
+      ensure_model qwen3-0.6b
       for variant in ${VARIANTS:-overlap sync greedy_nodetok sync_greedy_nodetok greedy topk_topp}; do
         case $variant in
           overlap) args="" ;;
@@ -59,27 +61,27 @@ for step in $STEPS; do
       done ;;
     idle)
       # GPU idle share of a decode-heavy window (torch profiler), overlap on and off
-      [ -d "$MODELS/qwen3-0.6b" ] || python3 scripts/make_random_model.py qwen3-0.6b "$MODELS/qwen3-0.6b"
+      ensure_model qwen3-0.6b
       for mode in async-scheduling no-async-scheduling; do
         python3 scripts/profile_steps.py --model "$MODELS/qwen3-0.6b" --$mode --kernel-table 12 \
           --output-json "$OUT/idle_$mode.json" 2>&1 | grep -E "idle|step_ms"
       done ;;
     profile-llama-b1)
       # batch-1 decode of Llama-3-8B: kernel time per step (where TPOT goes), then the GPU idle share
-      [ -d "$MODELS/llama3-8b" ] || python3 scripts/make_random_model.py llama3-8b "$MODELS/llama3-8b"
+      ensure_model llama3-8b
       python3 scripts/profile_steps.py --model "$MODELS/llama3-8b" --num-requests 1 --prompt-len 512 \
         --output-len 1024 --temperature 0 --steps 100 --kernel-table 20 --output-json "$OUT/profile_llama_b1.json" \
         2>&1 | tail -40 ;;
     profile-prefill)
       # prefill and mixed steps of nano-vllm's workload (eager forward): what piecewise graphs could win
-      [ -d "$MODELS/qwen3-0.6b" ] || python3 scripts/make_random_model.py qwen3-0.6b "$MODELS/qwen3-0.6b"
+      ensure_model qwen3-0.6b
       python3 scripts/profile_steps.py --model "$MODELS/qwen3-0.6b" --phase prefill --steps 40 --kernel-table 20 \
         --output-json "$OUT/profile_prefill.json" 2>&1 | tail -40 ;;
     bench-sampling)
       python3 scripts/bench_sampling.py "$OUT/sampling_h200.json" 2>&1 | tee "$OUT/sampling.log" | tail -20 ;;
     host-profile)
       # py-spy host profile of nano-vllm's benchmark (overlap on), folded stacks
-      [ -d "$MODELS/qwen3-0.6b" ] || python3 scripts/make_random_model.py qwen3-0.6b "$MODELS/qwen3-0.6b"
+      ensure_model qwen3-0.6b
       PYSPY=$(command -v py-spy || echo /tmp/site/bin/py-spy)
       "$PYSPY" record -r 200 -f raw -o "$OUT/pyspy_nanovllm.txt" -- python3 scripts/bench_throughput.py \
         --model "$MODELS/qwen3-0.6b" --num-prompts 256 --input-len 562 --output-len 562 --random-range-ratio 0.82 \
