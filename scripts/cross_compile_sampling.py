@@ -1,5 +1,5 @@
 """Compile the sampling kernels for NVIDIA sm90 and AMD gfx942 without any GPU, at the GPU launch
-configuration (one row per program, 8192-token chunks, 16 warps) for bfloat16 and float32 logits.
+configuration (one row per program, 8192-token chunks, 2048 in the window passes, 16 warps, 1024 candidates) for bfloat16 and float32 logits.
 Reports spills (local memory in the PTX) on NVIDIA, which would make the passes slow.
 
     python scripts/cross_compile_sampling.py   # ~1 minute on a laptop CPU
@@ -24,14 +24,17 @@ TARGETS = [GPUTarget("cuda", 90, 32), GPUTarget("hip", "gfx942", 64)]
 KERNELS = [sampling._sample_kernel, sampling._sampling_mask_kernel, sampling._log_softmax_kernel]
 TYPES = {
     "mask_ptr": "*i1", "out_ptr": "*i64", "temperature_ptr": "*fp32", "top_k_ptr": "*i32", "top_p_ptr": "*fp32",
-    "min_p_ptr": "*fp32", "seeds_ptr": "*i64",
+    "min_p_ptr": "*fp32", "seeds_ptr": "*i64", "cand_x_ptr": "*fp32", "cand_id_ptr": "*i32",
 }  # fmt: skip
 
 
 def compile_one(fn: triton.JITFunction, target: GPUTarget, dtype: torch.dtype) -> str | None:
     """None if it compiles without spills, else the first line of the error."""
-    key_bits, search_steps = sampling._search_config(dtype)
-    constexprs = dict(KEY_BITS=key_bits, SEARCH_STEPS=search_steps, BLOCK_ROWS=1, BLOCK_V=8192)
+    key_bits, search_steps, candidate_steps = sampling._search_steps(dtype)
+    constexprs = dict(
+        KEY_BITS=key_bits, SEARCH_STEPS=search_steps, CANDIDATE_STEPS=candidate_steps, COMPACT=1024, BLOCK_ROWS=1,
+        BLOCK_V=8192, BLOCK_W=2048,
+    )  # fmt: skip
     constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}  # log-softmax: no search
     types = dict(TYPES, logits_ptr="*bf16" if dtype == torch.bfloat16 else "*fp32")
     if fn is sampling._log_softmax_kernel:

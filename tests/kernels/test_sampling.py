@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
-from tritonllm.kernels import reference
+from tritonllm import platform
+from tritonllm.kernels import reference, sampling
 from tritonllm.kernels.sampling import log_softmax, sample, sampling_mask
 
 GPU_VOCAB = 151936
@@ -215,6 +218,103 @@ def test_draws_follow_reference_masked_distribution(temperature, top_k, top_p, m
         "min_p": torch.tensor([min_p]),
     }
     assert _total_variation_of_draws(logits_row, params_row, num_draws=4000) < 0.05
+
+
+# ---- candidates: top-k / top-p rows drawn from the scratch, and the fallback ------------------
+
+
+def _peaked(logits: torch.Tensor, rows: slice, num_peaks: int, seed: int) -> torch.Tensor:
+    """The rows `rows` get num_peaks tokens far above the rest: top-p keeps only a few of them."""
+    gen = torch.Generator().manual_seed(seed)
+    for row in range(*rows.indices(logits.shape[0])):
+        logits[row, torch.randperm(logits.shape[1], generator=gen)[:num_peaks]] += 12.0
+    return logits
+
+
+def _candidate_ids(monkeypatch) -> dict[str, torch.Tensor]:
+    """Keeps the candidate scratch of the next launch (ids pre-filled with -1) for inspection."""
+    held: dict[str, torch.Tensor] = {}
+    scratch = sampling._scratch
+
+    def kept(num_rows, compact, device):
+        x, ids = scratch(num_rows, compact, device)
+        held["ids"] = ids.fill_(-1)
+        return x, ids
+
+    monkeypatch.setattr(sampling, "_scratch", kept)
+    return held
+
+
+def _top_k_and_peaked_top_p(num_rows: int = 24, vocab: int = 3000) -> tuple[torch.Tensor, dict]:
+    logits = _peaked(_logits(num_rows, vocab, seed=40), slice(num_rows // 2, None), num_peaks=5, seed=41)
+    gen = torch.Generator().manual_seed(42)
+    half = num_rows // 2
+    params = {
+        "temperature": 0.3 + torch.rand(num_rows, generator=gen),
+        "top_k": torch.cat(
+            [
+                torch.randint(1, 61, (half,), generator=gen, dtype=torch.int32),
+                torch.zeros(num_rows - half, dtype=torch.int32),
+            ]
+        ),  # fmt: skip
+        "top_p": 0.5 + 0.45 * torch.rand(num_rows, generator=gen),
+        "min_p": torch.zeros(num_rows),
+    }
+    return logits, params
+
+
+def test_top_k_and_peaked_top_p_rows_keep_their_survivors_among_candidates(monkeypatch) -> None:
+    logits, params = _top_k_and_peaked_top_p()
+    held = _candidate_ids(monkeypatch)
+    mask = sampling_mask(logits, **params)
+    _assert_masks_agree(logits, params)
+    for row in range(logits.shape[0]):
+        survivors = set(mask[row].nonzero()[:, 0].tolist())
+        assert 1 <= len(survivors) <= 60
+        assert survivors <= set(held["ids"][row].tolist()), f"row {row}: survivors missing from the candidates"
+    tokens = sample(logits, **params, seeds=_seeds(logits.shape[0]))
+    assert mask[torch.arange(logits.shape[0]), tokens].all()
+
+
+def _without_candidates(monkeypatch) -> None:
+    """Every launch gets a one-slot scratch: no window fits (bar top-k 1), the searches serve all rows."""
+    filters = sampling._filters
+
+    def one_slot(num_rows, vocab, dtype):
+        f = filters(num_rows, vocab, dtype)
+        return f._replace(constexprs={**f.constexprs, "COMPACT": 1}, compact=1)
+
+    monkeypatch.setattr(sampling, "_filters", one_slot)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_draws_among_candidates_equal_draws_over_the_vocabulary(monkeypatch, dtype: torch.dtype) -> None:
+    logits, params = _top_k_and_peaked_top_p()
+    more_logits = _logits(32, 3000, seed=43)
+    more_params = _params(32, seed=44)
+    logits = torch.cat([logits, more_logits]).to(dtype)
+    params = {name: torch.cat([value, more_params[name].to(value.dtype)]) for name, value in params.items()}
+    seeds = _seeds(logits.shape[0], first=9)
+    from_candidates = sample(logits, **params, seeds=seeds)
+    mask = sampling_mask(logits, **params)
+    _without_candidates(monkeypatch)
+    assert torch.equal(sample(logits, **params, seeds=seeds), from_candidates)
+    assert torch.equal(sampling_mask(logits, **params), mask)
+
+
+@triton.jit
+def _lowest_surviving_id(x, ids, survives, seeds, temperature, vocab):
+    return tl.min(tl.where(survives, ids, vocab), axis=1)  # no noise: not a draw
+
+
+@pytest.mark.skipif(not platform.is_interpreter(), reason="swaps a jit function, which only the interpreter re-reads")
+def test_a_broken_draw_among_candidates_is_caught(monkeypatch) -> None:
+    """Negative check: the equality above fails when the draw among candidates ignores its noise."""
+    logits, params = _top_k_and_peaked_top_p()
+    seeds = _seeds(logits.shape[0], first=9)
+    drawn = sample(logits, **params, seeds=seeds)
+    monkeypatch.setattr(sampling, "draw_candidates", _lowest_surviving_id)
+    assert not torch.equal(sample(logits, **params, seeds=seeds), drawn)
 
 
 # ---- the same checks in bfloat16 at model sizes, on a GPU -----------------------------------

@@ -1,22 +1,23 @@
 """Sampling on the device: log-softmax, the top-k / top-p / min-p mask, and one draw per row.
 
 Every kernel gives a program BLOCK_ROWS rows (1 on a GPU, many under the interpreter) and loops
-over the vocabulary in chunks of BLOCK_V, so any vocabulary size fits in registers. Passes over
-the vocabulary accumulate per lane ([BLOCK_ROWS, BLOCK_V]) and reduce once at the end, so the
-loop body has no cross-warp reduction.
+over the vocabulary in chunks, so any vocabulary size fits in registers. Passes over the
+vocabulary accumulate per lane ([BLOCK_ROWS, BLOCK_V]) and reduce once at the end, so the loop
+body has no cross-warp reduction.
 
 No sort: the filters become one threshold per row on the raw logits x (a token survives iff
 x >= threshold; dividing by a positive temperature keeps the order, so the survivors are those of
-s = x / temperature). top-k and top-p thresholds are searched over the bit patterns of the
-logits' dtype (an order-preserving integer key), each step a pass over the vocabulary that tries
-4 keys and keeps 1/5 of the range: 7 steps pin a bfloat16/float16 value, 14 a float32 one. The
-threshold found is an exact logit value, so ties are kept together as in `reference.sampling_mask`:
+s = x / temperature). The threshold is an exact logit value, so ties are kept together as in
+`reference.sampling_mask`:
   top_k  the k-th largest x: the largest threshold with count(x >= thr) >= k;
   top_p  t survives iff the renormalised mass of tokens with x > x_t is below top_p: the smallest
          threshold with mass(x > thr) < top_p * mass(top-k survivors), mass exp((x - max x) / T);
   min_p  p_t >= min_p * max p  <=>  x_t >= max x + T * log(min_p): the row maximum suffices.
-Which rows use which filter is read on the device; a program skips the passes that none of its
-rows needs, so launches need no host sync.
+top-k and top-p are found among a few candidates copied to a scratch buffer (sampling_candidates.py,
+about four passes over the vocabulary) and drawn from there; rows whose survivors do not fit it use
+full-vocabulary searches (sampling_search.py, up to 14 passes each). Which rows use which filter is
+read on the device; a program skips the passes that none of its rows needs, so launches need no
+host sync.
 Sampling is Gumbel-max: argmax over survivors of x + T * Gumbel noise (= argmax of x / T + noise),
 the noise drawn by Philox from (row seed, token id), so a seed gives the same token whichever
 batch the row is in.
@@ -25,6 +26,7 @@ batch the row is in.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 from tritonllm import platform  # isort: skip  (on CPU it switches on the interpreter before triton loads)
 
@@ -33,201 +35,60 @@ import triton
 import triton.language as tl
 
 from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec
-
-# keys tried per pass of a threshold search: a pass is bound by memory latency, so comparing with
-# 4 keys costs little more than with 1 and each pass keeps 1/5 of the range instead of 1/2
-_NUM_PIVOTS = 4
-
-
-@triton.jit
-def _float_to_key(x, KEY_BITS: tl.constexpr, DTYPE: tl.constexpr):
-    """Logit values (float32 holding DTYPE values) -> int64 keys in the same order: the DTYPE bit
-    pattern with the magnitude bits of negative values flipped."""
-    if KEY_BITS == 16:
-        bits = x.to(DTYPE).to(tl.int16, bitcast=True).to(tl.int32)
-        key = tl.where(bits >= 0, bits, bits ^ 0x7FFF)
-    else:
-        bits = x.to(tl.int32, bitcast=True)
-        key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    return key.to(tl.int64)
+from tritonllm.kernels.sampling_candidates import (
+    CANDIDATE_PIVOTS,
+    candidate_threshold,
+    draw_candidates,
+    load_candidates,
+)
+from tritonllm.kernels.sampling_search import (
+    _NUM_PIVOTS,
+    _any,
+    _gumbel,
+    _load_logits,
+    _row_max_min,
+    _searched_threshold,
+)
 
 
 @triton.jit
-def _key_to_float(key, KEY_BITS: tl.constexpr, DTYPE: tl.constexpr):
-    key = key.to(tl.int32)
-    if KEY_BITS == 16:
-        bits = tl.where(key >= 0, key, key ^ 0x7FFF).to(tl.int16)
-        value = bits.to(DTYPE, bitcast=True).to(tl.float32)
-    else:
-        value = tl.where(key >= 0, key, key ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
-    return value
-
-
-@triton.jit
-def _load_logits(logits_ptr, row_offs, row_mask, cols, vocab):
-    """One [BLOCK_ROWS, BLOCK_V] chunk of logits in float32, -inf off the rows and the vocabulary."""
-    valid = row_mask[:, None] & (cols < vocab)[None, :]
-    x = tl.load(logits_ptr + row_offs[:, None] + cols[None, :], mask=valid, other=float("-inf"))
-    return x.to(tl.float32), valid
-
-
-@triton.jit
-def _load_for_search(logits_ptr, row_offs, row_mask, cols, vocab):
-    """The same chunk with NaN off the rows and the vocabulary: NaN fails every comparison, so the
-    search passes need no separate mask."""
-    valid = row_mask[:, None] & (cols < vocab)[None, :]
-    x = tl.load(logits_ptr + row_offs[:, None] + cols[None, :], mask=valid, other=float("nan"))
-    return x.to(tl.float32)
-
-
-@triton.jit
-def _row_max_min(logits_ptr, row_offs, row_mask, vocab, BLOCK_ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
-    lane_max = tl.full([BLOCK_ROWS, BLOCK_V], float("-inf"), tl.float32)
-    lane_min = tl.full([BLOCK_ROWS, BLOCK_V], float("inf"), tl.float32)
-    for start in range(0, vocab, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)
-        x, valid = _load_logits(logits_ptr, row_offs, row_mask, cols, vocab)
-        lane_max = tl.maximum(lane_max, x)
-        lane_min = tl.minimum(lane_min, tl.where(valid, x, float("inf")))
-    # rows past num_rows get finite stats, so their (unstored) lanes make no NaN from -inf - -inf
-    row_max = tl.where(row_mask, tl.max(lane_max, axis=1), 0.0)
-    return row_max, tl.where(row_mask, tl.min(lane_min, axis=1), 0.0)
-
-
-@triton.jit
-def _pivots(lo, hi):
-    """Four keys splitting (lo, hi) into five near-equal parts."""
-    span = hi - lo
-    return lo + span // 5, lo + span * 2 // 5, lo + span * 3 // 5, lo + span * 4 // 5
-
-
-@triton.jit
-def _narrow(lo, hi, p1, p2, p3, p4, low1, low2, low3, low4):
-    """(lo, hi) -> the part between neighbouring pivots where the search predicate flips; low_j:
-    pivot j lies on lo's side (monotone: low1 >= low2 >= low3 >= low4)."""
-    new_lo = tl.where(low4, p4, tl.where(low3, p3, tl.where(low2, p2, tl.where(low1, p1, lo))))
-    new_hi = tl.where(~low1, p1, tl.where(~low2, p2, tl.where(~low3, p3, tl.where(~low4, p4, hi))))
-    return new_lo, new_hi
-
-
-@triton.jit
-def _pivot_sums(logits_ptr, row_offs, row_mask, vocab, lo, hi, row_max_2d, scale, KEY_BITS: tl.constexpr,
-                MASS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
-    """The four pivots of (lo, hi) and, per row, what lies above each in one pass over the logits:
-    the count of x >= pivot, or (MASS) the softmax mass exp2((x - row_max) * scale) of x > pivot."""
-    DTYPE: tl.constexpr = logits_ptr.dtype.element_ty
-    p1, p2, p3, p4 = _pivots(lo, hi)
-    t1 = _key_to_float(p1, KEY_BITS, DTYPE)[:, None]
-    t2 = _key_to_float(p2, KEY_BITS, DTYPE)[:, None]
-    t3 = _key_to_float(p3, KEY_BITS, DTYPE)[:, None]
-    t4 = _key_to_float(p4, KEY_BITS, DTYPE)[:, None]
-    ACC: tl.constexpr = tl.float32 if MASS else tl.int32
-    s1 = tl.zeros([BLOCK_ROWS, BLOCK_V], ACC)
-    s2 = tl.zeros([BLOCK_ROWS, BLOCK_V], ACC)
-    s3 = tl.zeros([BLOCK_ROWS, BLOCK_V], ACC)
-    s4 = tl.zeros([BLOCK_ROWS, BLOCK_V], ACC)
-    for start in range(0, vocab, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)
-        x = _load_for_search(logits_ptr, row_offs, row_mask, cols, vocab)
-        if MASS:
-            mass = tl.exp2((x - row_max_2d) * scale)
-            s1 += tl.where(x > t1, mass, 0.0)
-            s2 += tl.where(x > t2, mass, 0.0)
-            s3 += tl.where(x > t3, mass, 0.0)
-            s4 += tl.where(x > t4, mass, 0.0)
-        else:
-            s1 += (x >= t1).to(tl.int32)
-            s2 += (x >= t2).to(tl.int32)
-            s3 += (x >= t3).to(tl.int32)
-            s4 += (x >= t4).to(tl.int32)
-    return p1, p2, p3, p4, tl.sum(s1, axis=1), tl.sum(s2, axis=1), tl.sum(s3, axis=1), tl.sum(s4, axis=1)
-
-
-@triton.jit
-def _top_k_threshold(logits_ptr, row_offs, row_mask, vocab, k, row_max, row_min, KEY_BITS: tl.constexpr,
-                     SEARCH_STEPS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
-    """The k-th largest logit of each row: the largest key with count(x >= key) >= k."""
-    DTYPE: tl.constexpr = logits_ptr.dtype.element_ty
-    lo = _float_to_key(row_min, KEY_BITS, DTYPE)  # count(x >= min) = vocab >= k: feasible
-    hi = _float_to_key(row_max, KEY_BITS, DTYPE) + 1  # count(x > max) = 0 < k: infeasible
-    for _step in range(SEARCH_STEPS):
-        p1, p2, p3, p4, c1, c2, c3, c4 = _pivot_sums(
-            logits_ptr, row_offs, row_mask, vocab, lo, hi, None, None, KEY_BITS, False, BLOCK_ROWS, BLOCK_V
-        )
-        lo, hi = _narrow(lo, hi, p1, p2, p3, p4, c1 >= k, c2 >= k, c3 >= k, c4 >= k)
-    return _key_to_float(lo, KEY_BITS, DTYPE)
-
-
-@triton.jit
-def _top_p_threshold(logits_ptr, row_offs, row_mask, vocab, temperature, top_p, row_max, thr_k,
-                     KEY_BITS: tl.constexpr, SEARCH_STEPS: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-                     BLOCK_V: tl.constexpr):  # fmt: skip
-    """The smallest key with mass(x > key) < top_p * mass(x >= thr_k), counting only top-k
-    survivors (x >= thr_k); a token's mass is exp((x - row_max) / T), its softmax numerator."""
-    DTYPE: tl.constexpr = logits_ptr.dtype.element_ty
-    scale = (1.4426950408889634 / temperature)[:, None]  # log2(e) / T: masses through exp2
-    row_max_2d = row_max[:, None]
-    lane_mass = tl.zeros([BLOCK_ROWS, BLOCK_V], tl.float32)
-    for start in range(0, vocab, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)
-        x = _load_for_search(logits_ptr, row_offs, row_mask, cols, vocab)
-        lane_mass += tl.where(x >= thr_k[:, None], tl.exp2((x - row_max_2d) * scale), 0.0)
-    limit = top_p * tl.sum(lane_mass, axis=1)
-    lo = _float_to_key(thr_k, KEY_BITS, DTYPE) - 1  # all surviving mass lies above: infeasible
-    hi = _float_to_key(row_max, KEY_BITS, DTYPE)  # no mass above the maximum: feasible for top_p > 0
-    for _step in range(SEARCH_STEPS):
-        # every pivot is >= thr_k, so x > pivot implies a top-k survivor
-        p1, p2, p3, p4, m1, m2, m3, m4 = _pivot_sums(
-            logits_ptr, row_offs, row_mask, vocab, lo, hi, row_max_2d, scale, KEY_BITS, True, BLOCK_ROWS, BLOCK_V
-        )
-        # infeasible pivots (too much mass above) lie on lo's side
-        lo, hi = _narrow(lo, hi, p1, p2, p3, p4, m1 >= limit, m2 >= limit, m3 >= limit, m4 >= limit)
-    return _key_to_float(hi, KEY_BITS, DTYPE)
-
-
-@triton.jit
-def _any(flags):
-    return tl.max(flags.to(tl.int32), axis=0) > 0
-
-
-@triton.jit
-def _survival_threshold(logits_ptr, row_offs, row_mask, vocab, temperature, top_k, use_top_k, top_p,
-                        use_top_p, min_p, use_min_p, KEY_BITS: tl.constexpr, SEARCH_STEPS: tl.constexpr,
-                        BLOCK_ROWS: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
-    """Per row, the smallest logit that survives top-k, top-p and min-p (-inf: every token does).
-    A filter's passes run only when some row of the program uses it."""
+def _survival_threshold(logits_ptr, cand_x_ptr, cand_id_ptr, rows, row_offs, row_mask, vocab, temperature, top_k,
+                        use_top_k, top_p, use_top_p, min_p, use_min_p, KEY_BITS: tl.constexpr,
+                        SEARCH_STEPS: tl.constexpr, CANDIDATE_STEPS: tl.constexpr, COMPACT: tl.constexpr,
+                        BLOCK_ROWS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_W: tl.constexpr):  # fmt: skip
+    """Per row, the smallest logit that survives top-k, top-p and min-p (-inf: every token does),
+    whether its survivors are all among its candidates in the scratch, and how many those are."""
     threshold = tl.full([BLOCK_ROWS], float("-inf"), tl.float32)
+    from_candidates = tl.zeros([BLOCK_ROWS], tl.int1)
+    num_candidates = tl.zeros([BLOCK_ROWS], tl.int32)
     if _any(use_top_k | use_top_p | use_min_p):
         row_max, row_min = _row_max_min(logits_ptr, row_offs, row_mask, vocab, BLOCK_ROWS, BLOCK_V)
-        thr_k = row_min
-        if _any(use_top_k):
-            found = _top_k_threshold(
-                logits_ptr, row_offs, row_mask, vocab, top_k, row_max, row_min, KEY_BITS, SEARCH_STEPS,
-                BLOCK_ROWS, BLOCK_V,
+        thr_kp = row_min
+        if _any(use_top_k | use_top_p):
+            from_candidates, thr_kp, num_candidates = candidate_threshold(
+                logits_ptr, cand_x_ptr, cand_id_ptr, rows, row_offs, row_mask, vocab, temperature, top_k, use_top_k,
+                top_p, use_top_p, row_max, row_min, KEY_BITS, CANDIDATE_STEPS, COMPACT, BLOCK_ROWS, BLOCK_V, BLOCK_W,
             )  # fmt: skip
-            thr_k = tl.where(use_top_k, found, row_min)
-        thr_p = thr_k
-        if _any(use_top_p):
-            found = _top_p_threshold(
-                logits_ptr, row_offs, row_mask, vocab, temperature, top_p, row_max, thr_k, KEY_BITS,
-                SEARCH_STEPS, BLOCK_ROWS, BLOCK_V,
-            )  # fmt: skip
-            thr_p = tl.where(use_top_p, found, thr_k)
+            searched = ~from_candidates
+            if _any(searched & (use_top_k | use_top_p)):
+                found = _searched_threshold(
+                    logits_ptr, row_offs, row_mask, vocab, temperature, top_k, use_top_k & searched, top_p,
+                    use_top_p & searched, row_max, row_min, KEY_BITS, SEARCH_STEPS, BLOCK_ROWS, BLOCK_V,
+                )  # fmt: skip
+                thr_kp = tl.where(from_candidates, thr_kp, found)
         thr_min_p = row_max + temperature * tl.log(tl.where(use_min_p, min_p, 1.0))
-        threshold = tl.where(use_min_p, tl.maximum(thr_p, thr_min_p), thr_p)
-    return threshold
+        threshold = tl.where(use_min_p, tl.maximum(thr_kp, thr_min_p), thr_kp)
+    return threshold, from_candidates, num_candidates
 
 
 @triton.jit
 def _gumbel_noise(seeds, start, BLOCK_ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Gumbel noise -log(-log(u)) for tokens start .. start + BLOCK_V of each row. Token t takes
-    output t % 4 of Philox(seed, t // 4): one Philox call serves four tokens."""
+    """Gumbel noise for tokens start .. start + BLOCK_V of each row. Token t takes output t % 4 of
+    Philox(seed, t // 4): one Philox call serves four tokens."""
     quads = start // 4 + tl.arange(0, BLOCK_V // 4)[None, :] + tl.zeros([BLOCK_ROWS, BLOCK_V // 4], tl.int32)
     seeds_2d = seeds[:, None] + tl.zeros([BLOCK_ROWS, BLOCK_V // 4], tl.int64)
     u0, u1, u2, u3 = tl.rand4x(seeds_2d, quads)
-    u = tl.reshape(tl.join(tl.join(u0, u2), tl.join(u1, u3)), [BLOCK_ROWS, BLOCK_V])  # u0 u1 u2 u3 u0 ...
-    # u = 0 (probability 2^-31) is lifted so that a surviving token's score stays finite
-    return -tl.log(-tl.log(tl.maximum(u, 1.0e-30)))
+    return _gumbel(tl.reshape(tl.join(tl.join(u0, u2), tl.join(u1, u3)), [BLOCK_ROWS, BLOCK_V]))  # u0 u1 u2 u3 u0 ...
 
 
 @triton.jit
@@ -249,13 +110,18 @@ def _sampling_mask_kernel(
     top_k_ptr,  # [num_rows] int
     top_p_ptr,  # [num_rows] float
     min_p_ptr,  # [num_rows] float
+    cand_x_ptr,  # [num_rows, COMPACT] float32 scratch: candidate values
+    cand_id_ptr,  # [num_rows, COMPACT] int32 scratch: candidate token ids
     num_rows,
     vocab,
     row_stride,
     KEY_BITS: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
+    CANDIDATE_STEPS: tl.constexpr,
+    COMPACT: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    BLOCK_W: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     row_mask = rows < num_rows
@@ -264,14 +130,40 @@ def _sampling_mask_kernel(
     )
     temperature = tl.where(temperature > 0, temperature, 1.0)
     row_offs = rows.to(tl.int64) * row_stride
-    threshold = _survival_threshold(
-        logits_ptr, row_offs, row_mask, vocab, temperature, top_k, use_top_k, top_p, use_top_p, min_p,
-        use_min_p, KEY_BITS, SEARCH_STEPS, BLOCK_ROWS, BLOCK_V,
-    )[:, None]  # fmt: skip
+    threshold, _, _ = _survival_threshold(
+        logits_ptr, cand_x_ptr, cand_id_ptr, rows, row_offs, row_mask, vocab, temperature, top_k, use_top_k, top_p,
+        use_top_p, min_p, use_min_p, KEY_BITS, SEARCH_STEPS, CANDIDATE_STEPS, COMPACT, BLOCK_ROWS, BLOCK_V, BLOCK_W,
+    )  # fmt: skip
     for start in range(0, vocab, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)
         x, valid = _load_logits(logits_ptr, row_offs, row_mask, cols, vocab)
-        tl.store(mask_ptr + (rows.to(tl.int64) * vocab)[:, None] + cols[None, :], x >= threshold, mask=valid)
+        keep = x >= threshold[:, None]
+        tl.store(mask_ptr + (rows.to(tl.int64) * vocab)[:, None] + cols[None, :], keep, mask=valid)
+
+
+@triton.jit
+def _draw_over_vocabulary(logits_ptr, row_offs, row_mask, vocab, threshold, sampled, temperature, seeds,
+                          BLOCK_ROWS: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+    """Per row, the argmax over x >= threshold of x (greedy rows) or x + T * Gumbel noise, first
+    token on ties; one pass over the vocabulary."""
+    any_sampled = _any(sampled & row_mask)
+    noise_scale = tl.where(sampled, temperature, 0.0)[:, None]  # greedy rows: no noise
+    threshold_2d = threshold[:, None]
+    lane_best = tl.full([BLOCK_ROWS, BLOCK_V], float("-inf"), tl.float32)
+    lane_token = tl.zeros([BLOCK_ROWS, BLOCK_V], tl.int32)
+    for start in range(0, vocab, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        x, valid = _load_logits(logits_ptr, row_offs, row_mask, cols, vocab)
+        score = x
+        if any_sampled:
+            score = x + noise_scale * _gumbel_noise(seeds, start, BLOCK_ROWS, BLOCK_V)
+        score = tl.where(valid & (x >= threshold_2d), score, float("-inf"))
+        # strictly better only: a lane keeps its earliest best token, as argmax keeps the first
+        better = score > lane_best
+        lane_token = tl.where(better, cols[None, :], lane_token)
+        lane_best = tl.where(better, score, lane_best)
+    best = tl.max(lane_best, axis=1)
+    return tl.min(tl.where(lane_best == best[:, None], lane_token, vocab), axis=1)
 
 
 @triton.jit
@@ -283,13 +175,18 @@ def _sample_kernel(
     top_p_ptr,  # [num_rows] float
     min_p_ptr,  # [num_rows] float
     seeds_ptr,  # [num_rows] int64: Philox seed of each row for this step
+    cand_x_ptr,  # [num_rows, COMPACT] float32 scratch: candidate values
+    cand_id_ptr,  # [num_rows, COMPACT] int32 scratch: candidate token ids
     num_rows,
     vocab,
     row_stride,
     KEY_BITS: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
+    CANDIDATE_STEPS: tl.constexpr,
+    COMPACT: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    BLOCK_W: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     row_mask = rows < num_rows
@@ -299,29 +196,23 @@ def _sample_kernel(
     sampled = temperature > 0
     temperature = tl.where(sampled, temperature, 1.0)
     row_offs = rows.to(tl.int64) * row_stride
-    threshold = _survival_threshold(
-        logits_ptr, row_offs, row_mask, vocab, temperature, top_k, use_top_k & sampled, top_p,
-        use_top_p & sampled, min_p, use_min_p & sampled, KEY_BITS, SEARCH_STEPS, BLOCK_ROWS, BLOCK_V,
-    )[:, None]  # fmt: skip
-    any_sampled = _any(sampled & row_mask)
-    noise_scale = tl.where(sampled, temperature, 0.0)[:, None]  # greedy rows: no noise
+    threshold, from_candidates, num_candidates = _survival_threshold(
+        logits_ptr, cand_x_ptr, cand_id_ptr, rows, row_offs, row_mask, vocab, temperature, top_k, use_top_k & sampled,
+        top_p, use_top_p & sampled, min_p, use_min_p & sampled, KEY_BITS, SEARCH_STEPS, CANDIDATE_STEPS, COMPACT,
+        BLOCK_ROWS, BLOCK_V, BLOCK_W,
+    )  # fmt: skip
     seeds = tl.load(seeds_ptr + rows, mask=row_mask, other=0).to(tl.int64)
-    lane_best = tl.full([BLOCK_ROWS, BLOCK_V], float("-inf"), tl.float32)
-    lane_token = tl.zeros([BLOCK_ROWS, BLOCK_V], tl.int32)
-    for start in range(0, vocab, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)
-        x, valid = _load_logits(logits_ptr, row_offs, row_mask, cols, vocab)
-        score = x
-        if any_sampled:
-            score = x + noise_scale * _gumbel_noise(seeds, start, BLOCK_ROWS, BLOCK_V)
-        score = tl.where(valid & (x >= threshold), score, float("-inf"))
-        # strictly better only: a lane keeps its earliest best token, as argmax keeps the first
-        better = score > lane_best
-        lane_token = tl.where(better, cols[None, :], lane_token)
-        lane_best = tl.where(better, score, lane_best)
-    best = tl.max(lane_best, axis=1)
-    best_token = tl.min(tl.where(lane_best == best[:, None], lane_token, vocab), axis=1)
-    tl.store(out_ptr + rows, tl.where(best_token < vocab, best_token, 0).to(tl.int64), mask=row_mask)
+    token = tl.zeros([BLOCK_ROWS], tl.int32)
+    if _any(from_candidates):
+        x, ids, valid = load_candidates(cand_x_ptr, cand_id_ptr, rows, num_candidates, COMPACT)
+        survives = valid & from_candidates[:, None] & (x >= threshold[:, None])
+        token = draw_candidates(x, ids, survives, seeds, temperature, vocab)
+    if _any(row_mask & ~from_candidates):
+        drawn = _draw_over_vocabulary(
+            logits_ptr, row_offs, row_mask, vocab, threshold, sampled, temperature, seeds, BLOCK_ROWS, BLOCK_V
+        )
+        token = tl.where(from_candidates, token, drawn)
+    tl.store(out_ptr + rows, tl.where(token < vocab, token, 0).to(tl.int64), mask=row_mask)
 
 
 @triton.jit
@@ -374,18 +265,54 @@ def _launch_config(num_rows: int, vocab: int) -> tuple[int, int, int]:
     return 1, block_v, max(1, min(16, block_v // 512))
 
 
+class _Filters(NamedTuple):
+    """The filter kernels' constexprs and scratch size for one launch."""
+
+    constexprs: dict[str, int]
+    compact: int
+    num_warps: int
+    grid: tuple[int]
+
+
 @functools.cache
-def _search_config(dtype: torch.dtype) -> tuple[int, int]:
-    """(KEY_BITS, SEARCH_STEPS) for logits of dtype. KEY_BITS: width of the dtype; SEARCH_STEPS:
-    narrowing steps that pin a threshold among 2^KEY_BITS + 1 keys exactly, each step keeping one of
-    _NUM_PIVOTS + 1 parts."""
+def _search_steps(dtype: torch.dtype) -> tuple[int, int, int]:
+    """(KEY_BITS, SEARCH_STEPS, CANDIDATE_STEPS) for logits of dtype. KEY_BITS: width of the dtype;
+    the steps pin a threshold among 2^KEY_BITS + 1 keys exactly, a full-vocabulary step keeping one of
+    _NUM_PIVOTS + 1 parts, a step among candidates one of CANDIDATE_PIVOTS + 1."""
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"logits must be float32, float16 or bfloat16, got {dtype}")
     key_bits = 8 * dtype.itemsize
-    span, steps, parts = 2**key_bits + 1, 0, _NUM_PIVOTS + 1
-    while span > 1:
-        span, steps = -(-span // parts), steps + 1
-    return key_bits, steps
+
+    def steps(parts: int) -> int:
+        span, count = 2**key_bits + 1, 0
+        while span > 1:
+            span, count = -(-span // parts), count + 1
+        return count
+
+    return key_bits, steps(_NUM_PIVOTS + 1), steps(CANDIDATE_PIVOTS.value + 1)
+
+
+def _filters(num_rows: int, vocab: int, dtype: torch.dtype) -> _Filters:
+    """Launch set-up of the mask and sample kernels. Candidate scratch: 1024 slots a row on a GPU
+    (a top-k of up to 1024, or top-p survivors of a peaked row), 128 under the interpreter, so that
+    its tests at small vocabularies reach both the candidate path and the fallback."""
+    block_rows, block_v, num_warps = _launch_config(num_rows, vocab)
+    compact = 128 if platform.is_interpreter() else 1024
+    # window passes count 8 values per token: shorter chunks keep their counters in registers
+    block_w = block_v if platform.is_interpreter() else max(16, block_v // 4)
+    key_bits, search_steps, candidate_steps = _search_steps(dtype)
+    constexprs = dict(
+        KEY_BITS=key_bits, SEARCH_STEPS=search_steps, CANDIDATE_STEPS=candidate_steps, COMPACT=compact,
+        BLOCK_ROWS=block_rows, BLOCK_V=block_v, BLOCK_W=block_w,
+    )  # fmt: skip
+    return _Filters(constexprs, compact, num_warps, (triton.cdiv(num_rows, block_rows),))
+
+
+def _scratch(num_rows: int, compact: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return (
+        torch.empty((num_rows, compact), dtype=torch.float32, device=device),
+        torch.empty((num_rows, compact), dtype=torch.int32, device=device),
+    )
 
 
 def _rows(logits: torch.Tensor) -> torch.Tensor:
@@ -430,20 +357,18 @@ def sampling_mask(
     mask = torch.empty((num_rows, vocab), dtype=torch.bool, device=logits.device)
     if mask.numel() == 0:
         return mask
-    block_rows, block_v, num_warps = _launch_config(num_rows, vocab)
-    key_bits, search_steps = _search_config(logits.dtype)
+    f = _filters(num_rows, vocab, logits.dtype)
+    cand_x, cand_id = _scratch(num_rows, f.compact, logits.device)
     row_stride = logits.stride(0)
-    args = (logits, mask, temperature, top_k, top_p, min_p, num_rows, vocab, row_stride)
-    constexprs = dict(KEY_BITS=key_bits, SEARCH_STEPS=search_steps, BLOCK_ROWS=block_rows, BLOCK_V=block_v)
-    device_index = logits.device.index or 0
-    # mask is bool; vocab and the row stride are fixed by the model: raw values
+    args = (logits, mask, temperature, top_k, top_p, min_p, cand_x, cand_id, num_rows, vocab, row_stride)
+    # mask is bool, the scratch float32/int32; vocab and the row stride are fixed by the model: raw values
     key = (
         logits.dtype, temperature.dtype, top_k.dtype, top_p.dtype, min_p.dtype,
         aligned(logits, mask, temperature, top_k, top_p, min_p), int_spec(num_rows), vocab, row_stride,
     )  # fmt: skip
     _SAMPLING_MASK(
-        key, (triton.cdiv(num_rows, block_rows),), args, constexprs, num_warps=num_warps, num_stages=DEFAULT_NUM_STAGES,
-        device_index=device_index,
+        key, f.grid, args, f.constexprs, num_warps=f.num_warps, num_stages=DEFAULT_NUM_STAGES,
+        device_index=logits.device.index or 0,
     )  # fmt: skip
     return mask
 
@@ -464,19 +389,17 @@ def sample(
     out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
     if num_rows == 0:
         return out
-    block_rows, block_v, num_warps = _launch_config(num_rows, vocab)
-    key_bits, search_steps = _search_config(logits.dtype)
+    f = _filters(num_rows, vocab, logits.dtype)
+    cand_x, cand_id = _scratch(num_rows, f.compact, logits.device)
     row_stride = logits.stride(0)
-    args = (logits, out, temperature, top_k, top_p, min_p, seeds, num_rows, vocab, row_stride)
-    constexprs = dict(KEY_BITS=key_bits, SEARCH_STEPS=search_steps, BLOCK_ROWS=block_rows, BLOCK_V=block_v)
-    device_index = logits.device.index or 0
-    # out is int64; vocab and the row stride are fixed by the model: raw values
+    args = (logits, out, temperature, top_k, top_p, min_p, seeds, cand_x, cand_id, num_rows, vocab, row_stride)
+    # out is int64, the scratch float32/int32; vocab and the row stride are fixed by the model: raw values
     key = (
         logits.dtype, temperature.dtype, top_k.dtype, top_p.dtype, min_p.dtype, seeds.dtype,
         aligned(logits, out, temperature, top_k, top_p, min_p, seeds), int_spec(num_rows), vocab, row_stride,
     )  # fmt: skip
     _SAMPLE(
-        key, (triton.cdiv(num_rows, block_rows),), args, constexprs, num_warps=num_warps, num_stages=DEFAULT_NUM_STAGES,
-        device_index=device_index,
+        key, f.grid, args, f.constexprs, num_warps=f.num_warps, num_stages=DEFAULT_NUM_STAGES,
+        device_index=logits.device.index or 0,
     )  # fmt: skip
     return out
