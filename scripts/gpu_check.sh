@@ -73,10 +73,12 @@ for step in $STEPS; do
         --output-len 1024 --temperature 0 --steps 100 --kernel-table 20 --output-json "$OUT/profile_llama_b1.json" \
         2>&1 | tail -40 ;;
     profile-prefill)
-      # prefill and mixed steps of nano-vllm's workload (eager forward): what piecewise graphs could win
+      # prefill and mixed steps of nano-vllm's workload, forward from piecewise graphs and eager
       ensure_model qwen3-0.6b
-      python3 scripts/profile_steps.py --model "$MODELS/qwen3-0.6b" --phase prefill --steps 40 --kernel-table 20 \
-        --output-json "$OUT/profile_prefill.json" 2>&1 | tail -40 ;;
+      for mode in piecewise-graphs no-piecewise-graphs; do
+        python3 scripts/profile_steps.py --model "$MODELS/qwen3-0.6b" --phase prefill --steps 40 --kernel-table 20 \
+          --$mode --output-json "$OUT/profile_prefill_$mode.json" 2>&1 | tail -40
+      done ;;
     bench-sampling)
       python3 scripts/bench_sampling.py "$OUT/sampling_h200.json" 2>&1 | tee "$OUT/sampling.log" | tail -20 ;;
     host-profile)

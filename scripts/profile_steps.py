@@ -61,6 +61,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument(
+        "--piecewise-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="prefill/mixed steps from graphs",
+    )
+    parser.add_argument(
         "--streaming", action="store_true", help="every step's outputs, text streamed (the server's path)"
     )
     parser.add_argument("--phase", choices=["decode", "prefill"], default="decode")
@@ -72,7 +78,12 @@ def main() -> None:
     parser.add_argument("--output-json", default=None)
     parser.add_argument("--trace", default=None, help="also write the Chrome trace here")
     args = parser.parse_args()
-    llm = LLM(model=args.model, max_model_len=args.max_model_len, async_scheduling=args.async_scheduling)
+    llm = LLM(
+        model=args.model,
+        max_model_len=args.max_model_len,
+        async_scheduling=args.async_scheduling,
+        piecewise_graphs=args.piecewise_graphs,
+    )
     engine = llm.llm_engine
     rng = random.Random(0)
     kind = RequestOutputKind.CUMULATIVE if args.streaming else RequestOutputKind.FINAL_ONLY

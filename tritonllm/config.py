@@ -86,6 +86,9 @@ class KernelConfig:
     backend: str = "triton"  # or "torch_ref": the torch references, for ablations
 
 
+_ENGINE_FLAGS = ("enforce_eager", "piecewise_graphs")  # EngineConfig's booleans outside the groups
+
+
 @dataclass
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -93,6 +96,9 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     kernels: KernelConfig = field(default_factory=KernelConfig)
     enforce_eager: bool = False  # on a GPU, decode steps replay CUDA/HIP graphs (worker/cuda_graph.py)
+    # on a GPU without enforce_eager, prefill and mixed steps replay piecewise graphs: everything but
+    # attention (worker/piecewise_graph.py); false: those steps run eagerly (ablation)
+    piecewise_graphs: bool = True
 
     @staticmethod
     def from_dict(values: dict[str, Any]) -> EngineConfig:
@@ -106,8 +112,8 @@ class EngineConfig:
                 if unknown:
                     raise ValueError(f"unknown {key} option(s) {sorted(unknown)}; known: {sorted(allowed)}")
                 kwargs[key] = groups[key](**value)
-            elif key == "enforce_eager":
+            elif key in _ENGINE_FLAGS:
                 kwargs[key] = bool(value)
             else:
-                raise ValueError(f"unknown engine option {key!r}; known: {sorted([*groups, 'enforce_eager'])}")
+                raise ValueError(f"unknown engine option {key!r}; known: {sorted([*groups, *_ENGINE_FLAGS])}")
         return EngineConfig(**kwargs)

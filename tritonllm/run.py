@@ -44,6 +44,7 @@ def main(cfg: DictConfig) -> None:
             "scheduler": OmegaConf.to_container(cfg.scheduler),
             "kernels": OmegaConf.to_container(cfg.kernels),
             "enforce_eager": cfg.enforce_eager,
+            "piecewise_graphs": cfg.piecewise_graphs,
         }
     )
     llm = LLM.from_config(engine_cfg)

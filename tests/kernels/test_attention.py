@@ -138,6 +138,20 @@ def test_sequence_without_new_tokens_is_skipped() -> None:
     torch.testing.assert_close(out, reference.paged_attention(*batch.args()), **TOL[torch.float32])
 
 
+def test_out_receives_the_result_in_place() -> None:
+    """Piecewise graphs pass rows [:n] of a static buffer as `out` (both backends)."""
+    batch = make_batch([2, 11], [5, 0], 4, 2, 64, 16, seed=8)
+    expected = reference.paged_attention(*batch.args())
+    for attend in (paged_attention, reference.paged_attention):
+        buffer = torch.full((20, 4 * 64), float("nan"))
+        out = buffer[:13].view(13, 4, 64)
+        assert attend(*batch.args(), out=out) is out
+        torch.testing.assert_close(out, expected, **TOL[torch.float32])
+        assert buffer[13:].isnan().all()
+    with pytest.raises(ValueError, match="must be a contiguous"):
+        paged_attention(*batch.args(), out=torch.empty(13, 64, 4).transpose(1, 2))
+
+
 @pytest.mark.parametrize(
     "block_size, tiles",
     [

@@ -86,6 +86,12 @@ class LLMEngine:
         self.runner.allocate_kv_cache(num_blocks)
         if not config.enforce_eager and platform.is_gpu():
             self.runner.enable_decode_graphs(sched.max_num_seqs, self.max_model_len)
+            if config.piecewise_graphs:
+                # Their pool holds about one max_num_batched_tokens forward's activations for good. The
+                # KV cache was sized to leave the profiled peak of such a step (weights, activations,
+                # logits, sampling) free, so capture fits; the logits and sampling of later steps then
+                # come on top of the pool, out of the 1 - gpu_memory_utilization share.
+                self.runner.enable_piecewise_graphs(sched.max_num_batched_tokens)
         if platform.is_gpu():
             self.runner.warm_up()  # Triton compiles prefill kernels now, not in the first generate
         logger.info(

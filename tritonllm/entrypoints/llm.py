@@ -46,6 +46,7 @@ class LLM:
         enable_prefix_caching: bool = True,
         enable_chunked_prefill: bool = True,
         enforce_eager: bool = False,
+        piecewise_graphs: bool = True,
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",
         seed: int = 0,
@@ -74,6 +75,7 @@ class LLM:
             ),
             kernels=KernelConfig(backend=kernel_backend),
             enforce_eager=enforce_eager,
+            piecewise_graphs=piecewise_graphs,
         )
         self._start(config)
 

@@ -248,6 +248,16 @@ def choose_tiles(
     )
 
 
+def check_out(out: torch.Tensor, q: torch.Tensor) -> None:
+    """A caller's output tensor must be what the kernels write: q's shape and dtype, contiguous
+    (they address it with q's row and head strides of a packed [num_tokens, num_heads, head_dim])."""
+    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or not out.is_contiguous():
+        raise ValueError(
+            f"paged_attention: out {tuple(out.shape)} {out.dtype} on {out.device} (contiguous: {out.is_contiguous()}) "
+            f"must be a contiguous {tuple(q.shape)} {q.dtype} tensor on {q.device}, like q"
+        )
+
+
 class AttentionPlan:
     """One step's attention set-up, shared by every layer: the metadata checked, the split count,
     tiles, integer arguments and (split-KV) workspace fixed. Built once per step
@@ -358,9 +368,11 @@ class AttentionPlan:
         v_scale: torch.Tensor | None = None,
         k_new: torch.Tensor | None = None,
         v_new: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of one layer: q [num_tokens, num_heads, head_dim] over its caches
-        [num_blocks, block_size, num_kv_heads, head_dim]; returns [num_tokens, num_heads, head_dim].
+        [num_blocks, block_size, num_kv_heads, head_dim]; returns [num_tokens, num_heads, head_dim]
+        (`out`, when given: a contiguous tensor of that shape in q's dtype, written in place).
         k_new, v_new [num_tokens, num_kv_heads, head_dim] (optional): this step's keys and values,
         already written to the cache, which the descriptor path reads contiguously."""
         num_tokens = q.shape[0]
@@ -377,11 +389,14 @@ class AttentionPlan:
         kv_scaled = check_kv_scales(k_cache, v_cache, k_scale, v_scale, "paged_attention")
         if not kv_scaled:
             k_scale = v_scale = None
-        out = self._out
-        if out is None or out.shape[0] != num_tokens or out.dtype != q.dtype:
-            out = torch.empty((num_tokens, self.num_heads, self.head_dim), dtype=q.dtype, device=q.device)
-            if self.reuse_output:
-                self._out = out
+        if out is not None:
+            check_out(out, q)
+        else:
+            out = self._out
+            if out is None or out.shape[0] != num_tokens or out.dtype != q.dtype:
+                out = torch.empty((num_tokens, self.num_heads, self.head_dim), dtype=q.dtype, device=q.device)
+                if self.reuse_output:
+                    self._out = out
         if num_tokens == 0 or self.num_seqs == 0:
             return out
         flags = self._flags.get((q.dtype, k_cache.dtype))
@@ -532,6 +547,7 @@ def paged_attention(
     plan: AttentionPlan | None = None,
     k_new: torch.Tensor | None = None,
     v_new: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of a flat ragged batch over the paged KV cache.
 
@@ -544,12 +560,13 @@ def paged_attention(
     `plan`, built once per step from the same metadata, skips the per-call set-up. k_new, v_new
     [num_tokens, num_kv_heads, head_dim] (optional): the step's new K/V, already in the cache, read
     contiguously by the descriptor path where the plan takes it.
-    Returns [num_tokens, num_heads, head_dim] in q's dtype.
+    Returns [num_tokens, num_heads, head_dim] in q's dtype: `out` when given (contiguous, that shape
+    and dtype), written in place, else a new tensor (or the plan's shared output buffer).
     """
     if plan is None:
         plan = AttentionPlan(block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, q.shape[1],
                              k_cache.shape[2], q.shape[2], k_cache.shape[1], kv_dtype=k_cache.dtype)  # fmt: skip
-    return plan.run(q, k_cache, v_cache, scale, k_scale=k_scale, v_scale=v_scale, k_new=k_new, v_new=v_new)
+    return plan.run(q, k_cache, v_cache, scale, k_scale=k_scale, v_scale=v_scale, k_new=k_new, v_new=v_new, out=out)
 
 
 def paged_attention_with_tiles(

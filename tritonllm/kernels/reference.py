@@ -117,10 +117,12 @@ def paged_attention(
     plan: object = None,
     k_new: torch.Tensor | None = None,
     v_new: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of a flat ragged batch over the paged KV cache (`plan` is the Triton
     backend's per-step set-up, k_new/v_new the step's K/V that it may read contiguously; both are
-    already reflected in the cache, so the reference ignores them).
+    already reflected in the cache, so the reference ignores them). `out` (optional, q's shape and
+    dtype) receives the result in place.
 
     q [num_tokens, num_heads, head_dim]; caches [num_blocks, block_size, num_kv_heads, head_dim];
     block_tables [num_seqs, max_blocks] int32; seq_lens [num_seqs] (ctx_len + q_len);
@@ -133,7 +135,8 @@ def paged_attention(
     num_heads, head_dim = q.shape[1], q.shape[2]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
-    out = torch.empty_like(q)
+    if out is None:
+        out = torch.empty_like(q)
     starts = query_start_loc.tolist()
     for i, seq_len in enumerate(seq_lens.tolist()):
         q_len = starts[i + 1] - starts[i]

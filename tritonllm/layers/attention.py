@@ -1,17 +1,34 @@
 """Attention over the paged KV cache, and the per-step metadata it needs.
 
 The runner builds one `AttentionMetadata` per step (host work once, not per layer); every layer
-reads the same tensors.
+reads the same tensors. Piecewise CUDA/HIP graphs (worker/piecewise_graph.py) set its `piecewise`
+hook: each layer then hands its q, k, v to the hook instead of attending, which is where a graph
+capture is split.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from tritonllm.kernels import ops
+
+
+class AttentionSplit(Protocol):
+    """Takes a layer's attention call over (worker/piecewise_graph.py): returns its output
+    [num_tokens, num_heads * head_dim], computed now or later into that same tensor."""
+
+    def split(
+        self,
+        layer: Attention,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor: ...
 
 
 @dataclass
@@ -25,6 +42,8 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32: cumulative q_len
     max_query_len: int
     max_seq_len: int
+    # set by piecewise graphs: every layer's attention goes to it (Attention.forward)
+    piecewise: AttentionSplit | None = None
     # kernel set-up of this step per (num_heads, num_kv_heads, head_dim, block_size, KV dtype), built
     # by the first layer of that shape and reused by the others
     _plans: dict = field(default_factory=dict, repr=False)
@@ -60,6 +79,22 @@ class Attention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],  # each [num_blocks, block_size, num_kv_heads, head_dim]
         meta: AttentionMetadata,
     ) -> torch.Tensor:
+        if meta.piecewise is not None:
+            return meta.piecewise.split(self, q, k, v, kv_cache)
+        return self.run(q, k, v, kv_cache, meta)
+
+    def run(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """This step's K/V into the cache (slot -1: skipped), then paged attention of q over it;
+        returns [num_tokens, num_heads * head_dim], written into `out` when given (contiguous, that
+        shape, q's dtype). Piecewise graphs call this between their pieces."""
         num_tokens = q.shape[0]
         k_cache, v_cache = kv_cache
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -88,5 +123,6 @@ class Attention(nn.Module):
             plan=meta.attention_plan(self.num_heads, self.num_kv_heads, self.head_dim, k_cache.shape[1], k_cache.dtype),
             k_new=k,
             v_new=v,
+            out=None if out is None else out.view(num_tokens, self.num_heads, self.head_dim),
         )
         return out.view(num_tokens, self.num_heads * self.head_dim)

@@ -11,6 +11,9 @@ schedule and launch step N+1 before it reads step N's tokens (overlap scheduling
 stay on the device in `last_sampled`: a decode whose input token is still in flight (the
 scheduler scheduled it on a placeholder) reads it from there, with no host round trip.
 
+On a GPU, pure-decode steps replay whole-step graphs (cuda_graph.py), prefill and mixed steps
+piecewise graphs with attention eager between the pieces (piecewise_graph.py).
+
 Owns the KV cache tensors: per layer K and V, each [num_blocks, block_size, num_kv_heads, head_dim].
 """
 
@@ -31,6 +34,7 @@ from tritonllm.layers.attention import Attention, AttentionMetadata
 from tritonllm.layers.sampler import LogprobTensors, Sampler, SamplingTensors, to_host, top_logprobs
 from tritonllm.worker.cuda_graph import DECODE_LAYOUT, DecodeGraphs
 from tritonllm.worker.input_batch import InputBatch
+from tritonllm.worker.piecewise_graph import PiecewiseGraphs
 from tritonllm.worker.staging import StagingBuffer
 
 _DECODE_ROWS = [name for name, _, _ in DECODE_LAYOUT].index("rows")
@@ -83,6 +87,7 @@ class ModelRunner:
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.sampler = Sampler()
         self.decode_graphs: DecodeGraphs | None = None
+        self.piecewise_graphs: PiecewiseGraphs | None = None
         max_blocks = cdiv(max_model_len, block_size)
         self.batch = InputBatch(max_num_seqs, max_blocks, device)
         self.last_sampled = torch.zeros(max_num_seqs, dtype=torch.int64, device=device)
@@ -97,6 +102,15 @@ class ModelRunner:
         self.decode_graphs = DecodeGraphs(self.staging, min(max_num_seqs, len(self.last_sampled)), self.batch.dummy_row)
         if capture:
             self.decode_graphs.capture(self._decode_body)
+
+    def enable_piecewise_graphs(self, max_num_batched_tokens: int, capture: bool = True, first_size: int = 256) -> None:
+        """Serve prefill and mixed steps of up to max_num_batched_tokens tokens from piecewise CUDA/HIP
+        graphs: all but attention, which runs eagerly between them (piecewise_graph.py); capture=False
+        runs the same padded path eagerly (tests on CPU). first_size: the smallest padded size.
+        Call after allocate_kv_cache; its graphs have their own memory pool, apart from decode graphs'."""
+        self.piecewise_graphs = PiecewiseGraphs(self.model, max_num_batched_tokens, self.dtype, self.device, first_size)
+        if capture:
+            self.piecewise_graphs.capture(self.kv_caches)
 
     def kv_bytes_per_block(self) -> int:
         m = self.model
@@ -307,6 +321,7 @@ class ModelRunner:
             hidden = self._forward(
                 v["input_ids"], v["positions"], v["slot_mapping"], v.get("prev_src"), v["rows"], v["seq_lens"],
                 v["query_start_loc"], int(num_new.max()) if n else 0, int(seq_lens.max()) if n else 0,
+                piecewise=self._fits_piecewise(num_tokens),
             )  # fmt: skip
             tokens, lp = None, None
             if num_sampled:
@@ -358,8 +373,10 @@ class ModelRunner:
         query_start_loc: torch.Tensor,
         max_query_len: int,
         max_seq_len: int,
+        piecewise: bool = False,
     ) -> torch.Tensor:
-        """The forward pass over staged inputs (device work only: capturable)."""
+        """The forward pass over staged inputs: eager (device work only: capturable), or through the
+        piecewise graphs (`piecewise`: see _fits_piecewise)."""
         if prev_src is not None:  # tokens sampled by the step before, still on the device
             input_ids = torch.where(prev_src >= 0, self.last_sampled[prev_src.clamp(min=0)], input_ids)
         meta = AttentionMetadata(
@@ -370,7 +387,14 @@ class ModelRunner:
             max_query_len=max_query_len,
             max_seq_len=max_seq_len,
         )
+        if piecewise:
+            return self.piecewise_graphs.run(input_ids, positions, self.kv_caches, meta)
         return self.model(input_ids, positions, self.kv_caches, meta)
+
+    def _fits_piecewise(self, num_tokens: int) -> bool:
+        """Whether a step of num_tokens tokens runs through the piecewise graphs (larger ones, eagerly)."""
+        graphs = self.piecewise_graphs
+        return graphs is not None and 0 < num_tokens <= graphs.max_tokens
 
     def _decode_body(self, size: int, v: dict[str, torch.Tensor]) -> torch.Tensor:
         """What a decode graph of `size` rows runs: block-table entries, forward, logits and sampling
