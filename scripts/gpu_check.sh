@@ -43,7 +43,7 @@ for step in $STEPS; do
       done ;;
     e2e-qwen3)
       # nano-vllm's benchmark with its settings (overlap on, temperature 0.6, text decoded) and the
-      # ablations: overlap off, greedy without text, greedy with text, top-p/top-k sampling
+      # ablations: overlap off, greedy without text, greedy with text, top-p/top-k sampling, no piecewise graphs
       ensure_model qwen3-0.6b
       for variant in ${VARIANTS:-overlap sync greedy_nodetok sync_greedy_nodetok greedy topk_topp}; do
         case $variant in
@@ -54,6 +54,7 @@ for step in $STEPS; do
           greedy) args="workload.temperature=0" ;;
           topk_topp) args="workload.top_p=0.95 workload.top_k=50" ;;
           topp) args="workload.top_p=0.95" ;;
+          nopiecewise) args="piecewise_graphs=false" ;;
         esac
         python3 -m tritonllm.run model.path="$MODELS/qwen3-0.6b" +experiment=nanovllm_bench $args \
           output_json="$OUT/qwen3-0.6b_nanovllm_$variant.json" hydra.run.dir=/tmp/hydra 2>&1 \
