@@ -245,8 +245,10 @@ def _candidate_ids(monkeypatch) -> dict[str, torch.Tensor]:
     return held
 
 
-def _top_k_and_peaked_top_p(num_rows: int = 24, vocab: int = 3000) -> tuple[torch.Tensor, dict]:
+def _top_k_and_peaked_top_p(num_rows: int = 24, vocab: int = 3000, banned: bool = True) -> tuple[torch.Tensor, dict]:
     logits = _peaked(_logits(num_rows, vocab, seed=40), slice(num_rows // 2, None), num_peaks=5, seed=41)
+    if banned:  # tokens banned (min_tokens) in every third row: the window must still find its scale
+        logits[::3, :40] = float("-inf")
     gen = torch.Generator().manual_seed(42)
     half = num_rows // 2
     params = {
@@ -274,6 +276,24 @@ def test_top_k_and_peaked_top_p_rows_keep_their_survivors_among_candidates(monke
         assert survivors <= set(held["ids"][row].tolist()), f"row {row}: survivors missing from the candidates"
     tokens = sample(logits, **params, seeds=_seeds(logits.shape[0]))
     assert mask[torch.arange(logits.shape[0]), tokens].all()
+
+
+def test_rows_without_top_k_or_top_p_draw_alike_beside_candidate_rows() -> None:
+    """Under the interpreter a program holds many rows: temperature-only and min-p-only rows must
+    not take the thresholds of the candidate rows beside them."""
+    logits, params = _top_k_and_peaked_top_p(num_rows=16, banned=False)  # no row falls back to the searches
+    plain = {"temperature": 0.5 + torch.rand(16), "top_k": torch.zeros(16, dtype=torch.int32),
+             "top_p": torch.ones(16), "min_p": torch.where(torch.arange(16) % 2 == 0, 0.0, 0.05)}  # fmt: skip
+    order = torch.arange(32).view(2, 16).t().reshape(-1)  # rows alternate: 0, 16, 1, 17, ...
+    mixed = {name: torch.cat([params[name], plain[name]])[order] for name in params}
+    both = torch.cat([logits, logits])[order]
+    seeds = _seeds(32, first=3)
+    tokens = torch.empty(32, dtype=torch.int64)
+    tokens[order] = sample(both, **mixed, seeds=seeds[order])
+    assert torch.equal(tokens[16:], sample(logits, **plain, seeds=seeds[16:]))
+    assert torch.equal(tokens[:16], sample(logits, **params, seeds=seeds[:16]))
+    assert reference.sampling_mask(both, **mixed)[torch.arange(32), tokens[order]].all()
+    _assert_masks_agree(both, mixed)
 
 
 def _without_candidates(monkeypatch) -> None:

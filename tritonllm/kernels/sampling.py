@@ -62,20 +62,22 @@ def _survival_threshold(logits_ptr, cand_x_ptr, cand_id_ptr, rows, row_offs, row
     from_candidates = tl.zeros([BLOCK_ROWS], tl.int1)
     num_candidates = tl.zeros([BLOCK_ROWS], tl.int32)
     if _any(use_top_k | use_top_p | use_min_p):
-        row_max, row_min = _row_max_min(logits_ptr, row_offs, row_mask, vocab, BLOCK_ROWS, BLOCK_V)
+        row_max, row_min, finite_min = _row_max_min(logits_ptr, row_offs, row_mask, vocab, BLOCK_ROWS, BLOCK_V)
         thr_kp = row_min
         if _any(use_top_k | use_top_p):
-            from_candidates, thr_kp, num_candidates = candidate_threshold(
+            from_candidates, found, num_candidates = candidate_threshold(
                 logits_ptr, cand_x_ptr, cand_id_ptr, rows, row_offs, row_mask, vocab, temperature, top_k, use_top_k,
-                top_p, use_top_p, row_max, row_min, KEY_BITS, CANDIDATE_STEPS, COMPACT, BLOCK_ROWS, BLOCK_V, BLOCK_W,
+                top_p, use_top_p, row_max, finite_min, KEY_BITS, CANDIDATE_STEPS, COMPACT, BLOCK_ROWS, BLOCK_V,
+                BLOCK_W,
             )  # fmt: skip
-            searched = ~from_candidates
-            if _any(searched & (use_top_k | use_top_p)):
+            thr_kp = tl.where(from_candidates, found, row_min)
+            searched = (use_top_k | use_top_p) & ~from_candidates
+            if _any(searched):
                 found = _searched_threshold(
                     logits_ptr, row_offs, row_mask, vocab, temperature, top_k, use_top_k & searched, top_p,
                     use_top_p & searched, row_max, row_min, KEY_BITS, SEARCH_STEPS, BLOCK_ROWS, BLOCK_V,
                 )  # fmt: skip
-                thr_kp = tl.where(from_candidates, thr_kp, found)
+                thr_kp = tl.where(searched, found, thr_kp)
         thr_min_p = row_max + temperature * tl.log(tl.where(use_min_p, min_p, 1.0))
         threshold = tl.where(use_min_p, tl.maximum(thr_kp, thr_min_p), thr_kp)
     return threshold, from_candidates, num_candidates

@@ -75,14 +75,14 @@ def _pick(values, j, index):
 
 
 @triton.jit
-def _find_window(logits_ptr, row_offs, row_mask, vocab, searching, need, top_p, mass_rows, row_max, row_min, scale,
+def _find_window(logits_ptr, row_offs, row_mask, vocab, searching, need, top_p, mass_rows, row_max, floor, scale,
                  COMPACT: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_W: tl.constexpr):  # fmt: skip
     """(found, w, total mass) per row: w has need <= count(x >= w) <= COMPACT and, on mass_rows,
     mass(x >= w) >= top_p * total. Passes stop once every searching row has its window."""
     j = tl.arange(0, WINDOW_PIVOTS)[None, :]
     found = ~searching
     w = row_max
-    lo_v = row_min
+    lo_v = floor  # the smallest finite logit
     hi_v = row_max
     total = tl.zeros([BLOCK_ROWS], tl.float32)
     row_max_2d = row_max[:, None]
@@ -188,21 +188,22 @@ def _candidate_threshold(x, valid, temperature, top_k, use_top_k, top_p, use_top
 
 @triton.jit
 def candidate_threshold(logits_ptr, cand_x_ptr, cand_id_ptr, rows, row_offs, row_mask, vocab, temperature, top_k,
-                        use_top_k, top_p, use_top_p, row_max, row_min, KEY_BITS: tl.constexpr,
+                        use_top_k, top_p, use_top_p, row_max, finite_min, KEY_BITS: tl.constexpr,
                         CANDIDATE_STEPS: tl.constexpr, COMPACT: tl.constexpr, BLOCK_ROWS: tl.constexpr,
                         BLOCK_V: tl.constexpr, BLOCK_W: tl.constexpr):  # fmt: skip
     """(found, threshold, number of candidates) per row: rows with top-k or top-p whose survivors
-    the window put in the scratch get their threshold from there; `found` is false for the others."""
+    the window put in the scratch get their threshold from there; `found` is false for the others,
+    whose threshold is meaningless. finite_min: the row's smallest finite logit, the window's floor."""
     DTYPE: tl.constexpr = logits_ptr.dtype.element_ty
     searching = (use_top_k | use_top_p) & (~use_top_k | (top_k <= COMPACT))
     need = tl.where(use_top_k, top_k, 1)
     mass_rows = use_top_p & ~use_top_k
     scale = 1.4426950408889634 / temperature
     found, w, total = _find_window(
-        logits_ptr, row_offs, row_mask, vocab, searching, need, top_p, mass_rows, row_max, row_min, scale, COMPACT,
+        logits_ptr, row_offs, row_mask, vocab, searching, need, top_p, mass_rows, row_max, finite_min, scale, COMPACT,
         BLOCK_ROWS, BLOCK_W,
     )  # fmt: skip
-    threshold = row_min
+    threshold = row_max
     num_candidates = tl.zeros([BLOCK_ROWS], tl.int32)
     if _any(found):
         num_candidates = _compact(

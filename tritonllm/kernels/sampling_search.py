@@ -62,16 +62,21 @@ def _load_for_search(logits_ptr, row_offs, row_mask, cols, vocab):
 
 @triton.jit
 def _row_max_min(logits_ptr, row_offs, row_mask, vocab, BLOCK_ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Per row: the largest logit, the smallest and the smallest finite one (-inf logits, such as
+    banned tokens, give the window of sampling_candidates.py no scale)."""
     lane_max = tl.full([BLOCK_ROWS, BLOCK_V], float("-inf"), tl.float32)
     lane_min = tl.full([BLOCK_ROWS, BLOCK_V], float("inf"), tl.float32)
+    lane_finite_min = tl.full([BLOCK_ROWS, BLOCK_V], float("inf"), tl.float32)
     for start in range(0, vocab, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)
         x, valid = _load_logits(logits_ptr, row_offs, row_mask, cols, vocab)
         lane_max = tl.maximum(lane_max, x)
         lane_min = tl.minimum(lane_min, tl.where(valid, x, float("inf")))
+        lane_finite_min = tl.minimum(lane_finite_min, tl.where(x > float("-inf"), x, float("inf")))
     # rows past num_rows get finite stats, so their (unstored) lanes make no NaN from -inf - -inf
     row_max = tl.where(row_mask, tl.max(lane_max, axis=1), 0.0)
-    return row_max, tl.where(row_mask, tl.min(lane_min, axis=1), 0.0)
+    row_min = tl.where(row_mask, tl.min(lane_min, axis=1), 0.0)
+    return row_max, row_min, tl.where(row_mask, tl.min(lane_finite_min, axis=1), 0.0)
 
 
 @triton.jit
