@@ -23,7 +23,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 # first: on CPU it switches on Triton's interpreter, which must precede importing triton (and
@@ -36,18 +36,17 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention.bias import causal_lower_right
 
-from tritonllm.kernels import reference
+from tritonllm.kernels import attention_fp8_decode_sm90, reference, registry
 from tritonllm.kernels.attention import (
-    ATTENTION_CONFIGS,
     AttentionPlan,
     AttentionTiles,
-    Fp8DecodeTiles,
     choose_num_splits,
     choose_tiles,
     gpu_family,
     paged_attention,
     paged_attention_with_tiles,
     plan_attention,
+    plan_attention_fp8_decode_sm90,
 )
 
 GPU_TOL = dict(atol=1.5e-2, rtol=2e-2)  # bf16 against the float32 reference, as tests/kernels
@@ -119,13 +118,16 @@ class Inputs:
                 c.q_len, c.seq_len, self.scale)  # fmt: skip
 
     def run(self) -> torch.Tensor:
-        """One layer's attention: what every layer of a step pays once the step's plan exists."""
+        """One layer's attention, by the implementation an engine picks here (registry "auto": on sm90
+        with an FP8 cache the Gluon decode kernel), once the step's plan exists."""
+        c = self.case
+        context = registry.KernelContext(platform.PLATFORM, self.q.dtype, self.k_cache.dtype, c.head_dim)
+        kernels = registry.select_kernels({}, context)
         if self.plan is None:
-            c = self.case
-            self.plan = plan_attention(*self.args()[3:8], c.num_heads, c.num_kv_heads, c.head_dim, c.block_size,
-                                       kv_dtype=self.k_cache.dtype)  # fmt: skip
-        return paged_attention(*self.args(), k_scale=self.k_scale, v_scale=self.v_scale, plan=self.plan,
-                               k_new=self.k_new, v_new=self.v_new)  # fmt: skip
+            self.plan = kernels.plan_attention(*self.args()[3:8], c.num_heads, c.num_kv_heads, c.head_dim,
+                                               c.block_size, kv_dtype=self.k_cache.dtype)  # fmt: skip
+        return kernels.paged_attention(*self.args(), k_scale=self.k_scale, v_scale=self.v_scale, plan=self.plan,
+                                       k_new=self.k_new, v_new=self.v_new)  # fmt: skip
 
 
 def build_inputs(case: Case, device: str | torch.device, dtype: torch.dtype, seed: int = 0) -> Inputs:
@@ -313,13 +315,14 @@ SWEEP_FP8_GLUON = [(64, 2, False), (64, 2, True), (64, 3, True), (64, 4, True), 
                    (128, 3, True)]  # fmt: skip
 
 
-def _timed_fp8_gluon(inputs: Inputs, expected: torch.Tensor, tiles: Fp8DecodeTiles) -> dict:
-    """The sm90 FP8 decode kernel with other tiles: this GPU family's config entry, swapped for the run."""
+def _timed_fp8_gluon(inputs: Inputs, expected: torch.Tensor, tiles: attention_fp8_decode_sm90.Fp8DecodeTiles) -> dict:
+    """The sm90 FP8 decode kernel with other tiles: this GPU family's tile entry, swapped for the run."""
     family = gpu_family()
-    config = ATTENTION_CONFIGS[family]
-    ATTENTION_CONFIGS[family] = replace(config, fp8_decode_sm90=tiles)
+    table = attention_fp8_decode_sm90.TILES
+    previous = table.get(family)
+    table[family] = tiles
     try:
-        plan = plan_attention(*inputs.args()[3:8], inputs.case.num_heads, inputs.case.num_kv_heads,
+        plan = plan_attention_fp8_decode_sm90(*inputs.args()[3:8], inputs.case.num_heads, inputs.case.num_kv_heads,
                               inputs.case.head_dim, inputs.case.block_size, kv_dtype=inputs.k_cache.dtype)  # fmt: skip
         if plan.fp8_tiles is None:
             return dict(fp8_gluon=asdict(tiles), failed="the Gluon kernel does not serve this case or machine")
@@ -330,7 +333,10 @@ def _timed_fp8_gluon(inputs: Inputs, expected: torch.Tensor, tiles: Fp8DecodeTil
         error, ok = max_error(run(), expected)
         return dict(fp8_gluon=asdict(tiles), us=median_ms(run) * 1e3, max_abs_error=error, correct=ok)
     finally:
-        ATTENTION_CONFIGS[family] = config
+        if previous is None:
+            del table[family]
+        else:
+            table[family] = previous
 
 
 def _timed_variant(inputs: Inputs, expected: torch.Tensor, tiles: AttentionTiles, **kw) -> dict:
@@ -370,7 +376,7 @@ def sweep(inputs: Inputs, expected: torch.Tensor) -> list[dict]:
                 tiles = AttentionTiles(block_m, n, w, st)
                 rows.append(_timed_variant(inputs, expected, tiles, fp8_dot_f16=True, fp8_qk=fp8_qk))
         for n, st, inplace in SWEEP_FP8_GLUON:
-            rows.append(_timed_fp8_gluon(inputs, expected, Fp8DecodeTiles(n, st, inplace)))
+            rows.append(_timed_fp8_gluon(inputs, expected, attention_fp8_decode_sm90.Fp8DecodeTiles(n, st, inplace)))
         return rows
     for num_splits in SWEEP_SPLITS:
         if num_splits > 1 and c.seq_len < num_splits * 16:

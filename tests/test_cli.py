@@ -74,6 +74,8 @@ def test_flags_map_to_llm_kwargs():
             "--tokenizer",
             "/models/tok",
             "--no-async-scheduling",
+            "--kernels",
+            "attention=torch_ref,rms_norm=triton",
         ]
     )
     assert args.port == 9001
@@ -97,6 +99,7 @@ def test_flags_map_to_llm_kwargs():
         "scheduling_policy": "priority",
         "kernel_backend": "torch_ref",
         "async_scheduling": False,
+        "kernels": {"attention": "torch_ref", "rms_norm": "triton"},
     }
 
 

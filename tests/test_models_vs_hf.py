@@ -13,7 +13,7 @@ import pytest
 import torch
 import transformers
 
-from tritonllm.kernels import ops
+from tritonllm.kernels.registry import bind_kernels, select_kernels
 from tritonllm.layers.attention import AttentionMetadata
 from tritonllm.layers.rotary import build_cos_sin_cache, inverse_frequencies, rope_parameters
 from tritonllm.models.loader import load_model
@@ -34,11 +34,8 @@ _TRITON_MISSING = [m for m in _TRITON_OPS_MODULES if importlib.util.find_spec(f"
         ),
     ]
 )
-def backend(request: pytest.FixtureRequest):
-    previous = ops.get_backend()
-    ops.set_backend(request.param)
-    yield request.param
-    ops.set_backend(previous)
+def backend(request: pytest.FixtureRequest) -> str:
+    return request.param
 
 
 @functools.cache
@@ -76,6 +73,7 @@ def _prefill_metadata(prompt_lens: tuple[int, ...]) -> tuple[AttentionMetadata, 
 def test_batched_prefill_log_probs_match_hf_at_every_position(architecture: str, backend: str) -> None:
     path = tiny_model_path(architecture)
     model, config = load_model(path, torch.float32, "cpu")
+    bind_kernels(model, select_kernels(default="torch_ref" if backend == "torch_ref" else "auto"))
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, config.vocab_size, (n,), generator=gen) for n in PROMPT_LENS]
     meta, num_blocks = _prefill_metadata(PROMPT_LENS)

@@ -29,6 +29,7 @@ def test_experiment_and_ablation_switches_compose(tmp_path):
         "workload.suffix_len=3",
         "workload.output_len=2",
         "kernels=torch_ref",
+        "kernels.attention=triton_unified",  # one op overridden on top of the group
         "scheduler.max_num_batched_tokens=16",
         "cache.enable_prefix_caching=false",
     )
@@ -39,6 +40,12 @@ def test_experiment_and_ablation_switches_compose(tmp_path):
 def test_unknown_option_is_refused_by_name(tmp_path):
     proc = run_main(tmp_path, "+scheduler.max_num_sequences=4")
     assert proc.returncode != 0 and "max_num_sequences" in proc.stderr
+
+
+def test_an_unregistered_kernel_is_refused_naming_the_registered_ones(tmp_path):
+    proc = run_main(tmp_path, "kernels.rms_norm=fast9")
+    assert proc.returncode != 0
+    assert "kernels.rms_norm='fast9' is not registered; available: ['auto', 'triton', 'torch_ref']" in proc.stderr
 
 
 def test_nanovllm_benchmark_experiment_runs_with_its_settings(tmp_path):

@@ -83,7 +83,38 @@ class SchedulerConfig:
 
 @dataclass
 class KernelConfig:
-    backend: str = "triton"  # or "torch_ref": the torch references, for ablations
+    """Which implementation serves each op (kernels/registry.py): a registered name, or "auto" (the
+    highest-priority one that supports the model's dtype, KV cache dtype, head size and platform).
+    `backend` fills the ops left at "auto": "triton" keeps auto, "torch_ref" (or any name every op
+    registers) picks that implementation for them."""
+
+    backend: str = "triton"
+    attention: str = "auto"
+    rms_norm: str = "auto"
+    rotary: str = "auto"
+    activation: str = "auto"
+    kv_write: str = "auto"
+    sampling: str = "auto"
+    linear: str = "auto"
+
+    @classmethod
+    def from_choices(cls, backend: str, choices: dict[str, str]) -> KernelConfig:
+        ops = {f.name for f in fields(cls)} - {"backend"}
+        unknown = set(choices) - ops
+        if unknown:
+            raise ValueError(f"unknown kernel op(s) {sorted(unknown)}; ops: {sorted(ops)}")
+        return cls(backend=backend, **choices)
+
+    def default(self) -> str:
+        return "auto" if self.backend == "triton" else self.backend
+
+    def choices(self) -> dict[str, str]:
+        """The ops set to a name (not "auto")."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name != "backend" and getattr(self, f.name) != "auto"
+        }
 
 
 _ENGINE_FLAGS = ("enforce_eager", "piecewise_graphs")  # EngineConfig's booleans outside the groups

@@ -19,15 +19,14 @@ import torch
 from test_attention import GPU_TOL, PagedBatch, make_batch
 from test_attention_split import FP8_ACCURACY, _gpu_fp8_batch
 
-from tritonllm.kernels import attention, attention_fp8_decode_sm90, reference
+from tritonllm.kernels import attention_fp8_decode_sm90, reference, registry
 from tritonllm.kernels.attention import (
-    ATTENTION_CONFIGS,
     AttentionPlan,
-    Fp8DecodeTiles,
     choose_tiles,
-    paged_attention,
+    paged_attention_fp8_decode_sm90,
     paged_attention_with_tiles,
 )
+from tritonllm.kernels.attention_fp8_decode_sm90 import Fp8DecodeTiles
 
 needs_sm90 = pytest.mark.skipif(
     not attention_fp8_decode_sm90.available(), reason="the Gluon FP8 decode kernel runs on sm90 GPUs only"
@@ -54,8 +53,8 @@ def _check(batch: PagedBatch, k_scale: torch.Tensor, v_scale: torch.Tensor, num_
 
 
 def test_hopper_config_names_the_kernel_and_cpu_leaves_it_alone() -> None:
-    assert ATTENTION_CONFIGS["hopper"].fp8_decode_sm90 is not None
-    assert all(ATTENTION_CONFIGS[f].fp8_decode_sm90 is None for f in ("ampere", "cdna", "interpreter"))
+    assert set(attention_fp8_decode_sm90.TILES) == {"hopper"}  # its tile table, beside the kernel
+    assert all(t.tile_n in (64, 128) and t.num_stages >= 2 for t in attention_fp8_decode_sm90.TILES.values())
     assert not attention_fp8_decode_sm90.available()  # CPU: no sm90 GPU
     batch = make_batch([1, 1], [40, 7], 8, 2, 64, 16, seed=60)
     assert _plan(batch).fp8_tiles is None
@@ -127,8 +126,7 @@ def test_gpu_other_head_layouts(num_heads: int, num_kv_heads: int, head_dim: int
 )
 def test_gpu_other_tiles(monkeypatch: pytest.MonkeyPatch, tiles: Fp8DecodeTiles) -> None:
     """Every ring depth, tile size and V buffer choice computes the same thing."""
-    hopper = dataclasses.replace(ATTENTION_CONFIGS["hopper"], fp8_decode_sm90=tiles)
-    monkeypatch.setitem(ATTENTION_CONFIGS, "hopper", hopper)
+    monkeypatch.setitem(attention_fp8_decode_sm90.TILES, "hopper", tiles)
     _, batch, k_scale, v_scale = _gpu_fp8_batch([1] * 4, [4000, 1, 130, 64], seed=65)
     _check(batch, k_scale, v_scale)
     _check(batch, k_scale, v_scale, num_splits=5)
@@ -140,8 +138,8 @@ def test_gpu_close_to_bf16_cache_and_to_the_triton_kernel() -> None:
     """The FP8 cache's accuracy budget against the bf16 cache, and agreement with the portable FP8 path."""
     ctx = [100 * i + 7 for i in range(16)] + [8191]
     bf16, batch, k_scale, v_scale = _gpu_fp8_batch([1] * len(ctx), ctx, seed=66)
-    out = paged_attention(*batch.args(), k_scale=k_scale, v_scale=v_scale)
-    error = (out - paged_attention(*bf16.args())).float().abs()
+    out = paged_attention_fp8_decode_sm90(*batch.args(), k_scale=k_scale, v_scale=v_scale)
+    error = (out - paged_attention_fp8_decode_sm90(*bf16.args())).float().abs()
     assert error.max() <= FP8_ACCURACY["max_abs"] and error.mean() <= FP8_ACCURACY["mean_abs"], (
         error.max(),
         error.mean(),
@@ -154,7 +152,11 @@ def test_gpu_close_to_bf16_cache_and_to_the_triton_kernel() -> None:
 @pytest.mark.gpu
 @needs_sm90
 def test_gpu_engine_plan_takes_it_and_skips_empty_sequences() -> None:
-    """A step's plan (as the engine builds it) uses the kernel; a sequence without a query is left alone."""
+    """The engine's choice (registry auto) on sm90 with an FP8 cache is this kernel's implementation, and
+    its step plan uses the kernel; a sequence without a query is left alone."""
     _, batch, k_scale, v_scale = _gpu_fp8_batch([1, 0, 1], [300, 20, 900], seed=67)
-    plan = attention.plan_attention(*batch.args()[3:8], 32, 8, 128, 16, kv_dtype=batch.k_cache.dtype)
+    context = registry.KernelContext("cuda", torch.bfloat16, batch.k_cache.dtype, 128)
+    kernels = registry.select_kernels({}, context)
+    assert kernels.choice["attention"] == "triton_fp8_decode_sm90"
+    plan = kernels.plan_attention(*batch.args()[3:8], 32, 8, 128, 16, kv_dtype=batch.k_cache.dtype)
     _check(batch, k_scale, v_scale, plan=plan)

@@ -28,7 +28,7 @@ from tritonllm.engine.kv_cache import KVCacheManager, cdiv
 from tritonllm.engine.output_processor import OutputProcessor
 from tritonllm.engine.request import Request, RequestStatus
 from tritonllm.engine.scheduler import Scheduler, SchedulerOutput
-from tritonllm.kernels import ops
+from tritonllm.kernels.registry import KernelContext, select_kernels
 from tritonllm.loader.hf_config import load_eos_token_ids
 from tritonllm.loader.tokenizer import load_tokenizer
 from tritonllm.metrics.stats import EngineStats, StepStats
@@ -45,7 +45,6 @@ class LLMEngine:
         self.config = config
         config.cache.validate()
         config.scheduler.validate()
-        ops.set_backend(config.kernels.backend)
         path = config.model.path
         if path is None:
             from tritonllm.models.tiny import tiny_model_path
@@ -55,6 +54,12 @@ class LLMEngine:
         self.dtype = config.model.torch_dtype()
         self.device = platform.DEVICE
         self.model, self.hf_config = load_model(path, self.dtype, self.device)
+        kv_dtype = config.cache.torch_kv_dtype(self.dtype)
+        # this engine's kernels, bound to its model's layers by the runner: another engine in the same
+        # process may choose others
+        context = KernelContext(platform.PLATFORM, self.dtype, kv_dtype, getattr(self.model, "head_dim", None))
+        self.kernels = select_kernels(config.kernels.choices(), context, default=config.kernels.default())
+        logger.info("kernels: %s", self.kernels.choice)
         self.tokenizer = load_tokenizer(config.model.tokenizer or path)
         self.eos_token_ids = frozenset(load_eos_token_ids(path, self.hf_config))
 
@@ -72,9 +77,9 @@ class LLMEngine:
 
         block_size = config.cache.block_size
         self.runner = ModelRunner(
-            self.model, self.dtype, self.device, block_size, config.cache.torch_kv_dtype(self.dtype),
+            self.model, self.dtype, self.device, block_size, kv_dtype,
             max_num_seqs=sched.max_num_seqs, max_model_len=self.max_model_len,
-            max_num_batched_tokens=sched.max_num_batched_tokens,
+            max_num_batched_tokens=sched.max_num_batched_tokens, kernels=self.kernels,
         )  # fmt: skip
         num_blocks = self._num_kv_blocks()
         capacity = num_blocks * block_size

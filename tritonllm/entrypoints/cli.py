@@ -29,7 +29,15 @@ def _value_type(annotation: Any) -> type:
     """int for `int` or `int | None`; one concrete type per flag."""
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         (annotation,) = [a for a in typing.get_args(annotation) if a is not type(None)]
-    return annotation
+    return typing.get_origin(annotation) or annotation
+
+
+def _mapping(text: str) -> dict[str, str]:
+    """`--kernels attention=torch_ref,rms_norm=triton` -> {"attention": "torch_ref", "rms_norm": "triton"}."""
+    pairs = [item.split("=", 1) for item in text.split(",") if item]
+    if any(len(pair) != 2 or not all(pair) for pair in pairs):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE[,KEY=VALUE...]")
+    return dict(pairs)
 
 
 def add_llm_flags(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +48,10 @@ def add_llm_flags(parser: argparse.ArgumentParser) -> None:
         if value_type is bool:
             group.add_argument(
                 flag, action=argparse.BooleanOptionalAction, default=param.default, help="LLM(%(dest)s=)"
+            )
+        elif value_type is dict:
+            group.add_argument(
+                flag, type=_mapping, default=param.default, metavar="KEY=VALUE,...", help="LLM(%(dest)s=)"
             )
         else:
             metavar = value_type.__name__.upper()

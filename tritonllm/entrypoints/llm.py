@@ -54,7 +54,10 @@ class LLM:
         scheduling_policy: str = "fcfs",
         kernel_backend: str = "triton",
         async_scheduling: bool | None = None,
+        kernels: dict[str, str] | None = None,
     ) -> None:
+        """`kernels`: per op, a registered implementation (kernels/registry.py), e.g.
+        {"attention": "torch_ref"}; ops left out take `kernel_backend` ("triton": the best one)."""
         if quantization is not None:
             raise ValueError(f"quantization={quantization!r} is not supported yet: load an unquantized checkpoint")
         config = EngineConfig(
@@ -73,7 +76,7 @@ class LLM:
                 policy=scheduling_policy,
                 async_scheduling=async_scheduling,
             ),
-            kernels=KernelConfig(backend=kernel_backend),
+            kernels=KernelConfig.from_choices(kernel_backend, kernels or {}),
             enforce_eager=enforce_eager,
             piecewise_graphs=piecewise_graphs,
         )

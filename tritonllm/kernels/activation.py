@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec
+from tritonllm.kernels.registry import FLOATS, Supports, register
 
 
 @triton.jit
@@ -39,6 +40,7 @@ def _silu_and_mul_kernel(
 _SILU_AND_MUL = Launcher(_silu_and_mul_kernel)
 
 
+@register("activation", "triton", supports=Supports(dtypes=FLOATS), priority=10)
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x [..., 2 * d] = [gate | up] (rows may be strided) -> silu(gate) * up, [..., d] in x's dtype."""
     if x.shape[-1] % 2:

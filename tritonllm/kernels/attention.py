@@ -30,10 +30,15 @@ K/V from the contiguous projections through tensor descriptors (prefill_new_kv_d
 prefix still through the block table.
 
 Pure-decode batches with too few (sequence, KV head) pairs to fill the GPU take the split-KV path
-of attention_split.py instead (choose_num_splits). Pure-decode batches over an FP8 cache on Hopper
-(sm90) take the Gluon kernel of attention_fp8_decode_sm90.py (split or not), whose hand-picked
-layouts avoid the FP8 operand costs of tl.dot. Tiles and split parameters come from a table per GPU
-family (ATTENTION_CONFIGS), picked at run time.
+of attention_split.py instead (choose_num_splits). Tiles and split parameters come from a table per
+GPU family (ATTENTION_CONFIGS), picked at run time.
+
+Two registered implementations of the attention op (kernels/registry.py) share this plan:
+`triton_unified` (the portable kernels above, every GPU) and `triton_fp8_decode_sm90`, which also
+sends pure-decode batches over an FP8 cache on Hopper to the Gluon kernel of
+attention_fp8_decode_sm90.py (split or not; its tiles live there), whose hand-picked layouts avoid
+the FP8 operand costs of tl.dot. The engine's kernel selection picks one (auto: the Gluon one where
+it runs); this module does not choose between them.
 """
 
 from __future__ import annotations
@@ -49,8 +54,9 @@ from tritonllm import platform
 from tritonllm.kernels import attention_fp8_decode_sm90 as fp8_sm90
 from tritonllm.kernels.attention_split import merge_splits_kernel, split_kv_decode_kernel
 from tritonllm.kernels.attention_unified import unified_attention_kernel
-from tritonllm.kernels.kv_cache_write import check_kv_scales
+from tritonllm.kernels.kv_cache_write import FP8_KV_DTYPES, KV_WRITE_SUPPORTS, check_kv_scales
 from tritonllm.kernels.launch import Launcher, aligned, int_spec
+from tritonllm.kernels.registry import FLOATS, Supports, register
 
 try:  # triton >= 3.4: host-side tensor descriptors (TMA on Hopper)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -67,15 +73,6 @@ class AttentionTiles:
     tile_n: int  # keys per step of the KV loop; >= 16
     num_warps: int
     num_stages: int
-
-
-@dataclass(frozen=True)
-class Fp8DecodeTiles:
-    """Tiles of the sm90 FP8 decode kernel (attention_fp8_decode_sm90.py): one warpgroup a program."""
-
-    tile_n: int  # keys per step (64 or 128; halved per doubling of head_dim past 128)
-    num_stages: int  # ring slots of K/V tiles in flight
-    inplace_v: bool  # widen V into its own ring slot instead of a separate float16 buffer
 
 
 @dataclass(frozen=True)
@@ -102,8 +99,6 @@ class AttentionConfig:
     # through tensor descriptors (TMA on Hopper) instead of gathering them from the cache; the cached
     # prefix is still gathered
     prefill_new_kv_desc: bool = False
-    # pure decode over an FP8 cache on sm90: the Gluon kernel and its tiles (None: the Triton kernels)
-    fp8_decode_sm90: Fp8DecodeTiles | None = None
 
 
 ATTENTION_CONFIGS: dict[str, AttentionConfig] = {
@@ -133,10 +128,6 @@ ATTENTION_CONFIGS: dict[str, AttentionConfig] = {
         split_min_keys=256,
         max_splits=64,
         prefill_new_kv_desc=True,
-        # 128 x 8192 on the H200 (experiments/attention_kernels/fp8_gluon/): 128-key tiles, 2 slots, V
-        # widened in place (70 KB shared, 168 registers: 3 programs per SM) 530 us; 64-key tiles
-        # 551-554 us (2 slots), 572-636 us (3-4 slots: fewer programs per SM); the Triton kernel 713 us
-        fp8_decode_sm90=Fp8DecodeTiles(tile_n=128, num_stages=2, inplace_v=True),
     ),
     # A100 (164 KiB) and consumer Ampere/Ada/Blackwell parts (~100 KiB shared memory per SM): two stages
     # of 64-key K and V tiles (64 KiB at head_dim 128 in bf16) fit all of them. Unmeasured.
@@ -281,7 +272,7 @@ class AttentionPlan:
         fp8_dot_f16: bool | None = None,
         fp8_qk: bool | None = None,
         new_kv_desc: bool | None = None,
-        fp8_gluon: bool | None = None,
+        fp8_gluon: bool | None = False,
         kv_dtype: torch.dtype | None = None,
         reuse_output: bool = False,
     ) -> None:
@@ -323,16 +314,17 @@ class AttentionPlan:
         if new_kv_desc is None:
             new_kv_desc = config.prefill_new_kv_desc and max_query_len * group > 16
         self.new_kv_desc = new_kv_desc and num_splits == 1 and TensorDescriptor is not None
-        # pure decode over an FP8 cache on sm90: the Gluon kernel (fp8_gluon False: never, None: where the
-        # config says, True: required)
+        # pure decode over an FP8 cache on sm90: the Gluon kernel (fp8_gluon False: never, the default of
+        # the portable implementation; None: where its tile table and the shape allow, as the registered
+        # triton_fp8_decode_sm90 implementation asks; True: required)
         self.fp8_tiles = None
-        gluon_tiles = config.fp8_decode_sm90
+        gluon_tiles = fp8_sm90.TILES.get(gpu_family())
         if fp8_gluon and gluon_tiles is None:
-            gluon_tiles = ATTENTION_CONFIGS["hopper"].fp8_decode_sm90
+            gluon_tiles = fp8_sm90.TILES["hopper"]
         if fp8_gluon is not False and gluon_tiles is not None and max_query_len <= 1:
             tile_n = max(64, gluon_tiles.tile_n // max(1, head_dim // 128))
             if fp8_sm90.available() and fp8_sm90.supported(head_dim, group, block_size, tile_n):
-                self.fp8_tiles = Fp8DecodeTiles(tile_n, gluon_tiles.num_stages, gluon_tiles.inplace_v)
+                self.fp8_tiles = fp8_sm90.Fp8DecodeTiles(tile_n, gluon_tiles.num_stages, gluon_tiles.inplace_v)
         if fp8_gluon and self.fp8_tiles is None:
             raise ValueError(
                 f"fp8_gluon=True: the Gluon FP8 decode kernel needs an sm90 GPU, Triton with Gluon, a pure-decode "
@@ -523,14 +515,24 @@ _MERGE = Launcher(merge_splits_kernel)
 _FP8_SM90 = Launcher(fp8_sm90.fp8_decode_sm90_kernel) if fp8_sm90.HAVE_GLUON else None
 
 
+# the portable kernels: unified (prefill, mixed and decode) and split-KV decode, on every GPU
+ATTENTION_SUPPORTS = Supports(
+    dtypes=FLOATS,
+    kv_dtypes=KV_WRITE_SUPPORTS.kv_dtypes,
+    features=frozenset({"split_kv", "fp8_kv", "prefix", "chunked"}),
+)
+
+
+@register("attention", "triton_unified", supports=ATTENTION_SUPPORTS, priority=10)
 def plan_attention(*metadata: object, kv_dtype: torch.dtype | None = None) -> AttentionPlan:
     """A step's attention set-up for every layer of one shape: AttentionPlan's positional arguments
     (block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, num_heads, num_kv_heads,
-    head_dim, block_size). Its runs return one shared output buffer: each layer consumes its
-    attention output before the next layer runs."""
-    return AttentionPlan(*metadata, kv_dtype=kv_dtype, reuse_output=True)
+    head_dim, block_size), portable kernels only. Its runs return one shared output buffer: each
+    layer consumes its attention output before the next layer runs."""
+    return AttentionPlan(*metadata, kv_dtype=kv_dtype, fp8_gluon=False, reuse_output=True)
 
 
+@register("attention", "triton_unified")
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -567,6 +569,44 @@ def paged_attention(
         plan = AttentionPlan(block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, q.shape[1],
                              k_cache.shape[2], q.shape[2], k_cache.shape[1], kv_dtype=k_cache.dtype)  # fmt: skip
     return plan.run(q, k_cache, v_cache, scale, k_scale=k_scale, v_scale=v_scale, k_new=k_new, v_new=v_new, out=out)
+
+
+def _fp8_decode_sm90_available() -> str | None:
+    if fp8_sm90.available():
+        return None
+    return "needs an NVIDIA sm90 GPU and a Triton whose Gluon compiles the kernel (attention_fp8_decode_sm90.py)"
+
+
+# pure-decode steps over an FP8 cache on sm90: the Gluon kernel (where the shape allows), every other
+# step: the portable kernels. auto prefers it where it runs: 128 x 8192 decode 530 us vs 713 us
+FP8_DECODE_SM90_SUPPORTS = Supports(
+    dtypes=frozenset({torch.bfloat16, torch.float16}),
+    kv_dtypes=frozenset(FP8_KV_DTYPES),
+    platforms=frozenset({"cuda"}),
+    features=ATTENTION_SUPPORTS.features | {"fp8_decode_gluon"},
+    available=_fp8_decode_sm90_available,
+)
+
+
+@register("attention", "triton_fp8_decode_sm90", entry="plan_attention", supports=FP8_DECODE_SM90_SUPPORTS,
+          priority=20)  # fmt: skip
+def plan_attention_fp8_decode_sm90(*metadata: object, kv_dtype: torch.dtype | None = None) -> AttentionPlan:
+    """`plan_attention`, with the sm90 Gluon kernel for pure-decode steps it serves."""
+    return AttentionPlan(*metadata, kv_dtype=kv_dtype, fp8_gluon=None, reuse_output=True)
+
+
+@register("attention", "triton_fp8_decode_sm90", entry="paged_attention")
+def paged_attention_fp8_decode_sm90(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor, max_query_len: int, max_seq_len: int, scale: float, *,
+    plan: AttentionPlan | None = None, **kwargs: object,
+) -> torch.Tensor:  # fmt: skip
+    """`paged_attention` (same contract), planned by `plan_attention_fp8_decode_sm90` when no plan is given."""
+    if plan is None:
+        plan = AttentionPlan(block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, q.shape[1],
+                             k_cache.shape[2], q.shape[2], k_cache.shape[1], kv_dtype=k_cache.dtype, fp8_gluon=None)  # fmt: skip
+    args = (q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, scale)
+    return paged_attention(*args, plan=plan, **kwargs)
 
 
 def paged_attention_with_tiles(

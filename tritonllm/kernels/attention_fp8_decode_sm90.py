@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from dataclasses import dataclass
 
 import torch
 
@@ -56,6 +57,22 @@ except ImportError:  # pragma: no cover - older triton
     HAVE_GLUON = False
 
 NUM_WARPS = 4  # one warpgroup
+
+
+@dataclass(frozen=True)
+class Fp8DecodeTiles:
+    """Tiles of this kernel: one warpgroup a program."""
+
+    tile_n: int  # keys per step (64 or 128; halved per doubling of head_dim past 128)
+    num_stages: int  # ring slots of K/V tiles in flight
+    inplace_v: bool  # widen V into its own ring slot instead of a separate float16 buffer
+
+
+# per GPU family (attention.gpu_family); families without an entry never run this kernel.
+# 128 x 8192 on the H200 (experiments/attention_kernels/fp8_gluon/): 128-key tiles, 2 slots, V widened in
+# place (70 KB shared, 168 registers: 3 programs per SM) 530 us; 64-key tiles 551-554 us (2 slots),
+# 572-636 us (3-4 slots: fewer programs per SM); the Triton kernel 713 us
+TILES: dict[str, Fp8DecodeTiles] = {"hopper": Fp8DecodeTiles(tile_n=128, num_stages=2, inplace_v=True)}
 
 
 @functools.cache

@@ -22,9 +22,11 @@ import triton.language as tl
 # platform switches on the interpreter on CPU; triton reads that when a kernel is defined, below
 from tritonllm import platform
 from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec
+from tritonllm.kernels.registry import FLOATS, Supports, register
 
 # FP8 cache flavours: e4m3fn (NVIDIA, AMD CDNA4) and e4m3fnuz (AMD CDNA3, see platform.fp8_e4m3_dtype)
 FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+KV_WRITE_SUPPORTS = Supports(dtypes=FLOATS, kv_dtypes=FLOATS | frozenset(FP8_KV_DTYPES), features=frozenset({"fp8_kv"}))
 
 
 def check_kv_scales(
@@ -143,6 +145,7 @@ def _write_kv_cache_kernel(
 _WRITE_KV_CACHE = Launcher(_write_kv_cache_kernel)
 
 
+@register("kv_write", "triton", supports=KV_WRITE_SUPPORTS, priority=10)
 def write_kv_cache(
     k: torch.Tensor,
     v: torch.Tensor,

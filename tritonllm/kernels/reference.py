@@ -8,10 +8,16 @@ the input dtype.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+
+from tritonllm.kernels.registry import register
+
+# every reference is the "torch_ref" implementation of its op: any dtype, platform, head size
 
 # ---- norms, rotary embedding, activation ---------------------------------------------------
 
 
+@register("rms_norm", "torch_ref", priority=0)
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [num_rows, hidden] (any leading shape), weight [hidden] -> same shape and dtype as x."""
     xf = x.float()
@@ -19,6 +25,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out.to(x.dtype)
 
 
+@register("rms_norm", "torch_ref", priority=0)
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -27,6 +34,7 @@ def fused_add_rms_norm(
     return rms_norm(residual_out, weight, eps), residual_out
 
 
+@register("rotary", "torch_ref", priority=0)
 def rotary_embedding(
     positions: torch.Tensor,
     q: torch.Tensor,
@@ -60,6 +68,7 @@ def rotary_embedding(
     return rotate(q), rotate(k)
 
 
+@register("activation", "torch_ref", priority=0)
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x [num_tokens, 2 * d] = [gate | up] -> silu(gate) * up, [num_tokens, d]."""
     d = x.shape[-1] // 2
@@ -73,6 +82,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 _FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
 
+@register("kv_write", "torch_ref", priority=0)
 def write_kv_cache(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -101,6 +111,7 @@ def write_kv_cache(
         cache[slots // block_size, slots % block_size] = rows.to(cache.dtype)
 
 
+@register("attention", "torch_ref", priority=0)
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -163,11 +174,13 @@ def paged_attention(
 # ---- sampling ------------------------------------------------------------------------------
 
 
+@register("attention", "torch_ref", priority=0)
 def plan_attention(*args: object, **kwargs: object) -> None:
     """The reference keeps no per-step attention set-up (see attention.plan_attention)."""
     return None
 
 
+@register("sampling", "torch_ref", priority=0)
 def log_softmax(logits: torch.Tensor) -> torch.Tensor:
     """logits [num_rows, vocab] -> float32 log-probabilities [num_rows, vocab]."""
     return torch.log_softmax(logits.float(), dim=-1)
@@ -208,6 +221,7 @@ def sampling_mask(
     return keep
 
 
+@register("sampling", "torch_ref", priority=0)
 def sample(
     logits: torch.Tensor,
     temperature: torch.Tensor,
@@ -233,3 +247,13 @@ def sample(
         gen = torch.Generator(device=logits.device).manual_seed(int(seed))
         drawn[row] = torch.multinomial(probs[row], 1, generator=gen)[0]
     return torch.where(temperature > 0, drawn, greedy)
+
+
+# ---- linear ----------------------------------------------------------------------------------
+
+
+@register("linear", "torch_ref", priority=0)
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """y = x @ weight.T (+ bias), weight [out_features, in_features]: cuBLAS/hipBLASLt on a GPU, the
+    baseline the Triton GEMMs are measured against."""
+    return F.linear(x, weight, bias)

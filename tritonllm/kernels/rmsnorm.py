@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec
+from tritonllm.kernels.registry import FLOATS, Supports, register
 
 
 @triton.jit
@@ -129,11 +130,13 @@ def _launch(
     return out, residual_out
 
 
+@register("rms_norm", "triton", supports=Supports(dtypes=FLOATS), priority=10)
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., hidden] (rows may be strided), weight [hidden] -> new tensor, x's shape and dtype."""
     return _launch(x, None, weight, eps)[0]
 
 
+@register("rms_norm", "triton")
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec
+from tritonllm.kernels.registry import FLOATS, Supports, register
 
 
 @triton.jit
@@ -122,6 +123,7 @@ def _as_token_rows(x: torch.Tensor, num_tokens: int) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
+@register("rotary", "triton", supports=Supports(dtypes=FLOATS), priority=10)
 def rotary_embedding(
     positions: torch.Tensor,
     q: torch.Tensor,

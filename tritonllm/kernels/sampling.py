@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec
+from tritonllm.kernels.registry import FLOATS, Supports, register
 from tritonllm.kernels.sampling_candidates import (
     CANDIDATE_PIVOTS,
     candidate_threshold,
@@ -323,6 +324,7 @@ def _rows(logits: torch.Tensor) -> torch.Tensor:
     return logits if logits.stride(-1) == 1 else logits.contiguous()
 
 
+@register("sampling", "triton")
 def log_softmax(logits: torch.Tensor) -> torch.Tensor:
     """logits [num_rows, vocab] -> float32 log-probabilities [num_rows, vocab]."""
     logits = _rows(logits)
@@ -375,6 +377,7 @@ def sampling_mask(
     return mask
 
 
+@register("sampling", "triton", supports=Supports(dtypes=FLOATS), priority=10)
 def sample(
     logits: torch.Tensor,
     temperature: torch.Tensor,

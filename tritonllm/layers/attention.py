@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from tritonllm.kernels import ops
+from tritonllm.kernels.registry import Kernels, default_kernels
 
 
 class AttentionSplit(Protocol):
@@ -49,11 +49,13 @@ class AttentionMetadata:
     _plans: dict = field(default_factory=dict, repr=False)
 
     def attention_plan(
-        self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, kv_dtype: torch.dtype
-    ) -> object:
-        key = (num_heads, num_kv_heads, head_dim, block_size, kv_dtype)
+        self, kernels: Kernels, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
+        kv_dtype: torch.dtype,
+    ) -> object:  # fmt: skip
+        """The set-up of `kernels`' attention implementation for layers of this shape, built once."""
+        key = (kernels.choice["attention"], num_heads, num_kv_heads, head_dim, block_size, kv_dtype)
         if key not in self._plans:
-            self._plans[key] = ops.plan_attention(
+            self._plans[key] = kernels.plan_attention(
                 self.block_tables, self.seq_lens, self.query_start_loc, self.max_query_len, self.max_seq_len,
                 num_heads, num_kv_heads, head_dim, block_size, kv_dtype=kv_dtype,
             )  # fmt: skip
@@ -67,6 +69,7 @@ class Attention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        self.kernels = default_kernels()  # the engine binds its own (kernels/registry.py)
         # per-tensor dequantisation scales of an FP8 KV cache (set by the runner); None otherwise
         self.k_scale: torch.Tensor | None = None
         self.v_scale: torch.Tensor | None = None
@@ -99,7 +102,7 @@ class Attention(nn.Module):
         k_cache, v_cache = kv_cache
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        ops.write_kv_cache(
+        self.kernels.write_kv_cache(
             k,
             v,
             k_cache,
@@ -108,7 +111,7 @@ class Attention(nn.Module):
             k_scale=self.k_scale,
             v_scale=self.v_scale,
         )
-        out = ops.paged_attention(
+        out = self.kernels.paged_attention(
             q.view(num_tokens, self.num_heads, self.head_dim),
             k_cache,
             v_cache,
@@ -120,7 +123,9 @@ class Attention(nn.Module):
             self.scale,
             k_scale=self.k_scale,
             v_scale=self.v_scale,
-            plan=meta.attention_plan(self.num_heads, self.num_kv_heads, self.head_dim, k_cache.shape[1], k_cache.dtype),
+            plan=meta.attention_plan(
+                self.kernels, self.num_heads, self.num_kv_heads, self.head_dim, k_cache.shape[1], k_cache.dtype
+            ),
             k_new=k,
             v_new=v,
             out=None if out is None else out.view(num_tokens, self.num_heads, self.head_dim),

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tritonllm.kernels.registry import default_kernels
+
 
 class VocabEmbedding(nn.Module):
     def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype) -> None:
@@ -24,6 +26,7 @@ class LMHead(nn.Module):
         self, vocab_size: int, hidden_size: int, dtype: torch.dtype, tied_to: VocabEmbedding | None = None
     ) -> None:
         super().__init__()
+        self.kernels = default_kernels()  # the engine binds its own (kernels/registry.py)
         if tied_to is not None:
             self.weight = tied_to.weight
         else:
@@ -34,4 +37,4 @@ class LMHead(nn.Module):
         precision is lost to a cast. Sampling reads them as they are (for bf16, its threshold
         searches run over 16-bit keys: half the passes and bytes of float32); log-probs are
         computed in float32."""
-        return F.linear(hidden, self.weight)
+        return self.kernels.linear(hidden, self.weight, None)

@@ -9,8 +9,9 @@ current default device: models build their layers under `with torch.device(devic
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from tritonllm.kernels.registry import default_kernels
 
 
 def copy_weight(param: nn.Parameter, loaded_weight: torch.Tensor, name: str) -> None:
@@ -29,11 +30,12 @@ class Linear(nn.Module):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
+        self.kernels = default_kernels()  # the engine binds its own (kernels/registry.py)
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.kernels.linear(x, self.weight, self.bias)
 
 
 class MergedLinear(Linear):

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from tritonllm.kernels import ops
+from tritonllm.kernels.registry import default_kernels
 
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 
@@ -74,6 +74,7 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, rotary_dim: int, max_position: int, params: dict[str, Any]) -> None:
         super().__init__()
         self.head_dim = head_dim
+        self.kernels = default_kernels()  # the engine binds its own (kernels/registry.py)
         # built on the CPU, so every platform gets the same table, then moved to the model's device
         cache = build_cos_sin_cache(max_position, inverse_frequencies(rotary_dim, params))
         self.register_buffer("cos_sin_cache", cache.to(torch.get_default_device()), persistent=False)
@@ -81,4 +82,4 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [num_tokens]; q [num_tokens, num_heads * head_dim]; k [num_tokens, num_kv_heads *
         head_dim]. Returns rotated (q, k)."""
-        return ops.rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_dim, True)
+        return self.kernels.rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_dim, True)

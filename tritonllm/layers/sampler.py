@@ -1,6 +1,6 @@
 """Turns the logits of the rows that sample into tokens and, when asked, logprobs.
 
-Sampling runs on the device (`ops.sample`) and returns device tensors: nothing here waits for the
+Sampling runs on the device (the `sampling` op of kernels/registry.py) and returns device tensors: nothing here waits for the
 GPU, so a step's sampling can sit inside a CUDA graph and its tokens can feed the next step on the
 device. Logprobs are those of the model's raw distribution (before temperature and filters), as
 in vLLM.
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tritonllm.kernels import ops
+from tritonllm.kernels.registry import Kernels, default_kernels
 
 
 @dataclass
@@ -72,14 +72,17 @@ def top_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> Log
 
 
 class Sampler:
+    def __init__(self, kernels: Kernels | None = None) -> None:
+        self.kernels = kernels or default_kernels()
+
     def __call__(self, logits: torch.Tensor, st: SamplingTensors) -> tuple[torch.Tensor, LogprobTensors | None]:
         """logits [rows, vocab] -> (token ids [rows] int64, their logprobs when asked), on the device."""
-        logprobs = ops.log_softmax(logits) if st.max_num_logprobs is not None else None
+        logprobs = self.kernels.log_softmax(logits) if st.max_num_logprobs is not None else None
         if st.banned_rows is not None:
             logits = logits.index_put(
                 (st.banned_rows, st.banned_tokens),
                 torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device),
             )
-        token_ids = ops.sample(logits, st.temperature, st.top_k, st.top_p, st.min_p, st.seeds)
+        token_ids = self.kernels.sample(logits, st.temperature, st.top_k, st.top_p, st.min_p, st.seeds)
         top = top_logprobs(logprobs, token_ids, st.max_num_logprobs) if logprobs is not None else None
         return token_ids, top

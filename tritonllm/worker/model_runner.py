@@ -29,7 +29,7 @@ from tritonllm.engine.kv_cache import cdiv
 from tritonllm.engine.output_processor import SampledLogprobs, StepResult
 from tritonllm.engine.request import Request
 from tritonllm.engine.scheduler import SchedulerOutput
-from tritonllm.kernels import ops
+from tritonllm.kernels.registry import Kernels, bind_kernels, default_kernels
 from tritonllm.layers.attention import Attention, AttentionMetadata
 from tritonllm.layers.sampler import LogprobTensors, Sampler, SamplingTensors, to_host, top_logprobs
 from tritonllm.worker.cuda_graph import DECODE_LAYOUT, DecodeGraphs
@@ -77,15 +77,19 @@ class ModelRunner:
         max_num_seqs: int = 256,
         max_model_len: int = 2048,
         max_num_batched_tokens: int = 8192,
+        kernels: Kernels | None = None,
     ) -> None:
         self.model = model
+        # the engine's kernel choice, bound to every layer of its model (kernels/registry.py)
+        self.kernels = kernels or default_kernels()
+        bind_kernels(model, self.kernels)
         self.dtype = dtype
         self.kv_dtype = kv_dtype or dtype
         self.device = device
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.sampler = Sampler()
+        self.sampler = Sampler(self.kernels)
         self.decode_graphs: DecodeGraphs | None = None
         self.piecewise_graphs: PiecewiseGraphs | None = None
         max_blocks = cdiv(max_model_len, block_size)
@@ -201,7 +205,7 @@ class ModelRunner:
             hidden = self._forward(zeros, zeros, zeros - 1, None, rows, lens, query_start, max(q_lens), max(q_lens))
             logits = self.model.compute_logits(hidden[(query_start[1:] - 1).long()])
             self.sampler(logits, batch.sampling_tensors(rows, max_num_logprobs=2))
-            ops.log_softmax(self.model.compute_logits(hidden))
+            self.kernels.log_softmax(self.model.compute_logits(hidden))
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 
@@ -437,4 +441,4 @@ class ModelRunner:
         rows = slice(row0 + first - start, row0 + last - start)
         logits = self.model.compute_logits(hidden[rows])
         targets = torch.tensor(r.prompt_token_ids[first + 1 : last + 1], device=self.device)
-        return r, first + 1, top_logprobs(ops.log_softmax(logits), targets, r.params.prompt_logprobs)
+        return r, first + 1, top_logprobs(self.kernels.log_softmax(logits), targets, r.params.prompt_logprobs)

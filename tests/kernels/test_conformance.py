@@ -1,0 +1,196 @@
+"""Every registered implementation of every op against the torch reference (kernels/registry.py).
+
+A new implementation needs no test of its own to be checked here: each op's case below runs
+every implementation the registry lists, at ragged, non-power-of-two shapes, on the platform's
+device (CPU: Triton's interpreter, float32). Tolerances are relative to the size of the
+reference output. Kernel-specific edge cases stay in each kernel's own test file.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tritonllm import platform
+from tritonllm.kernels import reference, registry
+from tritonllm.layers.rotary import build_cos_sin_cache
+
+DEVICE = platform.DEVICE
+DTYPES = [torch.float32] if not platform.is_gpu() else [torch.float32, torch.bfloat16]
+
+
+def _impls(op: str) -> list:
+    return [pytest.param(impl, id=impl.name) for impl in registry.implementations(op)]
+
+
+def _runs_here(impl: registry.Implementation, dtype: torch.dtype, kv_dtype: torch.dtype | None = None) -> None:
+    """Skip an implementation that declares it cannot run on this machine or dtype (an sm90-only
+    kernel on CPU); the engine's selection refuses it there in the same words."""
+    why = impl.supports.refusal(registry.KernelContext(platform.PLATFORM, dtype, kv_dtype or dtype))
+    if why is not None:
+        pytest.skip(f"{impl.op}/{impl.name}: {why}")
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, rel: float) -> None:
+    """Max error within rel of the reference's largest magnitude (float32 comparison)."""
+    actual, expected = actual.float(), expected.float()
+    assert actual.shape == expected.shape
+    scale = expected.abs().max().clamp(min=1e-6)
+    error = (actual - expected).abs().max()
+    assert error <= rel * scale, f"max error {error:.3g} > {rel} x {scale:.3g}"
+
+
+def _tol(dtype: torch.dtype) -> float:
+    return 2e-5 if dtype == torch.float32 else 2e-2
+
+
+def _randn(*shape: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=gen).to(DEVICE, dtype)
+
+
+def test_every_op_has_a_reference_and_a_config_key() -> None:
+    from tritonllm.config import KernelConfig
+
+    ops_in_config = {name for name in KernelConfig.__dataclass_fields__} - {"backend"}
+    assert ops_in_config == set(registry.OPS)
+    for op in registry.OPS:
+        assert "torch_ref" in [impl.name for impl in registry.implementations(op)], op
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("impl", _impls("rms_norm"))
+def test_rms_norm(impl, dtype) -> None:
+    _runs_here(impl, dtype)
+    x, residual = _randn(37, 200, dtype=dtype, seed=1), _randn(37, 200, dtype=dtype, seed=2)
+    weight = _randn(200, dtype=dtype, seed=3)
+    _close(impl.entries["rms_norm"](x, weight, 1e-6), reference.rms_norm(x, weight, 1e-6), _tol(dtype))
+    out, res = impl.entries["fused_add_rms_norm"](x.clone(), residual.clone(), weight, 1e-6)
+    ref_out, ref_res = reference.fused_add_rms_norm(x, residual, weight, 1e-6)
+    _close(out, ref_out, _tol(dtype))
+    _close(res, ref_res, _tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("impl", _impls("rotary"))
+def test_rotary(impl, dtype) -> None:
+    _runs_here(impl, dtype)
+    head_dim, num_tokens = 64, 23
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    cache = build_cos_sin_cache(300, inv_freq).to(DEVICE)
+    positions = torch.randint(0, 300, (num_tokens,), generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    q, k = _randn(num_tokens, 5 * head_dim, dtype=dtype, seed=5), _randn(num_tokens, 3 * head_dim, dtype=dtype, seed=6)
+    got = impl.entries["rotary_embedding"](positions, q.clone(), k.clone(), cache, head_dim, True)
+    expected = reference.rotary_embedding(positions, q, k, cache, head_dim, True)
+    for a, b in zip(got, expected, strict=True):
+        _close(a, b, _tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("impl", _impls("activation"))
+def test_activation(impl, dtype) -> None:
+    _runs_here(impl, dtype)
+    x = _randn(29, 2 * 75, dtype=dtype, seed=7)
+    _close(impl.entries["silu_and_mul"](x), reference.silu_and_mul(x), _tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("impl", _impls("linear"))
+def test_linear(impl, dtype) -> None:
+    _runs_here(impl, dtype)
+    x, w, b = _randn(19, 72, dtype=dtype, seed=8), _randn(45, 72, dtype=dtype, seed=9), _randn(45, dtype=dtype, seed=10)
+    _close(impl.entries["linear"](x, w, b), reference.linear(x, w, b), 4 * _tol(dtype))
+    _close(impl.entries["linear"](x, w, None), reference.linear(x, w, None), 4 * _tol(dtype))
+
+
+def _paged_batch(dtype: torch.dtype) -> dict:
+    """Three sequences (a prefill chunk after a cached prefix, a fresh prompt, a decode) over a
+    paged cache of 16-token blocks, their blocks scattered."""
+    num_kv_heads, num_heads, head_dim, block_size = 2, 6, 64, 16
+    q_lens, ctx_lens = [13, 21, 1], [35, 0, 50]
+    seq_lens = [q + c for q, c in zip(q_lens, ctx_lens)]
+    blocks = [-(-n // block_size) for n in seq_lens]
+    order = torch.randperm(sum(blocks) + 2, generator=torch.Generator().manual_seed(11))
+    table = torch.zeros(3, max(blocks), dtype=torch.int32)
+    first = 0
+    for i, nb in enumerate(blocks):
+        table[i, :nb] = order[first : first + nb]
+        first += nb
+    cache_shape = (sum(blocks) + 2, block_size, num_kv_heads, head_dim)
+    k_cache, v_cache = _randn(*cache_shape, dtype=dtype, seed=12), _randn(*cache_shape, dtype=dtype, seed=13)
+    num_tokens = sum(q_lens)
+    slots = torch.cat([
+        table[i, (c + torch.arange(q)) // block_size].long() * block_size + (c + torch.arange(q)) % block_size
+        for i, (q, c) in enumerate(zip(q_lens, ctx_lens))
+    ])  # fmt: skip
+    return dict(
+        q=_randn(num_tokens, num_heads, head_dim, dtype=dtype, seed=14),
+        k=_randn(num_tokens, num_kv_heads, head_dim, dtype=dtype, seed=15),
+        v=_randn(num_tokens, num_kv_heads, head_dim, dtype=dtype, seed=16),
+        k_cache=k_cache, v_cache=v_cache, slots=slots.to(DEVICE), block_tables=table.to(DEVICE),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+        query_start_loc=torch.tensor([0, 13, 34, 35], dtype=torch.int32, device=DEVICE),
+        max_query_len=max(q_lens), max_seq_len=max(seq_lens), shape=(num_heads, num_kv_heads, head_dim, block_size),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("impl", _impls("kv_write"))
+def test_kv_write(impl, dtype) -> None:
+    _runs_here(impl, dtype)
+    b = _paged_batch(dtype)
+    slots = b["slots"].clone()
+    slots[::4] = -1  # skipped tokens
+    got_k, got_v = b["k_cache"].clone(), b["v_cache"].clone()
+    impl.entries["write_kv_cache"](b["k"], b["v"], got_k, got_v, slots)
+    ref_k, ref_v = b["k_cache"].clone(), b["v_cache"].clone()
+    reference.write_kv_cache(b["k"], b["v"], ref_k, ref_v, slots)
+    assert torch.equal(got_k, ref_k) and torch.equal(got_v, ref_v)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("impl", _impls("attention"))
+def test_attention(impl, dtype) -> None:
+    _runs_here(impl, dtype)
+    b = _paged_batch(dtype)
+    reference.write_kv_cache(b["k"], b["v"], b["k_cache"], b["v_cache"], b["slots"])
+    meta = (b["block_tables"], b["seq_lens"], b["query_start_loc"], b["max_query_len"], b["max_seq_len"])
+    plan = impl.entries["plan_attention"](*meta, *b["shape"], kv_dtype=b["k_cache"].dtype)
+    args = (b["q"], b["k_cache"], b["v_cache"], *meta, 0.125)
+    got = impl.entries["paged_attention"](*args, plan=plan, k_new=b["k"], v_new=b["v"])
+    _close(got, reference.paged_attention(*args), 5 * _tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("impl", _impls("sampling"))
+def test_sampling(impl, dtype) -> None:
+    _runs_here(impl, dtype)
+    num_rows, vocab = 12, 1500
+    logits = 3 * _randn(num_rows, vocab, dtype=dtype, seed=17)
+    _close(impl.entries["log_softmax"](logits), reference.log_softmax(logits), 10 * _tol(dtype))
+    gen = torch.Generator().manual_seed(18)
+    params = {
+        "temperature": torch.where(torch.arange(num_rows) % 3 == 0, 0.0, 0.8).to(DEVICE),
+        "top_k": torch.tensor([0, 20, 5, 1] * 3, dtype=torch.int32, device=DEVICE),
+        "top_p": (0.5 + 0.5 * torch.rand(num_rows, generator=gen)).to(DEVICE),
+        "min_p": torch.zeros(num_rows, device=DEVICE),
+    }
+    seeds = torch.arange(num_rows, dtype=torch.int64, device=DEVICE) * 7919
+    tokens = impl.entries["sample"](logits, **params, seeds=seeds)
+    greedy = params["temperature"] <= 0
+    assert torch.equal(tokens[greedy], logits[greedy].float().argmax(-1))
+    keep = reference.sampling_mask(logits, **params)
+    assert keep[torch.arange(num_rows, device=DEVICE), tokens].all()
+
+
+def test_a_broken_implementation_is_caught(monkeypatch) -> None:
+    """Negative check: an rms_norm that forgets its weight fails the suite above."""
+    broken = registry.Implementation("rms_norm", "broken", registry.Supports(), 0)
+    broken.entries = {
+        "rms_norm": lambda x, weight, eps: reference.rms_norm(x, torch.ones_like(weight), eps),
+        "fused_add_rms_norm": reference.fused_add_rms_norm,
+    }
+    monkeypatch.setitem(registry._REGISTRY["rms_norm"], "broken", broken)
+    assert "broken" in [impl.name for impl in registry.implementations("rms_norm")]
+    with pytest.raises(AssertionError):
+        test_rms_norm(broken, torch.float32)

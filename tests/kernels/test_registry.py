@@ -1,0 +1,83 @@
+"""The kernel registry: selection per op from config, errors that name what is available, and
+engines that own their choice (two in one process, each layer bound to its engine's kernels)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tritonllm import LLM, SamplingParams
+from tritonllm.kernels import reference, registry
+from tritonllm.kernels.registry import KernelContext, select_kernels
+
+
+def test_auto_takes_the_highest_priority_supported_implementation() -> None:
+    kernels = select_kernels(context=KernelContext(platform="cpu", dtype=torch.float32))
+    assert kernels.choice["attention"] == "triton_unified"
+    assert kernels.choice["rms_norm"] == "triton"
+    # float64 is no Triton kernel's dtype: auto falls back to the references
+    assert select_kernels(context=KernelContext(dtype=torch.float64)).choice["rms_norm"] == "torch_ref"
+    assert select_kernels(default="torch_ref").rms_norm is reference.rms_norm
+
+
+@pytest.mark.parametrize(
+    "choices, context, message",
+    [
+        ({"attention": "flash9"}, None, "available: ['auto', 'triton_fp8_decode_sm90', 'triton_unified', 'torch_ref']"),
+        ({"atention": "auto"}, None, "unknown kernel op(s) ['atention']"),
+        ({"rms_norm": "triton"}, KernelContext(dtype=torch.float64), "usable here: ['auto', 'torch_ref']"),
+        ({"rms_norm": "triton"}, KernelContext(platform="tpu"), "platform tpu is not among"),
+    ],
+)
+def test_an_impossible_choice_names_what_is_available(choices, context, message) -> None:
+    with pytest.raises(ValueError) as error:
+        select_kernels(choices, context)
+    assert message in str(error.value)
+
+
+def test_a_registration_must_name_a_known_op_and_entry_point() -> None:
+    with pytest.raises(ValueError, match="unknown op"):
+        registry.register("gemm9", "x")
+    with pytest.raises(ValueError, match="entry point"):
+        registry.register("rms_norm", "x")(lambda x: x)
+
+
+def _layers_kernels(llm: LLM) -> set[int]:
+    return {id(m.kernels) for m in llm.llm_engine.model.modules() if hasattr(m, "kernels")}
+
+
+def test_two_engines_in_one_process_keep_their_own_kernels(tiny_llama, monkeypatch) -> None:
+    calls = {"n": 0}
+
+    def counted(x: torch.Tensor) -> torch.Tensor:
+        calls["n"] += 1
+        return reference.silu_and_mul(x)
+
+    spy = registry.Implementation("activation", "spy", registry.Supports(), -1, {"silu_and_mul": counted})
+    monkeypatch.setitem(registry._REGISTRY["activation"], "spy", spy)
+    kw = dict(model=tiny_llama, max_model_len=64, max_num_seqs=4)
+    ref = LLM(**kw, kernels={"attention": "torch_ref", "rms_norm": "torch_ref", "activation": "spy"})
+    auto = LLM(**kw)
+    assert ref.llm_engine.kernels.choice["attention"] == "torch_ref"
+    assert auto.llm_engine.kernels.choice["attention"] == "triton_unified"
+    assert _layers_kernels(ref) == {id(ref.llm_engine.kernels)}
+    assert _layers_kernels(auto) == {id(auto.llm_engine.kernels)}
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    prompt = [{"prompt_token_ids": [5, 17, 230, 8, 99, 41]}]
+    got_auto = auto.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+    assert calls["n"] == 0  # the second engine did not switch the first one's layers, nor the reverse
+    got_ref = ref.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+    assert calls["n"] > 0
+    assert got_ref == got_auto
+
+
+def test_the_sm90_fp8_decode_kernel_is_an_implementation_auto_takes_only_where_it_runs() -> None:
+    fp8 = torch.float8_e4m3fn
+    cpu = KernelContext("cpu", torch.bfloat16, fp8, 128)
+    assert select_kernels({}, cpu).choice["attention"] == "triton_unified"  # no sm90 GPU here
+    with pytest.raises(ValueError, match="needs an NVIDIA sm90 GPU"):
+        select_kernels({"attention": "triton_fp8_decode_sm90"}, KernelContext("cuda", torch.bfloat16, fp8, 128))
+    # a bf16 cache is not its case, whatever the GPU
+    bf16_cache = KernelContext("cuda", torch.bfloat16, torch.bfloat16, 128)
+    with pytest.raises(ValueError, match="KV cache dtype"):
+        select_kernels({"attention": "triton_fp8_decode_sm90"}, bf16_cache)

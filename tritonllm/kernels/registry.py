@@ -1,0 +1,218 @@
+"""The kernel registry: every op's implementations by name, what each supports, and the per-engine
+selection that the layers call through.
+
+An op is a family of entry points that one implementation provides together (the `rms_norm` op:
+`rms_norm` and `fused_add_rms_norm`; `attention`: `plan_attention` and `paged_attention`). A file
+that implements an op registers each entry point where it defines it:
+
+    @register("rms_norm", "triton", supports=Supports(dtypes=FLOATS), priority=10)
+    def rms_norm(x, weight, eps): ...
+
+Every module of `tritonllm.kernels` is imported on first use, so a new file registers itself.
+`select_kernels({"rms_norm": "torch_ref"}, context)` returns a `Kernels`: the chosen entry points,
+"auto" taking the highest-priority implementation that supports the context. Engines own their
+`Kernels` and bind them to their model's layers (`bind_kernels`), so two engines in one process
+may choose differently. An impossible choice (an unknown name, a dtype or platform the
+implementation does not support) raises ValueError naming what is available.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+# op -> the entry points an implementation must provide
+OPS: dict[str, tuple[str, ...]] = {
+    "attention": ("plan_attention", "paged_attention"),
+    "rms_norm": ("rms_norm", "fused_add_rms_norm"),
+    "rotary": ("rotary_embedding",),
+    "activation": ("silu_and_mul",),
+    "kv_write": ("write_kv_cache",),
+    "sampling": ("sample", "log_softmax"),
+    "linear": ("linear",),
+}
+ENTRY_OPS: dict[str, str] = {entry: op for op, entries in OPS.items() for entry in entries}
+FLOATS = frozenset({torch.float32, torch.float16, torch.bfloat16})
+PLATFORMS = frozenset({"cuda", "rocm", "cpu"})  # platform.PLATFORM; cpu: Triton kernels run under the interpreter
+
+
+@dataclass(frozen=True)
+class Supports:
+    """What an implementation runs: activation dtypes, KV cache dtypes and head sizes (None: any),
+    platforms, and named features (e.g. "split_kv", "fp8_kv") for documentation and selection."""
+
+    dtypes: frozenset[torch.dtype] | None = None
+    kv_dtypes: frozenset[torch.dtype] | None = None
+    head_sizes: frozenset[int] | None = None
+    platforms: frozenset[str] = PLATFORMS
+    features: frozenset[str] = frozenset()
+    # a check of this machine (e.g. an sm90 GPU and a Triton that compiles the kernel): None if it
+    # can run, else why not
+    available: Callable[[], str | None] | None = None
+
+    def refusal(self, context: KernelContext) -> str | None:
+        """Why this implementation cannot serve `context`, or None if it can."""
+        checks = [
+            ("platform", context.platform, self.platforms),
+            ("dtype", context.dtype, self.dtypes),
+            ("KV cache dtype", context.kv_dtype, self.kv_dtypes),
+            ("head size", context.head_size, self.head_sizes),
+        ]
+        for what, value, allowed in checks:
+            if value is not None and allowed is not None and value not in allowed:
+                return f"{what} {value} is not among {sorted(map(str, allowed))}"
+        return self.available() if self.available is not None else None
+
+
+@dataclass(frozen=True)
+class KernelContext:
+    """What a model needs of its kernels (None: not constrained)."""
+
+    platform: str | None = None
+    dtype: torch.dtype | None = None
+    kv_dtype: torch.dtype | None = None
+    head_size: int | None = None
+
+
+@dataclass
+class Implementation:
+    op: str
+    name: str
+    supports: Supports
+    priority: int  # "auto" takes the highest that supports the context
+    entries: dict[str, Callable] = field(default_factory=dict)
+    declared: bool = False  # supports given explicitly (by one of the entry points)
+
+    @property
+    def complete(self) -> bool:
+        return set(self.entries) == set(OPS[self.op])
+
+
+_REGISTRY: dict[str, dict[str, Implementation]] = {op: {} for op in OPS}
+
+
+def register(
+    op: str, name: str, *, entry: str | None = None, supports: Supports | None = None, priority: int | None = None
+) -> Callable[[Callable], Callable]:
+    """Register the decorated function as entry point `entry` (default: its name) of implementation
+    `name` of `op`. `supports` and `priority` may be given on any of its entry points (once is
+    enough; where given twice they must agree)."""
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; ops: {sorted(OPS)}")
+
+    def decorate(fn: Callable) -> Callable:
+        key = entry or fn.__name__
+        if key not in OPS[op]:
+            raise ValueError(f"{op}: entry point {key!r} is not one of {OPS[op]}")
+        impl = _REGISTRY[op].setdefault(name, Implementation(op, name, Supports(), 0))
+        if supports is not None:
+            if impl.declared and supports != impl.supports:
+                raise ValueError(f"{op}/{name}: entry points declare different supports")
+            impl.supports, impl.declared = supports, True
+        if priority is not None:
+            impl.priority = priority
+        if key in impl.entries and impl.entries[key] is not fn:
+            raise ValueError(f"{op}/{name}: entry point {key!r} registered twice")
+        impl.entries[key] = fn
+        return fn
+
+    return decorate
+
+
+@functools.cache
+def _load_all() -> None:
+    """Import every module of tritonllm.kernels once, so that each registers its implementations."""
+    package = importlib.import_module("tritonllm.kernels")
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"tritonllm.kernels.{module.name}")
+
+
+def implementations(op: str) -> list[Implementation]:
+    """The complete implementations of `op`, highest priority first."""
+    _load_all()
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; ops: {sorted(OPS)}")
+    return sorted((i for i in _REGISTRY[op].values() if i.complete), key=lambda i: -i.priority)
+
+
+def _choose(op: str, choice: str, context: KernelContext) -> Implementation:
+    impls = implementations(op)
+    names = [i.name for i in impls]
+    if choice == "auto":
+        for impl in impls:
+            if impl.supports.refusal(context) is None:
+                return impl
+        reasons = "; ".join(f"{i.name}: {i.supports.refusal(context)}" for i in impls)
+        raise ValueError(f"kernels.{op}=auto: no implementation supports {context} ({reasons})")
+    impl = next((i for i in impls if i.name == choice), None)
+    if impl is None:
+        raise ValueError(f"kernels.{op}={choice!r} is not registered; available: {['auto', *names]}")
+    why = impl.supports.refusal(context)
+    if why is not None:
+        usable = [i.name for i in impls if i.supports.refusal(context) is None]
+        raise ValueError(f"kernels.{op}={choice!r} cannot run here: {why}; usable here: {['auto', *usable]}")
+    return impl
+
+
+class Kernels:
+    """One engine's chosen implementations: each entry point as an attribute
+    (`kernels.rms_norm(x, w, eps)`), and `choice` (op -> implementation name)."""
+
+    def __init__(self, chosen: Mapping[str, Implementation]) -> None:
+        self.choice: dict[str, str] = {op: impl.name for op, impl in chosen.items()}
+        self._entries: dict[str, Callable] = {e: fn for impl in chosen.values() for e, fn in impl.entries.items()}
+
+    def __getattr__(self, entry: str) -> Callable:
+        try:
+            return self.__dict__["_entries"][entry]
+        except KeyError:
+            raise AttributeError(f"no kernel entry point {entry!r}; entry points: {sorted(ENTRY_OPS)}") from None
+
+    def __repr__(self) -> str:
+        return f"Kernels({self.choice})"
+
+
+def select_kernels(
+    choices: Mapping[str, str] | None = None, context: KernelContext | None = None, default: str = "auto"
+) -> Kernels:
+    """Per op, the implementation named in `choices` (or `default` for ops it leaves out; "auto":
+    the best that supports `context`)."""
+    choices = dict(choices or {})
+    unknown = set(choices) - set(OPS)
+    if unknown:
+        raise ValueError(f"unknown kernel op(s) {sorted(unknown)}; ops: {sorted(OPS)}")
+    context = context or KernelContext()
+    return Kernels({op: _choose(op, choices.get(op, default), context) for op in OPS})
+
+
+@functools.cache
+def default_kernels() -> Kernels:
+    """The "auto" choice on this platform, for layers used outside an engine (an engine binds its own)."""
+    from tritonllm import platform
+
+    return select_kernels(context=KernelContext(platform=platform.PLATFORM))
+
+
+def bind_kernels(model: nn.Module, kernels: Kernels) -> None:
+    """Give every layer of `model` that calls kernels (has a `kernels` attribute) this selection."""
+    for module in model.modules():
+        if hasattr(module, "kernels"):
+            module.kernels = kernels
+
+
+def describe(ops: Iterable[str] | None = None) -> str:
+    """A table of the registered implementations (for `--help`-like listings and errors)."""
+    lines = []
+    for op in ops or OPS:
+        for impl in implementations(op):
+            s = impl.supports
+            dtypes = "any" if s.dtypes is None else ",".join(sorted(str(d).removeprefix("torch.") for d in s.dtypes))
+            lines.append(f"{op:10s} {impl.name:16s} priority {impl.priority:3d}  dtypes {dtypes}  "
+                         f"platforms {','.join(sorted(s.platforms))}  {','.join(sorted(s.features))}")  # fmt: skip
+    return "\n".join(lines)
