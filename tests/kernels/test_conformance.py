@@ -16,7 +16,15 @@ from tritonllm.kernels import reference, registry
 from tritonllm.layers.rotary import build_cos_sin_cache
 
 DEVICE = platform.DEVICE
-DTYPES = [torch.float32] if not platform.is_gpu() else [torch.float32, torch.bfloat16]
+# on a GPU every case is also a GPU test, so `-m gpu` runs the suite there (float32 and bfloat16)
+DTYPES = (
+    [torch.float32]
+    if not platform.is_gpu()
+    else [
+        pytest.param(d, marks=pytest.mark.gpu, id=str(d).removeprefix("torch."))
+        for d in (torch.float32, torch.bfloat16)
+    ]
+)
 
 
 def _impls(op: str) -> list:
