@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     llm = LLM(**llm_kwargs(args))
     results = {**run_random(llm, workload_from_args(args)), "model": llm.llm_engine.model_path, **environment()}
+    requests = results.pop("requests")  # per-request table: in the JSON file, not on stdout
     print(json.dumps(results, indent=2))
     print(
         f"{results['num_requests']} requests: {results['output_tok_per_s']:.1f} output tok/s, "
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     if args.output_json:
         with open(args.output_json, "w") as f:
-            json.dump({"args": vars(args), "results": results}, f, indent=2)
+            json.dump({"args": vars(args), "results": results, "requests": requests}, f, indent=2)
     return results
 
 

@@ -9,10 +9,14 @@ import json
 import logging
 import os
 import platform as host_platform
+from dataclasses import asdict
+from pathlib import Path
 
 import hydra
 import torch
 import triton
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from tritonllm import platform
@@ -47,18 +51,41 @@ def main(cfg: DictConfig) -> None:
             "piecewise_graphs": cfg.piecewise_graphs,
         }
     )
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    # a sweep's runs share its folder's name as their W&B group
+    group = Path(hydra_cfg.sweep.dir).name if hydra_cfg.mode == RunMode.MULTIRUN else None
+    config = OmegaConf.to_container(cfg, resolve=True)
+    logger = make_logger(OmegaConf.to_container(cfg.logger), run_dir, group)
+    logger.start(config)
     llm = LLM.from_config(engine_cfg)
     results = run_workload(llm, OmegaConf.to_container(cfg.workload))
-    results = {**results, "model": llm.llm_engine.model_path, **environment()}
+    requests = results.pop("requests", [])
+    results = {**results, "model": llm.llm_engine.model_path, "kernels": llm.llm_engine.kernels.choice, **environment()}
     print(json.dumps(results, indent=2))
     print(
         f"{results['num_requests']} requests: {results['output_tokens']} output tokens in {results['elapsed_s']:.2f} s"
         f" = {results['output_tok_per_s']:.1f} output tok/s"
     )
+    record = json.dumps({"config": config, "results": results}, indent=2)
+    (run_dir / "results.json").write_text(record)  # every run's, in Hydra's output folder
     if cfg.output_json:
-        with open(cfg.output_json, "w") as f:
-            json.dump({"config": OmegaConf.to_container(cfg), "results": results}, f, indent=2)
-    make_logger(OmegaConf.to_container(cfg.logger), OmegaConf.to_container(cfg)).log(results)
+        Path(cfg.output_json).write_text(record)
+    logger.log_steps(step_records(llm))
+    logger.log_requests(requests)
+    logger.finish(results)
+
+
+def step_records(llm: LLM) -> list[dict]:
+    """The engine's per-step series (the last 10,000 steps, warm-ups included): step time (to the
+    next step's scheduling), batch size, scheduled tokens, KV usage, running and waiting."""
+    steps = list(llm.llm_engine.stats.steps)
+    records = []
+    for i, step in enumerate(steps):
+        record = {"step": i, **asdict(step)}
+        record["step_ms"] = round(1000 * (steps[i + 1].time_s - step.time_s), 3) if i + 1 < len(steps) else None
+        records.append(record)
+    return records
 
 
 if __name__ == "__main__":

@@ -48,8 +48,7 @@ def run_demo(llm: LLM, workload: dict[str, Any]) -> dict[str, Any]:
     elapsed = time.perf_counter() - start
     for out in outputs:
         print(f"Prompt: {out.prompt!r}\nGenerated: {out.outputs[0].text!r}\n")
-    result = WorkloadResult.of(outputs, elapsed)
-    return result.summary()
+    return {**WorkloadResult.of(outputs, elapsed).summary(), "requests": request_rows(outputs)}
 
 
 def random_requests(workload: dict[str, Any], vocab_size: int, count: int, seed: int) -> list[tuple[list[int], int]]:
@@ -75,17 +74,28 @@ def percentiles(values: list[float], prefix: str) -> dict[str, float]:
     return {f"{prefix}_{name}_ms": round(1000 * value, 3) for name, value in stats.items()}
 
 
-def latency_summary(outputs: list[RequestOutput]) -> dict[str, float]:
-    """TTFT (arrival to first token) and TPOT (first token to finish, per later token) over requests."""
-    ttfts, tpots = [], []
+def request_rows(outputs: list[RequestOutput]) -> list[dict[str, Any]]:
+    """Per request: its id, prompt and output lengths, TTFT (arrival to first token) and TPOT (first
+    token to finish, per later token) in ms (None where not defined): the run's request table."""
+    rows = []
     for o in outputs:
         m = o.metrics
-        if m is None or m.first_token_time is None:
-            continue
-        ttfts.append(m.first_token_time - m.arrival_time)
         num_tokens = max(len(c.token_ids) for c in o.outputs)
-        if num_tokens > 1 and m.finished_time is not None:
-            tpots.append((m.finished_time - m.first_token_time) / (num_tokens - 1))
+        ttft = tpot = None
+        if m is not None and m.first_token_time is not None:
+            ttft = round(1000 * (m.first_token_time - m.arrival_time), 3)
+            if num_tokens > 1 and m.finished_time is not None:
+                tpot = round(1000 * (m.finished_time - m.first_token_time) / (num_tokens - 1), 3)
+        rows.append({"request_id": o.request_id, "prompt_tokens": len(o.prompt_token_ids),
+                     "output_tokens": num_tokens, "ttft_ms": ttft, "tpot_ms": tpot})  # fmt: skip
+    return rows
+
+
+def latency_summary(outputs: list[RequestOutput]) -> dict[str, float]:
+    """TTFT and TPOT (request_rows) over requests: mean, p50, p99."""
+    rows = request_rows(outputs)
+    ttfts = [r["ttft_ms"] / 1000 for r in rows if r["ttft_ms"] is not None]
+    tpots = [r["tpot_ms"] / 1000 for r in rows if r["tpot_ms"] is not None]
     return {**percentiles(ttfts, "ttft"), **percentiles(tpots, "tpot")}
 
 
@@ -130,6 +140,7 @@ def run_random(llm: LLM, workload: dict[str, Any]) -> dict[str, Any]:
         summary["output_tok_per_s"] = round(sum(n for _, n in requests) / elapsed, 2)  # requested tokens
         passes.append({**summary, **latency_summary(outputs)})
     result = {**passes[0], "peak_memory_gib": peak_memory_gib(), "detokenize": detokenize, **sampling}
+    result["requests"] = request_rows(first)  # the first pass's (the headline figures')
     if len(passes) > 1:
         result["passes"] = passes
     ttfts = [o.metrics.first_token_s for o in first if o.metrics is not None and o.metrics.first_token_s is not None]
@@ -171,6 +182,7 @@ def run_shared_prefix(llm: LLM, workload: dict[str, Any]) -> dict[str, Any]:
     queries = metrics["tritonllm:prefix_cache_queries"] - metrics_before["tritonllm:prefix_cache_queries"]
     hits = metrics["tritonllm:prefix_cache_hits"] - metrics_before["tritonllm:prefix_cache_hits"]
     result["prefix_cache_hit_rate"] = round(hits / queries, 4) if queries else 0.0
+    result["requests"] = request_rows(outputs)
     return result
 
 
@@ -178,6 +190,7 @@ WORKLOADS = {"demo": run_demo, "random": run_random, "shared_prefix": run_shared
 
 
 def run_workload(llm: LLM, workload: dict[str, Any]) -> dict[str, Any]:
+    """The workload's figures; under "requests", its per-request table (request_rows)."""
     kind = workload["kind"]
     if kind not in WORKLOADS:
         raise ValueError(f"workload.kind={kind!r} is not one of {sorted(WORKLOADS)}")

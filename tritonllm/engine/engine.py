@@ -234,6 +234,8 @@ class LLMEngine:
     def _record_step(self, sched: SchedulerOutput) -> None:
         self.stats.steps.append(
             StepStats(
+                time_s=time.monotonic(),
+                num_scheduled_seqs=len(sched.scheduled),
                 num_scheduled_tokens=sched.num_batched_tokens,
                 num_running=len(self.scheduler.running),
                 num_waiting=len(self.scheduler.waiting),

@@ -39,6 +39,8 @@ class Histogram:
 
 @dataclass
 class StepStats:
+    time_s: float  # time.monotonic() when the step was scheduled
+    num_scheduled_seqs: int  # the batch size
     num_scheduled_tokens: int
     num_running: int
     num_waiting: int
