@@ -23,7 +23,8 @@ from tritonllm import platform
 from tritonllm.config import EngineConfig
 from tritonllm.entrypoints.llm import LLM
 from tritonllm.metrics.logger import make_logger
-from tritonllm.workloads import run_workload
+from tritonllm.workload_config import parse_workload
+from tritonllm.workloads import run_kernel_bench, run_workload
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "configs")
 
@@ -58,8 +59,25 @@ def main(cfg: DictConfig) -> None:
     config = OmegaConf.to_container(cfg, resolve=True)
     logger = make_logger(OmegaConf.to_container(cfg.logger), run_dir, group)
     logger.start(config)
+    results, requests, llm = run_job(OmegaConf.to_container(cfg.workload), engine_cfg, run_dir)
+    record = json.dumps({"config": config, "results": results}, indent=2)
+    (run_dir / "results.json").write_text(record)  # every run's, in Hydra's output folder
+    if cfg.output_json:
+        Path(cfg.output_json).write_text(record)
+    logger.log_steps(step_records(llm) if llm is not None else [])
+    logger.log_requests(requests)
+    logger.finish(results)
+
+
+def run_job(workload: dict, engine_cfg: EngineConfig, run_dir: Path) -> tuple[dict, list[dict], LLM | None]:
+    """Run the workload, print its figures; returns (results, per-request table, the engine or None)."""
+    if workload.get("kind") == "kernel_bench":  # no engine: the benchmarks need the GPU to themselves
+        results = {**run_kernel_bench(workload, run_dir), **environment()}
+        print(json.dumps(results, indent=2))
+        return results, [], None
+    parse_workload(workload)  # a wrong key or value fails before the engine starts
     llm = LLM.from_config(engine_cfg)
-    results = run_workload(llm, OmegaConf.to_container(cfg.workload))
+    results = run_workload(llm, workload)
     requests = results.pop("requests", [])
     results = {**results, "model": llm.llm_engine.model_path, "kernels": llm.llm_engine.kernels.choice, **environment()}
     print(json.dumps(results, indent=2))
@@ -67,13 +85,7 @@ def main(cfg: DictConfig) -> None:
         f"{results['num_requests']} requests: {results['output_tokens']} output tokens in {results['elapsed_s']:.2f} s"
         f" = {results['output_tok_per_s']:.1f} output tok/s"
     )
-    record = json.dumps({"config": config, "results": results}, indent=2)
-    (run_dir / "results.json").write_text(record)  # every run's, in Hydra's output folder
-    if cfg.output_json:
-        Path(cfg.output_json).write_text(record)
-    logger.log_steps(step_records(llm))
-    logger.log_requests(requests)
-    logger.finish(results)
+    return results, requests, llm
 
 
 def step_records(llm: LLM) -> list[dict]:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import random
 import resource
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,6 +18,7 @@ import torch
 from tritonllm.entrypoints.llm import LLM
 from tritonllm.outputs import RequestOutput
 from tritonllm.sampling_params import SamplingParams
+from tritonllm.workload_config import parse_workload
 
 
 @dataclass
@@ -190,8 +196,28 @@ WORKLOADS = {"demo": run_demo, "random": run_random, "shared_prefix": run_shared
 
 
 def run_workload(llm: LLM, workload: dict[str, Any]) -> dict[str, Any]:
-    """The workload's figures; under "requests", its per-request table (request_rows)."""
-    kind = workload["kind"]
+    """The workload's figures; under "requests", its per-request table (request_rows). The workload
+    is checked against its typed config (workload_config.py) first."""
+    parsed = dataclasses.asdict(parse_workload(workload))
+    kind = parsed["kind"]
     if kind not in WORKLOADS:
-        raise ValueError(f"workload.kind={kind!r} is not one of {sorted(WORKLOADS)}")
-    return WORKLOADS[kind](llm, workload)
+        raise ValueError(f"workload.kind={kind!r} needs no engine: run it through `python -m tritonllm.run`")
+    return WORKLOADS[kind](llm, parsed)
+
+
+def run_kernel_bench(workload: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """The kernel benchmarks of tests/benchmarks (GPU only) in a pytest subprocess; pytest-benchmark's
+    JSON goes to run_dir/kernel_bench.json, the figures of each benchmark (its extra_info) into the
+    results."""
+    parsed = parse_workload(workload)
+    if not torch.cuda.is_available():
+        raise ValueError("workload kernel_bench times GPU kernels: run it on a machine with a GPU")
+    root = Path(__file__).resolve().parents[1]
+    out = run_dir / "kernel_bench.json"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-o", "addopts=", str(root / parsed.tests),
+           f"--benchmark-json={out}", *(["-k", parsed.select] if parsed.select else [])]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"kernel benchmarks failed ({' '.join(cmd)}):\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}")
+    benchmarks = json.loads(out.read_text())["benchmarks"]
+    return {"num_benchmarks": len(benchmarks), "benchmarks": {b["name"]: b["extra_info"] for b in benchmarks}}
