@@ -16,7 +16,7 @@ from tritonllm.run import CONFIG_DIR
 from tritonllm.workload_config import RandomWorkload, parse_workload
 
 EXPERIMENTS = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("*.yaml"))
-REQUIRED = {"generate", "throughput", "kernel_bench", "ablate_chunked_prefill", "ablate_prefix_caching",
+REQUIRED = {"generate", "throughput", "kernel_bench", "serve", "ablate_chunked_prefill", "ablate_prefix_caching",
             "ablate_cuda_graphs", "ablate_overlap", "ablate_block_size", "ablate_kv_cache_dtype", "ablate_attention",
             "ablate_policy"}  # fmt: skip
 
@@ -59,3 +59,20 @@ def test_typed_workloads_refuse_wrong_keys_and_values() -> None:
         parse_workload({"kind": "random", "num_requests": "many"})
     with pytest.raises(ValueError, match="workload.kind='batch' is not one of"):
         parse_workload({"kind": "batch"})
+
+
+def test_the_serve_experiment_serves_the_configured_engine(tiny_llama, monkeypatch, tmp_path) -> None:
+    import uvicorn
+    from fastapi.testclient import TestClient
+
+    from tritonllm.config import EngineConfig, ModelConfig
+    from tritonllm.run import run_job
+
+    started = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, log_level: started.update(app=app, port=port))
+    engine_cfg = EngineConfig(model=ModelConfig(path=tiny_llama, max_model_len=64))
+    workload = {"kind": "serve", "port": 9003, "served_model_name": "tiny"}
+    results, requests, _ = run_job(workload, engine_cfg, tmp_path)
+    assert started["port"] == 9003 and results["served_model_name"] == "tiny" and requests == []
+    models = TestClient(started["app"]).get("/v1/models").json()["data"]
+    assert [(m["id"], m["max_model_len"]) for m in models] == [("tiny", 64)]

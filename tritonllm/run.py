@@ -75,8 +75,14 @@ def run_job(workload: dict, engine_cfg: EngineConfig, run_dir: Path) -> tuple[di
         results = {**run_kernel_bench(workload, run_dir), **environment()}
         print(json.dumps(results, indent=2))
         return results, [], None
-    parse_workload(workload)  # a wrong key or value fails before the engine starts
+    parsed = parse_workload(workload)  # a wrong key or value fails before the engine starts
     llm = LLM.from_config(engine_cfg)
+    if parsed.kind == "serve":  # until the server stops
+        from tritonllm.entrypoints.cli import DEFAULT_SERVED_NAME, serve_llm
+
+        name = parsed.served_model_name or engine_cfg.model.path or DEFAULT_SERVED_NAME
+        serve_llm(llm, name, parsed.host, parsed.port, parsed.log_level)
+        return {"served_model_name": name, "host": parsed.host, "port": parsed.port}, [], llm
     results = run_workload(llm, workload)
     requests = results.pop("requests", [])
     results = {**results, "model": llm.llm_engine.model_path, "kernels": llm.llm_engine.kernels.choice, **environment()}

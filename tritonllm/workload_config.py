@@ -56,11 +56,21 @@ class KernelBenchWorkload:
     tests: str = "tests/benchmarks"
 
 
+@dataclass
+class ServeWorkload:
+    kind: str
+    host: str = "0.0.0.0"
+    port: int = 8000
+    served_model_name: str | None = None  # None: the model path (the tiny model: "tiny-llama")
+    log_level: str = "info"
+
+
 WORKLOAD_TYPES: dict[str, type] = {
     "demo": DemoWorkload,
     "random": RandomWorkload,
     "shared_prefix": SharedPrefixWorkload,
     "kernel_bench": KernelBenchWorkload,
+    "serve": ServeWorkload,
 }
 
 

@@ -87,22 +87,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401  (checked before the model loads)
 
-        from tritonllm.entrypoints.openai.app import build_app
-    except ImportError as e:  # checked before the model loads
+        from tritonllm.entrypoints.openai.app import build_app  # noqa: F401
+    except ImportError as e:
         parser.error(f"the server needs its extras ({e.name} is missing): pip install -e '.[server]'")
-    from tritonllm.engine.async_engine import AsyncLLMEngine
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         llm = LLM(**llm_kwargs(args))
     except ValueError as e:  # a bad flag value: say which, with usage
         parser.error(str(e))
-    engine = AsyncLLMEngine(llm.llm_engine)
     name = args.served_model_name or args.model or DEFAULT_SERVED_NAME
+    serve_llm(llm, name, args.host, args.port, args.uvicorn_log_level)
+
+
+def serve_llm(llm: LLM, name: str, host: str, port: int, log_level: str) -> None:
+    """Serve `llm` over the OpenAI API until the server stops (the CLI's `serve` and the `serve`
+    workload of `python -m tritonllm.run`)."""
+    import uvicorn
+
+    from tritonllm.engine.async_engine import AsyncLLMEngine
+    from tritonllm.entrypoints.openai.app import build_app
+
+    engine = AsyncLLMEngine(llm.llm_engine)
     try:
-        uvicorn.run(build_app(engine, name), host=args.host, port=args.port, log_level=args.uvicorn_log_level)
+        uvicorn.run(build_app(engine, name), host=host, port=port, log_level=log_level)
     finally:
         engine.shutdown()
 
