@@ -17,26 +17,19 @@ from tritonllm.layers.rotary import build_cos_sin_cache
 
 DEVICE = platform.DEVICE
 # on a GPU every case is also a GPU test, so `-m gpu` runs the suite there (float32 and bfloat16)
-DTYPES = (
-    [torch.float32]
-    if not platform.is_gpu()
-    else [
-        pytest.param(d, marks=pytest.mark.gpu, id=str(d).removeprefix("torch."))
-        for d in (torch.float32, torch.bfloat16)
+DTYPES = [torch.float32] if not platform.is_gpu() else [torch.float32, torch.bfloat16]
+
+
+def _cases(op: str) -> list:
+    """(implementation, dtype) for every registered implementation of `op` and every dtype it serves
+    on this machine (an sm90-only kernel is not a CPU case: the engine's selection refuses it there)."""
+    marks = [pytest.mark.gpu] if platform.is_gpu() else []
+    return [
+        pytest.param(impl, dtype, marks=marks, id=f"{impl.name}-{str(dtype).removeprefix('torch.')}")
+        for impl in registry.implementations(op)
+        for dtype in DTYPES
+        if impl.supports.refusal(registry.KernelContext(platform.PLATFORM, dtype, dtype)) is None
     ]
-)
-
-
-def _impls(op: str) -> list:
-    return [pytest.param(impl, id=impl.name) for impl in registry.implementations(op)]
-
-
-def _runs_here(impl: registry.Implementation, dtype: torch.dtype, kv_dtype: torch.dtype | None = None) -> None:
-    """Skip an implementation that declares it cannot run on this machine or dtype (an sm90-only
-    kernel on CPU); the engine's selection refuses it there in the same words."""
-    why = impl.supports.refusal(registry.KernelContext(platform.PLATFORM, dtype, kv_dtype or dtype))
-    if why is not None:
-        pytest.skip(f"{impl.op}/{impl.name}: {why}")
 
 
 def _close(actual: torch.Tensor, expected: torch.Tensor, rel: float) -> None:
@@ -66,10 +59,8 @@ def test_every_op_has_a_reference_and_a_config_key() -> None:
         assert "torch_ref" in [impl.name for impl in registry.implementations(op)], op
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("impl", _impls("rms_norm"))
+@pytest.mark.parametrize("impl, dtype", _cases("rms_norm"))
 def test_rms_norm(impl, dtype) -> None:
-    _runs_here(impl, dtype)
     x, residual = _randn(37, 200, dtype=dtype, seed=1), _randn(37, 200, dtype=dtype, seed=2)
     weight = _randn(200, dtype=dtype, seed=3)
     _close(impl.entries["rms_norm"](x, weight, 1e-6), reference.rms_norm(x, weight, 1e-6), _tol(dtype))
@@ -79,10 +70,8 @@ def test_rms_norm(impl, dtype) -> None:
     _close(res, ref_res, _tol(dtype))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("impl", _impls("rotary"))
+@pytest.mark.parametrize("impl, dtype", _cases("rotary"))
 def test_rotary(impl, dtype) -> None:
-    _runs_here(impl, dtype)
     head_dim, num_tokens = 64, 23
     inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     cache = build_cos_sin_cache(300, inv_freq).to(DEVICE)
@@ -94,18 +83,14 @@ def test_rotary(impl, dtype) -> None:
         _close(a, b, _tol(dtype))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("impl", _impls("activation"))
+@pytest.mark.parametrize("impl, dtype", _cases("activation"))
 def test_activation(impl, dtype) -> None:
-    _runs_here(impl, dtype)
     x = _randn(29, 2 * 75, dtype=dtype, seed=7)
     _close(impl.entries["silu_and_mul"](x), reference.silu_and_mul(x), _tol(dtype))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("impl", _impls("linear"))
+@pytest.mark.parametrize("impl, dtype", _cases("linear"))
 def test_linear(impl, dtype) -> None:
-    _runs_here(impl, dtype)
     x, w, b = _randn(19, 72, dtype=dtype, seed=8), _randn(45, 72, dtype=dtype, seed=9), _randn(45, dtype=dtype, seed=10)
     _close(impl.entries["linear"](x, w, b), reference.linear(x, w, b), 4 * _tol(dtype))
     _close(impl.entries["linear"](x, w, None), reference.linear(x, w, None), 4 * _tol(dtype))
@@ -142,10 +127,8 @@ def _paged_batch(dtype: torch.dtype) -> dict:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("impl", _impls("kv_write"))
+@pytest.mark.parametrize("impl, dtype", _cases("kv_write"))
 def test_kv_write(impl, dtype) -> None:
-    _runs_here(impl, dtype)
     b = _paged_batch(dtype)
     slots = b["slots"].clone()
     slots[::4] = -1  # skipped tokens
@@ -156,10 +139,8 @@ def test_kv_write(impl, dtype) -> None:
     assert torch.equal(got_k, ref_k) and torch.equal(got_v, ref_v)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("impl", _impls("attention"))
+@pytest.mark.parametrize("impl, dtype", _cases("attention"))
 def test_attention(impl, dtype) -> None:
-    _runs_here(impl, dtype)
     b = _paged_batch(dtype)
     reference.write_kv_cache(b["k"], b["v"], b["k_cache"], b["v_cache"], b["slots"])
     meta = (b["block_tables"], b["seq_lens"], b["query_start_loc"], b["max_query_len"], b["max_seq_len"])
@@ -169,10 +150,8 @@ def test_attention(impl, dtype) -> None:
     _close(got, reference.paged_attention(*args), 5 * _tol(dtype))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("impl", _impls("sampling"))
+@pytest.mark.parametrize("impl, dtype", _cases("sampling"))
 def test_sampling(impl, dtype) -> None:
-    _runs_here(impl, dtype)
     num_rows, vocab = 12, 1500
     logits = 3 * _randn(num_rows, vocab, dtype=dtype, seed=17)
     _close(impl.entries["log_softmax"](logits), reference.log_softmax(logits), 10 * _tol(dtype))
