@@ -6,7 +6,7 @@ each run's folder and to output_json) into a study's figure.
 
 Paths are JSON files or folders (searched for results.json and *.json). A key is dotted, looked up
 in the results first, then the config (`results.` / `config.` prefixes force one). Numeric x values
-give one line per hue value, others grouped bars.
+give one line per hue value, others (or --bars) grouped bars.
 """
 
 from __future__ import annotations
@@ -52,13 +52,13 @@ def lookup(run: dict, key: str) -> Any:
     raise SystemExit(f"key {key!r} is in neither the results nor the config; results keys: {sorted(run['results'])}")
 
 
-def plot(runs: list[dict], x: str, y: str, hue: str | None, title: str, out: Path) -> None:
+def plot(runs: list[dict], x: str, y: str, hue: str | None, title: str, out: Path, bars: bool = False) -> None:
     series: dict[Any, list[tuple[Any, float]]] = defaultdict(list)
     for run in runs:
         series[lookup(run, hue) if hue else y].append((lookup(run, x), float(lookup(run, y))))
     fig, ax = plt.subplots(figsize=(8, 4.5))
     xs = sorted({v for points in series.values() for v, _ in points}, key=str)
-    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in xs)
+    numeric = not bars and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in xs)
     width = 0.8 / len(series)
     for i, (label, points) in enumerate(sorted(series.items(), key=lambda item: str(item[0]))):
         points.sort(key=lambda p: p[0] if numeric else str(p[0]))
@@ -89,8 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hue", default=None)
     parser.add_argument("--title", default="")
     parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--bars", action="store_true", help="grouped bars even for numeric x")
     args = parser.parse_args(argv)
-    plot(load(args.paths), args.x, args.y, args.hue, args.title, args.out)
+    plot(load(args.paths), args.x, args.y, args.hue, args.title, args.out, args.bars)
     print(f"wrote {args.out}")
     return 0
 
