@@ -105,6 +105,7 @@ class Inputs:
     v_scale: torch.Tensor | None
     sdpa: Callable[[], torch.Tensor]  # the same attention by torch SDPA on contiguous K/V
     plan: AttentionPlan | None = None  # the step's set-up, built once as the engine does per step
+    kernels: registry.Kernels | None = None  # the engine's attention choice here, made once
     k_new: torch.Tensor | None = None  # the new tokens' K/V, contiguous [num_tokens, kv_heads, head_dim]
     v_new: torch.Tensor | None = None
 
@@ -121,8 +122,10 @@ class Inputs:
         """One layer's attention, by the implementation an engine picks here (registry "auto": on sm90
         with an FP8 cache the Gluon decode kernel), once the step's plan exists."""
         c = self.case
-        context = registry.KernelContext(platform.PLATFORM, self.q.dtype, self.k_cache.dtype, c.head_dim)
-        kernels = registry.select_kernels({}, context)
+        if self.kernels is None:
+            context = registry.KernelContext(platform.PLATFORM, self.q.dtype, self.k_cache.dtype, c.head_dim)
+            self.kernels = registry.select_kernels({}, context)
+        kernels = self.kernels
         if self.plan is None:
             self.plan = kernels.plan_attention(*self.args()[3:8], c.num_heads, c.num_kv_heads, c.head_dim,
                                                c.block_size, kv_dtype=self.k_cache.dtype)  # fmt: skip

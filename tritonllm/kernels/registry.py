@@ -166,13 +166,13 @@ class Kernels:
 
     def __init__(self, chosen: Mapping[str, Implementation]) -> None:
         self.choice: dict[str, str] = {op: impl.name for op, impl in chosen.items()}
-        self._entries: dict[str, Callable] = {e: fn for impl in chosen.values() for e, fn in impl.entries.items()}
+        # plain attributes: a layer's call is an ordinary attribute lookup, on the hot path
+        for impl in chosen.values():
+            self.__dict__.update(impl.entries)
 
     def __getattr__(self, entry: str) -> Callable:
-        try:
-            return self.__dict__["_entries"][entry]
-        except KeyError:
-            raise AttributeError(f"no kernel entry point {entry!r}; entry points: {sorted(ENTRY_OPS)}") from None
+        """Only reached for a name that is no entry point."""
+        raise AttributeError(f"no kernel entry point {entry!r}; entry points: {sorted(ENTRY_OPS)}")
 
     def __repr__(self) -> str:
         return f"Kernels({self.choice})"
