@@ -2,9 +2,9 @@
 # On the lent GPU: the GPU test suite, then end-to-end benchmarks on random-weight models of real
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
-#   [profile-llama-b1] [profile-prefill] [bench-sampling]
-#   (default: all). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
-#   TESTS="tests/..." (tests), MODELS=/tmp/models
+#   [profile-llama-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama]
+#   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
+#   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*)
 set -uo pipefail
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 if [ -d .whl ]; then
@@ -18,6 +18,19 @@ STEPS=${*:-tests bench-attention e2e-llama e2e-prefix e2e-qwen3 idle host-profil
 MODELS=${MODELS:-/tmp/models}
 # a random-weight model folder of that architecture (built once per machine)
 ensure_model() { [ -d "$MODELS/$1" ] || python3 scripts/make_random_model.py "$1" "$MODELS/$1"; }
+# nano-vllm's workload (its settings: temperature 0.6, text decoded), one timed pass after 2 warm-up requests
+NANO="model.max_model_len=4096 workload.num_requests=256 workload.prompt_len_min=100 workload.prompt_len_max=1024
+  workload.output_len_min=100 workload.output_len_max=1024 workload.token_id_max=10000 workload.temperature=0.6
+  workload.detokenize=true"
+# one ablation sweep (configs/experiment/ablate_$2.yaml) on model $1 with extra overrides; its runs
+# (results.json + records.jsonl per point) go to $RUNS/$1_$2$TAG, and all sweeps so far to $OUT/ablations_$1.tar.gz
+RUNS=${RUNS:-/tmp/ablations}  # EXTRA="key=value ...": overrides appended to every ablation (a small CPU dry run)
+ablate() {
+  local model=$1 name=$2; shift 2
+  python3 -m tritonllm.run -m +experiment=ablate_$name model.path="$MODELS/$model" logger=jsonl "$@" ${EXTRA:-} \
+    hydra.sweep.dir="$RUNS/${model}_$name${TAG:-}" 2>&1 | grep -E "output tok/s|Error|error" | tail -8
+  tar czf "$OUT/ablations_$model.tar.gz" -C "$RUNS" $(cd "$RUNS" && ls -d "${model}"_*)
+}
 python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())" | tee "$OUT/env.txt"
 for step in $STEPS; do
   case $step in
@@ -82,6 +95,29 @@ for step in $STEPS; do
       done ;;
     bench-sampling)
       python3 scripts/bench_sampling.py "$OUT/sampling_h200.json" 2>&1 | tee "$OUT/sampling.log" | tail -20 ;;
+    ablations-qwen3)
+      # every ablation on Qwen3-0.6B, nano-vllm's workload unless the ablation needs its own
+      ensure_model qwen3-0.6b
+      for name in ${ABLATIONS:-chunked_prefill cuda_graphs overlap kv_cache_dtype attention prefix_caching policy block_size}; do
+        case $name in
+          chunked_prefill) ablate qwen3-0.6b $name $NANO scheduler.enable_chunked_prefill=true
+                           TAG=_off ablate qwen3-0.6b $name $NANO scheduler.enable_chunked_prefill=false \
+                             scheduler.max_num_batched_tokens=8192 ;;
+          attention) ablate qwen3-0.6b $name cache.kv_cache_dtype=auto,fp8 ;;  # 64 x 512 + 128: the reference is slow
+          prefix_caching) ablate qwen3-0.6b $name ;;  # 200 requests sharing a 2,000-token prompt
+          *) ablate qwen3-0.6b $name $NANO ;;
+        esac
+      done ;;
+    ablations-llama)
+      # Llama-3-8B: graphs at batch 1, the rest on 64 x 512 + 128
+      ensure_model llama3-8b
+      for name in ${ABLATIONS:-cuda_graphs kv_cache_dtype chunked_prefill attention block_size}; do
+        case $name in
+          cuda_graphs) ablate llama3-8b $name workload.num_requests=1 workload.warmup_requests=1 ;;
+          attention) ablate llama3-8b $name cache.kv_cache_dtype=auto,fp8 ;;
+          *) ablate llama3-8b $name ;;
+        esac
+      done ;;
     host-profile)
       # py-spy host profile of nano-vllm's benchmark (overlap on), folded stacks
       ensure_model qwen3-0.6b

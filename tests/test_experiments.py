@@ -47,6 +47,7 @@ def test_an_ablation_sweep_runs_every_point(tmp_path) -> None:
     runs = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/results.json"))]
     assert sorted(r["config"]["scheduler"]["policy"] for r in runs) == ["fcfs", "priority"]
     assert all(r["results"]["num_requests"] == 3 for r in runs)
+    assert all("priority0_ttft_mean_ms" in r["results"] or "priority1_ttft_mean_ms" in r["results"] for r in runs)
 
 
 def test_typed_workloads_refuse_wrong_keys_and_values() -> None:
@@ -76,3 +77,20 @@ def test_the_serve_experiment_serves_the_configured_engine(tiny_llama, monkeypat
     assert started["port"] == 9003 and results["served_model_name"] == "tiny" and requests == []
     models = TestClient(started["app"]).get("/v1/models").json()["data"]
     assert [(m["id"], m["max_model_len"]) for m in models] == [("tiny", 64)]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["+experiment=throughput", "workload.num_requests=many"], "Value 'many' of type 'str' could not be converted to Integer"),
+        (["+experiment=throughput", "workload.num_request=5"], "Key 'num_request' not in 'RandomWorkload'"),
+        (["cache.block_size=big"], "could not be converted to Integer"),
+        (["enforce_eager=maybe"], "Value 'maybe' is not a valid bool"),
+        (["logger=wandb", "logger.mod=online"], "Key 'mod' not in 'WandbLoggerConfig'"),
+    ],
+)
+def test_hydra_refuses_a_wrong_key_or_value_while_composing(overrides, message) -> None:
+    with initialize_config_dir(config_dir=str(Path(CONFIG_DIR).resolve()), version_base=None):
+        with pytest.raises(Exception) as error:
+            compose("config", overrides=overrides)
+    assert message in f"{error.value} {error.value.__cause__}"  # Hydra's message and its detail

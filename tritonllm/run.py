@@ -21,12 +21,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from tritonllm import platform
 from tritonllm.config import EngineConfig
+from tritonllm.config_store import register_schemas
 from tritonllm.entrypoints.llm import LLM
 from tritonllm.metrics.logger import make_logger
 from tritonllm.workload_config import parse_workload
 from tritonllm.workloads import run_kernel_bench, run_workload
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "configs")
+register_schemas()  # every group typed by its dataclass (config_store.py), before Hydra composes
 
 
 def environment() -> dict[str, str]:
@@ -85,13 +87,26 @@ def run_job(workload: dict, engine_cfg: EngineConfig, run_dir: Path) -> tuple[di
         return {"served_model_name": name, "host": parsed.host, "port": parsed.port}, [], llm
     results = run_workload(llm, workload)
     requests = results.pop("requests", [])
-    results = {**results, "model": llm.llm_engine.model_path, "kernels": llm.llm_engine.kernels.choice, **environment()}
+    results = {**results, "model": llm.llm_engine.model_path, "kernels": llm.llm_engine.kernels.choice,
+               "engine": effective_settings(llm), **environment()}  # fmt: skip
     print(json.dumps(results, indent=2))
     print(
         f"{results['num_requests']} requests: {results['output_tokens']} output tokens in {results['elapsed_s']:.2f} s"
         f" = {results['output_tok_per_s']:.1f} output tok/s"
     )
     return results, requests, llm
+
+
+def effective_settings(llm: LLM) -> dict:
+    """What the engine runs with where it may differ from the config (a budget raised to fit whole
+    prompts without chunked prefill, graphs off for a kernel that cannot be captured)."""
+    engine = llm.llm_engine
+    return {
+        "max_num_batched_tokens": engine.config.scheduler.max_num_batched_tokens,
+        "decode_graphs": engine.runner.decode_graphs is not None,
+        "piecewise_graphs": engine.runner.piecewise_graphs is not None,
+        "kv_cache_tokens": engine.kv_cache.num_blocks * engine.kv_cache.block_size,
+    }
 
 
 def step_records(llm: LLM) -> list[dict]:

@@ -36,6 +36,9 @@ class RandomWorkload:
     warmup_prompt: str | None = None
     warmup_requests: int = 2
     passes: int = 1
+    # > 1: each request draws a priority in [0, priority_levels) (lower is served first under
+    # scheduler.policy=priority) and TTFT is also reported per level
+    priority_levels: int = 1
 
 
 @dataclass

@@ -121,15 +121,25 @@ def run_random(llm: LLM, workload: dict[str, Any]) -> dict[str, Any]:
     sampling = {k: workload[k] for k in ("temperature", "top_p", "top_k") if workload.get(k) is not None}
     detokenize = workload.get("detokenize", False)
 
-    def generate(requests: list[tuple[list[int], int]]) -> tuple[list[RequestOutput], float]:
+    levels = workload.get("priority_levels", 1)
+    priority_rng = random.Random(workload["seed"] + 2)
+
+    def generate(requests: list[tuple[list[int], int]]) -> tuple[list[RequestOutput], float, dict[str, Any]]:
+        """The outputs, the wall time and, with priority levels, TTFT/TPOT per level."""
         prompts = [{"prompt_token_ids": ids} for ids, _ in requests]
         params = [
             SamplingParams(max_tokens=n, ignore_eos=True, seed=i, detokenize=detokenize, **sampling)
             for i, (_, n) in enumerate(requests)
         ]
+        priority = [priority_rng.randrange(levels) for _ in requests] if levels > 1 else None
         start = time.perf_counter()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-        return outputs, time.perf_counter() - start
+        outputs = llm.generate(prompts, params, use_tqdm=False, priority=priority)
+        elapsed = time.perf_counter() - start
+        per_level = {}
+        for level in range(levels if priority is not None else 0):
+            level_outputs = [o for o, p in zip(outputs, priority) if p == level]
+            per_level.update({f"priority{level}_{k}": v for k, v in latency_summary(level_outputs).items()})
+        return outputs, elapsed, per_level
 
     if workload.get("warmup_prompt"):  # nano-vllm's warm-up: one short text request
         llm.generate([workload["warmup_prompt"]], SamplingParams(), use_tqdm=False)
@@ -140,11 +150,11 @@ def run_random(llm: LLM, workload: dict[str, Any]) -> dict[str, Any]:
         torch.cuda.reset_peak_memory_stats()
     passes, first = [], None
     for _ in range(workload.get("passes", 1)):
-        outputs, elapsed = generate(requests)
+        outputs, elapsed, per_level = generate(requests)
         first = first or outputs
         summary = WorkloadResult.of(outputs, elapsed).summary()
         summary["output_tok_per_s"] = round(sum(n for _, n in requests) / elapsed, 2)  # requested tokens
-        passes.append({**summary, **latency_summary(outputs)})
+        passes.append({**summary, **latency_summary(outputs), **per_level})
     result = {**passes[0], "peak_memory_gib": peak_memory_gib(), "detokenize": detokenize, **sampling}
     result["requests"] = request_rows(first)  # the first pass's (the headline figures')
     if len(passes) > 1:

@@ -81,3 +81,10 @@ def test_the_sm90_fp8_decode_kernel_is_an_implementation_auto_takes_only_where_i
     bf16_cache = KernelContext("cuda", torch.bfloat16, torch.bfloat16, 128)
     with pytest.raises(ValueError, match="KV cache dtype"):
         select_kernels({"attention": "triton_fp8_decode_sm90"}, bf16_cache)
+
+
+def test_references_that_sync_with_the_host_are_declared_uncapturable() -> None:
+    ref = select_kernels(default="torch_ref")
+    assert ref.uncapturable(registry.OPS) == ["attention", "kv_write", "sampling"]
+    assert select_kernels({"attention": "torch_ref"}).uncapturable(["attention", "rms_norm"]) == ["attention"]
+    assert select_kernels().uncapturable(registry.OPS) == []

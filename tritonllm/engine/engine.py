@@ -23,12 +23,12 @@ import time
 import torch
 
 from tritonllm import platform
-from tritonllm.config import EngineConfig
+from tritonllm.config import EngineConfig, SchedulerConfig
 from tritonllm.engine.kv_cache import KVCacheManager, cdiv
 from tritonllm.engine.output_processor import OutputProcessor
 from tritonllm.engine.request import Request, RequestStatus
 from tritonllm.engine.scheduler import Scheduler, SchedulerOutput
-from tritonllm.kernels.registry import KernelContext, select_kernels
+from tritonllm.kernels.registry import OPS, KernelContext, select_kernels
 from tritonllm.loader.hf_config import load_eos_token_ids
 from tritonllm.loader.tokenizer import load_tokenizer
 from tritonllm.metrics.stats import EngineStats, StepStats
@@ -37,6 +37,8 @@ from tritonllm.outputs import RequestOutput
 from tritonllm.sampling_params import SamplingParams
 from tritonllm.worker.model_runner import ModelRunner, PendingStep
 
+# the ops a piecewise graph's pieces hold (attention and the KV write run eagerly between them)
+PIECEWISE_OPS = ("rms_norm", "rotary", "activation", "linear")
 logger = logging.getLogger(__name__)
 
 
@@ -73,6 +75,10 @@ class LLMEngine:
         sched = config.scheduler
         if not sched.enable_chunked_prefill and sched.max_num_batched_tokens < self.max_model_len:
             # whole-prompt prefills must fit one step
+            logger.info(
+                "chunked prefill off: max_num_batched_tokens raised from %d to max_model_len %d",
+                sched.max_num_batched_tokens, self.max_model_len,
+            )  # fmt: skip
             sched.max_num_batched_tokens = self.max_model_len
 
         block_size = config.cache.block_size
@@ -90,13 +96,7 @@ class LLMEngine:
             )
         self.runner.allocate_kv_cache(num_blocks)
         if not config.enforce_eager and platform.is_gpu():
-            self.runner.enable_decode_graphs(sched.max_num_seqs, self.max_model_len)
-            if config.piecewise_graphs:
-                # Their pool holds about one max_num_batched_tokens forward's activations for good. The
-                # KV cache was sized to leave the profiled peak of such a step (weights, activations,
-                # logits, sampling) free, so capture fits; the logits and sampling of later steps then
-                # come on top of the pool, out of the 1 - gpu_memory_utilization share.
-                self.runner.enable_piecewise_graphs(sched.max_num_batched_tokens)
+            self._enable_graphs(config, sched)
         if platform.is_gpu():
             self.runner.warm_up()  # Triton compiles prefill kernels now, not in the first generate
         logger.info(
@@ -115,6 +115,27 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len, self.scheduler, self.stats)
         self._in_flight: tuple[SchedulerOutput, PendingStep] | None = None  # overlap: launched, not processed
         self._rng = random.Random(config.model.seed)
+
+    def _enable_graphs(self, config: EngineConfig, sched: SchedulerConfig) -> None:
+        """Decode graphs hold the whole step; piecewise graphs everything of a forward but attention
+        and the KV write. A chosen implementation that cannot be captured turns off the graphs that
+        would hold it (logged), so e.g. kernels.attention=torch_ref runs decode steps eagerly."""
+        no_decode = self.kernels.uncapturable(OPS)
+        no_piecewise = self.kernels.uncapturable(PIECEWISE_OPS)
+        if no_decode:
+            logger.info("decode graphs off: kernels %s cannot be captured (they sync with the host)", no_decode)
+        else:
+            self.runner.enable_decode_graphs(sched.max_num_seqs, self.max_model_len)
+        if not config.piecewise_graphs:
+            return
+        if no_piecewise:
+            logger.info("piecewise graphs off: kernels %s cannot be captured (they sync with the host)", no_piecewise)
+            return
+        # Their pool holds about one max_num_batched_tokens forward's activations for good. The
+        # KV cache was sized to leave the profiled peak of such a step (weights, activations,
+        # logits, sampling) free, so capture fits; the logits and sampling of later steps then
+        # come on top of the pool, out of the 1 - gpu_memory_utilization share.
+        self.runner.enable_piecewise_graphs(sched.max_num_batched_tokens)
 
     def _num_kv_blocks(self) -> int:
         cache = self.config.cache

@@ -10,9 +10,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tritonllm.kernels.registry import register
+from tritonllm.kernels.registry import Supports, register
 
-# every reference is the "torch_ref" implementation of its op: any dtype, platform, head size
+# every reference is the "torch_ref" implementation of its op: any dtype, platform, head size.
+# Those that read sizes back to the host (.tolist(), boolean masks) cannot be captured in graphs.
+HOST_SYNC = Supports(graphs=False)
 
 # ---- norms, rotary embedding, activation ---------------------------------------------------
 
@@ -82,7 +84,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 _FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
 
-@register("kv_write", "torch_ref", priority=0)
+@register("kv_write", "torch_ref", supports=HOST_SYNC, priority=0)
 def write_kv_cache(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -111,7 +113,7 @@ def write_kv_cache(
         cache[slots // block_size, slots % block_size] = rows.to(cache.dtype)
 
 
-@register("attention", "torch_ref", priority=0)
+@register("attention", "torch_ref", supports=HOST_SYNC, priority=0)
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -180,7 +182,7 @@ def plan_attention(*args: object, **kwargs: object) -> None:
     return None
 
 
-@register("sampling", "torch_ref", priority=0)
+@register("sampling", "torch_ref", supports=HOST_SYNC, priority=0)
 def log_softmax(logits: torch.Tensor) -> torch.Tensor:
     """logits [num_rows, vocab] -> float32 log-probabilities [num_rows, vocab]."""
     return torch.log_softmax(logits.float(), dim=-1)

@@ -52,6 +52,9 @@ class Supports:
     head_sizes: frozenset[int] | None = None
     platforms: frozenset[str] = PLATFORMS
     features: frozenset[str] = frozenset()
+    # its launches can be captured into CUDA/HIP graphs (no host synchronisation, no data-dependent
+    # shapes); an engine that chose one that cannot runs the graphs that would hold it eagerly
+    graphs: bool = True
     # a check of this machine (e.g. an sm90 GPU and a Triton that compiles the kernel): None if it
     # can run, else why not
     available: Callable[[], str | None] | None = None
@@ -166,9 +169,14 @@ class Kernels:
 
     def __init__(self, chosen: Mapping[str, Implementation]) -> None:
         self.choice: dict[str, str] = {op: impl.name for op, impl in chosen.items()}
+        self._capturable = {op: impl.supports.graphs for op, impl in chosen.items()}
         # plain attributes: a layer's call is an ordinary attribute lookup, on the hot path
         for impl in chosen.values():
             self.__dict__.update(impl.entries)
+
+    def uncapturable(self, ops: Iterable[str]) -> list[str]:
+        """Of `ops`, those whose chosen implementation cannot be captured into a CUDA/HIP graph."""
+        return [op for op in ops if not self._capturable.get(op, True)]
 
     def __getattr__(self, entry: str) -> Callable:
         """Only reached for a name that is no entry point."""

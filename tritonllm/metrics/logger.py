@@ -11,10 +11,34 @@ lengths, TTFT, TPOT: `log_requests`) and its final figures (`finish`). W&B runs 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 Record = dict[str, Any]
+
+
+@dataclass
+class NoLoggerConfig:
+    kind: str = "none"
+
+
+@dataclass
+class JsonlLoggerConfig:
+    kind: str = "jsonl"
+    path: str | None = None  # None: records.jsonl in the run's output folder
+
+
+@dataclass
+class WandbLoggerConfig:
+    kind: str = "wandb"
+    project: str = "tritonllm"
+    mode: str = "offline"  # or "online" (an account), "disabled"
+    group: str | None = None  # None: a sweep's runs are grouped by the sweep folder's name
+    run_name: str | None = None
+
+
+LOGGER_TYPES: dict[str, type] = {"none": NoLoggerConfig, "jsonl": JsonlLoggerConfig, "wandb": WandbLoggerConfig}
 
 
 class RunLogger(Protocol):

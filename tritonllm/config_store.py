@@ -1,0 +1,48 @@
+"""Hydra schemas: every config group of `configs/` is typed by its dataclass, so a wrong key or a
+value of the wrong type fails with Hydra's own message while the config is composed, before
+anything runs (`cache.block_size=big`: "Value 'big' of type 'str' could not be converted to
+Integer"; `workload.num_request=5`: "Key 'num_request' not in 'RandomWorkload'").
+
+Each YAML option lists its schema first in its defaults (`defaults: [schema_random, _self_]`);
+`register_schemas()` puts the schemas in Hydra's ConfigStore and must run before composing
+(tritonllm.run does it on import).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+
+from tritonllm.config import CacheConfig, KernelConfig, ModelConfig, SchedulerConfig
+from tritonllm.metrics.logger import LOGGER_TYPES
+from tritonllm.workload_config import WORKLOAD_TYPES
+
+
+@dataclass
+class RunConfig:
+    """The top level of configs/config.yaml: the groups (typed by their own schemas) and the
+    engine switches that sit outside them."""
+
+    model: Any = None
+    cache: Any = None
+    scheduler: Any = None
+    kernels: Any = None
+    workload: Any = None
+    logger: Any = None
+    enforce_eager: bool = False  # true: no CUDA/HIP graphs at all, decode or piecewise (ablation)
+    piecewise_graphs: bool = True  # false: prefill and mixed steps run eagerly (ablation)
+    output_json: str | None = None  # a path: also write the results there as JSON
+
+
+def register_schemas() -> None:
+    store = ConfigStore.instance()
+    store.store(name="schema", node=RunConfig)
+    for group, node in (("model", ModelConfig), ("cache", CacheConfig), ("scheduler", SchedulerConfig),
+                        ("kernels", KernelConfig)):  # fmt: skip
+        store.store(group=group, name="schema", node=node)
+    for kind, node in WORKLOAD_TYPES.items():
+        store.store(group="workload", name=f"schema_{kind}", node=node)
+    for kind, node in LOGGER_TYPES.items():
+        store.store(group="logger", name=f"schema_{kind}", node=node)
