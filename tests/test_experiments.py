@@ -82,7 +82,10 @@ def test_the_serve_experiment_serves_the_configured_engine(tiny_llama, monkeypat
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["+experiment=throughput", "workload.num_requests=many"], "Value 'many' of type 'str' could not be converted to Integer"),
+        (
+            ["+experiment=throughput", "workload.num_requests=many"],
+            "Value 'many' of type 'str' could not be converted to Integer",
+        ),
         (["+experiment=throughput", "workload.num_request=5"], "Key 'num_request' not in 'RandomWorkload'"),
         (["cache.block_size=big"], "could not be converted to Integer"),
         (["enforce_eager=maybe"], "Value 'maybe' is not a valid bool"),
