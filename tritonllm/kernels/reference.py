@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tritonllm.kernels.quant import E4M3_EMAX, EPS
+from tritonllm.kernels.quant_formats import BLOCK, MX_GROUP, QuantizedWeight, QuantScheme, qmax
 from tritonllm.kernels.registry import Supports, register
 
 # every reference is the "torch_ref" implementation of its op: any dtype, platform, head size.
@@ -254,8 +256,78 @@ def sample(
 # ---- linear ----------------------------------------------------------------------------------
 
 
-@register("linear", "torch_ref", priority=0)
+def _round_quantized(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """v (float32, already divided by its scale) -> dtype: clamped to +-qmax, then rounded (FP8:
+    the conversion's nearest even; int8: half away from zero), as kernels/quant.py does."""
+    v = v.clamp(-qmax(dtype), qmax(dtype))
+    if dtype == torch.int8:
+        v = torch.where(v >= 0, torch.floor(v + 0.5), torch.ceil(v - 0.5))
+    return v.to(dtype)
+
+
+def quantize_activation(
+    x: torch.Tensor, scheme: QuantScheme, input_scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (q, scale) as kernels/quant.py computes them for `scheme.act` (token: float32
+    [M, 1]; tensor: input_scale; group: float32 [M, K/128]; mx: e8m0 uint8 [M, K/32])."""
+    xf, dtype = x.float(), scheme.weight_dtype
+    if scheme.act == "tensor":
+        return _round_quantized(xf / input_scale, dtype), input_scale
+    if scheme.act == "token":
+        scale = xf.abs().amax(-1, keepdim=True).clamp(min=EPS) / qmax(dtype)
+        return _round_quantized(xf / scale, dtype), scale
+    group = MX_GROUP if scheme.act == "mx" else BLOCK
+    m, k = xf.shape
+    padded = F.pad(xf, (0, -k % group)).view(m, -1, group)
+    amax = padded.abs().amax(-1)
+    if scheme.act == "mx":
+        exponent = torch.floor(torch.log2(amax)).clamp(min=-127) - E4M3_EMAX  # log2(0) = -inf -> -127
+        exponent = exponent.clamp(-127, 127)
+        q = _round_quantized(padded / torch.exp2(exponent)[..., None], dtype).view(m, -1)[:, :k]
+        return q, (exponent + 127).to(torch.uint8)
+    scale = amax.clamp(min=EPS) / qmax(dtype)
+    return _round_quantized(padded / scale[..., None], dtype).view(m, -1)[:, :k], scale
+
+
+def _expand_groups(scale: torch.Tensor, rows: int, cols: int, group_rows: int, group_cols: int) -> torch.Tensor:
+    return scale.repeat_interleave(group_rows, 0)[:rows].repeat_interleave(group_cols, 1)[:, :cols]
+
+
+def dequantize_activation(q: torch.Tensor, scale: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
+    """The float32 values a quantized activation stands for."""
+    if scheme.act in ("token", "tensor"):
+        return q.float() * scale.float().reshape(-1, 1)
+    if scheme.act == "mx":
+        return q.float() * _expand_groups(torch.exp2(scale.float() - 127), *q.shape, 1, MX_GROUP)
+    return q.float() * _expand_groups(scale, *q.shape, 1, BLOCK)
+
+
+def dequantize_weight(weight: QuantizedWeight) -> torch.Tensor:
+    """The float32 [N, K] matrix a quantized weight stands for (quant_formats.py's layouts)."""
+    data, scale, kind = weight.data.float(), weight.scale, weight.scheme.weight_scale
+    if kind == "channel":
+        return data * scale.float().reshape(-1, 1)
+    if kind == "mx":
+        return data * _expand_groups(torch.exp2(scale.float() - 127), *data.shape, 1, MX_GROUP)
+    return data * _expand_groups(scale.float(), *data.shape, BLOCK, BLOCK)
+
+
+@register("linear", "torch_ref", priority=0)  # every format (linear_formats None): the float32 definition
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """y = x @ weight.T (+ bias), weight [out_features, in_features]: cuBLAS/hipBLASLt on a GPU, the
-    baseline the Triton GEMMs are measured against."""
+    """y = x @ weight.T (+ bias), weight [out_features, in_features] (F.linear)."""
     return F.linear(x, weight, bias)
+
+
+@register("linear", "torch_ref")
+def quantized_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """y = dequant(quantize(x)) @ dequant(weight).T (+ bias) in float32, returned in x's dtype:
+    activations are quantized per weight.scheme.act first (weight-only: used as they are)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if weight.scheme.act == "none":
+        a = x2.float()
+    else:
+        a = dequantize_activation(*quantize_activation(x2, weight.scheme, weight.input_scale), weight.scheme)
+    y = a @ dequantize_weight(weight).T
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype).view(*x.shape[:-1], -1)

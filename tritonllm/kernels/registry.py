@@ -35,7 +35,7 @@ OPS: dict[str, tuple[str, ...]] = {
     "activation": ("silu_and_mul",),
     "kv_write": ("write_kv_cache",),
     "sampling": ("sample", "log_softmax"),
-    "linear": ("linear",),
+    "linear": ("linear", "quantized_linear"),
 }
 ENTRY_OPS: dict[str, str] = {entry: op for op, entries in OPS.items() for entry in entries}
 FLOATS = frozenset({torch.float32, torch.float16, torch.bfloat16})
@@ -55,6 +55,9 @@ class Supports:
     # its launches can be captured into CUDA/HIP graphs (no host synchronisation, no data-dependent
     # shapes); an engine that chose one that cannot runs the graphs that would hold it eagerly
     graphs: bool = True
+    # linear implementations: the quantized formats served (kernels/quant_formats.py format names,
+    # e.g. "fp8:block:group"); None: every one. Unquantized layers are every implementation's.
+    linear_formats: frozenset[str] | None = None
     # a check of this machine (e.g. an sm90 GPU and a Triton that compiles the kernel): None if it
     # can run, else why not
     available: Callable[[], str | None] | None = None
@@ -70,6 +73,10 @@ class Supports:
         for what, value, allowed in checks:
             if value is not None and allowed is not None and value not in allowed:
                 return f"{what} {value} is not among {sorted(map(str, allowed))}"
+        if context.linear_formats and self.linear_formats is not None:
+            missing = sorted(context.linear_formats - self.linear_formats)
+            if missing:
+                return f"quantized format(s) {missing} are not among {sorted(self.linear_formats)}"
         return self.available() if self.available is not None else None
 
 
@@ -81,6 +88,7 @@ class KernelContext:
     dtype: torch.dtype | None = None
     kv_dtype: torch.dtype | None = None
     head_size: int | None = None
+    linear_formats: frozenset[str] = frozenset()  # the model's quantized layers' formats (quant_formats.py)
 
 
 @dataclass
@@ -221,6 +229,9 @@ def describe(ops: Iterable[str] | None = None) -> str:
         for impl in implementations(op):
             s = impl.supports
             dtypes = "any" if s.dtypes is None else ",".join(sorted(str(d).removeprefix("torch.") for d in s.dtypes))
+            formats = (
+                "" if s.linear_formats is None or op != "linear" else f"  formats {','.join(sorted(s.linear_formats))}"
+            )
             lines.append(f"{op:10s} {impl.name:16s} priority {impl.priority:3d}  dtypes {dtypes}  "
-                         f"platforms {','.join(sorted(s.platforms))}  {','.join(sorted(s.features))}")  # fmt: skip
+                         f"platforms {','.join(sorted(s.platforms))}  {','.join(sorted(s.features))}{formats}")  # fmt: skip
     return "\n".join(lines)

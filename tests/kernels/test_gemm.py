@@ -1,0 +1,137 @@
+"""The GEMM family and activation quantization against float32 references of their operands.
+
+Each GEMM gets operands already quantized (by the torch reference), so its output is compared with
+dequant(a) @ dequant(b).T computed in float32: the tolerance is that of the accumulation only,
+relative to the output's scale. Shapes are ragged (M, N, K not multiples of the tiles); split-K is
+forced on to cover the workspace path, which the CPU's one "SM" never picks by itself.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tritonllm import platform
+from tritonllm.kernels import gemm as g
+from tritonllm.kernels import reference
+from tritonllm.kernels.quant import quantize_per_group, quantize_per_token
+from tritonllm.kernels.quant_formats import QuantizedWeight, QuantScheme
+
+DEVICE = platform.DEVICE
+FP8 = torch.float8_e4m3fn if platform.PLATFORM != "rocm" else torch.float8_e4m3fnuz
+MODEL_DTYPE = platform.DEFAULT_DTYPE
+
+
+def _randn(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE, dtype)
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, rel: float) -> None:
+    actual, expected = actual.float(), expected.float()
+    assert actual.shape == expected.shape
+    scale = expected.abs().max().clamp(min=1e-6)
+    error = (actual - expected).abs().max()
+    assert error <= rel * scale, f"max error {error:.3g} > {rel} x {scale:.3g}"
+
+
+def quantize_weight(w: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
+    """A float weight [N, K] quantized per `scheme` (the online path's quantizer)."""
+    from tritonllm.quantization.quantize import quantize_weight as quantize
+
+    return quantize(w, scheme)
+
+
+SCHEMES = [
+    QuantScheme(FP8, "channel", "token"),
+    QuantScheme(FP8, "channel", "tensor"),
+    QuantScheme(FP8, "channel", "none"),
+    QuantScheme(FP8, "block", "group"),
+    QuantScheme(FP8, "block", "none"),
+    QuantScheme(torch.int8, "channel", "token"),
+    QuantScheme(torch.int8, "channel", "tensor"),
+    QuantScheme(torch.int8, "channel", "none"),
+    QuantScheme(FP8, "mx", "mx"),
+]
+# (M, N, K): ragged M and N; K a multiple of 128 where block scales need it, else ragged
+SHAPES = [(19, 45, 256), (1, 130, 384), (33, 200, 128)]
+
+
+@pytest.mark.parametrize("m, n, k", [(19, 45, 72), (1, 70, 200), (40, 33, 48)])
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_float_gemm_matches_float32_matmul(m, n, k, split_k) -> None:
+    a, b, bias = _randn(m, k, seed=1, dtype=MODEL_DTYPE), _randn(n, k, seed=2, dtype=MODEL_DTYPE), _randn(n, seed=3)
+    got = g.gemm(a, b, bias.to(MODEL_DTYPE), split_k=split_k)
+    expected = a.float() @ b.float().T + bias.to(MODEL_DTYPE).float()
+    _close(got, expected, 1e-5 if MODEL_DTYPE == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.format_name)
+@pytest.mark.parametrize("m, n, k", SHAPES)
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_quantized_gemm_matches_its_dequantized_operands(scheme, m, n, k, split_k) -> None:
+    x = _randn(m, k, seed=4, dtype=MODEL_DTYPE)
+    weight = quantize_weight(_randn(n, k, seed=5), scheme)
+    if scheme.act == "tensor":
+        weight.input_scale = (x.float().abs().amax() / 100).reshape(1)  # some values saturate, as in use
+    bias = _randn(n, seed=6, dtype=MODEL_DTYPE)
+    w = reference.dequantize_weight(weight)
+    kind = g.B_GROUP if scheme.weight_scale in ("block", "mx") else g.B_COLUMN
+    group_k, group_n = {"block": (128, 128), "mx": (32, 1)}.get(scheme.weight_scale, (0, 1))
+    if scheme.act == "none":
+        a, a_scale, a_kind, expected_a = x, None, g.A_NONE, x.float()
+    else:
+        a, a_scale = reference.quantize_activation(x, scheme, weight.input_scale)
+        a_kind = {"token": g.A_ROW, "tensor": g.A_TENSOR}.get(scheme.act, g.A_GROUP)
+        expected_a = reference.dequantize_activation(a, a_scale, scheme)
+    got = g.gemm(a, weight.data, bias, out_dtype=MODEL_DTYPE, a_scale=a_scale, a_scale_kind=a_kind, b_scale=weight.scale,
+                 b_scale_kind=kind, group_k=group_k, group_n=group_n, split_k=split_k)  # fmt: skip
+    expected = expected_a @ w.T + bias.float()
+    _close(got, expected, 1e-5 if MODEL_DTYPE == torch.float32 else 1e-2)
+
+
+def test_a_gemm_that_drops_the_weight_scale_is_caught() -> None:
+    """Negative check: the comparison above fails for a GEMM that skips the column scales."""
+    scheme = QuantScheme(FP8, "channel", "token")
+    x, weight = _randn(19, 256, seed=7), quantize_weight(_randn(45, 256, seed=8), scheme)
+    a, a_scale = reference.quantize_activation(x, scheme)
+    got = g.gemm(a, weight.data, None, out_dtype=torch.float32, a_scale=a_scale, a_scale_kind=g.A_ROW)
+    expected = reference.dequantize_activation(a, a_scale, scheme) @ reference.dequantize_weight(weight).T
+    with pytest.raises(AssertionError):
+        _close(got, expected, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [FP8, torch.int8], ids=["fp8", "int8"])
+def test_per_token_quantization_matches_the_reference(dtype) -> None:
+    x = _randn(13, 300, seed=9) * torch.linspace(0.1, 10, 13, device=DEVICE)[:, None]
+    x[3] = 0.0  # an all-zero row
+    scheme = QuantScheme(dtype, "channel", "token")
+    q, scale = quantize_per_token(x.to(MODEL_DTYPE), dtype)
+    ref_q, ref_scale = reference.quantize_activation(x.to(MODEL_DTYPE), scheme)
+    torch.testing.assert_close(scale, ref_scale, rtol=1e-6, atol=0)
+    # a value on a rounding boundary may round the other way (float division differs by an ulp)
+    assert (q.float() != ref_q.float()).float().mean() < 0.01
+    _close(reference.dequantize_activation(q, scale, scheme), x, 0.07 if dtype == FP8 else 0.01)
+
+
+def test_static_per_tensor_quantization_saturates() -> None:
+    x = _randn(5, 64, seed=10).to(MODEL_DTYPE)
+    static = torch.tensor([0.001], device=DEVICE)
+    q, scale = quantize_per_token(x, FP8, static)
+    assert scale is static
+    assert q.float().abs().max() == torch.finfo(FP8).max
+
+
+@pytest.mark.parametrize("mx", [False, True], ids=["group128", "mx32"])
+def test_group_quantization_matches_the_reference(mx) -> None:
+    k = 320 if mx else 384
+    x = _randn(7, k, seed=11).to(MODEL_DTYPE)
+    scheme = QuantScheme(FP8, "mx", "mx") if mx else QuantScheme(FP8, "block", "group")
+    q, scale = quantize_per_group(x, FP8, 32 if mx else 128, mx=mx)
+    ref_q, ref_scale = reference.quantize_activation(x, scheme)
+    assert scale.dtype == ref_scale.dtype and scale.shape == ref_scale.shape
+    if mx:
+        assert torch.equal(scale, ref_scale)  # exponents: exact
+    else:
+        torch.testing.assert_close(scale, ref_scale, rtol=1e-6, atol=0)
+    assert (q.float() != ref_q.float()).float().mean() < 0.01
+    _close(reference.dequantize_activation(q, scale, scheme), x.float(), 0.07)

@@ -1,0 +1,313 @@
+"""The GEMM family: one Triton kernel for every linear layer's precision.
+
+    c[M, N] = (a[M, K] @ b[N, K]^T) * scales + bias
+
+a is the activations (bf16/fp16/fp32, or FP8 e4m3 / int8 after kernels/quant.py), b the weight in
+HF's layout [N, K] (row-major, K contiguous: each tile is read as [BLOCK_K, BLOCK_N] through
+strides, no transposed copy), c [M, N] in the model's dtype, bias [N]. Scale layouts follow
+kernels/quant_formats.py:
+
+- A_SCALE: 0 none; 1 one float32 for all rows (static); 2 float32 per row [M, 1]; 3 per row and
+  K-group [M, K / GROUP_K] (float32, or e8m0 uint8 when E8M0).
+- B_SCALE: 0 none; 2 float32 per column [N]; 3 per (N-group, K-group) [cdiv(N, GROUP_N), K / GROUP_K]
+  (block-FP8: 128 x 128; MX: GROUP_N 1, GROUP_K 32, e8m0).
+
+Row/column scales (1, 2) multiply the accumulator once, in the epilogue; K-grouped scales (3)
+multiply each K tile's partial product as it is accumulated (BLOCK_K divides GROUP_K, so a tile
+lies in one group). int8 x int8 accumulates in int32. Weight-only (UPCAST_B): an FP8/int8 weight
+tile is widened to a's dtype before the dot (W8A16).
+
+Tiles come from per-GPU tables by M bucket (`GEMM_TABLES`: no autotuning in the serving path);
+tiles are visited in grouped order (GROUP_M rows of tiles share B columns in L2). Skinny M
+(decode, M <= 64) splits K over programs when the tiles alone would leave SMs idle: each split
+writes float32 partials (scales applied) to a workspace [SPLIT_K, M, N] that a second kernel sums,
+adding the bias (deterministic, no atomics, graph-capturable).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+import triton.language as tl
+
+from tritonllm import platform
+from tritonllm.kernels.quant_formats import FP8_DTYPES
+
+A_NONE, A_TENSOR, A_ROW, A_GROUP = 0, 1, 2, 3
+B_NONE, B_COLUMN, B_GROUP = 0, 2, 3
+
+
+@triton.jit
+def _e8m0_to_float(e):
+    return tl.exp2(e.to(tl.float32) - 127.0)
+
+
+@triton.jit
+def gemm_kernel(
+    a_ptr, b_ptr, c_ptr, bias_ptr, a_scale_ptr, b_scale_ptr, ws_ptr,
+    M, N, K, K_PER_SPLIT,
+    stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn,
+    stride_asm, stride_ask, stride_bsn, stride_bsk,
+    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
+    E8M0: tl.constexpr, UPCAST_B: tl.constexpr, INT_ACC: tl.constexpr, HAS_BIAS: tl.constexpr,
+    EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    # grouped order: GROUP_M consecutive tile rows sweep the tile columns together (B reuse in L2)
+    per_group = GROUP_M * num_pid_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # out-of-range rows/columns read row/column 0 instead of being masked; their results are dropped
+    rm = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
+    rn = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    k_start = pid_k * K_PER_SPLIT
+    k_end = tl.minimum(K, k_start + K_PER_SPLIT)
+    a_ptrs = a_ptr + rm[:, None] * stride_am + (k_start + offs_k)[None, :] * stride_ak
+    b_ptrs = b_ptr + rn[None, :] * stride_bn + (k_start + offs_k)[:, None] * stride_bk
+    K_GROUPED: tl.constexpr = A_SCALE == 3 or B_SCALE == 3
+    if INT_ACC:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(k_start, k_end, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            in_k = k + offs_k < k_end
+            a = tl.load(a_ptrs, mask=in_k[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=in_k[:, None], other=0.0)
+        if UPCAST_B:
+            b = b.to(a.dtype)
+        if K_GROUPED:
+            part = tl.dot(a, b)
+            group = k // GROUP_K
+            if A_SCALE == 3:
+                a_s = tl.load(a_scale_ptr + rm * stride_asm + group * stride_ask)
+                if E8M0:
+                    a_s = _e8m0_to_float(a_s)
+                part = part * a_s[:, None]
+            if B_SCALE == 3:
+                b_s = tl.load(b_scale_ptr + (rn // GROUP_N) * stride_bsn + group * stride_bsk)
+                if E8M0:
+                    b_s = _e8m0_to_float(b_s)
+                part = part * b_s[None, :]
+            acc += part
+        elif INT_ACC:
+            acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+        else:
+            acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    out = acc.to(tl.float32)
+    if A_SCALE == 1:
+        out = out * tl.load(a_scale_ptr)
+    if A_SCALE == 2:
+        out = out * tl.load(a_scale_ptr + rm * stride_asm)[:, None]
+    if B_SCALE == 2:
+        out = out * tl.load(b_scale_ptr + rn * stride_bsn)[None, :]
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            out += tl.load(bias_ptr + rn)[None, :].to(tl.float32)
+        c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
+        tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=mask)
+    else:
+        ws_ptrs = ws_ptr + (pid_k * M + offs_m[:, None]).to(tl.int64) * N + offs_n[None, :]
+        tl.store(ws_ptrs, out, mask=mask)
+
+
+@triton.jit
+def split_k_reduce_kernel(
+    ws_ptr, c_ptr, bias_ptr, M, N, stride_cm, stride_cn,
+    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """c[m, n] = sum over splits of ws[s, m, n] (+ bias[n]), in c's dtype."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M * N
+    total = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in range(SPLIT_K):
+        total += tl.load(ws_ptr + s * M * N + offs, mask=mask, other=0.0)
+    n = offs % N
+    if HAS_BIAS:
+        total += tl.load(bias_ptr + n, mask=mask, other=0.0).to(tl.float32)
+    m = offs // N
+    tl.store(c_ptr + m.to(tl.int64) * stride_cm + n * stride_cn, total.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@dataclass(frozen=True)
+class GemmTiles:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+    group_m: int = 8
+    max_split_k: int = 1  # skinny M: split K up to this many ways when tiles leave SMs idle
+
+
+# Per GPU family and kernel kind, (largest M, tiles) by M bucket, in increasing M. Kinds: "float"
+# (bf16/fp16/fp32), "w8a8" (FP8 or int8 both operands, row/column scales), "block" (K-grouped
+# scales: block-FP8, MX; BLOCK_K is capped at the group), "weight_only" (FP8/int8 weight widened).
+# Hopper: starting points from the Triton matmul tutorial's H100 configs and vLLM's published H100
+# block-FP8 tables; skinny buckets favour wide K tiles and split-K (the weight read is the cost).
+_HOPPER = {
+    "float": [
+        (16, GemmTiles(16, 64, 256, 4, 4, 8, 8)),
+        (32, GemmTiles(32, 64, 256, 4, 4, 8, 8)),
+        (64, GemmTiles(64, 64, 128, 4, 4, 8, 4)),
+        (128, GemmTiles(64, 128, 64, 4, 4)),
+        (256, GemmTiles(128, 128, 64, 8, 4)),
+        (None, GemmTiles(128, 256, 64, 8, 3)),
+    ],
+    "w8a8": [
+        (16, GemmTiles(16, 64, 512, 4, 4, 8, 8)),
+        (32, GemmTiles(32, 64, 256, 4, 4, 8, 8)),
+        (64, GemmTiles(64, 64, 256, 4, 4, 8, 4)),
+        (128, GemmTiles(64, 128, 128, 4, 4)),
+        (256, GemmTiles(128, 128, 128, 8, 4)),
+        (None, GemmTiles(128, 256, 128, 8, 3)),
+    ],
+    "block": [
+        (16, GemmTiles(16, 64, 128, 4, 5, 8, 8)),
+        (64, GemmTiles(64, 64, 128, 4, 4, 8, 4)),
+        (256, GemmTiles(64, 128, 128, 4, 3)),
+        (None, GemmTiles(128, 128, 128, 8, 3)),
+    ],
+    "weight_only": [
+        (16, GemmTiles(16, 64, 256, 4, 4, 8, 8)),
+        (64, GemmTiles(64, 64, 128, 4, 4, 8, 4)),
+        (None, GemmTiles(128, 128, 64, 8, 3)),
+    ],
+}
+# Ampere and CDNA: smaller shared memory per SM (Ampere 164 KiB; MI300 64 KiB LDS), two stages on AMD
+_AMPERE = {
+    "float": [(32, GemmTiles(32, 64, 128, 4, 4, 8, 8)), (128, GemmTiles(64, 128, 32, 4, 4)),
+              (None, GemmTiles(128, 128, 32, 8, 3))],
+    "w8a8": [(32, GemmTiles(32, 64, 256, 4, 4, 8, 8)), (None, GemmTiles(128, 128, 64, 8, 3))],
+    "block": [(32, GemmTiles(32, 64, 128, 4, 3, 8, 8)), (None, GemmTiles(64, 128, 128, 4, 3))],
+    "weight_only": [(32, GemmTiles(32, 64, 128, 4, 4, 8, 8)), (None, GemmTiles(64, 128, 64, 4, 3))],
+}  # fmt: skip
+_CDNA = {
+    "float": [(32, GemmTiles(32, 64, 128, 4, 2, 8, 8)), (None, GemmTiles(128, 128, 64, 8, 2, 4))],
+    "w8a8": [(32, GemmTiles(32, 64, 256, 4, 2, 8, 8)), (None, GemmTiles(128, 128, 128, 8, 2, 4))],
+    "block": [(32, GemmTiles(32, 64, 128, 4, 2, 8, 8)), (None, GemmTiles(128, 128, 128, 8, 2, 4))],
+    "weight_only": [(32, GemmTiles(32, 64, 128, 4, 2, 8, 8)), (None, GemmTiles(128, 128, 64, 8, 2, 4))],
+}  # fmt: skip
+# The interpreter runs each program in Python: small tiles, few programs (tests' shapes are small)
+_CPU = {kind: [(None, GemmTiles(16, 32, 32, 1, 1, 4, 4))] for kind in ("float", "w8a8", "block", "weight_only")}
+GEMM_TABLES = {"hopper": _HOPPER, "ampere": _AMPERE, "cdna": _CDNA, "cpu": _CPU}
+
+
+def gpu_family() -> str:
+    if platform.PLATFORM == "cpu":
+        return "cpu"
+    if platform.PLATFORM == "rocm":
+        return "cdna"
+    return "hopper" if torch.cuda.get_device_capability(platform.DEVICE)[0] >= 9 else "ampere"
+
+
+def pick_tiles(kind: str, m: int, family: str | None = None) -> GemmTiles:
+    for max_m, tiles in GEMM_TABLES[family or gpu_family()][kind]:
+        if max_m is None or m <= max_m:
+            return tiles
+    raise AssertionError("every table ends with an open bucket")
+
+
+def _split_k(tiles: GemmTiles, m: int, n: int, k: int, k_quantum: int) -> int:
+    """How many ways to split K: enough programs to cover the SMs, each split at least 4 K tiles."""
+    if tiles.max_split_k <= 1:
+        return 1
+    programs = triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n)
+    want = triton.cdiv(platform.num_multiprocessors(), programs)
+    most = max(1, k // max(4 * tiles.block_k, k_quantum))
+    return max(1, min(want, tiles.max_split_k, most))
+
+
+def gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    out_dtype: torch.dtype | None = None,
+    a_scale: torch.Tensor | None = None,
+    b_scale: torch.Tensor | None = None,
+    a_scale_kind: int = A_NONE,
+    b_scale_kind: int = B_NONE,
+    group_k: int = 0,
+    group_n: int = 1,
+    tiles: GemmTiles | None = None,
+    split_k: int | None = None,
+) -> torch.Tensor:
+    """c = (a @ b.T) * scales + bias for a [M, K], b [N, K] (module docstring). `tiles` and
+    `split_k` override the table and the split heuristic (tests, tile sweeps)."""
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
+        raise ValueError(f"gemm: a {tuple(a.shape)} and b {tuple(b.shape)} must be [M, K] and [N, K]")
+    m, k = a.shape
+    n = b.shape[0]
+    upcast_b = b.dtype != a.dtype
+    int_acc = a.dtype == torch.int8 and b.dtype == torch.int8
+    k_grouped = a_scale_kind == A_GROUP or b_scale_kind == B_GROUP
+    e8m0 = (a_scale is not None and a_scale.dtype == torch.uint8) or (
+        b_scale is not None and b_scale.dtype == torch.uint8
+    )
+    if upcast_b and a.dtype in (torch.int8, *FP8_DTYPES):
+        raise ValueError(f"gemm: a {a.dtype} with b {b.dtype}: W8A8 operands share a dtype")
+    if k_grouped and (group_k <= 0 or k % group_k):
+        raise ValueError(f"gemm: K-grouped scales need K ({k}) to be a multiple of group_k ({group_k})")
+    kind = (
+        "block"
+        if k_grouped
+        else ("weight_only" if upcast_b else ("w8a8" if a.dtype in (torch.int8, *FP8_DTYPES) else "float"))
+    )
+    tiles = tiles or pick_tiles(kind, m)
+    if k_grouped and tiles.block_k > group_k:
+        tiles = replace(tiles, block_k=group_k)
+    k_quantum = max(tiles.block_k, group_k)
+    split = split_k if split_k is not None else _split_k(tiles, m, n, k, k_quantum)
+    k_per_split = triton.cdiv(triton.cdiv(k, split), k_quantum) * k_quantum
+    split = triton.cdiv(k, k_per_split)
+    c = torch.empty((m, n), dtype=out_dtype or a.dtype, device=a.device)
+    if m == 0 or n == 0:
+        return c
+    ws = torch.empty((split, m, n), dtype=torch.float32, device=a.device) if split > 1 else c
+    dummy = c  # stands in for absent pointers (never read)
+    a_s, b_s = (a_scale if a_scale is not None else dummy), (b_scale if b_scale is not None else dummy)
+    a_s_strides = (
+        (a_scale.stride(0), a_scale.stride(1) if a_scale.dim() > 1 else 0) if a_scale_kind >= A_ROW else (0, 0)
+    )
+    b_s_strides = (
+        (b_scale.stride(0), b_scale.stride(1) if b_scale.dim() > 1 else 0) if b_scale_kind != B_NONE else (0, 0)
+    )
+    grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n), split)
+    gemm_kernel[grid](
+        a, b, c, bias if bias is not None else dummy, a_s, b_s, ws,
+        m, n, k, k_per_split,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        *a_s_strides, *b_s_strides,
+        A_SCALE=a_scale_kind, B_SCALE=b_scale_kind, GROUP_K=max(group_k, 1), GROUP_N=group_n,
+        E8M0=e8m0, UPCAST_B=upcast_b, INT_ACC=int_acc, HAS_BIAS=bias is not None,
+        EVEN_K=k % tiles.block_k == 0 and k_per_split % tiles.block_k == 0, SPLIT_K=split,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
+    if split > 1:
+        block = 1024 if platform.is_gpu() else 256
+        split_k_reduce_kernel[(triton.cdiv(m * n, block),)](
+            ws, c, bias if bias is not None else dummy, m, n, c.stride(0), c.stride(1),
+            SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=block,
+        )  # fmt: skip
+    return c

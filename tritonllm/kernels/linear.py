@@ -1,0 +1,47 @@
+"""The Triton implementation of the linear op: unquantized layers and every quantized format
+(kernels/quant_formats.py) through one GEMM family (kernels/gemm.py), activations quantized first
+by kernels/quant.py where the scheme quantizes them."""
+
+from __future__ import annotations
+
+import torch
+
+from tritonllm.kernels import gemm as g
+from tritonllm.kernels.quant import quantize_per_group, quantize_per_token
+from tritonllm.kernels.quant_formats import BLOCK, MX_GROUP, QuantizedWeight
+from tritonllm.kernels.registry import FLOATS, Supports, register
+
+TRITON_FORMATS = frozenset({
+    "fp8:channel:token", "fp8:channel:tensor", "fp8:channel:none", "fp8:block:group", "fp8:block:none",
+    "int8:channel:token", "int8:channel:tensor", "int8:channel:none", "mxfp8:mx:mx",
+})  # fmt: skip
+LINEAR_SUPPORTS = Supports(dtypes=FLOATS, linear_formats=TRITON_FORMATS, features=frozenset({"split_k"}))
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+@register("linear", "triton", supports=LINEAR_SUPPORTS, priority=10)
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    y = g.gemm(_rows(x), weight, bias)
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
+@register("linear", "triton")
+def quantized_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    scheme, x2 = weight.scheme, _rows(x)
+    w_scale_kind = g.B_GROUP if scheme.weight_scale in ("block", "mx") else g.B_COLUMN
+    group_k, group_n = {"block": (BLOCK, BLOCK), "mx": (MX_GROUP, 1)}.get(scheme.weight_scale, (0, 1))
+    common = dict(out_dtype=x.dtype, b_scale=weight.scale, b_scale_kind=w_scale_kind, group_k=group_k, group_n=group_n)
+    if scheme.act == "none":  # weight-only: the weight tile is widened to x's dtype in the kernel
+        y = g.gemm(x2, weight.data, bias, **common)
+    elif scheme.act in ("token", "tensor"):
+        q, scale = quantize_per_token(x2, scheme.weight_dtype, weight.input_scale)
+        kind = g.A_TENSOR if scheme.act == "tensor" else g.A_ROW
+        y = g.gemm(q, weight.data, bias, a_scale=scale, a_scale_kind=kind, **common)
+    else:  # "group" (1 x 128 with 128 x 128 weight blocks) or "mx" (1 x 32 e8m0 both sides)
+        q, scale = quantize_per_group(x2, scheme.weight_dtype, group_k, mx=scheme.act == "mx")
+        y = g.gemm(q, weight.data, bias, a_scale=scale, a_scale_kind=g.A_GROUP, **common)
+    return y.view(*x.shape[:-1], weight.shape[0])

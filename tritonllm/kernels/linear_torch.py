@@ -1,0 +1,40 @@
+"""The cuBLAS (hipBLASLt) baseline of the linear op, as `kernels.linear=torch`: F.linear for
+unquantized layers, torch._scaled_mm for FP8 and torch._int_mm for INT8 with row/column scales.
+Activations are quantized with torch ops (kernels/reference.py's, the same values as the Triton
+kernels'). Block-FP8, MXFP8 and weight-only formats have no cuBLAS path in torch: models with them
+take the Triton implementation."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tritonllm.kernels.quant_formats import QuantizedWeight
+from tritonllm.kernels.reference import quantize_activation
+from tritonllm.kernels.registry import FLOATS, Supports, register
+
+TORCH_FORMATS = frozenset({"fp8:channel:token", "fp8:channel:tensor", "int8:channel:token", "int8:channel:tensor"})
+INT_MM_MIN_ROWS = 17  # cuBLAS's int8 GEMM (torch._int_mm) needs more than 16 rows
+
+
+@register("linear", "torch", supports=Supports(dtypes=FLOATS, linear_formats=TORCH_FORMATS), priority=20)
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(x, weight, bias)
+
+
+@register("linear", "torch")
+def quantized_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    q, scale = quantize_activation(x2, weight.scheme, weight.input_scale)
+    m = q.shape[0]
+    row_scale = scale.float().reshape(-1, 1).expand(m, 1).contiguous()
+    if weight.scheme.is_fp8:
+        y = torch._scaled_mm(
+            q, weight.data.t(), scale_a=row_scale, scale_b=weight.scale.float().reshape(1, -1),
+            bias=bias, out_dtype=x.dtype,
+        )  # fmt: skip
+    else:
+        padded = F.pad(q, (0, 0, 0, max(0, INT_MM_MIN_ROWS - m)))
+        y = torch._int_mm(padded, weight.data.t())[:m].float() * row_scale * weight.scale.float().reshape(1, -1)
+        y = (y + bias.float() if bias is not None else y).to(x.dtype)
+    return y.view(*x.shape[:-1], -1)

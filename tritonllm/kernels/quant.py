@@ -1,0 +1,151 @@
+"""Activation quantization before a quantized GEMM (kernels/quant_formats.py names the schemes).
+
+x [M, K] (model dtype, last dim contiguous) -> (q [M, K] in FP8 e4m3 or int8, scales):
+- per token, dynamic: scale[m] = max(amax(x[m, :]), EPS) / qmax, float32 [M, 1];
+- per tensor, static: the checkpoint's input_scale (float32 [1]), given;
+- per 1 x G group (G = 128 for block-FP8 weights), dynamic: float32 [M, K / G];
+- MX (G = 32): scale = 2 ** (floor(log2(amax)) - 8) (e4m3's largest exponent is 8), stored as
+  e8m0 uint8 [M, K / 32] (e = exponent + 127), as the OCP MX spec defines it.
+Values are x / scale clamped to +-qmax, then rounded: to nearest even for FP8 (the conversion),
+half away from zero for int8. `kernels/reference.py` computes the same in torch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from tritonllm import platform  # noqa: F401  (switches on the interpreter on CPU first)
+from tritonllm.kernels.quant_formats import MX_GROUP, qmax
+
+EPS = 1e-12  # an all-zero row quantizes to zeros with a tiny (not zero) scale (the kernels' literal)
+E4M3_EMAX = 8  # floor(log2(448)): MX scales put a group's amax into e4m3's top binade (the kernels' "- 8")
+
+
+@triton.jit
+def _round_half_even(x):
+    f = tl.floor(x)
+    d = x - f
+    odd = f - 2.0 * tl.floor(f * 0.5)
+    return tl.where(d > 0.5, f + 1.0, tl.where(d < 0.5, f, f + odd))
+
+
+@triton.jit
+def _round_and_store(q_ptrs, v, mask, QMAX: tl.constexpr, IS_INT: tl.constexpr, MIN_EXP: tl.constexpr):
+    """Clamp to +-QMAX and round onto the target's grid before converting, so the conversion is
+    exact: Triton's interpreter rounds some values wrongly (7.9 -> 4.0 in e4m3: the mantissa carry
+    is lost), and the same arithmetic on every platform keeps CPU tests and GPUs in step. e4m3
+    keeps 3 mantissa bits; MIN_EXP is its smallest normal exponent (-6 e4m3fn, -7 e4m3fnuz)."""
+    v = tl.minimum(tl.maximum(v, -QMAX), QMAX)
+    if IS_INT:
+        v = tl.where(v >= 0, tl.floor(v + 0.5), tl.ceil(v - 0.5))
+    else:
+        exponent = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+        step = tl.exp2((tl.maximum(exponent, MIN_EXP) - 3).to(tl.float32))
+        v = _round_half_even(v / step) * step
+    tl.store(q_ptrs, v.to(q_ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _quant_token_kernel(
+    x_ptr, q_ptr, s_ptr, K, stride_x, stride_q,
+    QMAX: tl.constexpr, IS_INT: tl.constexpr, MIN_EXP: tl.constexpr, STATIC: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One program per row: its amax (unless STATIC: s_ptr holds the scale), then the values."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    if STATIC:
+        scale = tl.load(s_ptr)
+    else:
+        amax = tl.zeros([BLOCK], dtype=tl.float32)
+        for k in range(0, K, BLOCK):
+            x = tl.load(x_ptr + row * stride_x + k + offs, mask=k + offs < K, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.abs(x))
+        scale = tl.maximum(tl.max(amax, axis=0), 1e-12) / QMAX
+        tl.store(s_ptr + row, scale)
+    for k in range(0, K, BLOCK):
+        mask = k + offs < K
+        x = tl.load(x_ptr + row * stride_x + k + offs, mask=mask, other=0.0).to(tl.float32)
+        _round_and_store(q_ptr + row * stride_q + k + offs, x / scale, mask, QMAX, IS_INT, MIN_EXP)
+
+
+@triton.jit
+def _quant_group_kernel(
+    x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s,
+    QMAX: tl.constexpr, IS_INT: tl.constexpr, MIN_EXP: tl.constexpr, MX: tl.constexpr, GROUP: tl.constexpr,
+    GROUPS: tl.constexpr,
+):  # fmt: skip
+    """Program (row, j) quantizes GROUPS consecutive groups of GROUP columns of one row."""
+    row = tl.program_id(0).to(tl.int64)
+    g0 = tl.program_id(1) * GROUPS
+    cols = (g0 + tl.arange(0, GROUPS))[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    mask = cols < K
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)  # [GROUPS]
+    groups = g0 + tl.arange(0, GROUPS)
+    in_row = groups * GROUP < K
+    if MX:
+        # floor(log2(amax)) from the float32 exponent bits (amax 0 -> the smallest scale, 2**-127)
+        exponent = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+        exponent = tl.minimum(tl.maximum(exponent - 8, -127), 127)
+        scale = tl.exp2(exponent.to(tl.float32))
+        tl.store(s_ptr + row * stride_s + groups, (exponent + 127).to(tl.uint8), mask=in_row)
+    else:
+        scale = tl.maximum(amax, 1e-12) / QMAX
+        tl.store(s_ptr + row * stride_s + groups, scale, mask=in_row)
+    _round_and_store(q_ptr + row * stride_q + cols, x / scale[:, None], mask, QMAX, IS_INT, MIN_EXP)
+
+
+def _min_exponent(dtype: torch.dtype) -> int:
+    """The smallest normal exponent of an FP8 type (e4m3fn -6, e4m3fnuz -7); 0 for int8 (unused)."""
+    return 0 if dtype == torch.int8 else round(math.log2(torch.finfo(dtype).smallest_normal))
+
+
+def _check(x: torch.Tensor) -> None:
+    if x.dim() != 2 or x.stride(-1) != 1:
+        raise ValueError(
+            f"activations must be 2-D with contiguous rows, got shape {tuple(x.shape)} strides {x.stride()}"
+        )
+
+
+def quantize_per_token(
+    x: torch.Tensor, dtype: torch.dtype, static_scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (q [M, K] dtype, scale float32 [M, 1]); with static_scale (float32 [1]) every row
+    uses it and the returned scale is static_scale itself."""
+    _check(x)
+    m, k = x.shape
+    q = torch.empty((m, k), dtype=dtype, device=x.device)
+    scale = static_scale if static_scale is not None else torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    if m:
+        block = min(triton.next_power_of_2(k), 4096 if platform.is_gpu() else 256)
+        _quant_token_kernel[(m,)](
+            x, q, scale, k, x.stride(0), q.stride(0),
+            QMAX=qmax(dtype), IS_INT=dtype == torch.int8, MIN_EXP=_min_exponent(dtype), STATIC=static_scale is not None, BLOCK=block,
+            num_warps=4 if block <= 1024 else 8,
+        )  # fmt: skip
+    return q, scale
+
+
+def quantize_per_group(
+    x: torch.Tensor, dtype: torch.dtype, group: int, mx: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (q [M, K] dtype, scale [M, cdiv(K, group)]: float32, or e8m0 uint8 with mx)."""
+    _check(x)
+    m, k = x.shape
+    if mx and group != MX_GROUP:
+        raise ValueError(f"MX scales cover {MX_GROUP} elements, not {group}")
+    num_groups = triton.cdiv(k, group)
+    q = torch.empty((m, k), dtype=dtype, device=x.device)
+    scale = torch.empty((m, num_groups), dtype=torch.uint8 if mx else torch.float32, device=x.device)
+    groups_per_program = max(1, min(triton.next_power_of_2(num_groups), 1024 // group if platform.is_gpu() else 1))
+    if m:
+        grid = (m, triton.cdiv(num_groups, groups_per_program))
+        _quant_group_kernel[grid](
+            x, q, scale, k, x.stride(0), q.stride(0), scale.stride(0),
+            QMAX=qmax(dtype), IS_INT=dtype == torch.int8, MIN_EXP=_min_exponent(dtype), MX=mx, GROUP=group, GROUPS=groups_per_program,
+        )  # fmt: skip
+    return q, scale

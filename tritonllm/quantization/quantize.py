@@ -1,0 +1,33 @@
+"""Weight quantization at load time (online `quantization=` and the tests' published-layout
+fixtures): a float weight [N, K] -> QuantizedWeight in a scheme's layout (kernels/quant_formats.py).
+
+Runs once per layer at load, in torch: per-channel scales amax / qmax per row; 128 x 128 block
+scales amax / qmax per block; MX: one e8m0 exponent per row and 32 columns, as for activations.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tritonllm.kernels.quant import EPS
+from tritonllm.kernels.quant_formats import BLOCK, QuantizedWeight, QuantScheme, qmax
+from tritonllm.kernels.reference import _round_quantized, quantize_activation
+
+
+def quantize_weight(weight: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
+    """weight [N, K] (any float dtype) -> QuantizedWeight (data on weight's device)."""
+    w = weight.float()
+    dtype = scheme.weight_dtype
+    if scheme.weight_scale == "channel":
+        scale = w.abs().amax(-1).clamp(min=EPS) / qmax(dtype)
+        return QuantizedWeight(scheme, _round_quantized(w / scale[:, None], dtype), scale)
+    if scheme.weight_scale == "mx":  # the activation quantizer's MX rule, applied to the weight's rows
+        data, scale = quantize_activation(w, scheme)
+        return QuantizedWeight(scheme, data, scale)
+    n, k = w.shape
+    padded = F.pad(w, (0, -k % BLOCK, 0, -n % BLOCK))
+    blocks = padded.view(padded.shape[0] // BLOCK, BLOCK, padded.shape[1] // BLOCK, BLOCK)
+    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=EPS) / qmax(dtype)
+    data = _round_quantized(blocks / scale[:, None, :, None], dtype).view(padded.shape)[:n, :k].contiguous()
+    return QuantizedWeight(scheme, data, scale)
