@@ -23,6 +23,9 @@ class ModelConfig:
     dtype: str = "auto"  # auto: bfloat16 on a GPU, float32 on CPU
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
     seed: int = 0
+    # online quantization of a float checkpoint: "fp8", "int8" or "mxfp8" (quantization/config.py); a
+    # quantized checkpoint is read as its config.json says (then leave this unset, or give its method)
+    quantization: str | None = None
 
     def torch_dtype(self) -> torch.dtype:
         if self.dtype == "auto":

@@ -32,7 +32,7 @@ from tritonllm.kernels.registry import OPS, KernelContext, select_kernels
 from tritonllm.loader.hf_config import load_eos_token_ids
 from tritonllm.loader.tokenizer import load_tokenizer
 from tritonllm.metrics.stats import EngineStats, StepStats
-from tritonllm.models.loader import load_model
+from tritonllm.models.loader import linear_formats, load_model
 from tritonllm.outputs import RequestOutput
 from tritonllm.sampling_params import SamplingParams
 from tritonllm.worker.model_runner import ModelRunner, PendingStep
@@ -55,11 +55,13 @@ class LLMEngine:
         self.model_path = path
         self.dtype = config.model.torch_dtype()
         self.device = platform.DEVICE
-        self.model, self.hf_config = load_model(path, self.dtype, self.device)
+        self.model, self.hf_config = load_model(path, self.dtype, self.device, config.model.quantization)
         kv_dtype = config.cache.torch_kv_dtype(self.dtype)
         # this engine's kernels, bound to its model's layers by the runner: another engine in the same
         # process may choose others
-        context = KernelContext(platform.PLATFORM, self.dtype, kv_dtype, getattr(self.model, "head_dim", None))
+        context = KernelContext(
+            platform.PLATFORM, self.dtype, kv_dtype, getattr(self.model, "head_dim", None), linear_formats(self.model)
+        )
         self.kernels = select_kernels(config.kernels.choices(), context, default=config.kernels.default())
         logger.info("kernels: %s", self.kernels.choice)
         self.tokenizer = load_tokenizer(config.model.tokenizer or path)

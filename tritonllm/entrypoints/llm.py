@@ -58,10 +58,15 @@ class LLM:
     ) -> None:
         """`kernels`: per op, a registered implementation (kernels/registry.py), e.g.
         {"attention": "torch_ref"}; ops left out take `kernel_backend` ("triton": the best one)."""
-        if quantization is not None:
-            raise ValueError(f"quantization={quantization!r} is not supported yet: load an unquantized checkpoint")
         config = EngineConfig(
-            model=ModelConfig(path=model, tokenizer=tokenizer, dtype=dtype, max_model_len=max_model_len, seed=seed),
+            model=ModelConfig(
+                path=model,
+                tokenizer=tokenizer,
+                dtype=dtype,
+                max_model_len=max_model_len,
+                seed=seed,
+                quantization=quantization,
+            ),  # fmt: skip
             cache=CacheConfig(
                 block_size=block_size,
                 gpu_memory_utilization=gpu_memory_utilization,

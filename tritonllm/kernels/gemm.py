@@ -208,7 +208,7 @@ _CDNA = {
     "weight_only": [(32, GemmTiles(32, 64, 128, 4, 2, 8, 8)), (None, GemmTiles(128, 128, 64, 8, 2, 4))],
 }  # fmt: skip
 # The interpreter runs each program in Python: small tiles, few programs (tests' shapes are small)
-_CPU = {kind: [(None, GemmTiles(16, 32, 32, 1, 1, 4, 4))] for kind in ("float", "w8a8", "block", "weight_only")}
+_CPU = {kind: [(None, GemmTiles(32, 64, 64, 1, 1, 4, 4))] for kind in ("float", "w8a8", "block", "weight_only")}
 GEMM_TABLES = {"hopper": _HOPPER, "ampere": _AMPERE, "cdna": _CDNA, "cpu": _CPU}
 
 

@@ -73,6 +73,8 @@ class Attention(nn.Module):
         # per-tensor dequantisation scales of an FP8 KV cache (set by the runner); None otherwise
         self.k_scale: torch.Tensor | None = None
         self.v_scale: torch.Tensor | None = None
+        # the checkpoint's calibrated FP8 KV scales ({"k_scale": ..., "v_scale": ...}), if it has them
+        self.checkpoint_kv_scales: dict[str, float] = {}
 
     def forward(
         self,

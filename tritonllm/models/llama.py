@@ -7,6 +7,7 @@ names mirror HF's, except that q/k/v and gate/up are fused (`load_weights` maps 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -20,8 +21,13 @@ from tritonllm.layers.embedding import LMHead, VocabEmbedding
 from tritonllm.layers.linear import Linear, MergedLinear, QKVLinear, copy_weight
 from tritonllm.layers.norm import RMSNorm
 from tritonllm.layers.rotary import RotaryEmbedding, rope_parameters
+from tritonllm.quantization.config import LayerQuant, QuantConfig
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim]
+
+# a checkpoint's per-layer FP8 KV-cache scales: compressed-tensors puts them on self_attn, ModelOpt
+# on k_proj / v_proj, vLLM exports on self_attn.attn
+_KV_SCALE = re.compile(r"(model\.layers\.\d+\.self_attn)\.(?:k_proj\.|v_proj\.|attn\.)?([kv]_scale)")
 
 # HF tensor name part -> (our fused module name part, shard id)
 _FUSED_SHARDS: dict[str, tuple[str, str]] = {
@@ -70,18 +76,41 @@ def check_supported(config: PretrainedConfig) -> None:
         )
 
 
+def layer_quant(quant: QuantConfig | None, prefix: str, shards: tuple[str, ...] = ("",)) -> LayerQuant | None:
+    """The quantization of the linear layer whose HF modules are prefix + each shard name (a fused
+    layer's shards must agree: one layer runs one kernel)."""
+    if quant is None:
+        return None
+    choices = {quant.for_layer(prefix + shard) for shard in shards}
+    if len(choices) > 1:
+        raise ValueError(
+            f"{prefix}{{{','.join(shards)}}} are quantized differently; tritonllm fuses them into one layer"
+        )
+    return choices.pop()
+
+
 class LlamaAttention(nn.Module):
     def __init__(
-        self, config: PretrainedConfig, flags: LlamaFamilyFlags, rotary: RotaryEmbedding, dtype: torch.dtype
+        self,
+        config: PretrainedConfig,
+        flags: LlamaFamilyFlags,
+        rotary: RotaryEmbedding,
+        dtype: torch.dtype,
+        quant: QuantConfig | None,
+        prefix: str,
     ) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = model_head_dim(config)
         self.qkv_proj = QKVLinear(
-            config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, flags.qkv_bias, dtype
-        )
-        self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, flags.o_proj_bias, dtype)
+            config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, flags.qkv_bias, dtype,
+            layer_quant(quant, f"{prefix}.", ("q_proj", "k_proj", "v_proj")),
+        )  # fmt: skip
+        self.o_proj = Linear(
+            self.num_heads * self.head_dim, config.hidden_size, flags.o_proj_bias, dtype,
+            layer_quant(quant, f"{prefix}.o_proj"),
+        )  # fmt: skip
         self.qk_norm = flags.qk_norm
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype)
@@ -103,11 +132,23 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: PretrainedConfig, flags: LlamaFamilyFlags, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        flags: LlamaFamilyFlags,
+        dtype: torch.dtype,
+        quant: QuantConfig | None,
+        prefix: str,
+    ) -> None:
         super().__init__()
         size = config.intermediate_size
-        self.gate_up_proj = MergedLinear(config.hidden_size, {"gate": size, "up": size}, flags.mlp_bias, dtype)
-        self.down_proj = Linear(size, config.hidden_size, flags.mlp_bias, dtype)
+        self.gate_up_proj = MergedLinear(
+            config.hidden_size, {"gate": size, "up": size}, flags.mlp_bias, dtype,
+            layer_quant(quant, f"{prefix}.", ("gate_proj", "up_proj")),
+        )  # fmt: skip
+        self.down_proj = Linear(
+            size, config.hidden_size, flags.mlp_bias, dtype, layer_quant(quant, f"{prefix}.down_proj")
+        )
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -116,11 +157,17 @@ class LlamaMLP(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(
-        self, config: PretrainedConfig, flags: LlamaFamilyFlags, rotary: RotaryEmbedding, dtype: torch.dtype
+        self,
+        config: PretrainedConfig,
+        flags: LlamaFamilyFlags,
+        rotary: RotaryEmbedding,
+        dtype: torch.dtype,
+        quant: QuantConfig | None,
+        prefix: str,
     ) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, flags, rotary, dtype)
-        self.mlp = LlamaMLP(config, flags, dtype)
+        self.self_attn = LlamaAttention(config, flags, rotary, dtype, quant, f"{prefix}.self_attn")
+        self.mlp = LlamaMLP(config, flags, dtype, quant, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
 
@@ -144,7 +191,9 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: PretrainedConfig, flags: LlamaFamilyFlags, dtype: torch.dtype) -> None:
+    def __init__(
+        self, config: PretrainedConfig, flags: LlamaFamilyFlags, dtype: torch.dtype, quant: QuantConfig | None
+    ) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype)
         head_dim = model_head_dim(config)
@@ -152,7 +201,8 @@ class LlamaModel(nn.Module):
         rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
         rotary = RotaryEmbedding(head_dim, rotary_dim, config.max_position_embeddings, params)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, flags, rotary, dtype) for _ in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, flags, rotary, dtype, quant, f"model.layers.{i}")
+            for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
 
@@ -178,10 +228,17 @@ def model_head_dim(config: PretrainedConfig) -> int:
 class LlamaForCausalLM(nn.Module):
     """Serves LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM checkpoints.
 
-    Parameters are allocated once, uninitialised, in `dtype` on `device`; `load_weights` fills them.
+    Parameters are allocated once, uninitialised, in `dtype` on `device` (quantized linear layers
+    per `quant`, quantization/config.py); `load_weights` fills them.
     """
 
-    def __init__(self, config: PretrainedConfig, dtype: torch.dtype, device: torch.device | str) -> None:
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        quant: QuantConfig | None = None,
+    ) -> None:
         super().__init__()
         check_supported(config)
         self.config = config
@@ -192,7 +249,7 @@ class LlamaForCausalLM(nn.Module):
         self.vocab_size: int = config.vocab_size
         # layers create their parameters with torch.empty: the device context puts them in place
         with torch.device(device):
-            self.model = LlamaModel(config, self.flags, dtype)
+            self.model = LlamaModel(config, self.flags, dtype, quant)
             tied = self.model.embed_tokens if self.flags.tie_word_embeddings else None
             self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype, tied_to=tied)
 
@@ -224,18 +281,23 @@ class LlamaForCausalLM(nn.Module):
                 continue
             if name == "lm_head.weight" and self.flags.tie_word_embeddings:  # same tensor as the embedding
                 continue
-            target, shard_id = _our_name(name)
-            if target not in params:
-                unexpected.append(name)
+            kv_scale = _KV_SCALE.fullmatch(name)
+            if kv_scale is not None:
+                self.get_submodule(f"{kv_scale.group(1)}.attn").checkpoint_kv_scales[kv_scale.group(2)] = float(tensor)
                 continue
-            if shard_id is None:
-                copy_weight(params[target], tensor, name)
-            else:
-                module = self.get_submodule(target.rsplit(".", 1)[0])
-                try:
-                    module.weight_loader(params[target], tensor, shard_id)
-                except ValueError as error:
-                    raise ValueError(f"{name}: {error}") from error
+            target, shard_id = _our_name(name)
+            module_name, _, leaf = target.rpartition(".")
+            module = _submodule(self, module_name)
+            try:
+                if isinstance(module, Linear):  # weights, biases and scales: the layer's method places them
+                    module.load_param(leaf, tensor, shard_id)
+                elif target in params and shard_id is None:
+                    copy_weight(params[target], tensor, name)
+                else:
+                    unexpected.append(name)
+                    continue
+            except (ValueError, AttributeError) as error:
+                raise ValueError(f"{name}: {error}") from error
             loaded.add(name)
         missing = sorted(expected - loaded)
         if missing or unexpected:
@@ -243,6 +305,9 @@ class LlamaForCausalLM(nn.Module):
                 f"checkpoint does not match {type(self).__name__} ({self.config.model_type}): "
                 f"missing tensors {missing}; unexpected tensors {sorted(unexpected)}"
             )
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.finish_loading()
 
     def _expected_checkpoint_names(self, params: dict[str, nn.Parameter]) -> set[str]:
         """Every HF tensor name the checkpoint must hold: each fused param stands for its shards."""
@@ -251,6 +316,13 @@ class LlamaForCausalLM(nn.Module):
             shards = [name.replace(ours, hf) for hf, (ours, _) in _FUSED_SHARDS.items() if ours in name]
             expected.update(shards or [name])
         return expected
+
+
+def _submodule(model: nn.Module, name: str) -> nn.Module | None:
+    try:
+        return model.get_submodule(name) if name else None
+    except AttributeError:
+        return None
 
 
 def _our_name(hf_name: str) -> tuple[str, str | None]:

@@ -2,20 +2,37 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from tritonllm.layers.linear import Linear
 from tritonllm.loader.hf_config import load_hf_config
 from tritonllm.loader.safetensors_loader import iterate_safetensors
 from tritonllm.models.registry import get_model_class
+from tritonllm.quantization.config import quant_config
+
+logger = logging.getLogger(__name__)
 
 
-def load_model(path: str | Path, dtype: torch.dtype, device: torch.device | str) -> tuple[nn.Module, PretrainedConfig]:
-    """(model in eval mode with its weights in `dtype` on `device`, the folder's HF config)."""
+def load_model(
+    path: str | Path, dtype: torch.dtype, device: torch.device | str, quantization: str | None = None
+) -> tuple[nn.Module, PretrainedConfig]:
+    """(model in eval mode with its weights on `device`, the folder's HF config). Linear layers are
+    quantized as the checkpoint's quantization_config says, or online per `quantization`
+    (quantization/config.py); the rest is in `dtype`."""
     config = load_hf_config(path)
-    model = get_model_class(config)(config, dtype, device)
+    quant = quant_config(config, quantization)
+    model = get_model_class(config)(config, dtype, device, quant)
     model.load_weights(iterate_safetensors(path))
+    if quant is not None:
+        logger.info("quantization: %s; linear formats %s", quant.describe(), sorted(linear_formats(model)))
     return model.eval(), config
+
+
+def linear_formats(model: nn.Module) -> frozenset[str]:
+    """The quantized formats of the model's linear layers (kernels/quant_formats.py), for kernel selection."""
+    return frozenset(m.format_name for m in model.modules() if isinstance(m, Linear) and m.format_name != "float")

@@ -168,18 +168,24 @@ def tiny_cache_root() -> Path:
 
 
 def tiny_model_path(architecture: str = "LlamaForCausalLM") -> Path:
-    """The cached tiny folder for `architecture` (seed 0), made on first use.
+    """The cached tiny folder for `architecture` (seed 0), made on first use."""
+    return _cached_folder(architecture, lambda folder: make_tiny_model(folder, architecture))
+
+
+def _cached_folder(name: str, make) -> Path:
+    """tiny_cache_root()/v{version}/name, made by `make(folder)` on first use.
 
     Written to a temporary folder and renamed into place, so concurrent test processes never see
     a half-written model: the first rename wins and the others discard their copy.
     """
-    final = tiny_cache_root() / f"v{TINY_MODEL_VERSION}" / architecture
+    final = tiny_cache_root() / f"v{TINY_MODEL_VERSION}" / name
     if final.is_dir():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{architecture}-", dir=final.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name.replace('/', '-')}-", dir=final.parent))
     try:
-        make_tiny_model(tmp, architecture)
+        make(tmp)
+        final.parent.mkdir(parents=True, exist_ok=True)
         os.rename(tmp, final)
     except OSError:
         if not final.is_dir():  # not a lost race: a real failure
@@ -188,3 +194,41 @@ def tiny_model_path(architecture: str = "LlamaForCausalLM") -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+# The fitted models' pattern: each token is the previous one plus one, counting through
+# [FIT_FIRST, FIT_LAST) and wrapping; prompts that follow it (or jump, then follow) have clear answers.
+FIT_FIRST, FIT_LAST = 10, 600
+FIT_VERSION = 2  # bump when fit_tiny_model changes, so stale fitted folders are not reused
+
+
+def fit_tiny_model(source: Path, out: Path, steps: int = 200, seed: int = 0) -> Path:
+    """Train the tiny model at `source` briefly on the counting pattern and save it to `out`: its
+    next-token distributions are then peaked, so quantization error shows as logprob differences
+    rather than flipped near-ties (a random-weight model's flat distributions are full of them)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.0)
+    model.train()
+    span, length = FIT_LAST - FIT_FIRST, 48
+    for _ in range(steps):
+        # two runs of the pattern per sequence: the model learns to pick it up again after a jump
+        starts = torch.randint(0, span, (32, 2), generator=gen)
+        jump = torch.randint(8, length - 8, (32, 1), generator=gen)
+        positions = torch.arange(length)
+        offset = torch.where(positions < jump, starts[:, :1] + positions, starts[:, 1:] + positions - jump)
+        tokens = FIT_FIRST + offset % span
+        loss = model(input_ids=tokens, labels=tokens).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    model.save_pretrained(out)
+    transformers.AutoTokenizer.from_pretrained(source).save_pretrained(out)
+    return out
+
+
+def fitted_tiny_model_path(architecture: str = "LlamaForCausalLM") -> Path:
+    """The cached tiny folder for `architecture`, fitted to the counting pattern (fit_tiny_model)."""
+    source = tiny_model_path(architecture)
+    return _cached_folder(f"fitted-v{FIT_VERSION}-{architecture}", lambda folder: fit_tiny_model(source, folder))

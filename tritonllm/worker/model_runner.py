@@ -126,11 +126,12 @@ class ModelRunner:
         cache = torch.empty(shape, dtype=self.kv_dtype, device=self.device)
         self.kv_caches = [(cache[i, 0], cache[i, 1]) for i in range(m.num_layers)]
         if self.kv_dtype.itemsize == 1:
-            # FP8 cache: per-layer K and V scales; 1.0 unless a checkpoint provides calibrated ones
+            # FP8 cache: per-layer K and V scales; the checkpoint's calibrated ones where it has them, else 1.0
             for attn in self.model.modules():
                 if isinstance(attn, Attention):
-                    attn.k_scale = torch.ones(1, dtype=torch.float32, device=self.device)
-                    attn.v_scale = torch.ones(1, dtype=torch.float32, device=self.device)
+                    scales = attn.checkpoint_kv_scales
+                    attn.k_scale = torch.tensor([scales.get("k_scale", 1.0)], dtype=torch.float32, device=self.device)
+                    attn.v_scale = torch.tensor([scales.get("v_scale", 1.0)], dtype=torch.float32, device=self.device)
 
     @torch.inference_mode()
     def profile_peak_bytes(self, max_num_batched_tokens: int, max_num_seqs: int) -> int:

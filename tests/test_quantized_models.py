@@ -1,0 +1,140 @@
+"""Quantized checkpoints, loaded as published, against the same model unquantized.
+
+The fixtures start from the tiny Llama fitted to a counting pattern (models/tiny.py: peaked
+distributions, so quantization error shows as logprob differences instead of flipped near-ties),
+write it in each published layout (quantization/export.py), and load it through the normal
+loader. Each model's prompt logprobs are compared with the float model's: the mean and largest
+absolute differences are reported and bounded, and greedy tokens must be equal.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tritonllm import LLM, SamplingParams
+from tritonllm.models.tiny import fitted_tiny_model_path
+from tritonllm.quantization.export import LAYOUTS, export_quantized
+
+# a run of the pattern, a jump (an unlikely token: a large, sensitive logprob), the pattern again
+PROMPTS = [list(range(100, 116)) + list(range(300, 310)), list(range(520, 530)) + list(range(40, 52))]
+CALIBRATION = [list(range(10, 60)), list(range(200, 250)), list(range(550, 600))]
+# mean / max |logprob difference| allowed per format (8-bit weights and activations on a fitted model)
+BOUNDS = {"int8": (0.02, 0.3), "fp8": (0.06, 0.8), "mxfp8": (0.08, 1.0)}
+
+
+@pytest.fixture(scope="module")
+def fitted() -> str:
+    return str(fitted_tiny_model_path("LlamaForCausalLM"))
+
+
+def _run(path: str, **kw) -> tuple[list[list[float]], list[list[int]]]:
+    llm = LLM(model=path, max_model_len=128, max_num_seqs=4, **kw)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, prompt_logprobs=0)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    logprobs = [[pos[t].logprob for pos, t in zip(o.prompt_logprobs[1:], p[1:])] for o, p in zip(outputs, PROMPTS)]
+    return logprobs, [list(o.outputs[0].token_ids) for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def float_run(fitted) -> tuple[list[list[float]], list[list[int]]]:
+    return _run(fitted)
+
+
+def _compare(name: str, got, want, bounds: tuple[float, float]) -> None:
+    diffs = torch.tensor([abs(a - b) for g, w in zip(got[0], want[0]) for a, b in zip(g, w)])
+    print(f"{name}: prompt logprobs vs float: mean |diff| {diffs.mean():.4f}, max {diffs.max():.4f}")
+    assert got[1] == want[1], f"{name}: greedy tokens {got[1]} != float model's {want[1]}"
+    assert diffs.mean() < bounds[0] and diffs.max() < bounds[1], (name, diffs.mean(), diffs.max())
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_checkpoint_in_published_layout_tracks_the_float_model(layout, fitted, float_run, tmp_path) -> None:
+    folder = export_quantized(fitted, tmp_path / layout, layout, CALIBRATION)
+    got = _run(str(folder), kv_cache_dtype="fp8" if layout == "ct-fp8-static" else "auto")
+    _compare(layout, got, float_run, BOUNDS["int8" if "int8" in layout else "fp8"])
+
+
+@pytest.mark.parametrize("method", ["fp8", "int8", "mxfp8"])
+def test_online_quantization_tracks_the_float_model(method, fitted, float_run) -> None:
+    _compare(f"online {method}", _run(fitted, quantization=method), float_run, BOUNDS[method])
+
+
+def test_quantized_layers_choose_a_kernel_that_serves_their_format(fitted, tmp_path) -> None:
+    folder = export_quantized(fitted, tmp_path / "block", "fp8-block")
+    llm = LLM(model=str(folder), max_model_len=64)
+    assert llm.llm_engine.kernels.choice["linear"] == "triton"  # cuBLAS has no block-FP8 path
+    layer = llm.llm_engine.model.model.layers[0].self_attn.qkv_proj
+    assert layer.format_name == "fp8:block:group" and layer.qweight.data.dtype == torch.float8_e4m3fn
+    with pytest.raises(
+        ValueError, match=r"kernels.linear='torch' cannot run here: quantized format\(s\) \['fp8:block:group'\]"
+    ):
+        LLM(model=str(folder), max_model_len=64, kernels={"linear": "torch"})
+
+
+def test_online_quantization_frees_the_float_weights(fitted) -> None:
+    llm = LLM(model=fitted, max_model_len=64, quantization="int8")
+    layer = llm.llm_engine.model.model.layers[0].mlp.down_proj
+    assert not hasattr(layer, "weight") and layer.qweight.data.dtype == torch.int8
+    # lm_head stays in the model's dtype, as vLLM does
+    assert llm.llm_engine.model.lm_head.weight.dtype == torch.float32
+
+
+def _rewrite_config(folder, **quantization_config) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"].update(quantization_config)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(quant_method="gptq", bits=4), "the checkpoint's quant_method 'gptq' is not supported"),
+        (dict(weight_block_size=[64, 64]), r"weight_block_size \[64, 64\] is not supported"),
+        (dict(activation_scheme="weird"), "activation_scheme 'weird' is not supported"),
+    ],
+)
+def test_unsupported_schemes_are_refused_by_name(change, message, fitted, tmp_path) -> None:
+    folder = export_quantized(fitted, tmp_path / "q", "fp8-block")
+    _rewrite_config(folder, **change)
+    with pytest.raises(ValueError, match=message):
+        LLM(model=str(folder), max_model_len=64)
+
+
+def test_an_unsupported_compressed_tensors_strategy_is_refused_by_name(fitted, tmp_path) -> None:
+    folder = export_quantized(fitted, tmp_path / "q", "ct-int8-channel")
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"]["config_groups"]["group_0"]["weights"]["strategy"] = "group"
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        ValueError, match="compressed-tensors group 'group_0': weight strategy 'group' is not supported"
+    ):
+        LLM(model=str(folder), max_model_len=64)
+
+
+def test_a_checkpoint_missing_a_scale_is_refused_naming_the_tensor(fitted, tmp_path) -> None:
+    folder = export_quantized(fitted, tmp_path / "q", "ct-fp8-channel")
+    tensors = load_file(folder / "model.safetensors")
+    del tensors["model.layers.1.mlp.down_proj.weight_scale"]
+    save_file(tensors, str(folder / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"missing tensors \['model.layers.1.mlp.down_proj.weight_scale'\]"):
+        LLM(model=str(folder), max_model_len=64)
+
+
+def test_a_quantization_argument_that_contradicts_the_checkpoint_is_refused(fitted, tmp_path) -> None:
+    folder = export_quantized(fitted, tmp_path / "q", "fp8-block")
+    with pytest.raises(ValueError, match="the checkpoint is quantized with 'fp8'"):
+        LLM(model=str(folder), max_model_len=64, quantization="int8")
+    with pytest.raises(ValueError, match="quantization='int4' is not supported"):
+        LLM(model=fitted, max_model_len=64, quantization="int4")
+
+
+def test_checkpoint_kv_cache_scales_are_used_by_an_fp8_cache(fitted, tmp_path) -> None:
+    folder = export_quantized(fitted, tmp_path / "q", "ct-fp8-static", CALIBRATION)
+    stored = load_file(folder / "model.safetensors")["model.layers.0.self_attn.k_scale"]
+    llm = LLM(model=str(folder), max_model_len=64, kv_cache_dtype="fp8")
+    attn = llm.llm_engine.model.model.layers[0].self_attn.attn
+    assert attn.k_scale.item() == pytest.approx(float(stored)) and attn.k_scale.item() != 1.0

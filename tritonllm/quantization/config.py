@@ -1,0 +1,228 @@
+"""Which linear layers are quantized, and how: from the checkpoint's `quantization_config` (as
+published) or from `quantization=` (online quantization of a float checkpoint).
+
+Read as published:
+- `quant_method: "fp8"` (Qwen3-FP8, DeepSeek-V3, vLLM's own FP8 exports): FP8 e4m3 `weight`; with
+  `weight_block_size: [128, 128]` a float32 `weight_scale_inv` per 128 x 128 block and activations
+  quantized per 1 x 128 group at run time; without it a per-tensor `weight_scale`, and
+  `activation_scheme` "dynamic" (per-token scales at run time) or "static" (`input_scale`).
+  `ignored_layers` / `modules_to_not_convert` stay unquantized.
+- `quant_method: "compressed-tensors"` with format `float-quantized` (FP8), `int-quantized` or
+  `naive-quantized` (INT8): `config_groups` whose `weights` are 8-bit symmetric with strategy
+  tensor, channel or block, and whose `input_activations` are dynamic per token, static per tensor
+  (`input_scale`) or absent (weight-only W8A16); `ignore` lists names or "re:" patterns.
+Anything else (GPTQ, AWQ, 4-bit, asymmetric, other strategies) is refused at load, by name.
+
+Online: `quantization="fp8"` (per-channel weights, per-token activations), `"int8"` (same, int8)
+or `"mxfp8"` (OCP MX on both operands); lm_head stays in the model's dtype, as vLLM does.
+GPUs without FP8 (NVIDIA before compute capability 8.9) run FP8 checkpoints weight-only: the FP8
+weight is widened in the GEMM and activations stay in the model's dtype (logged).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tritonllm import platform
+from tritonllm.kernels.quant_formats import BLOCK, QuantScheme
+
+logger = logging.getLogger(__name__)
+
+ONLINE_METHODS = ("fp8", "int8", "mxfp8")
+CHECKPOINT_METHODS = ("fp8", "compressed-tensors")
+
+
+@dataclass(frozen=True)
+class LayerQuant:
+    """How one linear layer is stored and run."""
+
+    scheme: QuantScheme
+    online: bool  # quantized at load from the checkpoint's float weight
+    scale_name: str = "weight_scale"  # the checkpoint's tensor of weight scales ("weight_scale_inv": block FP8)
+    static_input: bool = False  # the checkpoint carries `input_scale` (act "tensor")
+    checkpoint_dtype: torch.dtype | None = None  # the weight's dtype on disk (e4m3fn on MI300: converted)
+
+
+@dataclass
+class QuantConfig:
+    method: str  # "fp8", "compressed-tensors", or "online-<fp8|int8|mxfp8>"
+    default: LayerQuant | None  # the layers not matched by `targets`
+    targets: list[tuple[re.Pattern, LayerQuant]] = field(default_factory=list)  # first match wins
+    ignore: list[re.Pattern] = field(default_factory=list)  # unquantized layers
+    kv_cache_scales: bool = False  # the checkpoint carries per-layer k_scale / v_scale
+
+    def for_layer(self, prefix: str) -> LayerQuant | None:
+        """The quantization of the linear layer at HF module path `prefix` (e.g.
+        "model.layers.0.self_attn.q_proj"), or None for an unquantized one."""
+        if any(p.fullmatch(prefix) or p.fullmatch(prefix.rsplit(".", 1)[-1]) for p in self.ignore):
+            return None
+        for pattern, layer in self.targets:
+            if pattern.fullmatch(prefix):
+                return layer
+        return self.default
+
+    def describe(self) -> str:
+        first = self.default or (self.targets[0][1] if self.targets else None)
+        return f"{self.method} ({first.scheme.format_name if first else 'no quantized layers'})"
+
+
+def _fp8() -> torch.dtype:
+    return platform.fp8_e4m3_dtype() if platform.is_gpu() else torch.float8_e4m3fn
+
+
+def _has_fp8() -> bool:
+    """FP8 tensor cores and conversions: NVIDIA compute capability 8.9+, AMD MI300, or the CPU interpreter."""
+    if platform.PLATFORM == "cuda":
+        return torch.cuda.get_device_capability(platform.DEVICE) >= (8, 9)
+    return True
+
+
+def _act_on_this_gpu(act: str, what: str) -> str:
+    """The activation scheme to run: weight-only where the GPU has no FP8 (chosen explicitly, logged)."""
+    if act == "none" or _has_fp8():
+        return act
+    logger.warning("%s: this GPU has no FP8 tensor cores, so FP8 weights run weight-only (W8A16)", what)
+    return "none"
+
+
+def _names(patterns: list[str] | None) -> list[re.Pattern]:
+    """HF ignore lists: exact module names, or "re:" regular expressions (compressed-tensors)."""
+    out = []
+    for p in patterns or []:
+        out.append(re.compile(p[3:]) if p.startswith("re:") else re.compile(re.escape(p)))
+    return out
+
+
+def _fp8_method(qc: dict[str, Any]) -> QuantConfig:
+    block = qc.get("weight_block_size")
+    activation = qc.get("activation_scheme", "dynamic")
+    if activation not in ("dynamic", "static"):
+        raise ValueError(f"quant_method 'fp8': activation_scheme {activation!r} is not supported (dynamic, static)")
+    if block is not None:
+        if list(block) != [BLOCK, BLOCK]:
+            raise ValueError(f"quant_method 'fp8': weight_block_size {block} is not supported (only [128, 128])")
+        if activation != "dynamic":
+            raise ValueError("quant_method 'fp8' with weight_block_size needs activation_scheme 'dynamic'")
+        act = _act_on_this_gpu("group", "block-FP8 checkpoint")
+        layer = LayerQuant(
+            QuantScheme(_fp8(), "block", act), False, "weight_scale_inv", checkpoint_dtype=torch.float8_e4m3fn
+        )
+    else:
+        act = _act_on_this_gpu("token" if activation == "dynamic" else "tensor", "FP8 checkpoint")
+        layer = LayerQuant(QuantScheme(_fp8(), "channel", act), False, "weight_scale", activation == "static",
+                           checkpoint_dtype=torch.float8_e4m3fn)  # fmt: skip
+    ignore = _names(qc.get("ignored_layers") or qc.get("modules_to_not_convert"))
+    return QuantConfig("fp8", layer, ignore=ignore, kv_cache_scales=bool(qc.get("kv_cache_scheme")))
+
+
+def _compressed_tensors_group(name: str, group: dict[str, Any], fmt: str) -> LayerQuant:
+    weights, inputs = group.get("weights") or {}, group.get("input_activations")
+    where = f"compressed-tensors group {name!r}"
+    if weights.get("num_bits") != 8 or not weights.get("symmetric", True) or weights.get("dynamic", False):
+        raise ValueError(
+            f"{where}: weights {weights} are not supported (8-bit symmetric static weights only; 4-bit formats: GPTQ/AWQ issue)"
+        )
+    kind, strategy = weights.get("type", "int"), weights.get("strategy")
+    if kind not in ("float", "int") or (kind == "float") != (fmt == "float-quantized"):
+        raise ValueError(f"{where}: weight type {kind!r} does not fit format {fmt!r}")
+    dtype = _fp8() if kind == "float" else torch.int8
+    checkpoint_dtype = torch.float8_e4m3fn if kind == "float" else torch.int8
+    if strategy == "block":
+        if list(weights.get("block_structure") or []) != [BLOCK, BLOCK]:
+            raise ValueError(
+                f"{where}: block_structure {weights.get('block_structure')} is not supported (only [128, 128])"
+            )
+        weight_scale = "block"
+    elif strategy in ("tensor", "channel"):
+        weight_scale = "channel"  # a per-tensor scale is stored expanded per channel
+    else:
+        raise ValueError(f"{where}: weight strategy {strategy!r} is not supported (tensor, channel, block)")
+    if inputs is None:
+        act = "none"
+    else:
+        if inputs.get("num_bits") != 8 or inputs.get("type", kind) != kind or not inputs.get("symmetric", True):
+            raise ValueError(
+                f"{where}: input_activations {inputs} are not supported (8-bit symmetric, same type as weights)"
+            )
+        i_strategy, dynamic = inputs.get("strategy"), inputs.get("dynamic", True)
+        if dynamic and i_strategy == "token" and weight_scale == "channel":
+            act = "token"
+        elif not dynamic and i_strategy == "tensor" and weight_scale == "channel":
+            act = "tensor"
+        elif dynamic and i_strategy == "group" and inputs.get("group_size") == BLOCK and weight_scale == "block":
+            act = "group"
+        else:
+            raise ValueError(
+                f"{where}: input_activations strategy {i_strategy!r} dynamic={dynamic} with {strategy} weights is not supported"
+            )
+    if dtype != torch.int8:
+        act = _act_on_this_gpu(act, where)
+    return LayerQuant(QuantScheme(dtype, weight_scale, act), False, "weight_scale", act == "tensor", checkpoint_dtype)
+
+
+def _compressed_tensors_method(qc: dict[str, Any]) -> QuantConfig:
+    fmt = qc.get("format")
+    if fmt not in ("float-quantized", "int-quantized", "naive-quantized"):
+        raise ValueError(
+            f"compressed-tensors format {fmt!r} is not supported (float-quantized, int-quantized, naive-quantized)"
+        )
+    config = QuantConfig("compressed-tensors", None, ignore=_names(qc.get("ignore")))
+    for name, group in (qc.get("config_groups") or {}).items():
+        layer = _compressed_tensors_group(name, group, fmt)
+        for target in group.get("targets", []):
+            if target == "Linear":
+                config.default = layer
+            else:
+                config.targets.append((_names([target])[0], layer))
+    kv = qc.get("kv_cache_scheme")
+    if kv is not None:
+        if kv.get("num_bits") != 8 or kv.get("type") != "float" or kv.get("strategy") != "tensor":
+            raise ValueError(f"compressed-tensors kv_cache_scheme {kv} is not supported (8-bit float per tensor)")
+        config.kv_cache_scales = True
+    return config
+
+
+def _online_method(method: str) -> QuantConfig:
+    if method == "int8":
+        scheme = QuantScheme(torch.int8, "channel", "token")
+    elif method == "fp8":
+        scheme = QuantScheme(_fp8(), "channel", _act_on_this_gpu("token", "quantization='fp8'"))
+    else:
+        if not _has_fp8():
+            raise ValueError("quantization='mxfp8' needs FP8 support (NVIDIA compute capability 8.9+, AMD MI300)")
+        scheme = QuantScheme(_fp8(), "mx", "mx")
+    return QuantConfig(f"online-{method}", LayerQuant(scheme, True), ignore=_names(["lm_head"]))
+
+
+def quant_config(hf_config: Any, quantization: str | None) -> QuantConfig | None:
+    """The model's QuantConfig: from `quantization_config` in config.json, or online from
+    `quantization`; None when neither asks for one. Unsupported schemes raise ValueError by name."""
+    qc = getattr(hf_config, "quantization_config", None)
+    if qc is not None and not isinstance(qc, dict):
+        qc = qc.to_dict()
+    if qc:
+        method = qc.get("quant_method")
+        if quantization is not None and quantization != method:
+            raise ValueError(
+                f"quantization={quantization!r} but the checkpoint is quantized with {method!r}: leave quantization unset"
+            )
+        if method == "fp8":
+            return _fp8_method(qc)
+        if method == "compressed-tensors":
+            return _compressed_tensors_method(qc)
+        raise ValueError(
+            f"the checkpoint's quant_method {method!r} is not supported (supported: {', '.join(CHECKPOINT_METHODS)})"
+        )
+    if quantization is None:
+        return None
+    if quantization not in ONLINE_METHODS:
+        raise ValueError(
+            f"quantization={quantization!r} is not supported: online quantization is one of {list(ONLINE_METHODS)}, "
+            f"quantized checkpoints are read from their config.json ({', '.join(CHECKPOINT_METHODS)})"
+        )
+    return _online_method(quantization)

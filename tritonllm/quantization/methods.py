@@ -1,0 +1,147 @@
+"""Linear methods: what a linear layer stores, how checkpoint tensors fill it, and which kernel
+entry point it calls (layers/linear.py owns one).
+
+- `UnquantizedMethod`: a `weight` [N, K] in the model's dtype; `kernels.linear`.
+- `CheckpointQuantMethod`: the checkpoint's quantized `weight` [N, K], its weight scales (named as
+  the checkpoint names them), and `input_scale` for static activations; `kernels.quantized_linear`.
+- `OnlineQuantMethod`: loads the float weight like an unquantized layer, then quantizes it once
+  loading is done (quantization/quantize.py) and frees the float copy.
+
+Fused layers (q/k/v, gate/up) hold several checkpoint shards in one weight. Their shards may carry
+different per-tensor scales, so scales are kept per output row: a per-tensor scale fills its
+shard's rows, a per-channel one is copied, a 128 x 128 block grid is placed at its shard's block
+rows (shards must start on a multiple of 128 rows). Static input scales of a fused layer's shards
+(one input, several calibrations) are combined by their maximum, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tritonllm.kernels.quant_formats import BLOCK, QuantizedWeight
+from tritonllm.quantization.config import LayerQuant
+from tritonllm.quantization.quantize import quantize_weight
+
+Shard = tuple[int, int, int]  # (first output row, rows, index of the shard)
+
+
+def _param(shape: tuple[int, ...], dtype: torch.dtype, fill: float | None = None) -> nn.Parameter:
+    t = torch.empty(shape, dtype=dtype) if fill is None else torch.full(shape, fill, dtype=dtype)
+    return nn.Parameter(t, requires_grad=False)
+
+
+def _copy(param: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
+    if param.shape != loaded.shape:
+        raise ValueError(
+            f"{name}: the checkpoint's shape {tuple(loaded.shape)} is not the model's {tuple(param.shape)}"
+        )
+    param.copy_(loaded)
+
+
+class UnquantizedMethod:
+    format_name = "float"
+
+    def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
+        layer.weight = _param((out_features, in_features), dtype)
+
+    def load(self, layer: nn.Module, name: str, loaded: torch.Tensor, shard: Shard) -> None:
+        first, rows, _ = shard
+        _copy(getattr(layer, name).data.narrow(0, first, rows), loaded, name)
+
+    def finish_loading(self, layer: nn.Module) -> None:
+        pass
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return layer.kernels.linear(x, layer.weight, layer.bias)
+
+
+class OnlineQuantMethod(UnquantizedMethod):
+    """Float weights loaded as they are, quantized once loading is done."""
+
+    def __init__(self, layer_quant: LayerQuant) -> None:
+        self.layer_quant = layer_quant
+        self.format_name = layer_quant.scheme.format_name
+
+    def finish_loading(self, layer: nn.Module) -> None:
+        layer.qweight = quantize_weight(layer.weight.data, self.layer_quant.scheme)
+        del layer.weight  # the float copy is not kept
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return layer.kernels.quantized_linear(x, layer.qweight, layer.bias)
+
+
+class CheckpointQuantMethod:
+    """A layer quantized in the checkpoint (quantization/config.py lists the published layouts)."""
+
+    def __init__(self, layer_quant: LayerQuant) -> None:
+        self.layer_quant = layer_quant
+        self.scheme = layer_quant.scheme
+        self.format_name = layer_quant.scheme.format_name
+
+    def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
+        lq = self.layer_quant
+        layer.weight = _param((out_features, in_features), lq.checkpoint_dtype or self.scheme.weight_dtype)
+        if self.scheme.weight_scale == "block":
+            grid = (-(-out_features // BLOCK), -(-in_features // BLOCK))
+            setattr(layer, lq.scale_name, _param(grid, torch.float32))
+        else:
+            setattr(layer, lq.scale_name, _param((out_features,), torch.float32))
+        if lq.static_input:
+            num_shards = len(getattr(layer, "shard_offsets", None) or [None])
+            layer.input_scale = _param((num_shards,), torch.float32, fill=0.0)
+
+    def load(self, layer: nn.Module, name: str, loaded: torch.Tensor, shard: Shard) -> None:
+        first, rows, index = shard
+        lq = self.layer_quant
+        if name.endswith("zero_point"):  # symmetric schemes may still ship all-zero zero points
+            if loaded.count_nonzero():
+                raise ValueError(f"{name}: non-zero zero points (asymmetric quantization) are not supported")
+            return
+        if name == "weight":
+            if loaded.dtype != layer.weight.dtype:
+                raise ValueError(f"{name}: the checkpoint stores {loaded.dtype}, expected {layer.weight.dtype}")
+            _copy(layer.weight.data.narrow(0, first, rows), loaded, name)
+        elif name == lq.scale_name and self.scheme.weight_scale == "block":
+            if first % BLOCK:
+                raise ValueError(f"{name}: a fused shard starts at row {first}, not on a 128-row block boundary")
+            param = getattr(layer, name).data
+            _copy(param.narrow(0, first // BLOCK, loaded.shape[0]), loaded.float(), name)
+        elif name == lq.scale_name:
+            param = getattr(layer, name).data.narrow(0, first, rows)
+            if loaded.numel() == 1:  # per-tensor: every row of the shard
+                param.fill_(loaded.float().reshape(()).item())
+            else:
+                _copy(param, loaded.float().reshape(-1), name)
+        elif name == "input_scale":
+            layer.input_scale.data[index] = loaded.float().reshape(())
+        elif name == "bias":
+            _copy(layer.bias.data.narrow(0, first, rows), loaded, name)
+        else:
+            raise ValueError(f"{name}: no such tensor in a {self.format_name} layer")
+
+    def finish_loading(self, layer: nn.Module) -> None:
+        weight, scale = layer.weight.data, getattr(layer, self.layer_quant.scale_name).data
+        if weight.dtype != self.scheme.weight_dtype:  # e4m3fn checkpoint on an e4m3fnuz GPU (MI300)
+            weight, scale = _e4m3fn_to_fnuz(weight, scale)
+        input_scale = layer.input_scale.data.amax().reshape(1) if self.layer_quant.static_input else None
+        layer.qweight = QuantizedWeight(self.scheme, weight, scale, input_scale)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return layer.kernels.quantized_linear(x, layer.qweight, layer.bias)
+
+
+def _e4m3fn_to_fnuz(weight: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same values in e4m3fnuz (exponent bias 8): the bits read as fnuz are half the value, so the
+    scale doubles; the bit pattern 0x80 (-0 in fn) is NaN in fnuz and becomes 0."""
+    bits = weight.view(torch.int8).clone()
+    bits[bits == -128] = 0
+    return bits.view(torch.float8_e4m3fnuz), scale * 2.0
+
+
+def make_method(layer_quant: LayerQuant | None):
+    if layer_quant is None:
+        return UnquantizedMethod()
+    if layer_quant.online:
+        return OnlineQuantMethod(layer_quant)
+    return CheckpointQuantMethod(layer_quant)
