@@ -2,7 +2,7 @@
 # On the lent GPU: the GPU test suite, then end-to-end benchmarks on random-weight models of real
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
-#   [profile-llama-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama]
+#   [profile-llama-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [e2e-quant]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*)
 set -uo pipefail
@@ -103,7 +103,11 @@ for step in $STEPS; do
           chunked_prefill) ablate qwen3-0.6b $name $NANO scheduler.enable_chunked_prefill=true
                            TAG=_off ablate qwen3-0.6b $name $NANO scheduler.enable_chunked_prefill=false \
                              scheduler.max_num_batched_tokens=8192 ;;
-          attention) ablate qwen3-0.6b $name cache.kv_cache_dtype=auto,fp8 ;;  # 64 x 512 + 128: the reference is slow
+          attention)  # 64 x 512 + 128 for the Triton kernels (bf16 and FP8 caches); the torch reference
+                      # (eager, per-sequence loops) beside the unified kernel on 8 requests
+                      ablate qwen3-0.6b $name cache.kv_cache_dtype=auto,fp8 kernels.attention=auto,triton_unified
+                      TAG=_reference ablate qwen3-0.6b $name kernels.attention=triton_unified,torch_ref \
+                        workload.num_requests=8 workload.warmup_requests=1 ;;
           prefix_caching) ablate qwen3-0.6b $name ;;  # 200 requests sharing a 2,000-token prompt
           *) ablate qwen3-0.6b $name $NANO ;;
         esac
@@ -117,6 +121,26 @@ for step in $STEPS; do
           attention) ablate llama3-8b $name cache.kv_cache_dtype=auto,fp8 ;;
           *) ablate llama3-8b $name ;;
         esac
+      done ;;
+    bench-gemm)
+      # every linear implementation beside torch's GEMMs (MODELS_GEMM="llama3-8b ...", FORMATS="bf16 fp8 ...")
+      python3 scripts/bench_gemm.py "$OUT/gemm_h200.json" ${MODELS_GEMM:+--models $MODELS_GEMM} \
+        ${FORMATS:+--formats $FORMATS} 2>&1 | tee "$OUT/gemm.log" | tail -40 ;;
+    e2e-quant)
+      # Llama-3-8B batch 1 and 64 x 512 + 128: cuBLAS bf16, all-Triton bf16, online FP8 through cuBLAS and Triton
+      ensure_model llama3-8b
+      for variant in ${QUANT_VARIANTS:-bf16_torch bf16_triton fp8_torch fp8_triton}; do
+        case $variant in
+          bf16_torch) args="kernels.linear=torch" ;;
+          bf16_triton) args="kernels.linear=triton" ;;
+          fp8_torch) args="model.quantization=fp8 kernels.linear=torch" ;;
+          fp8_triton) args="model.quantization=fp8 kernels.linear=triton" ;;
+          int8_triton) args="model.quantization=int8 kernels.linear=triton" ;;
+        esac
+        for exp in batch1_decode throughput_64x512; do
+          python3 -m tritonllm.run model.path="$MODELS/llama3-8b" +experiment=$exp workload.detokenize=true $args \
+            output_json="$OUT/llama3-8b_${exp}_$variant.json" hydra.run.dir=/tmp/hydra 2>&1 | grep "output tok/s"
+        done
       done ;;
     host-profile)
       # py-spy host profile of nano-vllm's benchmark (overlap on), folded stacks

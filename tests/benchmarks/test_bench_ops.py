@@ -21,8 +21,11 @@ import torch
 
 from tritonllm import platform
 from tritonllm.kernels import registry
+from tritonllm.kernels.quant_formats import QuantScheme
 from tritonllm.layers.rotary import build_cos_sin_cache
+from tritonllm.quantization.quantize import quantize_weight
 
+FP8_LINEAR = QuantScheme(torch.float8_e4m3fn, "channel", "token")
 TOKENS, HIDDEN, HEAD_DIM, HEADS, KV_HEADS, INTERMEDIATE, VOCAB, ROWS = 4096, 4096, 128, 32, 8, 14336, 151936, 256
 
 
@@ -53,6 +56,7 @@ def _cases() -> dict[str, Case]:
     logits = torch.randn(ROWS, VOCAB, device=dev, dtype=bf16) * 3
     ones = torch.ones(ROWS, device=dev)
     weight = torch.randn(HIDDEN, HIDDEN, device=dev, dtype=bf16)
+    fp8_weight = quantize_weight(weight, FP8_LINEAR)
     b = 2  # bytes per bf16 element
     return {
         "rms_norm": Case(lambda e: e["fused_add_rms_norm"](x, res, w, 1e-5), 4 * TOKENS * HIDDEN * b),
@@ -72,14 +76,28 @@ def _cases() -> dict[str, Case]:
             (weight.numel() + 2 * 64 * HIDDEN) * b,
             2 * 64 * HIDDEN * HIDDEN,
         ),  # fmt: skip
+        # the same layer with FP8 weights and per-token activations, activation quantization included
+        "linear_fp8": Case(
+            lambda e: e["quantized_linear"](x[:64], fp8_weight, None),
+            weight.numel() + 64 * HIDDEN * (b + 1) + 64 * HIDDEN * b,
+            2 * 64 * HIDDEN * HIDDEN,
+        ),  # fmt: skip
     }
+
+
+def _serves(impl: registry.Implementation, case: str) -> bool:
+    if case != "linear_fp8":
+        return True
+    context = registry.KernelContext(linear_formats=frozenset({FP8_LINEAR.format_name}))
+    return impl.supports.refusal(context) is None
 
 
 def _impls() -> list:
     return [
-        pytest.param(op, impl, id=f"{op}-{impl.name}")
-        for op in ("rms_norm", "rotary", "activation", "kv_write", "sampling", "linear")
-        for impl in registry.implementations(op)
+        pytest.param(case, impl, id=f"{case}-{impl.name}")
+        for case in ("rms_norm", "rotary", "activation", "kv_write", "sampling", "linear", "linear_fp8")
+        for impl in registry.implementations(case.removesuffix("_fp8"))
+        if _serves(impl, case)
     ]
 
 
@@ -92,11 +110,11 @@ def _synchronized_clock() -> float:
 @pytest.mark.gpu
 @pytest.mark.skipif(not platform.is_gpu(), reason="kernel benchmarks run on the GPU")
 @pytest.mark.benchmark(group="ops", timer=_synchronized_clock, disable_gc=True)
-@pytest.mark.parametrize("op, impl", _impls())
-def test_bench_op(benchmark, op, impl) -> None:
+@pytest.mark.parametrize("case_name, impl", _impls())
+def test_bench_op(benchmark, case_name, impl) -> None:
     from triton.testing import do_bench
 
-    case = _cases()[op]
+    case, op = _cases()[case_name], impl.op
     baseline = registry.select_kernels(default="torch_ref")
     ours_ms = do_bench(lambda: case.call(impl.entries))
     ref_ms = do_bench(lambda: case.call({e: getattr(baseline, e) for e in registry.OPS[op]}))

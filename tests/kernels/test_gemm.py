@@ -17,6 +17,8 @@ from tritonllm.kernels import reference
 from tritonllm.kernels.quant import quantize_per_group, quantize_per_token
 from tritonllm.kernels.quant_formats import QuantizedWeight, QuantScheme
 
+# on a GPU every test here is also a GPU test (`-m gpu`), in bfloat16
+pytestmark = [pytest.mark.gpu] if platform.is_gpu() else []
 DEVICE = platform.DEVICE
 FP8 = torch.float8_e4m3fn if platform.PLATFORM != "rocm" else torch.float8_e4m3fnuz
 MODEL_DTYPE = platform.DEFAULT_DTYPE

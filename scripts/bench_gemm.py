@@ -1,0 +1,149 @@
+"""GEMM benchmark: every registered linear implementation beside torch's own GEMMs, on the GPU.
+
+    python scripts/bench_gemm.py OUT.json [--models llama3-8b qwen3-0.6b square8192] [--ms 1 16 ...]
+        [--formats bf16 fp8 fp8_block int8 mxfp8 w8a16]
+
+Per layer shape (N, K) of the model and M (tokens), per format: the Triton GEMM on operands
+already quantized (kernels/gemm.py) beside torch's GEMM of the same precision (bf16
+torch.matmul; FP8 torch._scaled_mm with row/column scales; INT8 torch._int_mm then scales) and
+beside bf16 cuBLAS; the registered implementations' whole quantized_linear (activation
+quantization included) too. Each output is checked against float32 of the dequantized operands.
+Reports median us (triton.testing.do_bench), TFLOP/s, TB/s (operands + output read/written once)
+and the ratios; the last table prints the speedups over bf16 cuBLAS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tritonllm.kernels import gemm as g  # noqa: E402
+from tritonllm.kernels import reference, registry  # noqa: E402
+from tritonllm.kernels.quant_formats import QuantScheme  # noqa: E402
+from tritonllm.quantization.quantize import quantize_weight  # noqa: E402
+
+# (layer, N, K) of each model: q/k/v fused, o, gate/up fused, down
+MODELS = {
+    "llama3-8b": [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)],
+    "qwen3-0.6b": [("qkv", 4096, 1024), ("o", 1024, 2048), ("gate_up", 6144, 1024), ("down", 1024, 3072)],
+    "square8192": [("square", 8192, 8192)],
+}
+MS = [1, 4, 16, 64, 256, 1024, 4096, 8192]
+FP8 = torch.float8_e4m3fn
+SCHEMES = {
+    "fp8": QuantScheme(FP8, "channel", "token"),
+    "fp8_block": QuantScheme(FP8, "block", "group"),
+    "int8": QuantScheme(torch.int8, "channel", "token"),
+    "mxfp8": QuantScheme(FP8, "mx", "mx"),
+    "w8a16": QuantScheme(FP8, "channel", "none"),
+}
+
+
+def bench_us(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=5, rep=25) * 1000
+
+
+def rel_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((got.float() - expected).abs().max() / expected.abs().max().clamp(min=1e-6))
+
+
+def torch_gemm(fmt: str, a, a_scale, weight):
+    """torch's own GEMM of the format on the same quantized operands (None: torch has none)."""
+    if fmt == "fp8":
+        scale_b = weight.scale.reshape(1, -1)
+        return lambda: torch._scaled_mm(a, weight.data.t(), scale_a=a_scale, scale_b=scale_b, out_dtype=torch.bfloat16)
+    if fmt == "int8" and a.shape[0] > 16:
+        scale_b = weight.scale.reshape(1, -1)
+        return lambda: (torch._int_mm(a, weight.data.t()).float() * a_scale * scale_b).to(torch.bfloat16)
+    return None
+
+
+def triton_gemm(fmt: str, a, a_scale, weight):
+    scheme = weight.scheme
+    kind = g.B_GROUP if scheme.weight_scale in ("block", "mx") else g.B_COLUMN
+    group_k, group_n = {"block": (128, 128), "mx": (32, 1)}.get(scheme.weight_scale, (0, 1))
+    a_kind = g.A_NONE if scheme.act == "none" else (g.A_ROW if scheme.act == "token" else g.A_GROUP)
+    return lambda: g.gemm(a, weight.data, None, out_dtype=torch.bfloat16, a_scale=a_scale, a_scale_kind=a_kind,
+                          b_scale=weight.scale, b_scale_kind=kind, group_k=group_k, group_n=group_n)  # fmt: skip
+
+
+def run_case(model: str, layer: str, n: int, k: int, m: int, formats: list[str]) -> list[dict]:
+    gen = torch.Generator(device="cuda").manual_seed(m * 7 + n)
+    x = torch.randn(m, k, device="cuda", generator=gen, dtype=torch.float32).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda", generator=gen, dtype=torch.float32) * 0.02).to(torch.bfloat16)
+    flops = 2 * m * n * k
+    rows = []
+    cublas_us = bench_us(lambda: torch.matmul(x, w.t()))
+    base = dict(model=model, layer=layer, n=n, k=k, m=m)
+    rows.append(dict(base, format="bf16", impl="torch.matmul", us=cublas_us))
+    for fmt in formats:
+        if fmt == "bf16":
+            expected = x.float() @ w.float().t()
+            got = g.gemm(x, w)
+            rows.append(dict(base, format="bf16", impl="triton_gemm", us=bench_us(lambda: g.gemm(x, w)),
+                             rel_error=rel_error(got, expected), a_bytes=2, w_bytes=2))  # fmt: skip
+            continue
+        scheme = SCHEMES[fmt]
+        weight = quantize_weight(w, scheme)
+        if scheme.act == "none":
+            a, a_scale, expected_a = x, None, x.float()
+        else:
+            a, a_scale = reference.quantize_activation(x, scheme)
+            expected_a = reference.dequantize_activation(a, a_scale, scheme)
+        expected = expected_a @ reference.dequantize_weight(weight).t()
+        a_bytes = 2 if scheme.act == "none" else 1
+        fn = triton_gemm(fmt, a, a_scale, weight)
+        rows.append(dict(base, format=fmt, impl="triton_gemm", us=bench_us(fn), rel_error=rel_error(fn(), expected),
+                         a_bytes=a_bytes, w_bytes=1))  # fmt: skip
+        ref_fn = torch_gemm(fmt, a, a_scale, weight)
+        if ref_fn is not None:
+            rows.append(dict(base, format=fmt, impl="torch_gemm", us=bench_us(ref_fn), rel_error=rel_error(ref_fn(), expected),
+                             a_bytes=a_bytes, w_bytes=1))  # fmt: skip
+        for impl in registry.implementations("linear"):  # the whole layer: activation quantization included
+            context = registry.KernelContext("cuda", torch.bfloat16, None, None, frozenset({scheme.format_name}))
+            if impl.name == "torch_ref" or impl.supports.refusal(context) is not None:
+                continue
+            layer_fn = lambda impl=impl: impl.entries["quantized_linear"](x, weight, None)  # noqa: E731
+            rows.append(dict(base, format=fmt, impl=f"linear:{impl.name}", us=bench_us(layer_fn), a_bytes=a_bytes, w_bytes=1))
+    for r in rows:
+        r["tflops"] = round(flops / r["us"] / 1e6, 2)
+        a_b, w_b = r.get("a_bytes", 2), r.get("w_bytes", 2)
+        r["tbps"] = round((m * k * a_b + n * k * w_b + m * n * 2) / r["us"] / 1e6, 3)
+        r["speedup_vs_bf16_cublas"] = round(cublas_us / r["us"], 3)
+        r["us"] = round(r["us"], 2)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--ms", nargs="+", type=int, default=MS)
+    parser.add_argument("--formats", nargs="+", default=["bf16", *SCHEMES])
+    args = parser.parse_args()
+    rows = []
+    for model in args.models:
+        for layer, n, k in MODELS[model]:
+            ms = [4096] if model == "square8192" else args.ms
+            for m in ms:
+                case_rows = run_case(model, layer, n, k, m, args.formats)
+                rows += case_rows
+                line = "  ".join(f"{r['format']}/{r['impl']} {r['us']:.1f}us x{r['speedup_vs_bf16_cublas']:.2f}" for r in case_rows)
+                print(f"{model} {layer} N={n} K={k} M={m}: {line}", flush=True)
+                args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                                "triton": triton.__version__, "rows": rows}, indent=1))  # fmt: skip
+    bad = [r for r in rows if r.get("rel_error", 0) > 2e-2]
+    print(f"{len(rows)} timings; outputs off by more than 2% of their scale: {len(bad)}")
+    for r in bad:
+        print("  ", r)
+
+
+if __name__ == "__main__":
+    main()
