@@ -110,8 +110,10 @@ def run_case(model: str, layer: str, n: int, k: int, m: int, formats: list[str])
             context = registry.KernelContext("cuda", torch.bfloat16, None, None, frozenset({scheme.format_name}))
             if impl.name == "torch_ref" or impl.supports.refusal(context) is not None:
                 continue
-            layer_fn = lambda impl=impl: impl.entries["quantized_linear"](x, weight, None)  # noqa: E731
-            rows.append(dict(base, format=fmt, impl=f"linear:{impl.name}", us=bench_us(layer_fn), a_bytes=a_bytes, w_bytes=1))
+            layer_fn = lambda impl=impl, weight=weight: impl.entries["quantized_linear"](x, weight, None)  # noqa: E731
+            rows.append(
+                dict(base, format=fmt, impl=f"linear:{impl.name}", us=bench_us(layer_fn), a_bytes=a_bytes, w_bytes=1)
+            )
     for r in rows:
         r["tflops"] = round(flops / r["us"] / 1e6, 2)
         a_b, w_b = r.get("a_bytes", 2), r.get("w_bytes", 2)
@@ -135,7 +137,9 @@ def main() -> None:
             for m in ms:
                 case_rows = run_case(model, layer, n, k, m, args.formats)
                 rows += case_rows
-                line = "  ".join(f"{r['format']}/{r['impl']} {r['us']:.1f}us x{r['speedup_vs_bf16_cublas']:.2f}" for r in case_rows)
+                line = "  ".join(
+                    f"{r['format']}/{r['impl']} {r['us']:.1f}us x{r['speedup_vs_bf16_cublas']:.2f}" for r in case_rows
+                )
                 print(f"{model} {layer} N={n} K={k} M={m}: {line}", flush=True)
                 args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                                 "triton": triton.__version__, "rows": rows}, indent=1))  # fmt: skip
