@@ -137,3 +137,15 @@ def test_group_quantization_matches_the_reference(mx) -> None:
         torch.testing.assert_close(scale, ref_scale, rtol=1e-6, atol=0)
     assert (q.float() != ref_q.float()).float().mean() < 0.01
     _close(reference.dequantize_activation(q, scale, scheme), x.float(), 0.07)
+
+
+@pytest.mark.parametrize("family", ["hopper", "ampere", "cdna"])
+def test_every_table_entry_fits_shared_memory_for_every_operand_width(family) -> None:
+    """float32 operands need twice the bytes the tables were written for (an H200 refused 288 KiB)."""
+    for kind, buckets in g.GEMM_TABLES[family].items():
+        for _, tiles in buckets:
+            for a_bytes, b_bytes in ((4, 4), (2, 2), (1, 1), (2, 1)):
+                fitted = g.fit_shared_memory(tiles, a_bytes, b_bytes, family)
+                need = fitted.num_stages * fitted.block_k * (fitted.block_m * a_bytes + fitted.block_n * b_bytes)
+                assert need <= g.SHARED_MEMORY_BYTES[family], (family, kind, tiles, fitted)
+                assert fitted.block_k >= 32 and fitted.num_stages >= 2 or fitted == tiles

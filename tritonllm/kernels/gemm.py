@@ -51,7 +51,7 @@ def gemm_kernel(
     stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn,
     stride_asm, stride_ask, stride_bsn, stride_bsk,
     A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
-    E8M0: tl.constexpr, UPCAST_B: tl.constexpr, INT_ACC: tl.constexpr, HAS_BIAS: tl.constexpr,
+    E8M0: tl.constexpr, UPCAST_B: tl.constexpr, INT_ACC: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
     EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
@@ -107,6 +107,8 @@ def gemm_kernel(
             acc += part
         elif INT_ACC:
             acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+        elif IEEE:  # float32 operands: full precision, not TF32 (tests, float32 models)
+            acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K * stride_ak
@@ -210,6 +212,8 @@ _CDNA = {
 # The interpreter runs each program in Python: small tiles, few programs (tests' shapes are small)
 _CPU = {kind: [(None, GemmTiles(32, 64, 64, 1, 1, 4, 4))] for kind in ("float", "w8a8", "block", "weight_only")}
 GEMM_TABLES = {"hopper": _HOPPER, "ampere": _AMPERE, "cdna": _CDNA, "cpu": _CPU}
+# shared memory (LDS) per block that the pipelined A and B tiles may take
+SHARED_MEMORY_BYTES = {"hopper": 220 << 10, "ampere": 160 << 10, "cdna": 64 << 10, "cpu": 1 << 40}
 
 
 def gpu_family() -> str:
@@ -225,6 +229,18 @@ def pick_tiles(kind: str, m: int, family: str | None = None) -> GemmTiles:
         if max_m is None or m <= max_m:
             return tiles
     raise AssertionError("every table ends with an open bucket")
+
+
+def fit_shared_memory(tiles: GemmTiles, a_bytes: int, b_bytes: int, family: str | None = None) -> GemmTiles:
+    """The tables are written for 16-bit (or 8-bit) operands: with wider ones (float32) the stages of
+    A and B tiles may not fit shared memory; drop stages (to 2), then halve BLOCK_K, until they do."""
+    limit = SHARED_MEMORY_BYTES[family or gpu_family()]
+    need = lambda t: t.num_stages * t.block_k * (t.block_m * a_bytes + t.block_n * b_bytes)  # noqa: E731
+    while need(tiles) > limit and tiles.num_stages > 2:
+        tiles = replace(tiles, num_stages=tiles.num_stages - 1)
+    while need(tiles) > limit and tiles.block_k > 32:
+        tiles = replace(tiles, block_k=tiles.block_k // 2)
+    return tiles
 
 
 def _split_k(tiles: GemmTiles, m: int, n: int, k: int, k_quantum: int) -> int:
@@ -273,7 +289,7 @@ def gemm(
         if k_grouped
         else ("weight_only" if upcast_b else ("w8a8" if a.dtype in (torch.int8, *FP8_DTYPES) else "float"))
     )
-    tiles = tiles or pick_tiles(kind, m)
+    tiles = tiles or fit_shared_memory(pick_tiles(kind, m), a.element_size(), b.element_size())
     if k_grouped and tiles.block_k > group_k:
         tiles = replace(tiles, block_k=group_k)
     k_quantum = max(tiles.block_k, group_k)
@@ -299,7 +315,7 @@ def gemm(
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         *a_s_strides, *b_s_strides,
         A_SCALE=a_scale_kind, B_SCALE=b_scale_kind, GROUP_K=max(group_k, 1), GROUP_N=group_n,
-        E8M0=e8m0, UPCAST_B=upcast_b, INT_ACC=int_acc, HAS_BIAS=bias is not None,
+        E8M0=e8m0, UPCAST_B=upcast_b, INT_ACC=int_acc, HAS_BIAS=bias is not None, IEEE=a.dtype == torch.float32,
         EVEN_K=k % tiles.block_k == 0 and k_per_split % tiles.block_k == 0, SPLIT_K=split,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,

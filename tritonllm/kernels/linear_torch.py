@@ -22,19 +22,30 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     return F.linear(x, weight, bias)
 
 
+def _pad(t: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
+    """t zero-padded along `dim` to a multiple (cuBLAS's FP8/INT8 GEMMs need N and K multiples of 16);
+    model shapes already are, so this copies only for odd (test) shapes."""
+    extra = -t.shape[dim] % multiple
+    if not extra:
+        return t
+    pad = [0, 0] * (t.dim() - 1 - dim) + [0, extra]
+    return F.pad(t, pad)
+
+
 @register("linear", "torch")
 def quantized_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
     x2 = x.reshape(-1, x.shape[-1])
     q, scale = quantize_activation(x2, weight.scheme, weight.input_scale)
-    m = q.shape[0]
+    m, n = q.shape[0], weight.shape[0]
     row_scale = scale.float().reshape(-1, 1).expand(m, 1).contiguous()
+    col_scale = _pad(weight.scale.float(), 0, 16).reshape(1, -1)
+    w = _pad(_pad(weight.data, 0, 16), 1, 16)
+    q = _pad(q, 1, 16)
     if weight.scheme.is_fp8:
-        y = torch._scaled_mm(
-            q, weight.data.t(), scale_a=row_scale, scale_b=weight.scale.float().reshape(1, -1),
-            bias=bias, out_dtype=x.dtype,
-        )  # fmt: skip
+        y = torch._scaled_mm(q, w.t(), scale_a=row_scale, scale_b=col_scale, out_dtype=x.dtype)[:, :n]
+        y = y + bias if bias is not None else y
     else:
         padded = F.pad(q, (0, 0, 0, max(0, INT_MM_MIN_ROWS - m)))
-        y = torch._int_mm(padded, weight.data.t())[:m].float() * row_scale * weight.scale.float().reshape(1, -1)
+        y = (torch._int_mm(padded, w.t())[:m].float() * row_scale * col_scale)[:, :n]
         y = (y + bias.float() if bias is not None else y).to(x.dtype)
     return y.view(*x.shape[:-1], -1)
