@@ -4,7 +4,8 @@
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [e2e-quant]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
-#   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*)
+#   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
+#   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
 set -uo pipefail
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 if [ -d .whl ]; then
@@ -117,7 +118,7 @@ for step in $STEPS; do
       ensure_model llama3-8b
       for name in ${ABLATIONS:-cuda_graphs kv_cache_dtype chunked_prefill attention block_size}; do
         case $name in
-          cuda_graphs) ablate llama3-8b $name workload.num_requests=1 workload.warmup_requests=1 ;;
+          cuda_graphs) ablate llama3-8b $name workload.num_requests=1 workload.warmup_requests=1 enforce_eager=true,false piecewise_graphs=true ;;
           attention) ablate llama3-8b $name cache.kv_cache_dtype=auto,fp8 ;;
           *) ablate llama3-8b $name ;;
         esac
@@ -137,7 +138,7 @@ for step in $STEPS; do
           fp8_triton) args="model.quantization=fp8 kernels.linear=triton" ;;
           int8_triton) args="model.quantization=int8 kernels.linear=triton" ;;
         esac
-        for exp in batch1_decode throughput_64x512; do
+        for exp in ${QUANT_EXPS:-batch1_decode throughput_64x512}; do
           python3 -m tritonllm.run model.path="$MODELS/llama3-8b" +experiment=$exp workload.detokenize=true $args \
             output_json="$OUT/llama3-8b_${exp}_$variant.json" hydra.run.dir=/tmp/hydra 2>&1 | grep "output tok/s"
         done

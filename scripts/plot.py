@@ -52,11 +52,21 @@ def lookup(run: dict, key: str) -> Any:
     raise SystemExit(f"key {key!r} is in neither the results nor the config; results keys: {sorted(run['results'])}")
 
 
-def plot(runs: list[dict], x: str, y: str, hue: str | None, title: str, out: Path, bars: bool = False) -> None:
+def plot(runs: list[dict], x: str, ys: list[str], hue: str | None, title: str, out: Path, bars: bool = False) -> None:
+    """One panel per key of `ys`, side by side, sharing x and hue."""
+    fig, axes = plt.subplots(1, len(ys), figsize=(6 * len(ys) + 2, 4.5), squeeze=False)
+    for ax, y in zip(axes[0], ys):
+        _panel(ax, runs, x, y, hue, bars)
+    fig.suptitle(title)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+
+
+def _panel(ax, runs: list[dict], x: str, y: str, hue: str | None, bars: bool) -> None:
     series: dict[Any, list[tuple[Any, float]]] = defaultdict(list)
     for run in runs:
         series[lookup(run, hue) if hue else y].append((lookup(run, x), float(lookup(run, y))))
-    fig, ax = plt.subplots(figsize=(8, 4.5))
     xs = sorted({v for points in series.values() for v, _ in points}, key=str)
     numeric = not bars and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in xs)
     width = 0.8 / len(series)
@@ -73,19 +83,15 @@ def plot(runs: list[dict], x: str, y: str, hue: str | None, title: str, out: Pat
         ax.set_xticks(range(len(xs)), [str(v) for v in xs])
     ax.set_xlabel(x)
     ax.set_ylabel(y)
-    ax.set_title(title)
     if hue:
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", help="results JSON files or folders")
     parser.add_argument("--x", required=True)
-    parser.add_argument("--y", required=True)
+    parser.add_argument("--y", required=True, nargs="+", help="one panel per key")
     parser.add_argument("--hue", default=None)
     parser.add_argument("--title", default="")
     parser.add_argument("--out", required=True, type=Path)
