@@ -45,6 +45,13 @@ def test_a_missing_key_is_refused_by_name(tmp_path) -> None:
 def test_several_keys_become_panels_of_one_figure(tmp_path) -> None:
     _sweep(tmp_path / "sweep")
     out = tmp_path / "panels.png"
-    args = [str(tmp_path / "sweep"), "--x", "kernels.attention", "--y", "output_tok_per_s", "config.scheduler.max_num_batched_tokens"]
+    args = [
+        str(tmp_path / "sweep"),
+        "--x",
+        "kernels.attention",
+        "--y",
+        "output_tok_per_s",
+        "config.scheduler.max_num_batched_tokens",
+    ]
     assert plot.main([*args, "--out", str(out)]) == 0
     assert out.stat().st_size > 0

@@ -49,6 +49,9 @@ class CacheConfig:
     cpu_kv_cache_tokens: int = 65536  # KV capacity on CPU when no override is given
     enable_prefix_caching: bool = True
     kv_cache_dtype: str = "auto"  # or "fp8" (= "fp8_e4m3"): half the KV memory and decode bytes
+    # FP8 cache: set each layer's K/V scales from the first prompt step's K/V (amax / 448) instead of
+    # the checkpoint's scales (or 1.0 where it has none)
+    calculate_kv_scales: bool = False
 
     def validate(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
@@ -59,6 +62,8 @@ class CacheConfig:
             raise ValueError(f"num_gpu_blocks_override={self.num_gpu_blocks_override} must be positive")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not one of {KV_CACHE_DTYPES}")
+        if self.calculate_kv_scales and self.kv_cache_dtype == "auto":
+            raise ValueError("calculate_kv_scales needs an FP8 KV cache: set kv_cache_dtype='fp8'")
 
     def torch_kv_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         """auto: the model's dtype; fp8: e4m3 (e4m3fnuz on AMD MI300), with per-layer scales."""

@@ -101,6 +101,8 @@ class LLMEngine:
             self._enable_graphs(config, sched)
         if platform.is_gpu():
             self.runner.warm_up()  # Triton compiles prefill kernels now, not in the first generate
+        if config.cache.calculate_kv_scales:
+            self.runner.calibrate_kv_scales()
         logger.info(
             "KV cache (%s): %d blocks x %d = %s tokens; max concurrency at max_model_len %d: %.1fx",
             self.runner.kv_dtype,

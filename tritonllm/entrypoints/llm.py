@@ -49,6 +49,7 @@ class LLM:
         piecewise_graphs: bool = True,
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",
+        calculate_kv_scales: bool = False,
         seed: int = 0,
         num_gpu_blocks_override: int | None = None,
         scheduling_policy: str = "fcfs",
@@ -73,6 +74,7 @@ class LLM:
                 num_gpu_blocks_override=num_gpu_blocks_override,
                 enable_prefix_caching=enable_prefix_caching,
                 kv_cache_dtype=kv_cache_dtype,
+                calculate_kv_scales=calculate_kv_scales,
             ),
             scheduler=SchedulerConfig(
                 max_num_seqs=max_num_seqs,

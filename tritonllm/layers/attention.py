@@ -75,6 +75,8 @@ class Attention(nn.Module):
         self.v_scale: torch.Tensor | None = None
         # the checkpoint's calibrated FP8 KV scales ({"k_scale": ..., "v_scale": ...}), if it has them
         self.checkpoint_kv_scales: dict[str, float] = {}
+        # set by the runner for one step (calculate_kv_scales): raise the scales to this step's amax / fp8 max
+        self.calibrate_kv_scales = False
 
     def forward(
         self,
@@ -104,6 +106,10 @@ class Attention(nn.Module):
         k_cache, v_cache = kv_cache
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.calibrate_kv_scales:  # on the device, no host sync; before this step's K/V are written
+            fp8_max = torch.finfo(k_cache.dtype).max
+            torch.maximum(self.k_scale, k.abs().amax().float().reshape(1) / fp8_max, out=self.k_scale)
+            torch.maximum(self.v_scale, v.abs().amax().float().reshape(1) / fp8_max, out=self.v_scale)
         self.kernels.write_kv_cache(
             k,
             v,

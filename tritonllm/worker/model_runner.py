@@ -90,6 +90,7 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.sampler = Sampler(self.kernels)
+        self.kv_scale_calibration = False  # calibrate_kv_scales(): the next prompt step sets the FP8 KV scales
         self.decode_graphs: DecodeGraphs | None = None
         self.piecewise_graphs: PiecewiseGraphs | None = None
         max_blocks = cdiv(max_model_len, block_size)
@@ -132,6 +133,24 @@ class ModelRunner:
                     scales = attn.checkpoint_kv_scales
                     attn.k_scale = torch.tensor([scales.get("k_scale", 1.0)], dtype=torch.float32, device=self.device)
                     attn.v_scale = torch.tensor([scales.get("v_scale", 1.0)], dtype=torch.float32, device=self.device)
+
+    def calibrate_kv_scales(self) -> None:
+        """calculate_kv_scales: the next step with prompt tokens sets every layer's FP8 K and V scale
+        to amax / fp8 max of that step's K and V (a step that is no pure decode never replays a
+        decode graph, so its attention runs eagerly and sees the flag); the scales are updated in
+        place, so graphs captured before read the new values."""
+        if self.kv_dtype.itemsize != 1:
+            raise ValueError("calculate_kv_scales needs an FP8 KV cache: set kv_cache_dtype='fp8'")
+        for attn in self.model.modules():
+            if isinstance(attn, Attention):
+                attn.k_scale.fill_(0.0)
+                attn.v_scale.fill_(0.0)
+        self.kv_scale_calibration = True
+
+    def _set_kv_calibration(self, on: bool) -> None:
+        for attn in self.model.modules():
+            if isinstance(attn, Attention):
+                attn.calibrate_kv_scales = on
 
     @torch.inference_mode()
     def profile_peak_bytes(self, max_num_batched_tokens: int, max_num_seqs: int) -> int:
@@ -323,11 +342,17 @@ class ModelRunner:
             views = staging.send()
             self._apply_batch_updates(views[len(slot) :], extra)
             v = {name: views[i] for name, i in slot.items()}
+            calibrating = self.kv_scale_calibration and num_tokens > 0
+            if calibrating:  # the first step with prompt tokens sets the FP8 KV scales (calculate_kv_scales)
+                self._set_kv_calibration(True)
             hidden = self._forward(
                 v["input_ids"], v["positions"], v["slot_mapping"], v.get("prev_src"), v["rows"], v["seq_lens"],
                 v["query_start_loc"], int(num_new.max()) if n else 0, int(seq_lens.max()) if n else 0,
                 piecewise=self._fits_piecewise(num_tokens),
             )  # fmt: skip
+            if calibrating:
+                self._set_kv_calibration(False)
+                self.kv_scale_calibration = False
             tokens, lp = None, None
             if num_sampled:
                 logits = self.model.compute_logits(hidden[v["sample_idx"]])
