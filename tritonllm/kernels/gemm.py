@@ -26,6 +26,7 @@ adding the bias (deterministic, no atomics, graph-capturable).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -253,6 +254,23 @@ def _split_k(tiles: GemmTiles, m: int, n: int, k: int, k_quantum: int) -> int:
     return max(1, min(want, tiles.max_split_k, most))
 
 
+@functools.lru_cache(maxsize=4096)
+def plan_gemm(
+    kind: str, m: int, n: int, k: int, group_k: int, a_bytes: int, b_bytes: int,
+    tiles: GemmTiles | None = None, split_k: int | None = None,
+) -> tuple[GemmTiles, int, int]:  # fmt: skip
+    """(tiles, K splits, K per split) of one GEMM shape: the table's tiles for its M bucket fitted to
+    shared memory, BLOCK_K capped at a scale group, and the split heuristic. Cached: a layer's call
+    computes it once per shape, not once per launch."""
+    tiles = tiles or fit_shared_memory(pick_tiles(kind, m), a_bytes, b_bytes)
+    if group_k and tiles.block_k > group_k:
+        tiles = replace(tiles, block_k=group_k)
+    k_quantum = max(tiles.block_k, group_k)
+    split = split_k if split_k is not None else _split_k(tiles, m, n, k, k_quantum)
+    k_per_split = triton.cdiv(triton.cdiv(k, split), k_quantum) * k_quantum
+    return tiles, triton.cdiv(k, k_per_split), k_per_split
+
+
 def gemm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -289,13 +307,9 @@ def gemm(
         if k_grouped
         else ("weight_only" if upcast_b else ("w8a8" if a.dtype in (torch.int8, *FP8_DTYPES) else "float"))
     )
-    tiles = tiles or fit_shared_memory(pick_tiles(kind, m), a.element_size(), b.element_size())
-    if k_grouped and tiles.block_k > group_k:
-        tiles = replace(tiles, block_k=group_k)
-    k_quantum = max(tiles.block_k, group_k)
-    split = split_k if split_k is not None else _split_k(tiles, m, n, k, k_quantum)
-    k_per_split = triton.cdiv(triton.cdiv(k, split), k_quantum) * k_quantum
-    split = triton.cdiv(k, k_per_split)
+    tiles, split, k_per_split = plan_gemm(
+        kind, m, n, k, group_k if k_grouped else 0, a.element_size(), b.element_size(), tiles, split_k
+    )
     c = torch.empty((m, n), dtype=out_dtype or a.dtype, device=a.device)
     if m == 0 or n == 0:
         return c
