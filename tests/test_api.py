@@ -165,6 +165,9 @@ def test_blocks_are_all_free_after_generate(llm):
     assert kv.num_free_blocks == kv.num_blocks
 
 
-def test_quantization_not_supported_yet_is_refused(tiny_llama):
-    with pytest.raises(ValueError, match="quantization"):
-        LLM(model=tiny_llama, quantization="fp8")
+def test_an_unknown_quantization_is_refused_naming_the_supported_ones(tiny_llama):
+    with pytest.raises(
+        ValueError,
+        match=r"quantization='fp4' is not supported: online quantization is one of \['fp8', 'int8', 'mxfp8'\]",
+    ):
+        LLM(model=tiny_llama, quantization="fp4")
