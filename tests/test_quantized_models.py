@@ -75,6 +75,24 @@ def test_quantized_layers_choose_a_kernel_that_serves_their_format(fitted, tmp_p
         LLM(model=str(folder), max_model_len=64, kernels={"linear": "torch"})
 
 
+def test_w8a8_layers_take_their_input_quantized_by_the_norm_and_activation_kernels(fitted, tmp_path) -> None:
+    from tritonllm.kernels.quant_formats import QuantizedActivation
+
+    llm = LLM(model=fitted, max_model_len=64, quantization="fp8")
+    layer = llm.llm_engine.model.model.layers[0]
+    assert layer.input_layernorm._quant_for == (layer.self_attn.qkv_proj,)
+    assert layer.post_attention_layernorm._quant_for == (layer.mlp.gate_up_proj,)
+    assert layer.mlp.act_fn._quant_for == (layer.mlp.down_proj,)
+    x = torch.randn(3, layer.input_layernorm.weight.shape[0])
+    out = layer.input_layernorm(x)
+    assert isinstance(out, QuantizedActivation) and out.data.dtype == torch.float8_e4m3fn and out.scale.shape == (3, 1)
+    # weight-only and block-FP8 layers quantize (or not) their own input: nothing is fused
+    block = LLM(model=str(export_quantized(fitted, tmp_path / "b", "fp8-block")), max_model_len=64)
+    assert block.llm_engine.model.model.layers[0].input_layernorm._quant_for == ()
+    w8a16 = LLM(model=str(export_quantized(fitted, tmp_path / "w", "ct-int8-w8a16")), max_model_len=64)
+    assert w8a16.llm_engine.model.model.layers[0].mlp.act_fn._quant_for == ()
+
+
 def test_online_quantization_frees_the_float_weights(fitted) -> None:
     llm = LLM(model=fitted, max_model_len=64, quantization="int8")
     layer = llm.llm_engine.model.model.layers[0].mlp.down_proj

@@ -70,6 +70,40 @@ def test_rms_norm(impl, dtype) -> None:
     _close(res, ref_res, _tol(dtype))
 
 
+QUANT_DTYPES = [torch.float8_e4m3fnuz if platform.PLATFORM == "rocm" else torch.float8_e4m3fn, torch.int8]
+
+
+def _same_quantized(got, expected, dtype: torch.dtype) -> None:
+    """A QuantizedActivation against the reference's: scales equal to float32 rounding, values equal
+    but for the rare element on a rounding boundary (the kernels divide as the GPU does)."""
+    assert got.data.dtype == expected.data.dtype and got.data.shape == expected.data.shape and got.dtype == dtype
+    torch.testing.assert_close(got.scale, expected.scale, rtol=1e-5, atol=0)
+    assert (got.data.float() != expected.data.float()).float().mean() < 0.01
+
+
+@pytest.mark.parametrize("quant_dtype", QUANT_DTYPES, ids=["fp8", "int8"])
+@pytest.mark.parametrize("impl, dtype", _cases("rms_norm"))
+def test_rms_norm_quant(impl, dtype, quant_dtype) -> None:
+    x, residual = _randn(37, 200, dtype=dtype, seed=31), _randn(37, 200, dtype=dtype, seed=32)
+    weight = _randn(200, dtype=dtype, seed=33)
+    for res in (None, residual):
+        for static in (None, torch.tensor([0.01], device=DEVICE)):
+            got, got_res = impl.entries["rms_norm_quant"](x, res, weight, 1e-6, quant_dtype, static)
+            ref, ref_res = reference.rms_norm_quant(x, res, weight, 1e-6, quant_dtype, static)
+            _same_quantized(got, ref, dtype)
+            if res is not None:
+                _close(got_res, ref_res, _tol(dtype))
+
+
+@pytest.mark.parametrize("quant_dtype", QUANT_DTYPES, ids=["fp8", "int8"])
+@pytest.mark.parametrize("impl, dtype", _cases("activation"))
+def test_silu_and_mul_quant(impl, dtype, quant_dtype) -> None:
+    x = 3 * _randn(29, 2 * 75, dtype=dtype, seed=34)
+    for static in (None, torch.tensor([0.02], device=DEVICE)):
+        got = impl.entries["silu_and_mul_quant"](x, quant_dtype, static)
+        _same_quantized(got, reference.silu_and_mul_quant(x, quant_dtype, static), dtype)
+
+
 @pytest.mark.parametrize("impl, dtype", _cases("rotary"))
 def test_rotary(impl, dtype) -> None:
     head_dim, num_tokens = 64, 23
@@ -128,6 +162,13 @@ def test_quantized_linear(impl, scheme) -> None:
     bias = _randn(70, dtype=dtype, seed=23)
     got = impl.entries["quantized_linear"](x, weight, bias)
     assert got.shape == (2, 11, 70) and got.dtype == dtype
+    if scheme.act in ("token", "tensor"):  # activations quantized by the op before (fused RMSNorm / SiLU-mul)
+        pre = reference.quantize_rows(x, scheme.weight_dtype, weight.input_scale)
+        _close(
+            impl.entries["quantized_linear"](pre, weight, bias),
+            reference.quantized_linear(pre, weight, bias).view(22, 70),
+            1e-5 if dtype == torch.float32 else 2e-2,
+        )
     # activations quantized by the kernel may round a boundary value the other way: a few levels of slack
     _close(got, reference.quantized_linear(x, weight, bias), 1e-2 if dtype == torch.float32 else 3e-2)
 
@@ -212,8 +253,20 @@ def test_a_broken_implementation_is_caught(monkeypatch) -> None:
     broken.entries = {
         "rms_norm": lambda x, weight, eps: reference.rms_norm(x, torch.ones_like(weight), eps),
         "fused_add_rms_norm": reference.fused_add_rms_norm,
+        # quantizes the norm's output with a scale 1% too large
+        "rms_norm_quant": lambda x, res, w, eps, dtype, static=None: _scaled_quant(
+            reference.rms_norm_quant(x, res, w, eps, dtype, static), 1.01
+        ),
     }
     monkeypatch.setitem(registry._REGISTRY["rms_norm"], "broken", broken)
     assert "broken" in [impl.name for impl in registry.implementations("rms_norm")]
     with pytest.raises(AssertionError):
         test_rms_norm(broken, torch.float32)
+    with pytest.raises(AssertionError):
+        test_rms_norm_quant(broken, torch.float32, torch.int8)
+
+
+def _scaled_quant(result, factor: float):
+    quantized, residual_out = result
+    quantized.scale = quantized.scale * factor
+    return quantized, residual_out

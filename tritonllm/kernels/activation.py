@@ -13,6 +13,8 @@ import triton
 import triton.language as tl
 
 from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec
+from tritonllm.kernels.quant import min_exponent, round_and_store
+from tritonllm.kernels.quant_formats import QuantizedActivation, qmax
 from tritonllm.kernels.registry import FLOATS, Supports, register
 
 
@@ -38,6 +40,43 @@ def _silu_and_mul_kernel(
 
 
 _SILU_AND_MUL = Launcher(_silu_and_mul_kernel)
+
+
+@triton.jit
+def _silu_and_mul_quant_kernel(
+    x_ptr,  # [num_rows, 2 * d] as above
+    q_ptr,  # [num_rows, d] contiguous, FP8 e4m3 or int8
+    scale_ptr,  # float32 [num_rows] written (dynamic) or [1] read (STATIC)
+    num_rows,
+    d,
+    x_row_stride,
+    STATIC: tl.constexpr,
+    QMAX: tl.constexpr,
+    IS_INT: tl.constexpr,
+    MIN_EXP: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """silu(gate) * up, rounded to x's dtype as the unfused kernel stores it, then quantized per row
+    for the quantized down projection: a program holds BLOCK_ROWS whole rows (the row's amax)."""
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    cols = tl.arange(0, BLOCK_D)
+    mask = (rows < num_rows)[:, None] & (cols < d)[None, :]
+    rows64 = rows.to(tl.int64)
+    x_offs = (rows64 * x_row_stride)[:, None] + cols[None, :]
+    gate = tl.load(x_ptr + x_offs, mask=mask, other=0.0)
+    up = tl.load(x_ptr + x_offs + d, mask=mask, other=0.0)
+    g = gate.to(tl.float32)
+    out = (g / (1.0 + tl.exp(-g)) * up.to(tl.float32)).to(gate.dtype).to(tl.float32)
+    if STATIC:
+        scale = tl.load(scale_ptr) + tl.zeros([BLOCK_ROWS], dtype=tl.float32)
+    else:
+        scale = tl.maximum(tl.max(tl.abs(out), axis=1), 1e-12) / QMAX
+        tl.store(scale_ptr + rows64, scale, mask=rows < num_rows)
+    round_and_store(q_ptr + (rows64 * d)[:, None] + cols[None, :], out / scale[:, None], mask, QMAX, IS_INT, MIN_EXP)
+
+
+_SILU_AND_MUL_QUANT = Launcher(_silu_and_mul_quant_kernel)
 
 
 @register("activation", "triton", supports=Supports(dtypes=FLOATS), priority=10)
@@ -71,3 +110,40 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         num_warps=num_warps, num_stages=DEFAULT_NUM_STAGES, device_index=device_index,
     )  # fmt: skip
     return out
+
+
+@register("activation", "triton")
+def silu_and_mul_quant(
+    x: torch.Tensor, quant_dtype: torch.dtype, static_scale: torch.Tensor | None = None
+) -> QuantizedActivation:
+    """silu_and_mul quantized per row (or with static_scale, float32 [1]) in the same kernel, for
+    the quantized down projection: [num_rows, d] in quant_dtype and float32 [num_rows, 1] scales."""
+    if x.shape[-1] % 2:
+        raise ValueError(f"silu_and_mul needs an even last dim ([gate | up]), got {x.shape[-1]}")
+    d = x.shape[-1] // 2
+    num_rows = x.numel() // (2 * d) if d else 0
+    q = torch.empty((num_rows, d), dtype=quant_dtype, device=x.device)
+    scale = (
+        static_scale if static_scale is not None else torch.empty((num_rows, 1), dtype=torch.float32, device=x.device)
+    )
+    if num_rows == 0:
+        return QuantizedActivation(q, scale, x.dtype)
+    x2 = x.reshape(num_rows, 2 * d)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    block_d = triton.next_power_of_2(d)  # whole rows: their amax sets their scale
+    if platform.is_interpreter():
+        block_rows, num_warps = min(triton.next_power_of_2(triton.cdiv(num_rows, 8)), max(1, 65536 // block_d)), 1
+    else:
+        block_rows, num_warps = max(1, 2048 // block_d), min(16, max(4, block_d // 1024))
+    row_stride = x2.stride(0)
+    constexprs = dict(
+        STATIC=static_scale is not None, QMAX=qmax(quant_dtype), IS_INT=quant_dtype == torch.int8,
+        MIN_EXP=min_exponent(quant_dtype), BLOCK_ROWS=block_rows, BLOCK_D=block_d,
+    )  # fmt: skip
+    key = (x.dtype, quant_dtype, aligned(x2, q, scale), int_spec(num_rows), d, row_stride)
+    _SILU_AND_MUL_QUANT(
+        key, (triton.cdiv(num_rows, block_rows),), (x2, q, scale, num_rows, d, row_stride), constexprs,
+        num_warps=num_warps, num_stages=DEFAULT_NUM_STAGES, device_index=x.device.index or 0,
+    )  # fmt: skip
+    return QuantizedActivation(q, scale, x.dtype)

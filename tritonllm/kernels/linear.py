@@ -8,7 +8,7 @@ import torch
 
 from tritonllm.kernels import gemm as g
 from tritonllm.kernels.quant import quantize_per_group, quantize_per_token
-from tritonllm.kernels.quant_formats import BLOCK, MX_GROUP, QuantizedWeight
+from tritonllm.kernels.quant_formats import BLOCK, MX_GROUP, QuantizedActivation, QuantizedWeight
 from tritonllm.kernels.registry import FLOATS, Supports, register
 
 TRITON_FORMATS = frozenset({
@@ -30,11 +30,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
 
 
 @register("linear", "triton")
-def quantized_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
-    scheme, x2 = weight.scheme, _rows(x)
+def quantized_linear(
+    x: torch.Tensor | QuantizedActivation, weight: QuantizedWeight, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x in the model's dtype (quantized here per weight.scheme.act), or a QuantizedActivation that
+    the op before quantized per token (RMSNorm / SiLU-mul with quantization fused in)."""
+    scheme = weight.scheme
     w_scale_kind = g.B_GROUP if scheme.weight_scale in ("block", "mx") else g.B_COLUMN
     group_k, group_n = {"block": (BLOCK, BLOCK), "mx": (MX_GROUP, 1)}.get(scheme.weight_scale, (0, 1))
     common = dict(out_dtype=x.dtype, b_scale=weight.scale, b_scale_kind=w_scale_kind, group_k=group_k, group_n=group_n)
+    if isinstance(x, QuantizedActivation):
+        kind = g.A_TENSOR if x.scale.dim() == 1 else g.A_ROW  # static [1] or per token [M, 1]
+        return g.gemm(x.data, weight.data, bias, a_scale=x.scale, a_scale_kind=kind, **common)
+    x2 = _rows(x)
     if scheme.act == "none":  # weight-only: the weight tile is widened to x's dtype in the kernel
         y = g.gemm(x2, weight.data, bias, **common)
     elif scheme.act in ("token", "tensor"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tritonllm.kernels.quant_formats import QuantizedWeight
+from tritonllm.kernels.quant_formats import QuantizedActivation, QuantizedWeight
 from tritonllm.kernels.reference import quantize_activation
 from tritonllm.kernels.registry import FLOATS, Supports, register
 
@@ -33,9 +33,13 @@ def _pad(t: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
 
 
 @register("linear", "torch")
-def quantized_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
-    x2 = x.reshape(-1, x.shape[-1])
-    q, scale = quantize_activation(x2, weight.scheme, weight.input_scale)
+def quantized_linear(
+    x: torch.Tensor | QuantizedActivation, weight: QuantizedWeight, bias: torch.Tensor | None
+) -> torch.Tensor:
+    if isinstance(x, QuantizedActivation):  # quantized by the op before (fused into RMSNorm / SiLU-mul)
+        q, scale = x.data, x.scale
+    else:
+        q, scale = quantize_activation(x.reshape(-1, x.shape[-1]), weight.scheme, weight.input_scale)
     m, n = q.shape[0], weight.shape[0]
     row_scale = scale.float().reshape(-1, 1).expand(m, 1).contiguous()
     col_scale = _pad(weight.scale.float(), 0, 16).reshape(1, -1)

@@ -34,7 +34,7 @@ def _round_half_even(x):
 
 
 @triton.jit
-def _round_and_store(q_ptrs, v, mask, QMAX: tl.constexpr, IS_INT: tl.constexpr, MIN_EXP: tl.constexpr):
+def round_and_store(q_ptrs, v, mask, QMAX: tl.constexpr, IS_INT: tl.constexpr, MIN_EXP: tl.constexpr):
     """Clamp to +-QMAX and round onto the target's grid before converting, so the conversion is
     exact: Triton's interpreter rounds some values wrongly (7.9 -> 4.0 in e4m3: the mantissa carry
     is lost), and the same arithmetic on every platform keeps CPU tests and GPUs in step. e4m3
@@ -69,7 +69,7 @@ def _quant_token_kernel(
     for k in range(0, K, BLOCK):
         mask = k + offs < K
         x = tl.load(x_ptr + row * stride_x + k + offs, mask=mask, other=0.0).to(tl.float32)
-        _round_and_store(q_ptr + row * stride_q + k + offs, x / scale, mask, QMAX, IS_INT, MIN_EXP)
+        round_and_store(q_ptr + row * stride_q + k + offs, x / scale, mask, QMAX, IS_INT, MIN_EXP)
 
 
 @triton.jit
@@ -96,10 +96,10 @@ def _quant_group_kernel(
     else:
         scale = tl.maximum(amax, 1e-12) / QMAX
         tl.store(s_ptr + row * stride_s + groups, scale, mask=in_row)
-    _round_and_store(q_ptr + row * stride_q + cols, x / scale[:, None], mask, QMAX, IS_INT, MIN_EXP)
+    round_and_store(q_ptr + row * stride_q + cols, x / scale[:, None], mask, QMAX, IS_INT, MIN_EXP)
 
 
-def _min_exponent(dtype: torch.dtype) -> int:
+def min_exponent(dtype: torch.dtype) -> int:
     """The smallest normal exponent of an FP8 type (e4m3fn -6, e4m3fnuz -7); 0 for int8 (unused)."""
     return 0 if dtype == torch.int8 else round(math.log2(torch.finfo(dtype).smallest_normal))
 
@@ -124,7 +124,7 @@ def quantize_per_token(
         block = min(triton.next_power_of_2(k), 4096 if platform.is_gpu() else 256)
         _quant_token_kernel[(m,)](
             x, q, scale, k, x.stride(0), q.stride(0),
-            QMAX=qmax(dtype), IS_INT=dtype == torch.int8, MIN_EXP=_min_exponent(dtype), STATIC=static_scale is not None, BLOCK=block,
+            QMAX=qmax(dtype), IS_INT=dtype == torch.int8, MIN_EXP=min_exponent(dtype), STATIC=static_scale is not None, BLOCK=block,
             num_warps=4 if block <= 1024 else 8,
         )  # fmt: skip
     return q, scale
@@ -146,6 +146,6 @@ def quantize_per_group(
         grid = (m, triton.cdiv(num_groups, groups_per_program))
         _quant_group_kernel[grid](
             x, q, scale, k, x.stride(0), q.stride(0), scale.stride(0),
-            QMAX=qmax(dtype), IS_INT=dtype == torch.int8, MIN_EXP=_min_exponent(dtype), MX=mx, GROUP=group, GROUPS=groups_per_program,
+            QMAX=qmax(dtype), IS_INT=dtype == torch.int8, MIN_EXP=min_exponent(dtype), MX=mx, GROUP=group, GROUPS=groups_per_program,
         )  # fmt: skip
     return q, scale

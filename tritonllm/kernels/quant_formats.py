@@ -84,6 +84,20 @@ class QuantizedWeight:
         return tuple(self.data.shape)
 
 
+@dataclass
+class QuantizedActivation:
+    """Activations quantized per token (or with one static scale) by the op before a quantized linear
+    layer (RMSNorm or SiLU-mul with quantization fused in): the layer's GEMM reads them as they are."""
+
+    data: torch.Tensor  # [M, K] in the weight's dtype (FP8 e4m3 or int8)
+    scale: torch.Tensor  # float32 [M, 1] (dynamic per token) or [1] (static: 1-D tells them apart)
+    dtype: torch.dtype  # the model's dtype: what the layer returns
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.data.shape
+
+
 def qmax(dtype: torch.dtype) -> float:
     """The largest magnitude a quantized value of `dtype` holds (int8: 127, symmetric)."""
     return 127.0 if dtype == torch.int8 else float(torch.finfo(dtype).max)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from tritonllm.kernels.quant import E4M3_EMAX, EPS
-from tritonllm.kernels.quant_formats import BLOCK, MX_GROUP, QuantizedWeight, QuantScheme, qmax
+from tritonllm.kernels.quant_formats import BLOCK, MX_GROUP, QuantizedActivation, QuantizedWeight, QuantScheme, qmax
 from tritonllm.kernels.registry import Supports, register
 
 # every reference is the "torch_ref" implementation of its op: any dtype, platform, head size.
@@ -36,6 +36,32 @@ def fused_add_rms_norm(
     """residual_out = x + residual (in x's dtype); out = rms_norm(residual_out). Returns (out, residual_out)."""
     residual_out = (x.float() + residual.float()).to(x.dtype)
     return rms_norm(residual_out, weight, eps), residual_out
+
+
+@register("rms_norm", "torch_ref", priority=0)
+def rms_norm_quant(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    quant_dtype: torch.dtype,
+    static_scale: torch.Tensor | None = None,
+) -> tuple[QuantizedActivation, torch.Tensor | None]:
+    """rms_norm (or fused_add_rms_norm with a residual) whose output, as rounded to x's dtype, is
+    quantized for the next linear layer: per token (dynamic, float32 [M, 1]) or with static_scale
+    ([1]). Returns (QuantizedActivation, residual_out or None)."""
+    if residual is None:
+        out, residual_out = rms_norm(x, weight, eps), None
+    else:
+        out, residual_out = fused_add_rms_norm(x, residual, weight, eps)
+    return quantize_rows(out, quant_dtype, static_scale), residual_out
+
+
+def quantize_rows(x: torch.Tensor, dtype: torch.dtype, static_scale: torch.Tensor | None) -> QuantizedActivation:
+    """x [..., K] -> QuantizedActivation per token (or with static_scale), as kernels/quant.py does."""
+    act = "token" if static_scale is None else "tensor"
+    data, scale = quantize_activation(x.reshape(-1, x.shape[-1]), QuantScheme(dtype, "channel", act), static_scale)
+    return QuantizedActivation(data, scale, x.dtype)
 
 
 @register("rotary", "torch_ref", priority=0)
@@ -78,6 +104,14 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     d = x.shape[-1] // 2
     xf = x.float()
     return (torch.nn.functional.silu(xf[..., :d]) * xf[..., d:]).to(x.dtype)
+
+
+@register("activation", "torch_ref", priority=0)
+def silu_and_mul_quant(
+    x: torch.Tensor, quant_dtype: torch.dtype, static_scale: torch.Tensor | None = None
+) -> QuantizedActivation:
+    """silu_and_mul's output (rounded to x's dtype) quantized per token (or with static_scale)."""
+    return quantize_rows(silu_and_mul(x), quant_dtype, static_scale)
 
 
 # ---- KV cache write and paged attention ----------------------------------------------------
@@ -319,15 +353,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
 
 
 @register("linear", "torch_ref")
-def quantized_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+def quantized_linear(
+    x: torch.Tensor | QuantizedActivation, weight: QuantizedWeight, bias: torch.Tensor | None
+) -> torch.Tensor:
     """y = dequant(quantize(x)) @ dequant(weight).T (+ bias) in float32, returned in x's dtype:
-    activations are quantized per weight.scheme.act first (weight-only: used as they are)."""
-    x2 = x.reshape(-1, x.shape[-1])
-    if weight.scheme.act == "none":
-        a = x2.float()
+    activations are quantized per weight.scheme.act first (weight-only: used as they are; a
+    QuantizedActivation: already quantized by the op before)."""
+    if isinstance(x, QuantizedActivation):  # quantized by the op before (rms_norm_quant, silu_and_mul_quant)
+        a, out_dtype = x.data.float() * x.scale.float().reshape(-1, 1), x.dtype
+    elif weight.scheme.act == "none":
+        a, out_dtype = x.reshape(-1, x.shape[-1]).float(), x.dtype
     else:
-        a = dequantize_activation(*quantize_activation(x2, weight.scheme, weight.input_scale), weight.scheme)
+        q, scale = quantize_activation(x.reshape(-1, x.shape[-1]), weight.scheme, weight.input_scale)
+        a, out_dtype = dequantize_activation(q, scale, weight.scheme), x.dtype
     y = a @ dequantize_weight(weight).T
     if bias is not None:
         y = y + bias.float()
-    return y.to(x.dtype).view(*x.shape[:-1], -1)
+    return y.to(out_dtype).view(*x.shape[:-1], -1)

@@ -30,9 +30,9 @@ from torch import nn
 # op -> the entry points an implementation must provide
 OPS: dict[str, tuple[str, ...]] = {
     "attention": ("plan_attention", "paged_attention"),
-    "rms_norm": ("rms_norm", "fused_add_rms_norm"),
+    "rms_norm": ("rms_norm", "fused_add_rms_norm", "rms_norm_quant"),
     "rotary": ("rotary_embedding",),
-    "activation": ("silu_and_mul",),
+    "activation": ("silu_and_mul", "silu_and_mul_quant"),
     "kv_write": ("write_kv_cache",),
     "sampling": ("sample", "log_softmax"),
     "linear": ("linear", "quantized_linear"),

@@ -15,6 +15,8 @@ import triton
 import triton.language as tl
 
 from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec
+from tritonllm.kernels.quant import min_exponent, round_and_store
+from tritonllm.kernels.quant_formats import QuantizedActivation, qmax
 from tritonllm.kernels.registry import FLOATS, Supports, register
 
 
@@ -33,9 +35,16 @@ def _rms_norm_kernel(
     res_outer_stride,
     res_inner_stride,
     eps,
+    q_ptr,  # QUANT: [num_rows, hidden] contiguous, FP8 e4m3 or int8: the output quantized per row
+    scale_ptr,  # QUANT: float32 [num_rows] written (dynamic) or [1] read (STATIC)
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    QUANT: tl.constexpr = False,
+    STATIC: tl.constexpr = False,
+    QMAX: tl.constexpr = 448.0,
+    IS_INT: tl.constexpr = False,
+    MIN_EXP: tl.constexpr = -6,
 ):
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     cols = tl.arange(0, BLOCK_H)
@@ -57,7 +66,16 @@ def _rms_norm_kernel(
     rstd = 1.0 / tl.sqrt(mean_square + eps)
     w = tl.load(weight_ptr + cols, mask=cols < hidden, other=0.0).to(tl.float32)
     out = xf * rstd[:, None] * w[None, :]
-    tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+    if QUANT:  # the output as the unfused path stores it (x's dtype), quantized per row for the next GEMM
+        out = out.to(x.dtype).to(tl.float32)
+        if STATIC:
+            scale = tl.load(scale_ptr) + tl.zeros([BLOCK_ROWS], dtype=tl.float32)
+        else:
+            scale = tl.maximum(tl.max(tl.abs(out), axis=1), 1e-12) / QMAX
+            tl.store(scale_ptr + rows64, scale, mask=rows < num_rows)
+        round_and_store(q_ptr + out_offs, out / scale[:, None], mask, QMAX, IS_INT, MIN_EXP)
+    else:
+        tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 _RMS_NORM = Launcher(_rms_norm_kernel)
@@ -90,14 +108,30 @@ def _launch_config(num_rows: int, hidden: int) -> tuple[int, int, int]:
 
 
 def _launch(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    quant_dtype: torch.dtype | None = None,
+    static_scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | QuantizedActivation, torch.Tensor | None]:
+    """(rms_norm output, or with quant_dtype that output quantized per row; residual_out or None)."""
     hidden = x.shape[-1]
     if weight.shape != (hidden,):
         raise ValueError(f"rms_norm weight has shape {tuple(weight.shape)}, expected ({hidden},)")
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    residual_out = torch.empty_like(out) if residual is not None else None
     num_rows = x.numel() // hidden
+    if quant_dtype is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        q = scale = None
+    else:  # the output lives only as q; `out` stands in for its unused pointer
+        q = torch.empty((num_rows, hidden), dtype=quant_dtype, device=x.device)
+        scale = (
+            static_scale
+            if static_scale is not None
+            else torch.empty((num_rows, 1), dtype=torch.float32, device=x.device)
+        )
+        out = QuantizedActivation(q, scale, x.dtype)
+    residual_out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else None
     if num_rows == 0:
         return out, residual_out
     x_rows, inner_rows, x_outer, x_inner = _as_rows(x)
@@ -110,17 +144,25 @@ def _launch(
     else:
         res_rows, res_outer, res_inner = x_rows, 0, 0
     block_rows, block_h, num_warps = _launch_config(num_rows, hidden)
-    res_out = residual_out if residual_out is not None else out
+    out_t = q if q is not None else out
+    res_out = residual_out if residual_out is not None else out_t
+    q_arg, scale_arg = (q, scale) if q is not None else (out_t, out_t)
     # eps as a float: an int would compile as an integer argument, which the key does not cover
     args = (
-        x_rows, res_rows, weight, out, res_out, num_rows, hidden, inner_rows, x_outer, x_inner, res_outer, res_inner,
-        float(eps),
+        x_rows, res_rows, weight, out_t, res_out, num_rows, hidden, inner_rows, x_outer, x_inner, res_outer, res_inner,
+        float(eps), q_arg, scale_arg,
     )  # fmt: skip
-    constexprs = dict(HAS_RESIDUAL=residual is not None, BLOCK_ROWS=block_rows, BLOCK_H=block_h)
+    # every constexpr given, in order (the direct-launch path needs them all)
+    constexprs = dict(
+        HAS_RESIDUAL=residual is not None, BLOCK_ROWS=block_rows, BLOCK_H=block_h, QUANT=q is not None,
+        STATIC=static_scale is not None, QMAX=qmax(quant_dtype) if q is not None else 448.0,
+        IS_INT=quant_dtype == torch.int8, MIN_EXP=min_exponent(quant_dtype) if q is not None else -6,
+    )  # fmt: skip
     device_index = x.device.index or 0
     # out and residual_out have x's dtype; all but num_rows are fixed by the model: raw values
     key = (
-        x.dtype, res_rows.dtype, weight.dtype, aligned(x_rows, res_rows, weight, out, res_out), int_spec(num_rows),
+        x.dtype, res_rows.dtype, weight.dtype, out_t.dtype, res_out.dtype,
+        aligned(x_rows, res_rows, weight, out_t, res_out, q_arg, scale_arg), int_spec(num_rows),
         hidden, inner_rows, x_outer, x_inner, res_outer, res_inner,
     )  # fmt: skip
     _RMS_NORM(
@@ -144,3 +186,17 @@ def fused_add_rms_norm(
     out, residual_out = _launch(x, residual, weight, eps)
     assert residual_out is not None
     return out, residual_out
+
+
+@register("rms_norm", "triton")
+def rms_norm_quant(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    quant_dtype: torch.dtype,
+    static_scale: torch.Tensor | None = None,
+) -> tuple[QuantizedActivation, torch.Tensor | None]:
+    """rms_norm (with the residual add when given) whose output is quantized per row in the same
+    kernel, for the quantized linear layer after it (kernels/reference.py defines the values)."""
+    return _launch(x, residual, weight, eps, quant_dtype, static_scale)

@@ -5,14 +5,25 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tritonllm.kernels.quant_formats import QuantizedActivation
 from tritonllm.kernels.registry import default_kernels
+from tritonllm.layers.linear import Linear
 
 
 class SiluAndMul(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.kernels = default_kernels()  # the engine binds its own (kernels/registry.py)
+        self._quant_for: tuple = ()  # (the linear layer whose input this op quantizes,): no submodule
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [num_tokens, 2 * d] = [gate | up] -> silu(gate) * up [num_tokens, d]."""
+    def quantize_for(self, linear: Linear) -> None:
+        """Quantize the output for `linear` in this op's kernel where its method allows it (as RMSNorm)."""
+        self._quant_for = (linear,) if linear.method.input_quant_fusable else ()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | QuantizedActivation:
+        """x [num_tokens, 2 * d] = [gate | up] -> silu(gate) * up [num_tokens, d] (quantized for the
+        next layer when quantize_for set one)."""
+        if self._quant_for:
+            qweight = self._quant_for[0].qweight
+            return self.kernels.silu_and_mul_quant(x, qweight.scheme.weight_dtype, qweight.input_scale)
         return self.kernels.silu_and_mul(x)

@@ -1,4 +1,5 @@
-"""RMSNorm, optionally fused with the residual add that precedes it in a pre-norm block."""
+"""RMSNorm, optionally fused with the residual add that precedes it in a pre-norm block, and with
+the quantization of the next linear layer's input when that layer quantizes it per token."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import torch
 from torch import nn
 
 from tritonllm.kernels.registry import default_kernels
+from tritonllm.layers.linear import Linear
 
 
 class RMSNorm(nn.Module):
@@ -14,12 +16,24 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.kernels = default_kernels()  # the engine binds its own (kernels/registry.py)
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
+        self._quant_for: tuple = ()  # (the linear layer whose input this norm quantizes,), in a tuple: no submodule
+
+    def quantize_for(self, linear: Linear) -> None:
+        """Quantize the output for `linear` in the norm's kernel, where its method allows it (W8A8 per
+        token or with a static input scale); otherwise this is a no-op."""
+        self._quant_for = (linear,) if linear.method.input_quant_fusable else ()
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x [num_rows, hidden]. Without residual: rms_norm(x). With residual: (rms_norm(x + residual),
         x + residual), the sum being the next residual."""
+        if self._quant_for:  # the output as the next layer's GEMM reads it: a QuantizedActivation
+            qweight = self._quant_for[0].qweight
+            out, residual_out = self.kernels.rms_norm_quant(
+                x, residual, self.weight, self.eps, qweight.scheme.weight_dtype, qweight.input_scale
+            )
+            return out if residual is None else (out, residual_out)
         if residual is None:
             return self.kernels.rms_norm(x, self.weight, self.eps)
         return self.kernels.fused_add_rms_norm(x, residual, self.weight, self.eps)

@@ -150,6 +150,7 @@ class LlamaMLP(nn.Module):
             size, config.hidden_size, flags.mlp_bias, dtype, layer_quant(quant, f"{prefix}.down_proj")
         )
         self.act_fn = SiluAndMul()
+        self.act_fn.quantize_for(self.down_proj)  # W8A8: the activation kernel quantizes for the GEMM
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
@@ -170,6 +171,9 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config, flags, dtype, quant, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        # W8A8 layers after the norms: the norm kernels quantize their outputs for the GEMMs
+        self.input_layernorm.quantize_for(self.self_attn.qkv_proj)
+        self.post_attention_layernorm.quantize_for(self.mlp.gate_up_proj)
 
     def forward(
         self,

@@ -41,6 +41,9 @@ def _copy(param: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
 
 class UnquantizedMethod:
     format_name = "float"
+    # whether the op before the layer may quantize its input (per token, or with the static
+    # input_scale) in its own kernel: RMSNorm / SiLU-mul with quantization fused in
+    input_quant_fusable = False
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
         layer.weight = _param((out_features, in_features), dtype)
@@ -62,6 +65,7 @@ class OnlineQuantMethod(UnquantizedMethod):
     def __init__(self, layer_quant: LayerQuant) -> None:
         self.layer_quant = layer_quant
         self.format_name = layer_quant.scheme.format_name
+        self.input_quant_fusable = layer_quant.scheme.act in ("token", "tensor")
 
     def finish_loading(self, layer: nn.Module) -> None:
         layer.qweight = quantize_weight(layer.weight.data, self.layer_quant.scheme)
@@ -78,6 +82,7 @@ class CheckpointQuantMethod:
         self.layer_quant = layer_quant
         self.scheme = layer_quant.scheme
         self.format_name = layer_quant.scheme.format_name
+        self.input_quant_fusable = layer_quant.scheme.act in ("token", "tensor")
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
         lq = self.layer_quant
