@@ -12,9 +12,11 @@ kernels/quant_formats.py:
 - B_SCALE: 0 none; 2 float32 per column [N]; 3 per (N-group, K-group) [cdiv(N, GROUP_N), K / GROUP_K]
   (block-FP8: 128 x 128; MX: GROUP_N 1, GROUP_K 32, e8m0).
 
-Row/column scales (1, 2) multiply the accumulator once, in the epilogue; K-grouped scales (3)
-multiply each K tile's partial product as it is accumulated (BLOCK_K divides GROUP_K, so a tile
-lies in one group). int8 x int8 accumulates in int32. Weight-only (UPCAST_B): an FP8/int8 weight
+Row/column scales (1, 2) multiply the accumulator once, in the epilogue; K-grouped float32 scales
+(3, block-FP8) multiply each K tile's partial product as it is accumulated (BLOCK_K divides
+GROUP_K, so a tile lies in one group); e8m0 (MX) scales multiply the operands themselves, which
+are widened to bf16 for the dot (OPERAND_SCALES: no MX tensor cores before Blackwell, and exact,
+since bf16 holds any e4m3 value times any power of two). int8 x int8 accumulates in int32. Weight-only (UPCAST_B): an FP8/int8 weight
 tile is widened to a's dtype before the dot (W8A16).
 
 Tiles come from per-GPU tables by M bucket (`GEMM_TABLES`: no autotuning in the serving path);
@@ -37,6 +39,7 @@ from tritonllm import platform
 from tritonllm.kernels.quant_formats import FP8_DTYPES
 
 A_NONE, A_TENSOR, A_ROW, A_GROUP = 0, 1, 2, 3
+_TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 B_NONE, B_COLUMN, B_GROUP = 0, 2, 3
 
 
@@ -53,6 +56,7 @@ def gemm_kernel(
     stride_asm, stride_ask, stride_bsn, stride_bsk,
     A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
     E8M0: tl.constexpr, UPCAST_B: tl.constexpr, INT_ACC: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
+    OPERAND_SCALES: tl.constexpr, DOT_DTYPE: tl.constexpr,
     EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
@@ -77,7 +81,7 @@ def gemm_kernel(
     k_end = tl.minimum(K, k_start + K_PER_SPLIT)
     a_ptrs = a_ptr + rm[:, None] * stride_am + (k_start + offs_k)[None, :] * stride_ak
     b_ptrs = b_ptr + rn[None, :] * stride_bn + (k_start + offs_k)[:, None] * stride_bk
-    K_GROUPED: tl.constexpr = A_SCALE == 3 or B_SCALE == 3
+    K_GROUPED: tl.constexpr = (A_SCALE == 3 or B_SCALE == 3) and not OPERAND_SCALES
     if INT_ACC:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     else:
@@ -92,7 +96,24 @@ def gemm_kernel(
             b = tl.load(b_ptrs, mask=in_k[:, None], other=0.0)
         if UPCAST_B:
             b = b.to(a.dtype)
-        if K_GROUPED:
+        if OPERAND_SCALES:
+            # MX on GPUs without MX tensor cores: each element times its group's power-of-two scale,
+            # widened to DOT_DTYPE (exact: bf16 holds e4m3 values times any e8m0 scale), one dot
+            groups = (k + offs_k) // GROUP_K
+            a_s = tl.load(
+                a_scale_ptr + rm[:, None] * stride_asm + groups[None, :] * stride_ask,
+                mask=(k + offs_k < k_end)[None, :],
+                other=127,
+            )
+            b_s = tl.load(
+                b_scale_ptr + (rn // GROUP_N)[None, :] * stride_bsn + groups[:, None] * stride_bsk,
+                mask=(k + offs_k < k_end)[:, None],
+                other=127,
+            )
+            a = (a.to(tl.float32) * _e8m0_to_float(a_s)).to(DOT_DTYPE)
+            b = (b.to(tl.float32) * _e8m0_to_float(b_s)).to(DOT_DTYPE)
+            acc = tl.dot(a, b, acc)
+        elif K_GROUPED:
             part = tl.dot(a, b)
             group = k // GROUP_K
             if A_SCALE == 3:
@@ -302,14 +323,24 @@ def gemm(
         raise ValueError(f"gemm: a {a.dtype} with b {b.dtype}: W8A8 operands share a dtype")
     if k_grouped and (group_k <= 0 or k % group_k):
         raise ValueError(f"gemm: K-grouped scales need K ({k}) to be a multiple of group_k ({group_k})")
+    # e8m0 (MX) scales go into the operands, which are widened for a bf16 dot: Hopper and older GPUs
+    # have no MX tensor cores, and 32-deep FP8 dots rescaled one by one starve the tensor cores
+    operand_scales = e8m0 and a_scale_kind == A_GROUP and b_scale_kind == B_GROUP
+    dot_dtype = torch.float32 if platform.is_interpreter() else torch.bfloat16
     kind = (
-        "block"
+        "float"
+        if operand_scales
+        else "block"
         if k_grouped
         else ("weight_only" if upcast_b else ("w8a8" if a.dtype in (torch.int8, *FP8_DTYPES) else "float"))
     )
     tiles, split, k_per_split = plan_gemm(
-        kind, m, n, k, group_k if k_grouped else 0, a.element_size(), b.element_size(), tiles, split_k
-    )
+        kind, m, n, k, group_k if k_grouped and not operand_scales else 0, a.element_size(), b.element_size(),
+        tiles, split_k,
+    )  # fmt: skip
+    if operand_scales and k_per_split % group_k:  # a split starts on a scale group
+        k_per_split = triton.cdiv(k_per_split, group_k) * group_k
+        split = triton.cdiv(k, k_per_split)
     c = torch.empty((m, n), dtype=out_dtype or a.dtype, device=a.device)
     if m == 0 or n == 0:
         return c
@@ -330,6 +361,7 @@ def gemm(
         *a_s_strides, *b_s_strides,
         A_SCALE=a_scale_kind, B_SCALE=b_scale_kind, GROUP_K=max(group_k, 1), GROUP_N=group_n,
         E8M0=e8m0, UPCAST_B=upcast_b, INT_ACC=int_acc, HAS_BIAS=bias is not None, IEEE=a.dtype == torch.float32,
+        OPERAND_SCALES=operand_scales, DOT_DTYPE=_TL_DTYPES[dot_dtype],
         EVEN_K=k % tiles.block_k == 0 and k_per_split % tiles.block_k == 0, SPLIT_K=split,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
