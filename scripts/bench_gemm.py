@@ -139,7 +139,9 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--ms", nargs="+", type=int, default=MS)
     parser.add_argument("--formats", nargs="+", default=["bf16", *SCHEMES])
-    parser.add_argument("--timing", choices=sorted(TIMING), default="graph", help="graph: GPU time; eager: with launches")
+    parser.add_argument(
+        "--timing", choices=sorted(TIMING), default="graph", help="graph: GPU time; eager: with launches"
+    )
     args = parser.parse_args()
     global bench
     bench = TIMING[args.timing]

@@ -43,6 +43,16 @@ def num_multiprocessors() -> int:
     return torch.cuda.get_device_properties(DEVICE).multi_processor_count
 
 
+def has_fp8() -> bool:
+    """FP8 tensor cores and conversions: NVIDIA compute capability 8.9+ (Ada, Hopper), AMD MI300, or
+    the CPU interpreter. Elsewhere FP8 weights are decoded from their bytes (kernels/gemm.py)."""
+    if PLATFORM == "cuda":
+        return torch.cuda.get_device_capability(DEVICE) >= (8, 9)
+    if PLATFORM == "rocm":
+        return "gfx94" in torch.cuda.get_device_properties(DEVICE).gcnArchName
+    return True
+
+
 def fp8_e4m3_dtype() -> torch.dtype:
     """The FP8 e4m3 flavour of this GPU: e4m3fnuz on AMD CDNA3 (MI300), e4m3fn elsewhere.
     NVIDIA GPUs before compute capability 8.9 (Ada) have no FP8 conversions: Triton cannot compile

@@ -149,3 +149,23 @@ def test_every_table_entry_fits_shared_memory_for_every_operand_width(family) ->
                 need = fitted.num_stages * fitted.block_k * (fitted.block_m * a_bytes + fitted.block_n * b_bytes)
                 assert need <= g.SHARED_MEMORY_BYTES[family], (family, kind, tiles, fitted)
                 assert fitted.block_k >= 32 and fitted.num_stages >= 2 or fitted == tiles
+
+
+def test_e4m3fn_bytes_decode_to_their_values_for_gpus_without_fp8() -> None:
+    """Weight-only FP8 on GPUs without FP8 conversions (NVIDIA before sm89): the kernel decodes the
+    bytes with integer arithmetic; every finite e4m3fn value, through a GEMM with the identity."""
+    codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)  # all but NaN
+    values = codes.view(torch.float8_e4m3fn).float()
+    n = codes.numel()  # 254 weight rows, one code each, against K = 32 identity-like activations
+    weight = torch.zeros(n, 32, dtype=torch.uint8)
+    weight[:, 0] = codes
+    x = torch.zeros(1, 32, dtype=MODEL_DTYPE)
+    x[0, 0] = 1.0
+    got = g.gemm(x.to(DEVICE), weight.to(DEVICE), None, out_dtype=torch.float32)
+    torch.testing.assert_close(got[0].cpu(), values, rtol=0, atol=0)
+    # and through the weight-only scheme with per-channel scales, against the dequantized weight
+    scheme = QuantScheme(FP8, "channel", "none")
+    q = quantize_weight(_randn(45, 256, seed=12), scheme)
+    xs = _randn(19, 256, seed=13, dtype=MODEL_DTYPE)
+    out = g.gemm(xs, q.data.view(torch.uint8), None, b_scale=q.scale, b_scale_kind=g.B_COLUMN)
+    _close(out, xs.float() @ reference.dequantize_weight(q).T, 1e-5 if MODEL_DTYPE == torch.float32 else 1e-2)

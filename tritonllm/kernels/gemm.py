@@ -49,6 +49,18 @@ def _e8m0_to_float(e):
 
 
 @triton.jit
+def _e4m3fn_bits_to_float(bits):
+    """e4m3fn bytes (uint8) -> float32 with integer arithmetic, for GPUs without FP8 conversions:
+    normals (1 + m/8) * 2**(e - 7) rebuilt as float32 bits, subnormals m * 2**-9 (NaN not decoded)."""
+    x = bits.to(tl.int32)
+    e = (x >> 3) & 0xF
+    m = x & 0x7
+    normal = (((x & 0x80) << 24) | ((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    subnormal = m.to(tl.float32) * 0.001953125
+    return tl.where(e == 0, tl.where((x & 0x80) != 0, -subnormal, subnormal), normal)
+
+
+@triton.jit
 def gemm_kernel(
     a_ptr, b_ptr, c_ptr, bias_ptr, a_scale_ptr, b_scale_ptr, ws_ptr,
     M, N, K, K_PER_SPLIT,
@@ -56,7 +68,7 @@ def gemm_kernel(
     stride_asm, stride_ask, stride_bsn, stride_bsk,
     A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
     E8M0: tl.constexpr, UPCAST_B: tl.constexpr, INT_ACC: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
-    OPERAND_SCALES: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    OPERAND_SCALES: tl.constexpr, DOT_DTYPE: tl.constexpr, B_E4M3FN_BITS: tl.constexpr,
     EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
@@ -95,7 +107,10 @@ def gemm_kernel(
             a = tl.load(a_ptrs, mask=in_k[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=in_k[:, None], other=0.0)
         if UPCAST_B:
-            b = b.to(a.dtype)
+            if B_E4M3FN_BITS:  # e4m3fn weights as bytes: no FP8 conversion on this GPU
+                b = _e4m3fn_bits_to_float(b).to(a.dtype)
+            else:
+                b = b.to(a.dtype)
         if OPERAND_SCALES:
             # MX on GPUs without MX tensor cores: each element times its group's power-of-two scale,
             # widened to DOT_DTYPE (exact: bf16 holds e4m3 values times any e8m0 scale), one dot
@@ -307,7 +322,8 @@ def gemm(
     tiles: GemmTiles | None = None,
     split_k: int | None = None,
 ) -> torch.Tensor:
-    """c = (a @ b.T) * scales + bias for a [M, K], b [N, K] (module docstring). `tiles` and
+    """c = (a @ b.T) * scales + bias for a [M, K], b [N, K] (module docstring); a uint8 b holds
+    e4m3fn bytes, decoded in the kernel (weight-only FP8 on GPUs without FP8). `tiles` and
     `split_k` override the table and the split heuristic (tests, tile sweeps)."""
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
         raise ValueError(f"gemm: a {tuple(a.shape)} and b {tuple(b.shape)} must be [M, K] and [N, K]")
@@ -361,7 +377,7 @@ def gemm(
         *a_s_strides, *b_s_strides,
         A_SCALE=a_scale_kind, B_SCALE=b_scale_kind, GROUP_K=max(group_k, 1), GROUP_N=group_n,
         E8M0=e8m0, UPCAST_B=upcast_b, INT_ACC=int_acc, HAS_BIAS=bias is not None, IEEE=a.dtype == torch.float32,
-        OPERAND_SCALES=operand_scales, DOT_DTYPE=_TL_DTYPES[dot_dtype],
+        OPERAND_SCALES=operand_scales, DOT_DTYPE=_TL_DTYPES[dot_dtype], B_E4M3FN_BITS=b.dtype == torch.uint8,
         EVEN_K=k % tiles.block_k == 0 and k_per_split % tiles.block_k == 0, SPLIT_K=split,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,

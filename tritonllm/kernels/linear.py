@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from tritonllm import platform
 from tritonllm.kernels import gemm as g
 from tritonllm.kernels.quant import quantize_per_group, quantize_per_token
 from tritonllm.kernels.quant_formats import BLOCK, MX_GROUP, QuantizedActivation, QuantizedWeight
@@ -44,7 +45,10 @@ def quantized_linear(
         return g.gemm(x.data, weight.data, bias, a_scale=x.scale, a_scale_kind=kind, **common)
     x2 = _rows(x)
     if scheme.act == "none":  # weight-only: the weight tile is widened to x's dtype in the kernel
-        y = g.gemm(x2, weight.data, bias, **common)
+        data = weight.data
+        if scheme.is_fp8 and not platform.has_fp8():  # no FP8 conversions here: the kernel decodes bytes
+            data = data.view(torch.uint8)
+        y = g.gemm(x2, data, bias, **common)
     elif scheme.act in ("token", "tensor"):
         q, scale = quantize_per_token(x2, scheme.weight_dtype, weight.input_scale)
         kind = g.A_TENSOR if scheme.act == "tensor" else g.A_ROW

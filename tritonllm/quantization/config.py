@@ -72,19 +72,14 @@ class QuantConfig:
 
 
 def _fp8() -> torch.dtype:
-    return platform.fp8_e4m3_dtype() if platform.is_gpu() else torch.float8_e4m3fn
-
-
-def _has_fp8() -> bool:
-    """FP8 tensor cores and conversions: NVIDIA compute capability 8.9+, AMD MI300, or the CPU interpreter."""
-    if platform.PLATFORM == "cuda":
-        return torch.cuda.get_device_capability(platform.DEVICE) >= (8, 9)
-    return True
+    """The FP8 flavour the kernels compute in: e4m3fnuz on MI300, else e4m3fn (also the storage
+    of weight-only FP8 on GPUs without FP8, whose GEMM decodes the bytes)."""
+    return platform.fp8_e4m3_dtype() if platform.has_fp8() and platform.is_gpu() else torch.float8_e4m3fn
 
 
 def _act_on_this_gpu(act: str, what: str) -> str:
     """The activation scheme to run: weight-only where the GPU has no FP8 (chosen explicitly, logged)."""
-    if act == "none" or _has_fp8():
+    if act == "none" or platform.has_fp8():
         return act
     logger.warning("%s: this GPU has no FP8 tensor cores, so FP8 weights run weight-only (W8A16)", what)
     return "none"
@@ -193,7 +188,7 @@ def _online_method(method: str) -> QuantConfig:
     elif method == "fp8":
         scheme = QuantScheme(_fp8(), "channel", _act_on_this_gpu("token", "quantization='fp8'"))
     else:
-        if not _has_fp8():
+        if not platform.has_fp8():
             raise ValueError("quantization='mxfp8' needs FP8 support (NVIDIA compute capability 8.9+, AMD MI300)")
         scheme = QuantScheme(_fp8(), "mx", "mx")
     return QuantConfig(f"online-{method}", LayerQuant(scheme, True), ignore=_names(["lm_head"]))
