@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -38,6 +39,7 @@ MODELS = {
     "square8192": [("square", 8192, 8192)],
 }
 MS = [1, 4, 16, 64, 256, 1024, 4096, 8192]
+PERSISTENT_MIN_M = 256  # the persistent descriptor kernel is timed beside the pointer kernel from here
 FP8 = torch.float8_e4m3fn
 SCHEMES = {
     "fp8": QuantScheme(FP8, "channel", "token"),
@@ -75,13 +77,13 @@ def torch_gemm(fmt: str, a, a_scale, weight):
     return None
 
 
-def triton_gemm(fmt: str, a, a_scale, weight):
+def triton_gemm(fmt: str, a, a_scale, weight, tiles: g.GemmTiles | None = None):
     scheme = weight.scheme
     kind = g.B_GROUP if scheme.weight_scale in ("block", "mx") else g.B_COLUMN
     group_k, group_n = {"block": (128, 128), "mx": (32, 1)}.get(scheme.weight_scale, (0, 1))
     a_kind = g.A_NONE if scheme.act == "none" else (g.A_ROW if scheme.act == "token" else g.A_GROUP)
     return lambda: g.gemm(a, weight.data, None, out_dtype=torch.bfloat16, a_scale=a_scale, a_scale_kind=a_kind,
-                          b_scale=weight.scale, b_scale_kind=kind, group_k=group_k, group_n=group_n)  # fmt: skip
+                          b_scale=weight.scale, b_scale_kind=kind, group_k=group_k, group_n=group_n, tiles=tiles)  # fmt: skip
 
 
 def run_case(model: str, layer: str, n: int, k: int, m: int, formats: list[str]) -> list[dict]:
@@ -99,6 +101,11 @@ def run_case(model: str, layer: str, n: int, k: int, m: int, formats: list[str])
             got = g.gemm(x, w)
             rows.append(dict(base, format="bf16", impl="triton_gemm", us=bench_us(lambda: g.gemm(x, w)),
                              rel_error=rel_error(got, expected), a_bytes=2, w_bytes=2))  # fmt: skip
+            if m >= PERSISTENT_MIN_M:
+                tiles = replace(g.pick_tiles("float", m), persistent=True)
+                fn = lambda tiles=tiles: g.gemm(x, w, tiles=tiles)  # noqa: E731
+                rows.append(dict(base, format="bf16", impl="triton_persistent", us=bench_us(fn),
+                                 rel_error=rel_error(fn(), expected), a_bytes=2, w_bytes=2))  # fmt: skip
             continue
         scheme = SCHEMES[fmt]
         weight = quantize_weight(w, scheme)
@@ -112,6 +119,11 @@ def run_case(model: str, layer: str, n: int, k: int, m: int, formats: list[str])
         fn = triton_gemm(fmt, a, a_scale, weight)
         rows.append(dict(base, format=fmt, impl="triton_gemm", us=bench_us(fn), rel_error=rel_error(fn(), expected),
                          a_bytes=a_bytes, w_bytes=1))  # fmt: skip
+        if fmt in ("fp8", "int8") and m >= PERSISTENT_MIN_M:  # the persistent descriptor kernel, same tiles
+            tiles = replace(g.pick_tiles("w8a8", m), persistent=True)
+            fn = triton_gemm(fmt, a, a_scale, weight, tiles)
+            rows.append(dict(base, format=fmt, impl="triton_persistent", us=bench_us(fn),
+                             rel_error=rel_error(fn(), expected), a_bytes=a_bytes, w_bytes=1))  # fmt: skip
         ref_fn = torch_gemm(fmt, a, a_scale, weight)
         if ref_fn is not None:
             rows.append(dict(base, format=fmt, impl="torch_gemm", us=bench_us(ref_fn), rel_error=rel_error(ref_fn(), expected),

@@ -21,7 +21,7 @@ import triton.language as tl
 from cross_compile_attention import compile_kernel  # this folder: sys.path[0] when run as a script
 from triton.backends.compiler import GPUTarget
 
-from tritonllm.kernels import activation, gemm, quant, rmsnorm
+from tritonllm.kernels import activation, gemm, gemm_persistent, quant, rmsnorm
 
 TARGETS = [
     (GPUTarget("cuda", 90, 32), "hopper"),
@@ -61,8 +61,12 @@ def _report(fn, target, types, constexprs, num_warps) -> str | None:
         kernel = compile_kernel(fn, target, types, constexprs, num_warps=num_warps)
     except Exception as error:  # noqa: BLE001 - reported, not raised
         return str(error).splitlines()[0][:200]
-    if target.backend == "cuda" and "ld.local" in kernel.asm["ptx"]:
+    ptx = kernel.asm.get("ptx", "")
+    if target.backend == "cuda" and "ld.local" in ptx:
         return "spills to local memory"
+    if fn is gemm_persistent.gemm_persistent_kernel and target.arch == 90:
+        if "cp.async.bulk.tensor" not in ptx or "wgmma" not in ptx:
+            return "no TMA loads or no wgmma on sm90"
     return None
 
 
@@ -87,6 +91,16 @@ def main() -> int:
                 )
                 checks.append((f"gemm {name} M<={max_m} {t.block_m}x{t.block_n}x{t.block_k}", gemm.gemm_kernel, all_types,
                                tile_constexprs, t.num_warps, "fp8" in name))  # fmt: skip
+        for name, a_t, acc_int in (("bf16", "bf16", False), ("fp8", fp8, False), ("int8", "i8", True)):
+            for bm, bn, bk, warps in ((128, 256, 64 if a_t == "bf16" else 128, 8), (128, 128, 64, 4)):
+                desc = lambda dt, r, c: f"tensordesc<{dt}[{r}, {c}]>"  # noqa: E731
+                types = dict(a_desc=desc(a_t, bm, bk), b_desc=desc(a_t, bn, bk), c_desc=desc("bf16", bm, bn),
+                             bias_ptr="*bf16", a_scale_ptr="*fp32", b_scale_ptr="*fp32")  # fmt: skip
+                scales = dict(A_SCALE=0, B_SCALE=0) if a_t == "bf16" else dict(A_SCALE=2, B_SCALE=2)
+                constexprs = dict(scales, INT_ACC=acc_int, HAS_BIAS=True, OUT_DTYPE=tl.bfloat16, NUM_PROGRAMS=132,
+                                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8)  # fmt: skip
+                checks.append((f"gemm persistent {name} {bm}x{bn}x{bk}", gemm_persistent.gemm_persistent_kernel, types,
+                               constexprs, warps, name == "fp8"))  # fmt: skip
         checks.append(("split-K reduce", gemm.split_k_reduce_kernel, dict(ws_ptr="*fp32", c_ptr="*bf16", bias_ptr="*bf16"),
                        dict(SPLIT_K=4, HAS_BIAS=True, BLOCK=1024), 4, False))  # fmt: skip
         for q, qmax in ((fp8, 448.0 if target.backend == "cuda" else 240.0), ("i8", 127.0)):

@@ -169,3 +169,35 @@ def test_e4m3fn_bytes_decode_to_their_values_for_gpus_without_fp8() -> None:
     xs = _randn(19, 256, seed=13, dtype=MODEL_DTYPE)
     out = g.gemm(xs, q.data.view(torch.uint8), None, b_scale=q.scale, b_scale_kind=g.B_COLUMN)
     _close(out, xs.float() @ reference.dequantize_weight(q).T, 1e-5 if MODEL_DTYPE == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize(
+    "scheme",
+    [None, QuantScheme(FP8, "channel", "token"), QuantScheme(torch.int8, "channel", "tensor")],
+    ids=["float", "fp8", "int8-static"],
+)
+def test_the_persistent_descriptor_kernel_matches_its_operands(scheme, monkeypatch) -> None:
+    """GemmTiles(persistent=True): tiles walked by one program per SM through tensor descriptors;
+    ragged M and N (the descriptors read zeros and clip stores at the edges)."""
+    launched = []
+    launch = g._launch_persistent
+    monkeypatch.setattr(g, "_launch_persistent", lambda *args: launched.append(1) or launch(*args))
+    tiles = g.GemmTiles(32, 64, 32, 4, 3, 4, 1, persistent=True)
+    m, n, k = 37, 72, 96
+    x, bias = _randn(m, k, seed=14, dtype=MODEL_DTYPE), _randn(n, seed=15, dtype=MODEL_DTYPE)
+    if scheme is None:
+        w = _randn(n, k, seed=16, dtype=MODEL_DTYPE)
+        got = g.gemm(x, w, bias, tiles=tiles)
+        expected = x.float() @ w.float().T + bias.float()
+    else:
+        weight = quantize_weight(_randn(n, k, seed=16), scheme)
+        if scheme.act == "tensor":
+            weight.input_scale = (x.float().abs().amax() / 100).reshape(1)
+        a, a_scale = reference.quantize_activation(x, scheme, weight.input_scale)
+        kind = g.A_TENSOR if scheme.act == "tensor" else g.A_ROW
+        got = g.gemm(a, weight.data, bias, out_dtype=MODEL_DTYPE, a_scale=a_scale, a_scale_kind=kind,
+                     b_scale=weight.scale, b_scale_kind=g.B_COLUMN, tiles=tiles)  # fmt: skip
+        expected = reference.dequantize_activation(a, a_scale, scheme) @ reference.dequantize_weight(weight).T
+        expected = expected + bias.float()
+    _close(got, expected, 1e-5 if MODEL_DTYPE == torch.float32 else 1e-2)
+    assert launched, "the persistent kernel did not run"

@@ -36,10 +36,16 @@ import triton
 import triton.language as tl
 
 from tritonllm import platform
+from tritonllm.kernels.gemm_persistent import descriptors_fit, gemm_persistent_kernel
 from tritonllm.kernels.quant_formats import FP8_DTYPES
 
+try:  # triton >= 3.4: host-side tensor descriptors (TMA on Hopper)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older triton: the pointer kernel only
+    TensorDescriptor = None
+
 A_NONE, A_TENSOR, A_ROW, A_GROUP = 0, 1, 2, 3
-_TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+_TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 B_NONE, B_COLUMN, B_GROUP = 0, 2, 3
 
 
@@ -196,6 +202,9 @@ class GemmTiles:
     num_stages: int = 3
     group_m: int = 8
     max_split_k: int = 1  # skinny M: split K up to this many ways when tiles leave SMs idle
+    # large M: the persistent tensor-descriptor kernel (kernels/gemm_persistent.py) for float and
+    # W8A8 row/column-scaled GEMMs; off in the tables until measured against the pointer kernel
+    persistent: bool = False
 
 
 # Per GPU family and kernel kind, (largest M, tiles) by M bucket, in increasing M. Kinds: "float"
@@ -360,6 +369,12 @@ def gemm(
     c = torch.empty((m, n), dtype=out_dtype or a.dtype, device=a.device)
     if m == 0 or n == 0:
         return c
+    persistent = (
+        tiles.persistent and split == 1 and not (k_grouped or upcast_b) and TensorDescriptor is not None
+        and descriptors_fit(a, b, c)
+    )  # fmt: skip
+    if persistent:
+        return _launch_persistent(a, b, c, bias, a_scale, b_scale, a_scale_kind, b_scale_kind, int_acc, tiles)
     ws = torch.empty((split, m, n), dtype=torch.float32, device=a.device) if split > 1 else c
     dummy = c  # stands in for absent pointers (never read)
     a_s, b_s = (a_scale if a_scale is not None else dummy), (b_scale if b_scale is not None else dummy)
@@ -388,4 +403,35 @@ def gemm(
             ws, c, bias if bias is not None else dummy, m, n, c.stride(0), c.stride(1),
             SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=block,
         )  # fmt: skip
+    return c
+
+
+def _launch_persistent(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    bias: torch.Tensor | None,
+    a_scale: torch.Tensor | None,
+    b_scale: torch.Tensor | None,
+    a_scale_kind: int,
+    b_scale_kind: int,
+    int_acc: bool,
+    tiles: GemmTiles,
+) -> torch.Tensor:
+    """gemm() through gemm_persistent_kernel: one program per SM (at most one per tile)."""
+    (m, k), n = a.shape, b.shape[0]
+    bm, bn, bk = tiles.block_m, tiles.block_n, tiles.block_k
+    num_tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    programs = max(1, min(platform.num_multiprocessors(), num_tiles))
+    dummy = c
+    gemm_persistent_kernel[(programs,)](
+        TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bn, bk]),
+        TensorDescriptor.from_tensor(c, [bm, bn]), bias if bias is not None else dummy,
+        a_scale if a_scale is not None else dummy, b_scale if b_scale is not None else dummy,
+        m, n, k, a_scale.stride(0) if a_scale_kind == A_ROW else 0, b_scale.stride(0) if b_scale_kind == B_COLUMN else 0,
+        A_SCALE=a_scale_kind, B_SCALE=b_scale_kind, INT_ACC=int_acc, HAS_BIAS=bias is not None,
+        OUT_DTYPE=_TL_DTYPES[c.dtype], NUM_PROGRAMS=programs,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=tiles.group_m,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
     return c
