@@ -53,7 +53,8 @@ def test_two_engines_in_one_process_keep_their_own_kernels(tiny_llama, monkeypat
         calls["n"] += 1
         return reference.silu_and_mul(x)
 
-    spy = registry.Implementation("activation", "spy", registry.Supports(), -1, {"silu_and_mul": counted})
+    entries = {"silu_and_mul": counted, "silu_and_mul_quant": reference.silu_and_mul_quant}
+    spy = registry.Implementation("activation", "spy", registry.Supports(), -1, entries)
     monkeypatch.setitem(registry._REGISTRY["activation"], "spy", spy)
     kw = dict(model=tiny_llama, max_model_len=64, max_num_seqs=4)
     ref = LLM(**kw, kernels={"attention": "torch_ref", "rms_norm": "torch_ref", "activation": "spy"})
