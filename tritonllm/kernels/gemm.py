@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from tritonllm import platform
-from tritonllm.kernels.gemm_persistent import descriptors_fit, gemm_persistent_kernel
+from tritonllm.kernels.gemm_persistent import descriptors_fit, gemm_persistent_kernel, tile_coords
 from tritonllm.kernels.quant_formats import FP8_DTYPES
 
 try:  # triton >= 3.4: host-side tensor descriptors (TMA on Hopper)
@@ -45,8 +45,8 @@ except ImportError:  # pragma: no cover - older triton: the pointer kernel only
     TensorDescriptor = None
 
 A_NONE, A_TENSOR, A_ROW, A_GROUP = 0, 1, 2, 3
-_TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 B_NONE, B_COLUMN, B_GROUP = 0, 2, 3
+_TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
 @triton.jit
@@ -78,16 +78,9 @@ def gemm_kernel(
     EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0)
     pid_k = tl.program_id(1)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
     # grouped order: GROUP_M consecutive tile rows sweep the tile columns together (B reuse in L2)
-    per_group = GROUP_M * num_pid_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_rows
-    pid_n = (pid % per_group) // group_rows
+    pid_m, pid_n = tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -350,22 +343,21 @@ def gemm(
         raise ValueError(f"gemm: K-grouped scales need K ({k}) to be a multiple of group_k ({group_k})")
     # e8m0 (MX) scales go into the operands, which are widened for a bf16 dot: Hopper and older GPUs
     # have no MX tensor cores, and 32-deep FP8 dots rescaled one by one starve the tensor cores
+    # (their scales are gathered per element, so neither BLOCK_K nor the K splits need align to groups)
     operand_scales = e8m0 and a_scale_kind == A_GROUP and b_scale_kind == B_GROUP
     dot_dtype = torch.float32 if platform.is_interpreter() else torch.bfloat16
-    kind = (
-        "float"
-        if operand_scales
-        else "block"
-        if k_grouped
-        else ("weight_only" if upcast_b else ("w8a8" if a.dtype in (torch.int8, *FP8_DTYPES) else "float"))
-    )
+    if operand_scales:
+        kind = "float"  # a bf16 dot once the operands are widened
+    elif k_grouped:
+        kind = "block"
+    elif upcast_b:
+        kind = "weight_only"
+    else:
+        kind = "w8a8" if a.dtype in (torch.int8, *FP8_DTYPES) else "float"
     tiles, split, k_per_split = plan_gemm(
         kind, m, n, k, group_k if k_grouped and not operand_scales else 0, a.element_size(), b.element_size(),
         tiles, split_k,
     )  # fmt: skip
-    if operand_scales and k_per_split % group_k:  # a split starts on a scale group
-        k_per_split = triton.cdiv(k_per_split, group_k) * group_k
-        split = triton.cdiv(k, k_per_split)
     c = torch.empty((m, n), dtype=out_dtype or a.dtype, device=a.device)
     if m == 0 or n == 0:
         return c

@@ -18,7 +18,9 @@ from tritonllm import platform  # noqa: F401  (switches on the interpreter on CP
 
 
 @triton.jit
-def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+def tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """(tile row, tile column) of tile `tile_id` in grouped order: GROUP_M consecutive tile rows
+    sweep the tile columns together, so the B columns they share stay in L2 (both GEMM kernels)."""
     per_group = GROUP_M * num_pid_n
     first_m = (tile_id // per_group) * GROUP_M
     group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
@@ -42,7 +44,7 @@ def gemm_persistent_kernel(
     # lives from the loads of one tile into the stores of the last, which flattening needs
     tile_id_c = start - NUM_PROGRAMS
     for tile_id in tl.range(start, num_tiles, NUM_PROGRAMS, flatten=True):
-        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         if INT_ACC:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
         else:
@@ -55,7 +57,7 @@ def gemm_persistent_kernel(
             else:
                 acc = tl.dot(a, b.T, acc)
         tile_id_c += NUM_PROGRAMS
-        pid_m, pid_n = _tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         out = acc.to(tl.float32)
