@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec
-from tritonllm.kernels.quant import min_exponent, round_and_store
+from tritonllm.kernels.quant import min_exponent, quantize_rows_and_store
 from tritonllm.kernels.quant_formats import QuantizedActivation, qmax
 from tritonllm.kernels.registry import FLOATS, Supports, register
 
@@ -68,12 +68,8 @@ def _silu_and_mul_quant_kernel(
     up = tl.load(x_ptr + x_offs + d, mask=mask, other=0.0)
     g = gate.to(tl.float32)
     out = (g / (1.0 + tl.exp(-g)) * up.to(tl.float32)).to(gate.dtype).to(tl.float32)
-    if STATIC:
-        scale = tl.load(scale_ptr) + tl.zeros([BLOCK_ROWS], dtype=tl.float32)
-    else:
-        scale = tl.maximum(tl.max(tl.abs(out), axis=1), 1e-12) / QMAX
-        tl.store(scale_ptr + rows64, scale, mask=rows < num_rows)
-    round_and_store(q_ptr + (rows64 * d)[:, None] + cols[None, :], out / scale[:, None], mask, QMAX, IS_INT, MIN_EXP)
+    q_ptrs = q_ptr + (rows64 * d)[:, None] + cols[None, :]
+    quantize_rows_and_store(out, q_ptrs, mask, scale_ptr, rows64, num_rows, STATIC, QMAX, IS_INT, MIN_EXP)
 
 
 _SILU_AND_MUL_QUANT = Launcher(_silu_and_mul_quant_kernel)

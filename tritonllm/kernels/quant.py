@@ -50,6 +50,22 @@ def round_and_store(q_ptrs, v, mask, QMAX: tl.constexpr, IS_INT: tl.constexpr, M
 
 
 @triton.jit
+def quantize_rows_and_store(
+    out, q_ptrs, mask, scale_ptr, rows, num_rows,
+    STATIC: tl.constexpr, QMAX: tl.constexpr, IS_INT: tl.constexpr, MIN_EXP: tl.constexpr,
+):  # fmt: skip
+    """The epilogue of an op that quantizes its own output for a per-token W8A8 GEMM (RMSNorm,
+    SiLU-mul): out [BLOCK_ROWS, cols] float32 holds whole rows; each row's scale is its amax / QMAX
+    (stored at scale_ptr + row), or the STATIC scale read from scale_ptr."""
+    if STATIC:
+        scale = tl.load(scale_ptr) + tl.zeros([out.shape[0]], dtype=tl.float32)
+    else:
+        scale = tl.maximum(tl.max(tl.abs(out), axis=1), 1e-12) / QMAX
+        tl.store(scale_ptr + rows, scale, mask=rows < num_rows)
+    round_and_store(q_ptrs, out / scale[:, None], mask, QMAX, IS_INT, MIN_EXP)
+
+
+@triton.jit
 def _quant_token_kernel(
     x_ptr, q_ptr, s_ptr, K, stride_x, stride_q,
     QMAX: tl.constexpr, IS_INT: tl.constexpr, MIN_EXP: tl.constexpr, STATIC: tl.constexpr, BLOCK: tl.constexpr,

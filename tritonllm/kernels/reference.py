@@ -290,7 +290,7 @@ def sample(
 # ---- linear ----------------------------------------------------------------------------------
 
 
-def _round_quantized(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def round_quantized(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """v (float32, already divided by its scale) -> dtype: clamped to +-qmax, then rounded (FP8:
     the conversion's nearest even; int8: half away from zero), as kernels/quant.py does."""
     v = v.clamp(-qmax(dtype), qmax(dtype))
@@ -306,10 +306,10 @@ def quantize_activation(
     [M, 1]; tensor: input_scale; group: float32 [M, K/128]; mx: e8m0 uint8 [M, K/32])."""
     xf, dtype = x.float(), scheme.weight_dtype
     if scheme.act == "tensor":
-        return _round_quantized(xf / input_scale, dtype), input_scale
+        return round_quantized(xf / input_scale, dtype), input_scale
     if scheme.act == "token":
         scale = xf.abs().amax(-1, keepdim=True).clamp(min=EPS) / qmax(dtype)
-        return _round_quantized(xf / scale, dtype), scale
+        return round_quantized(xf / scale, dtype), scale
     group = MX_GROUP if scheme.act == "mx" else BLOCK
     m, k = xf.shape
     padded = F.pad(xf, (0, -k % group)).view(m, -1, group)
@@ -317,10 +317,10 @@ def quantize_activation(
     if scheme.act == "mx":
         exponent = torch.floor(torch.log2(amax)).clamp(min=-127) - E4M3_EMAX  # log2(0) = -inf -> -127
         exponent = exponent.clamp(-127, 127)
-        q = _round_quantized(padded / torch.exp2(exponent)[..., None], dtype).view(m, -1)[:, :k]
+        q = round_quantized(padded / torch.exp2(exponent)[..., None], dtype).view(m, -1)[:, :k]
         return q, (exponent + 127).to(torch.uint8)
     scale = amax.clamp(min=EPS) / qmax(dtype)
-    return _round_quantized(padded / scale[..., None], dtype).view(m, -1)[:, :k], scale
+    return round_quantized(padded / scale[..., None], dtype).view(m, -1)[:, :k], scale
 
 
 def _expand_groups(scale: torch.Tensor, rows: int, cols: int, group_rows: int, group_cols: int) -> torch.Tensor:

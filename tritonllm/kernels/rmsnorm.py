@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec
-from tritonllm.kernels.quant import min_exponent, round_and_store
+from tritonllm.kernels.quant import min_exponent, quantize_rows_and_store
 from tritonllm.kernels.quant_formats import QuantizedActivation, qmax
 from tritonllm.kernels.registry import FLOATS, Supports, register
 
@@ -68,12 +68,7 @@ def _rms_norm_kernel(
     out = xf * rstd[:, None] * w[None, :]
     if QUANT:  # the output as the unfused path stores it (x's dtype), quantized per row for the next GEMM
         out = out.to(x.dtype).to(tl.float32)
-        if STATIC:
-            scale = tl.load(scale_ptr) + tl.zeros([BLOCK_ROWS], dtype=tl.float32)
-        else:
-            scale = tl.maximum(tl.max(tl.abs(out), axis=1), 1e-12) / QMAX
-            tl.store(scale_ptr + rows64, scale, mask=rows < num_rows)
-        round_and_store(q_ptr + out_offs, out / scale[:, None], mask, QMAX, IS_INT, MIN_EXP)
+        quantize_rows_and_store(out, q_ptr + out_offs, mask, scale_ptr, rows64, num_rows, STATIC, QMAX, IS_INT, MIN_EXP)
     else:
         tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 

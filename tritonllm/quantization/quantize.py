@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from tritonllm.kernels.quant import EPS
 from tritonllm.kernels.quant_formats import BLOCK, QuantizedWeight, QuantScheme, qmax
-from tritonllm.kernels.reference import _round_quantized, quantize_activation
+from tritonllm.kernels.reference import quantize_activation, round_quantized
 
 
 def quantize_weight(weight: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
@@ -21,7 +21,7 @@ def quantize_weight(weight: torch.Tensor, scheme: QuantScheme) -> QuantizedWeigh
     dtype = scheme.weight_dtype
     if scheme.weight_scale == "channel":
         scale = w.abs().amax(-1).clamp(min=EPS) / qmax(dtype)
-        return QuantizedWeight(scheme, _round_quantized(w / scale[:, None], dtype), scale)
+        return QuantizedWeight(scheme, round_quantized(w / scale[:, None], dtype), scale)
     if scheme.weight_scale == "mx":  # the activation quantizer's MX rule, applied to the weight's rows
         data, scale = quantize_activation(w, scheme)
         return QuantizedWeight(scheme, data, scale)
@@ -29,5 +29,5 @@ def quantize_weight(weight: torch.Tensor, scheme: QuantScheme) -> QuantizedWeigh
     padded = F.pad(w, (0, -k % BLOCK, 0, -n % BLOCK))
     blocks = padded.view(padded.shape[0] // BLOCK, BLOCK, padded.shape[1] // BLOCK, BLOCK)
     scale = blocks.abs().amax(dim=(1, 3)).clamp(min=EPS) / qmax(dtype)
-    data = _round_quantized(blocks / scale[:, None, :, None], dtype).view(padded.shape)[:n, :k].contiguous()
+    data = round_quantized(blocks / scale[:, None, :, None], dtype).view(padded.shape)[:n, :k].contiguous()
     return QuantizedWeight(scheme, data, scale)
