@@ -59,7 +59,7 @@ def fp8_e4m3_dtype() -> torch.dtype:
     FP8 kernels for them, so they are refused here with the fix."""
     if PLATFORM == "rocm" and "gfx94" in torch.cuda.get_device_properties(DEVICE).gcnArchName:
         return torch.float8_e4m3fnuz
-    if PLATFORM == "cuda" and torch.cuda.get_device_capability(DEVICE) < (8, 9):
+    if PLATFORM == "cuda" and not has_fp8():
         name = torch.cuda.get_device_name(DEVICE)
         raise ValueError(
             f"an FP8 KV cache needs an NVIDIA GPU of compute capability 8.9 or newer (Ada, Hopper); {name} is "

@@ -18,15 +18,6 @@ from tritonllm.quantization.config import LayerQuant
 from tritonllm.quantization.methods import Shard, make_method
 
 
-def copy_weight(param: nn.Parameter, loaded_weight: torch.Tensor, name: str) -> None:
-    """Copy a checkpoint tensor into a preallocated parameter (casting dtype, moving device)."""
-    if param.shape != loaded_weight.shape:
-        raise ValueError(
-            f"{name}: the checkpoint's shape {tuple(loaded_weight.shape)} is not the model's {tuple(param.shape)}"
-        )
-    param.data.copy_(loaded_weight)
-
-
 class Linear(nn.Module):
     """y = x @ weight.T (+ bias); weight [out_features, in_features], stored per `quant` (None:
     in `dtype`)."""

@@ -18,10 +18,11 @@ from transformers import PretrainedConfig
 from tritonllm.layers.activation import SiluAndMul
 from tritonllm.layers.attention import Attention, AttentionMetadata
 from tritonllm.layers.embedding import LMHead, VocabEmbedding
-from tritonllm.layers.linear import Linear, MergedLinear, QKVLinear, copy_weight
+from tritonllm.layers.linear import Linear, MergedLinear, QKVLinear
 from tritonllm.layers.norm import RMSNorm
 from tritonllm.layers.rotary import RotaryEmbedding, rope_parameters
 from tritonllm.quantization.config import LayerQuant, QuantConfig
+from tritonllm.quantization.methods import copy_weight
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim]
 

@@ -15,8 +15,8 @@ Anything else (GPTQ, AWQ, 4-bit, asymmetric, other strategies) is refused at loa
 
 Online: `quantization="fp8"` (per-channel weights, per-token activations), `"int8"` (same, int8)
 or `"mxfp8"` (OCP MX on both operands); lm_head stays in the model's dtype, as vLLM does.
-GPUs without FP8 (NVIDIA before compute capability 8.9) run FP8 checkpoints weight-only: the FP8
-weight is widened in the GEMM and activations stay in the model's dtype (logged).
+GPUs without FP8 (NVIDIA before compute capability 8.9) run FP8 checkpoints weight-only: the GEMM
+decodes the e4m3 bytes and multiplies in the activations' dtype (logged).
 """
 
 from __future__ import annotations
@@ -54,7 +54,6 @@ class QuantConfig:
     default: LayerQuant | None  # the layers not matched by `targets`
     targets: list[tuple[re.Pattern, LayerQuant]] = field(default_factory=list)  # first match wins
     ignore: list[re.Pattern] = field(default_factory=list)  # unquantized layers
-    kv_cache_scales: bool = False  # the checkpoint carries per-layer k_scale / v_scale
 
     def for_layer(self, prefix: str) -> LayerQuant | None:
         """The quantization of the linear layer at HF module path `prefix` (e.g.
@@ -112,7 +111,7 @@ def _fp8_method(qc: dict[str, Any]) -> QuantConfig:
         layer = LayerQuant(QuantScheme(_fp8(), "channel", act), False, "weight_scale", activation == "static",
                            checkpoint_dtype=torch.float8_e4m3fn)  # fmt: skip
     ignore = _names(qc.get("ignored_layers") or qc.get("modules_to_not_convert"))
-    return QuantConfig("fp8", layer, ignore=ignore, kv_cache_scales=bool(qc.get("kv_cache_scheme")))
+    return QuantConfig("fp8", layer, ignore=ignore)
 
 
 def _compressed_tensors_group(name: str, group: dict[str, Any], fmt: str) -> LayerQuant:
@@ -176,9 +175,9 @@ def _compressed_tensors_method(qc: dict[str, Any]) -> QuantConfig:
                 config.targets.append((_names([target])[0], layer))
     kv = qc.get("kv_cache_scheme")
     if kv is not None:
+        # its per-layer k_scale / v_scale tensors are read by name (models/llama.py) for an FP8 cache
         if kv.get("num_bits") != 8 or kv.get("type") != "float" or kv.get("strategy") != "tensor":
             raise ValueError(f"compressed-tensors kv_cache_scheme {kv} is not supported (8-bit float per tensor)")
-        config.kv_cache_scales = True
     return config
 
 

@@ -31,7 +31,9 @@ def _param(shape: tuple[int, ...], dtype: torch.dtype, fill: float | None = None
     return nn.Parameter(t, requires_grad=False)
 
 
-def _copy(param: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
+def copy_weight(param: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
+    """Copy a checkpoint tensor into (a slice of) a preallocated parameter, casting dtype and moving
+    device; a shape mismatch is refused naming the tensor."""
     if param.shape != loaded.shape:
         raise ValueError(
             f"{name}: the checkpoint's shape {tuple(loaded.shape)} is not the model's {tuple(param.shape)}"
@@ -50,7 +52,7 @@ class UnquantizedMethod:
 
     def load(self, layer: nn.Module, name: str, loaded: torch.Tensor, shard: Shard) -> None:
         first, rows, _ = shard
-        _copy(getattr(layer, name).data.narrow(0, first, rows), loaded, name)
+        copy_weight(getattr(layer, name).data.narrow(0, first, rows), loaded, name)
 
     def finish_loading(self, layer: nn.Module) -> None:
         pass
@@ -106,22 +108,22 @@ class CheckpointQuantMethod:
         if name == "weight":
             if loaded.dtype != layer.weight.dtype:
                 raise ValueError(f"{name}: the checkpoint stores {loaded.dtype}, expected {layer.weight.dtype}")
-            _copy(layer.weight.data.narrow(0, first, rows), loaded, name)
+            copy_weight(layer.weight.data.narrow(0, first, rows), loaded, name)
         elif name == lq.scale_name and self.scheme.weight_scale == "block":
             if first % BLOCK:
                 raise ValueError(f"{name}: a fused shard starts at row {first}, not on a 128-row block boundary")
             param = getattr(layer, name).data
-            _copy(param.narrow(0, first // BLOCK, loaded.shape[0]), loaded.float(), name)
+            copy_weight(param.narrow(0, first // BLOCK, loaded.shape[0]), loaded.float(), name)
         elif name == lq.scale_name:
             param = getattr(layer, name).data.narrow(0, first, rows)
             if loaded.numel() == 1:  # per-tensor: every row of the shard
                 param.fill_(loaded.float().reshape(()).item())
             else:
-                _copy(param, loaded.float().reshape(-1), name)
+                copy_weight(param, loaded.float().reshape(-1), name)
         elif name == "input_scale":
             layer.input_scale.data[index] = loaded.float().reshape(())
         elif name == "bias":
-            _copy(layer.bias.data.narrow(0, first, rows), loaded, name)
+            copy_weight(layer.bias.data.narrow(0, first, rows), loaded, name)
         else:
             raise ValueError(f"{name}: no such tensor in a {self.format_name} layer")
 

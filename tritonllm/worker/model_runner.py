@@ -135,9 +135,9 @@ class ModelRunner:
                     attn.v_scale = torch.tensor([scales.get("v_scale", 1.0)], dtype=torch.float32, device=self.device)
 
     def calibrate_kv_scales(self) -> None:
-        """calculate_kv_scales: the next step with prompt tokens sets every layer's FP8 K and V scale
-        to amax / fp8 max of that step's K and V (a step that is no pure decode never replays a
-        decode graph, so its attention runs eagerly and sees the flag); the scales are updated in
+        """calculate_kv_scales: the next step sets every layer's FP8 K and V scale to amax / fp8 max
+        of that step's K and V. After start-up that step holds the first prompts, so it replays no
+        decode graph and its attention runs eagerly and sees the flag; the scales are updated in
         place, so graphs captured before read the new values."""
         if self.kv_dtype.itemsize != 1:
             raise ValueError("calculate_kv_scales needs an FP8 KV cache: set kv_cache_dtype='fp8'")
@@ -343,7 +343,7 @@ class ModelRunner:
             self._apply_batch_updates(views[len(slot) :], extra)
             v = {name: views[i] for name, i in slot.items()}
             calibrating = self.kv_scale_calibration and num_tokens > 0
-            if calibrating:  # the first step with prompt tokens sets the FP8 KV scales (calculate_kv_scales)
+            if calibrating:  # the first step after start-up (its prompts) sets the FP8 KV scales (calculate_kv_scales)
                 self._set_kv_calibration(True)
             hidden = self._forward(
                 v["input_ids"], v["positions"], v["slot_mapping"], v.get("prev_src"), v["rows"], v["seq_lens"],
