@@ -78,12 +78,9 @@ def torch_gemm(fmt: str, a, a_scale, weight):
 
 
 def triton_gemm(fmt: str, a, a_scale, weight, tiles: g.GemmTiles | None = None):
-    scheme = weight.scheme
-    kind = g.B_GROUP if scheme.weight_scale in ("block", "mx") else g.B_COLUMN
-    group_k, group_n = {"block": (128, 128), "mx": (32, 1)}.get(scheme.weight_scale, (0, 1))
-    a_kind = g.A_NONE if scheme.act == "none" else (g.A_ROW if scheme.act == "token" else g.A_GROUP)
-    return lambda: g.gemm(a, weight.data, None, out_dtype=torch.bfloat16, a_scale=a_scale, a_scale_kind=a_kind,
-                          b_scale=weight.scale, b_scale_kind=kind, group_k=group_k, group_n=group_n, tiles=tiles)  # fmt: skip
+    scales = g.scale_args(weight.scheme)
+    return lambda: g.gemm(a, weight.data, None, out_dtype=torch.bfloat16, a_scale=a_scale, b_scale=weight.scale,
+                          tiles=tiles, **scales)  # fmt: skip
 
 
 def run_case(model: str, layer: str, n: int, k: int, m: int, formats: list[str]) -> list[dict]:

@@ -15,7 +15,8 @@ from tritonllm import platform
 from tritonllm.kernels import gemm as g
 from tritonllm.kernels import reference
 from tritonllm.kernels.quant import quantize_per_group, quantize_per_token
-from tritonllm.kernels.quant_formats import QuantizedWeight, QuantScheme
+from tritonllm.kernels.quant_formats import QuantScheme
+from tritonllm.quantization.quantize import quantize_weight
 
 # on a GPU every test here is also a GPU test (`-m gpu`), in bfloat16
 pytestmark = [pytest.mark.gpu] if platform.is_gpu() else []
@@ -34,13 +35,6 @@ def _close(actual: torch.Tensor, expected: torch.Tensor, rel: float) -> None:
     scale = expected.abs().max().clamp(min=1e-6)
     error = (actual - expected).abs().max()
     assert error <= rel * scale, f"max error {error:.3g} > {rel} x {scale:.3g}"
-
-
-def quantize_weight(w: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
-    """A float weight [N, K] quantized per `scheme` (the online path's quantizer)."""
-    from tritonllm.quantization.quantize import quantize_weight as quantize
-
-    return quantize(w, scheme)
 
 
 SCHEMES = [
@@ -77,16 +71,13 @@ def test_quantized_gemm_matches_its_dequantized_operands(scheme, m, n, k, split_
         weight.input_scale = (x.float().abs().amax() / 100).reshape(1)  # some values saturate, as in use
     bias = _randn(n, seed=6, dtype=MODEL_DTYPE)
     w = reference.dequantize_weight(weight)
-    kind = g.B_GROUP if scheme.weight_scale in ("block", "mx") else g.B_COLUMN
-    group_k, group_n = {"block": (128, 128), "mx": (32, 1)}.get(scheme.weight_scale, (0, 1))
     if scheme.act == "none":
-        a, a_scale, a_kind, expected_a = x, None, g.A_NONE, x.float()
+        a, a_scale, expected_a = x, None, x.float()
     else:
         a, a_scale = reference.quantize_activation(x, scheme, weight.input_scale)
-        a_kind = {"token": g.A_ROW, "tensor": g.A_TENSOR}.get(scheme.act, g.A_GROUP)
         expected_a = reference.dequantize_activation(a, a_scale, scheme)
-    got = g.gemm(a, weight.data, bias, out_dtype=MODEL_DTYPE, a_scale=a_scale, a_scale_kind=a_kind, b_scale=weight.scale,
-                 b_scale_kind=kind, group_k=group_k, group_n=group_n, split_k=split_k)  # fmt: skip
+    got = g.gemm(a, weight.data, bias, out_dtype=MODEL_DTYPE, a_scale=a_scale, b_scale=weight.scale, split_k=split_k,
+                 **g.scale_args(scheme))  # fmt: skip
     expected = expected_a @ w.T + bias.float()
     _close(got, expected, 1e-5 if MODEL_DTYPE == torch.float32 else 1e-2)
 

@@ -37,7 +37,7 @@ import triton.language as tl
 
 from tritonllm import platform
 from tritonllm.kernels.gemm_persistent import descriptors_fit, gemm_persistent_kernel, tile_coords
-from tritonllm.kernels.quant_formats import FP8_DTYPES
+from tritonllm.kernels.quant_formats import BLOCK, FP8_DTYPES, MX_GROUP, QuantScheme
 
 try:  # triton >= 3.4: host-side tensor descriptors (TMA on Hopper)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -47,6 +47,20 @@ except ImportError:  # pragma: no cover - older triton: the pointer kernel only
 A_NONE, A_TENSOR, A_ROW, A_GROUP = 0, 1, 2, 3
 B_NONE, B_COLUMN, B_GROUP = 0, 2, 3
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+# a scheme's activation scales (quant_formats.py) as gemm() reads them
+ACT_SCALE_KINDS = {"none": A_NONE, "tensor": A_TENSOR, "token": A_ROW, "group": A_GROUP, "mx": A_GROUP}
+
+
+def scale_args(scheme: QuantScheme) -> dict:
+    """gemm()'s scale arguments for operands quantized per `scheme`: how the activations' and the
+    weight's scales are laid out, and the weight's scale groups."""
+    group_k, group_n = {"block": (BLOCK, BLOCK), "mx": (MX_GROUP, 1)}.get(scheme.weight_scale, (0, 1))
+    return dict(
+        a_scale_kind=ACT_SCALE_KINDS[scheme.act],
+        b_scale_kind=B_GROUP if scheme.weight_scale in ("block", "mx") else B_COLUMN,
+        group_k=group_k,
+        group_n=group_n,
+    )
 
 
 @triton.jit

@@ -9,7 +9,7 @@ import torch
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
 from tritonllm.kernels.quant import quantize_per_group, quantize_per_token
-from tritonllm.kernels.quant_formats import BLOCK, MX_GROUP, QuantizedActivation, QuantizedWeight
+from tritonllm.kernels.quant_formats import QuantizedActivation, QuantizedWeight
 from tritonllm.kernels.registry import FLOATS, Supports, register
 
 TRITON_FORMATS = frozenset({
@@ -37,23 +37,19 @@ def quantized_linear(
     """x in the model's dtype (quantized here per weight.scheme.act), or a QuantizedActivation that
     the op before quantized per token (RMSNorm / SiLU-mul with quantization fused in)."""
     scheme = weight.scheme
-    w_scale_kind = g.B_GROUP if scheme.weight_scale in ("block", "mx") else g.B_COLUMN
-    group_k, group_n = {"block": (BLOCK, BLOCK), "mx": (MX_GROUP, 1)}.get(scheme.weight_scale, (0, 1))
-    common = dict(out_dtype=x.dtype, b_scale=weight.scale, b_scale_kind=w_scale_kind, group_k=group_k, group_n=group_n)
+    scales = dict(g.scale_args(scheme), out_dtype=x.dtype, b_scale=weight.scale)
     if isinstance(x, QuantizedActivation):
-        kind = g.A_TENSOR if x.scale.dim() == 1 else g.A_ROW  # static [1] or per token [M, 1]
-        return g.gemm(x.data, weight.data, bias, a_scale=x.scale, a_scale_kind=kind, **common)
+        return g.gemm(x.data, weight.data, bias, a_scale=x.scale, **scales)
     x2 = _rows(x)
     if scheme.act == "none":  # weight-only: the weight tile is widened to x's dtype in the kernel
         data = weight.data
         if scheme.is_fp8 and not platform.has_fp8():  # no FP8 conversions here: the kernel decodes bytes
             data = data.view(torch.uint8)
-        y = g.gemm(x2, data, bias, **common)
+        y = g.gemm(x2, data, bias, **scales)
     elif scheme.act in ("token", "tensor"):
         q, scale = quantize_per_token(x2, scheme.weight_dtype, weight.input_scale)
-        kind = g.A_TENSOR if scheme.act == "tensor" else g.A_ROW
-        y = g.gemm(q, weight.data, bias, a_scale=scale, a_scale_kind=kind, **common)
+        y = g.gemm(q, weight.data, bias, a_scale=scale, **scales)
     else:  # "group" (1 x 128 with 128 x 128 weight blocks) or "mx" (1 x 32 e8m0 both sides)
-        q, scale = quantize_per_group(x2, scheme.weight_dtype, group_k, mx=scheme.act == "mx")
-        y = g.gemm(q, weight.data, bias, a_scale=scale, a_scale_kind=g.A_GROUP, **common)
+        q, scale = quantize_per_group(x2, scheme.weight_dtype, scales["group_k"], mx=scheme.act == "mx")
+        y = g.gemm(q, weight.data, bias, a_scale=scale, **scales)
     return y.view(*x.shape[:-1], weight.shape[0])
