@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
 
 from tritonllm import platform
 from tritonllm.kernels import reference, registry
@@ -30,15 +31,6 @@ def _cases(op: str) -> list:
         for dtype in DTYPES
         if impl.supports.refusal(registry.KernelContext(platform.PLATFORM, dtype, dtype)) is None
     ]
-
-
-def _close(actual: torch.Tensor, expected: torch.Tensor, rel: float) -> None:
-    """Max error within rel of the reference's largest magnitude (float32 comparison)."""
-    actual, expected = actual.float(), expected.float()
-    assert actual.shape == expected.shape
-    scale = expected.abs().max().clamp(min=1e-6)
-    error = (actual - expected).abs().max()
-    assert error <= rel * scale, f"max error {error:.3g} > {rel} x {scale:.3g}"
 
 
 def _tol(dtype: torch.dtype) -> float:
@@ -63,11 +55,11 @@ def test_every_op_has_a_reference_and_a_config_key() -> None:
 def test_rms_norm(impl, dtype) -> None:
     x, residual = _randn(37, 200, dtype=dtype, seed=1), _randn(37, 200, dtype=dtype, seed=2)
     weight = _randn(200, dtype=dtype, seed=3)
-    _close(impl.entries["rms_norm"](x, weight, 1e-6), reference.rms_norm(x, weight, 1e-6), _tol(dtype))
+    assert_close_to_scale(impl.entries["rms_norm"](x, weight, 1e-6), reference.rms_norm(x, weight, 1e-6), _tol(dtype))
     out, res = impl.entries["fused_add_rms_norm"](x.clone(), residual.clone(), weight, 1e-6)
     ref_out, ref_res = reference.fused_add_rms_norm(x, residual, weight, 1e-6)
-    _close(out, ref_out, _tol(dtype))
-    _close(res, ref_res, _tol(dtype))
+    assert_close_to_scale(out, ref_out, _tol(dtype))
+    assert_close_to_scale(res, ref_res, _tol(dtype))
 
 
 QUANT_DTYPES = [torch.float8_e4m3fnuz if platform.PLATFORM == "rocm" else torch.float8_e4m3fn, torch.int8]
@@ -92,7 +84,7 @@ def test_rms_norm_quant(impl, dtype, quant_dtype) -> None:
             ref, ref_res = reference.rms_norm_quant(x, res, weight, 1e-6, quant_dtype, static)
             _same_quantized(got, ref, dtype)
             if res is not None:
-                _close(got_res, ref_res, _tol(dtype))
+                assert_close_to_scale(got_res, ref_res, _tol(dtype))
 
 
 @pytest.mark.parametrize("quant_dtype", QUANT_DTYPES, ids=["fp8", "int8"])
@@ -114,20 +106,20 @@ def test_rotary(impl, dtype) -> None:
     got = impl.entries["rotary_embedding"](positions, q.clone(), k.clone(), cache, head_dim, True)
     expected = reference.rotary_embedding(positions, q, k, cache, head_dim, True)
     for a, b in zip(got, expected, strict=True):
-        _close(a, b, _tol(dtype))
+        assert_close_to_scale(a, b, _tol(dtype))
 
 
 @pytest.mark.parametrize("impl, dtype", _cases("activation"))
 def test_activation(impl, dtype) -> None:
     x = _randn(29, 2 * 75, dtype=dtype, seed=7)
-    _close(impl.entries["silu_and_mul"](x), reference.silu_and_mul(x), _tol(dtype))
+    assert_close_to_scale(impl.entries["silu_and_mul"](x), reference.silu_and_mul(x), _tol(dtype))
 
 
 @pytest.mark.parametrize("impl, dtype", _cases("linear"))
 def test_linear(impl, dtype) -> None:
     x, w, b = _randn(19, 72, dtype=dtype, seed=8), _randn(45, 72, dtype=dtype, seed=9), _randn(45, dtype=dtype, seed=10)
-    _close(impl.entries["linear"](x, w, b), reference.linear(x, w, b), 4 * _tol(dtype))
-    _close(impl.entries["linear"](x, w, None), reference.linear(x, w, None), 4 * _tol(dtype))
+    assert_close_to_scale(impl.entries["linear"](x, w, b), reference.linear(x, w, b), 4 * _tol(dtype))
+    assert_close_to_scale(impl.entries["linear"](x, w, None), reference.linear(x, w, None), 4 * _tol(dtype))
 
 
 def _quantized_cases() -> list:
@@ -164,13 +156,13 @@ def test_quantized_linear(impl, scheme) -> None:
     assert got.shape == (2, 11, 70) and got.dtype == dtype
     if scheme.act in ("token", "tensor"):  # activations quantized by the op before (fused RMSNorm / SiLU-mul)
         pre = reference.quantize_rows(x, scheme.weight_dtype, weight.input_scale)
-        _close(
+        assert_close_to_scale(
             impl.entries["quantized_linear"](pre, weight, bias),
             reference.quantized_linear(pre, weight, bias).view(22, 70),
             1e-5 if dtype == torch.float32 else 2e-2,
         )
     # activations quantized by the kernel may round a boundary value the other way: a few levels of slack
-    _close(got, reference.quantized_linear(x, weight, bias), 1e-2 if dtype == torch.float32 else 3e-2)
+    assert_close_to_scale(got, reference.quantized_linear(x, weight, bias), 1e-2 if dtype == torch.float32 else 3e-2)
 
 
 def _paged_batch(dtype: torch.dtype) -> dict:
@@ -224,14 +216,14 @@ def test_attention(impl, dtype) -> None:
     plan = impl.entries["plan_attention"](*meta, *b["shape"], kv_dtype=b["k_cache"].dtype)
     args = (b["q"], b["k_cache"], b["v_cache"], *meta, 0.125)
     got = impl.entries["paged_attention"](*args, plan=plan, k_new=b["k"], v_new=b["v"])
-    _close(got, reference.paged_attention(*args), 5 * _tol(dtype))
+    assert_close_to_scale(got, reference.paged_attention(*args), 5 * _tol(dtype))
 
 
 @pytest.mark.parametrize("impl, dtype", _cases("sampling"))
 def test_sampling(impl, dtype) -> None:
     num_rows, vocab = 12, 1500
     logits = 3 * _randn(num_rows, vocab, dtype=dtype, seed=17)
-    _close(impl.entries["log_softmax"](logits), reference.log_softmax(logits), 10 * _tol(dtype))
+    assert_close_to_scale(impl.entries["log_softmax"](logits), reference.log_softmax(logits), 10 * _tol(dtype))
     gen = torch.Generator().manual_seed(18)
     params = {
         "temperature": torch.where(torch.arange(num_rows) % 3 == 0, 0.0, 0.8).to(DEVICE),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
 
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
@@ -27,14 +28,6 @@ MODEL_DTYPE = platform.DEFAULT_DTYPE
 
 def _randn(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE, dtype)
-
-
-def _close(actual: torch.Tensor, expected: torch.Tensor, rel: float) -> None:
-    actual, expected = actual.float(), expected.float()
-    assert actual.shape == expected.shape
-    scale = expected.abs().max().clamp(min=1e-6)
-    error = (actual - expected).abs().max()
-    assert error <= rel * scale, f"max error {error:.3g} > {rel} x {scale:.3g}"
 
 
 SCHEMES = [
@@ -58,7 +51,7 @@ def test_float_gemm_matches_float32_matmul(m, n, k, split_k) -> None:
     a, b, bias = _randn(m, k, seed=1, dtype=MODEL_DTYPE), _randn(n, k, seed=2, dtype=MODEL_DTYPE), _randn(n, seed=3)
     got = g.gemm(a, b, bias.to(MODEL_DTYPE), split_k=split_k)
     expected = a.float() @ b.float().T + bias.to(MODEL_DTYPE).float()
-    _close(got, expected, 1e-5 if MODEL_DTYPE == torch.float32 else 1e-2)
+    assert_close_to_scale(got, expected, 1e-5 if MODEL_DTYPE == torch.float32 else 1e-2)
 
 
 @pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.format_name)
@@ -79,7 +72,7 @@ def test_quantized_gemm_matches_its_dequantized_operands(scheme, m, n, k, split_
     got = g.gemm(a, weight.data, bias, out_dtype=MODEL_DTYPE, a_scale=a_scale, b_scale=weight.scale, split_k=split_k,
                  **g.scale_args(scheme))  # fmt: skip
     expected = expected_a @ w.T + bias.float()
-    _close(got, expected, 1e-5 if MODEL_DTYPE == torch.float32 else 1e-2)
+    assert_close_to_scale(got, expected, 1e-5 if MODEL_DTYPE == torch.float32 else 1e-2)
 
 
 def test_a_gemm_that_drops_the_weight_scale_is_caught() -> None:
@@ -90,7 +83,7 @@ def test_a_gemm_that_drops_the_weight_scale_is_caught() -> None:
     got = g.gemm(a, weight.data, None, out_dtype=torch.float32, a_scale=a_scale, a_scale_kind=g.A_ROW)
     expected = reference.dequantize_activation(a, a_scale, scheme) @ reference.dequantize_weight(weight).T
     with pytest.raises(AssertionError):
-        _close(got, expected, 1e-5)
+        assert_close_to_scale(got, expected, 1e-5)
 
 
 @pytest.mark.parametrize("dtype", [FP8, torch.int8], ids=["fp8", "int8"])
@@ -103,7 +96,7 @@ def test_per_token_quantization_matches_the_reference(dtype) -> None:
     torch.testing.assert_close(scale, ref_scale, rtol=1e-6, atol=0)
     # a value on a rounding boundary may round the other way (float division differs by an ulp)
     assert (q.float() != ref_q.float()).float().mean() < 0.01
-    _close(reference.dequantize_activation(q, scale, scheme), x, 0.07 if dtype == FP8 else 0.01)
+    assert_close_to_scale(reference.dequantize_activation(q, scale, scheme), x, 0.07 if dtype == FP8 else 0.01)
 
 
 def test_static_per_tensor_quantization_saturates() -> None:
@@ -127,7 +120,7 @@ def test_group_quantization_matches_the_reference(mx) -> None:
     else:
         torch.testing.assert_close(scale, ref_scale, rtol=1e-6, atol=0)
     assert (q.float() != ref_q.float()).float().mean() < 0.01
-    _close(reference.dequantize_activation(q, scale, scheme), x.float(), 0.07)
+    assert_close_to_scale(reference.dequantize_activation(q, scale, scheme), x.float(), 0.07)
 
 
 @pytest.mark.parametrize("family", ["hopper", "ampere", "cdna"])
@@ -159,7 +152,9 @@ def test_e4m3fn_bytes_decode_to_their_values_for_gpus_without_fp8() -> None:
     q = quantize_weight(_randn(45, 256, seed=12), scheme)
     xs = _randn(19, 256, seed=13, dtype=MODEL_DTYPE)
     out = g.gemm(xs, q.data.view(torch.uint8), None, b_scale=q.scale, b_scale_kind=g.B_COLUMN)
-    _close(out, xs.float() @ reference.dequantize_weight(q).T, 1e-5 if MODEL_DTYPE == torch.float32 else 1e-2)
+    assert_close_to_scale(
+        out, xs.float() @ reference.dequantize_weight(q).T, 1e-5 if MODEL_DTYPE == torch.float32 else 1e-2
+    )
 
 
 @pytest.mark.parametrize(
@@ -190,5 +185,5 @@ def test_the_persistent_descriptor_kernel_matches_its_operands(scheme, monkeypat
                      b_scale=weight.scale, b_scale_kind=g.B_COLUMN, tiles=tiles)  # fmt: skip
         expected = reference.dequantize_activation(a, a_scale, scheme) @ reference.dequantize_weight(weight).T
         expected = expected + bias.float()
-    _close(got, expected, 1e-5 if MODEL_DTYPE == torch.float32 else 1e-2)
+    assert_close_to_scale(got, expected, 1e-5 if MODEL_DTYPE == torch.float32 else 1e-2)
     assert launched, "the persistent kernel did not run"
