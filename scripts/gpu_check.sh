@@ -2,7 +2,7 @@
 # On the lent GPU: the GPU test suite, then end-to-end benchmarks on random-weight models of real
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
-#   [profile-llama-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [e2e-quant]
+#   [profile-llama-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -127,6 +127,10 @@ for step in $STEPS; do
       # every linear implementation beside torch's GEMMs (MODELS_GEMM="llama3-8b ...", FORMATS="bf16 fp8 ...")
       python3 scripts/bench_gemm.py "$OUT/gemm_h200.json" ${MODELS_GEMM:+--models $MODELS_GEMM} \
         ${FORMATS:+--formats $FORMATS} 2>&1 | tee "$OUT/gemm.log" | tail -40 ;;
+    tune-gemm)
+      # tile sweep for the GEMM tables (TUNE_SUITES="large block skinny")
+      python3 scripts/tune_gemm.py "$OUT/tune_gemm_h200.json" ${TUNE_SUITES:+--suites $TUNE_SUITES} 2>&1 \
+        | tee "$OUT/tune_gemm.log" | grep -v "^compile" | tail -60 ;;
     e2e-quant)
       # Llama-3-8B batch 1 and 64 x 512 + 128: cuBLAS bf16, all-Triton bf16, online FP8 through cuBLAS and Triton
       ensure_model llama3-8b

@@ -8,6 +8,8 @@ forced on to cover the workspace path, which the CPU's one "SM" never picks by i
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
@@ -159,8 +161,9 @@ def test_e4m3fn_bytes_decode_to_their_values_for_gpus_without_fp8() -> None:
 
 @pytest.mark.parametrize(
     "scheme",
-    [None, QuantScheme(FP8, "channel", "token"), QuantScheme(torch.int8, "channel", "tensor")],
-    ids=["float", "fp8", "int8-static"],
+    [None, QuantScheme(FP8, "channel", "token"), QuantScheme(torch.int8, "channel", "tensor"),
+     QuantScheme(FP8, "block", "group")],
+    ids=["float", "fp8", "int8-static", "fp8-block"],
 )
 def test_the_persistent_descriptor_kernel_matches_its_operands(scheme, monkeypatch) -> None:
     """GemmTiles(persistent=True): tiles walked by one program per SM through tensor descriptors;
@@ -168,8 +171,10 @@ def test_the_persistent_descriptor_kernel_matches_its_operands(scheme, monkeypat
     launched = []
     launch = g._launch_persistent
     monkeypatch.setattr(g, "_launch_persistent", lambda *args: launched.append(1) or launch(*args))
-    tiles = g.GemmTiles(32, 64, 32, 4, 3, 4, 1, persistent=True)
-    m, n, k = 37, 72, 96
+    block = scheme is not None and scheme.weight_scale == "block"
+    # block-FP8: one 128-deep K tile per scale group, 200 columns = two whole 128-row groups and a ragged one
+    tiles = g.GemmTiles(32, 64, 128 if block else 32, 4, 3, 4, 1, persistent=True)
+    m, n, k = (37, 200, 384) if block else (37, 72, 96)
     x, bias = _randn(m, k, seed=14, dtype=MODEL_DTYPE), _randn(n, seed=15, dtype=MODEL_DTYPE)
     if scheme is None:
         w = _randn(n, k, seed=16, dtype=MODEL_DTYPE)
@@ -180,10 +185,75 @@ def test_the_persistent_descriptor_kernel_matches_its_operands(scheme, monkeypat
         if scheme.act == "tensor":
             weight.input_scale = (x.float().abs().amax() / 100).reshape(1)
         a, a_scale = reference.quantize_activation(x, scheme, weight.input_scale)
-        kind = g.A_TENSOR if scheme.act == "tensor" else g.A_ROW
-        got = g.gemm(a, weight.data, bias, out_dtype=MODEL_DTYPE, a_scale=a_scale, a_scale_kind=kind,
-                     b_scale=weight.scale, b_scale_kind=g.B_COLUMN, tiles=tiles)  # fmt: skip
+        got = g.gemm(a, weight.data, bias, out_dtype=MODEL_DTYPE, a_scale=a_scale, b_scale=weight.scale,
+                     tiles=tiles, **g.scale_args(scheme))  # fmt: skip
         expected = reference.dequantize_activation(a, a_scale, scheme) @ reference.dequantize_weight(weight).T
         expected = expected + bias.float()
     assert_close_to_scale(got, expected, 1e-5 if MODEL_DTYPE == torch.float32 else 1e-2)
     assert launched, "the persistent kernel did not run"
+
+
+def test_tuned_tiles_come_from_the_gpus_file_by_shape_and_m_bucket() -> None:
+    """kernels/tuned/NVIDIA_H200.json: M 1 takes the M = 1 winner, 2-16 the M = 16 one, 17-64 the
+    M = 64 one; larger M, untuned shapes and GPUs without a file take the M-bucket tables."""
+    tuned = json.loads((g.TUNED_DIR / "NVIDIA_H200.json").read_text())
+    shape = "4096,14336"
+    for m, bucket in [(1, "1"), (2, "16"), (16, "16"), (17, "64"), (64, "64")]:
+        tiles, split = g.tuned_tiles("float", m, 4096, 14336, "NVIDIA H200")
+        entry = tuned["float"][shape][bucket]
+        assert (tiles.block_m, tiles.block_n, tiles.block_k, split) == (
+            entry["block_m"], entry["block_n"], entry["block_k"], entry["split"]
+        )  # fmt: skip
+    assert g.tuned_tiles("float", 65, 4096, 14336, "NVIDIA H200") is None
+    assert g.tuned_tiles("float", 1, 4096, 1234, "NVIDIA H200") is None
+    assert g.tuned_tiles("float", 1, 4096, 14336, "Some Other GPU") is None
+
+
+class _Spy:
+    """Wraps a Triton kernel: counts its launches."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]
+
+
+@pytest.mark.parametrize(
+    "scheme, m, n, k",
+    [
+        (scheme, *shape)
+        for scheme in [None, *SCHEMES[:-1]]
+        for shape in [(1, 130, 384), (3, 45, 256), (2, 33, 200)]
+        if not (scheme is not None and scheme.weight_scale == "block" and shape[2] % 128)  # 128-groups need it
+    ],
+    ids=lambda v: (v.format_name if v is not None else "float") if not isinstance(v, int) else str(v),
+)
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_the_gemv_kernel_matches_its_operands(scheme, m, n, k, split_k, monkeypatch) -> None:
+    """GemmTiles(gemv=True) at decode-sized M: one program per (activation row, weight tile), the
+    weight tile in registers; every scheme but MX (whose operand scales keep the tile kernel), ragged
+    N, K not a multiple of the K tile where no 128-group needs it, with and without K splits."""
+    spy = _Spy(g.gemv_kernel)
+    monkeypatch.setattr(g, "gemv_kernel", spy)
+    tiles = g.GemmTiles(1, 32, 64, 4, 2, 1, 1, gemv=True)
+    x, bias = _randn(m, k, seed=17, dtype=MODEL_DTYPE), _randn(n, seed=18, dtype=MODEL_DTYPE)
+    if scheme is None:
+        w = _randn(n, k, seed=19, dtype=MODEL_DTYPE)
+        got = g.gemm(x, w, bias, tiles=tiles, split_k=split_k)
+        expected = x.float() @ w.float().T + bias.float()
+    else:
+        weight = quantize_weight(_randn(n, k, seed=19), scheme)
+        if scheme.act == "tensor":
+            weight.input_scale = (x.float().abs().amax() / 100).reshape(1)
+        if scheme.act == "none":
+            a, a_scale, expected_a = x, None, x.float()
+        else:
+            a, a_scale = reference.quantize_activation(x, scheme, weight.input_scale)
+            expected_a = reference.dequantize_activation(a, a_scale, scheme)
+        got = g.gemm(a, weight.data, bias, out_dtype=MODEL_DTYPE, a_scale=a_scale, b_scale=weight.scale,
+                     tiles=tiles, split_k=split_k, **g.scale_args(scheme))  # fmt: skip
+        expected = expected_a @ reference.dequantize_weight(weight).T + bias.float()
+    assert_close_to_scale(got, expected, 1e-5 if MODEL_DTYPE == torch.float32 else 1e-2)
+    assert spy.launches == 1, "the GEMV kernel did not run"

@@ -29,14 +29,18 @@ adding the bias (deterministic, no atomics, graph-capturable).
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
 from tritonllm import platform
+from tritonllm.kernels.gemm_gemv import gemv_kernel
 from tritonllm.kernels.gemm_persistent import descriptors_fit, gemm_persistent_kernel, tile_coords
+from tritonllm.kernels.gemm_scales import e4m3fn_bits_to_float, e8m0_to_float, group_scales
 from tritonllm.kernels.quant_formats import BLOCK, FP8_DTYPES, MX_GROUP, QuantScheme
 
 try:  # triton >= 3.4: host-side tensor descriptors (TMA on Hopper)
@@ -61,23 +65,6 @@ def scale_args(scheme: QuantScheme) -> dict:
         group_k=group_k,
         group_n=group_n,
     )
-
-
-@triton.jit
-def _e8m0_to_float(e):
-    return tl.exp2(e.to(tl.float32) - 127.0)
-
-
-@triton.jit
-def _e4m3fn_bits_to_float(bits):
-    """e4m3fn bytes (uint8) -> float32 with integer arithmetic, for GPUs without FP8 conversions:
-    normals (1 + m/8) * 2**(e - 7) rebuilt as float32 bits, subnormals m * 2**-9 (NaN not decoded)."""
-    x = bits.to(tl.int32)
-    e = (x >> 3) & 0xF
-    m = x & 0x7
-    normal = (((x & 0x80) << 24) | ((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
-    subnormal = m.to(tl.float32) * 0.001953125
-    return tl.where(e == 0, tl.where((x & 0x80) != 0, -subnormal, subnormal), normal)
 
 
 @triton.jit
@@ -107,6 +94,9 @@ def gemm_kernel(
     a_ptrs = a_ptr + rm[:, None] * stride_am + (k_start + offs_k)[None, :] * stride_ak
     b_ptrs = b_ptr + rn[None, :] * stride_bn + (k_start + offs_k)[:, None] * stride_bk
     K_GROUPED: tl.constexpr = (A_SCALE == 3 or B_SCALE == 3) and not OPERAND_SCALES
+    if K_GROUPED:  # the first K tile's group scales; each iteration loads the next tile's (prefetch)
+        a_s, b_s = group_scales(a_scale_ptr, b_scale_ptr, rm, rn, k_start // GROUP_K, stride_asm, stride_ask,
+                                 stride_bsn, stride_bsk, A_SCALE, B_SCALE, GROUP_N, E8M0)  # fmt: skip
     if INT_ACC:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     else:
@@ -121,7 +111,7 @@ def gemm_kernel(
             b = tl.load(b_ptrs, mask=in_k[:, None], other=0.0)
         if UPCAST_B:
             if B_E4M3FN_BITS:  # e4m3fn weights as bytes: no FP8 conversion on this GPU
-                b = _e4m3fn_bits_to_float(b).to(a.dtype)
+                b = e4m3fn_bits_to_float(b).to(a.dtype)
             else:
                 b = b.to(a.dtype)
         if OPERAND_SCALES:
@@ -138,23 +128,22 @@ def gemm_kernel(
                 mask=(k + offs_k < k_end)[:, None],
                 other=127,
             )
-            a = (a.to(tl.float32) * _e8m0_to_float(a_s)).to(DOT_DTYPE)
-            b = (b.to(tl.float32) * _e8m0_to_float(b_s)).to(DOT_DTYPE)
+            a = (a.to(tl.float32) * e8m0_to_float(a_s)).to(DOT_DTYPE)
+            b = (b.to(tl.float32) * e8m0_to_float(b_s)).to(DOT_DTYPE)
             acc = tl.dot(a, b, acc)
         elif K_GROUPED:
+            # the next K tile's scales are loaded before this tile's dot (the last loads group 0 again,
+            # unused): their latency hides behind the MMA instead of stalling the rescale after it
+            nxt = tl.where(k + BLOCK_K < k_end, (k + BLOCK_K) // GROUP_K, 0)
+            a_s_next, b_s_next = group_scales(a_scale_ptr, b_scale_ptr, rm, rn, nxt, stride_asm, stride_ask,
+                                               stride_bsn, stride_bsk, A_SCALE, B_SCALE, GROUP_N, E8M0)  # fmt: skip
             part = tl.dot(a, b)
-            group = k // GROUP_K
             if A_SCALE == 3:
-                a_s = tl.load(a_scale_ptr + rm * stride_asm + group * stride_ask)
-                if E8M0:
-                    a_s = _e8m0_to_float(a_s)
                 part = part * a_s[:, None]
             if B_SCALE == 3:
-                b_s = tl.load(b_scale_ptr + (rn // GROUP_N) * stride_bsn + group * stride_bsk)
-                if E8M0:
-                    b_s = _e8m0_to_float(b_s)
                 part = part * b_s[None, :]
             acc += part
+            a_s, b_s = a_s_next, b_s_next
         elif INT_ACC:
             acc = tl.dot(a, b, acc, out_dtype=tl.int32)
         elif IEEE:  # float32 operands: full precision, not TF32 (tests, float32 models)
@@ -209,38 +198,40 @@ class GemmTiles:
     num_stages: int = 3
     group_m: int = 8
     max_split_k: int = 1  # skinny M: split K up to this many ways when tiles leave SMs idle
-    # large M: the persistent tensor-descriptor kernel (kernels/gemm_persistent.py) for float and
-    # W8A8 row/column-scaled GEMMs; off in the tables until measured against the pointer kernel
+    # large M: the persistent tensor-descriptor kernel (kernels/gemm_persistent.py) for float, W8A8
+    # row/column-scaled and block-FP8 GEMMs (the pointer kernel where descriptors cannot be used)
     persistent: bool = False
+    # decode-sized M: the GEMV kernel (kernels/gemm_gemv.py; block_m 1), where a tile would pad rows to 16
+    gemv: bool = False
 
 
 # Per GPU family and kernel kind, (largest M, tiles) by M bucket, in increasing M. Kinds: "float"
 # (bf16/fp16/fp32), "w8a8" (FP8 or int8 both operands, row/column scales), "block" (K-grouped
 # scales: block-FP8, MX; BLOCK_K is capped at the group), "weight_only" (FP8/int8 weight widened).
-# Hopper: starting points from the Triton matmul tutorial's H100 configs and vLLM's published H100
-# block-FP8 tables; skinny buckets favour wide K tiles and split-K (the weight read is the cost).
+# Hopper: M <= 64 and M >= 1024 from scripts/tune_gemm.py on the H200 (experiments/gemm/): large M
+# takes the persistent descriptor kernel with 128 x 256 tiles (0.97-1.15x cuBLAS bf16 where the
+# pointer kernel reached 0.63-0.77x); block-FP8 64 x 128 tiles, four warps (three CTAs per SM hide
+# each other's per-K-tile rescale); skinny buckets favour wide K tiles and split-K (the weight read
+# is the cost). The 128/256 buckets and weight-only are the Triton tutorial's starting points.
 _HOPPER = {
     "float": [
-        (16, GemmTiles(16, 64, 256, 4, 4, 8, 8)),
-        (32, GemmTiles(32, 64, 256, 4, 4, 8, 8)),
-        (64, GemmTiles(64, 64, 128, 4, 4, 8, 4)),
+        (16, GemmTiles(16, 128, 128, 4, 4, 8, 4)),
+        (64, GemmTiles(64, 32, 128, 4, 4, 8, 4)),
         (128, GemmTiles(64, 128, 64, 4, 4)),
         (256, GemmTiles(128, 128, 64, 8, 4)),
-        (None, GemmTiles(128, 256, 64, 8, 3)),
+        (None, GemmTiles(128, 256, 64, 8, 3, persistent=True)),
     ],
     "w8a8": [
-        (16, GemmTiles(16, 64, 512, 4, 4, 8, 8)),
-        (32, GemmTiles(32, 64, 256, 4, 4, 8, 8)),
-        (64, GemmTiles(64, 64, 256, 4, 4, 8, 4)),
+        (16, GemmTiles(16, 128, 512, 4, 4, 8, 4)),
+        (64, GemmTiles(64, 32, 256, 4, 4, 8, 4)),
         (128, GemmTiles(64, 128, 128, 4, 4)),
         (256, GemmTiles(128, 128, 128, 8, 4)),
-        (None, GemmTiles(128, 256, 128, 8, 3)),
+        (None, GemmTiles(128, 256, 128, 8, 3, persistent=True)),
     ],
     "block": [
-        (16, GemmTiles(16, 64, 128, 4, 5, 8, 8)),
-        (64, GemmTiles(64, 64, 128, 4, 4, 8, 4)),
-        (256, GemmTiles(64, 128, 128, 4, 3)),
-        (None, GemmTiles(128, 128, 128, 8, 3)),
+        (16, GemmTiles(16, 128, 128, 4, 4, 8, 4)),
+        (64, GemmTiles(64, 128, 128, 4, 4, 8, 4)),
+        (None, GemmTiles(64, 128, 128, 4, 3, 32)),
     ],
     "weight_only": [
         (16, GemmTiles(16, 64, 256, 4, 4, 8, 8)),
@@ -267,6 +258,38 @@ _CPU = {kind: [(None, GemmTiles(32, 64, 64, 1, 1, 4, 4))] for kind in ("float", 
 GEMM_TABLES = {"hopper": _HOPPER, "ampere": _AMPERE, "cdna": _CDNA, "cpu": _CPU}
 # shared memory (LDS) per block that the pipelined A and B tiles may take
 SHARED_MEMORY_BYTES = {"hopper": 220 << 10, "ampere": 160 << 10, "cdna": 64 << 10, "cpu": 1 << 40}
+
+
+# Per-shape winners of scripts/tune_gemm.py's skinny sweep (M <= TUNED_MAX_M) on one GPU model, read
+# from kernels/tuned/<device name>.json (as vLLM's per-(N, K) config files): at decode sizes the best
+# tiles and K splits depend on N and K, and one M-bucket entry loses up to 20% on some layer shapes.
+# Shapes and GPUs without an entry take the tables above.
+TUNED_MAX_M = 64
+TUNED_DIR = Path(__file__).parent / "tuned"
+
+
+@functools.cache
+def _tuned_file(device_name: str) -> dict:
+    path = TUNED_DIR / f"{device_name.replace(' ', '_')}.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def tuned_tiles(kind: str, m: int, n: int, k: int, device_name: str | None = None) -> tuple[GemmTiles, int] | None:
+    """(tiles, K splits) tuned for this GPU (or `device_name`) and shape, from the smallest tuned
+    M >= m; None where nothing was tuned."""
+    if m > TUNED_MAX_M or (device_name is None and not platform.is_gpu()):
+        return None
+    device_name = device_name or torch.cuda.get_device_name(platform.DEVICE)
+    shapes = _tuned_file(device_name).get(kind, {}).get(f"{n},{k}")
+    if not shapes:
+        return None
+    fits = [int(tm) for tm in shapes if int(tm) >= m]
+    if not fits:
+        return None
+    entry = dict(shapes[str(min(fits))])
+    split = entry.pop("split")
+    entry.pop("us", None)
+    return GemmTiles(**entry), split
 
 
 def gpu_family() -> str:
@@ -314,6 +337,10 @@ def plan_gemm(
     """(tiles, K splits, K per split) of one GEMM shape: the table's tiles for its M bucket fitted to
     shared memory, BLOCK_K capped at a scale group, and the split heuristic. Cached: a layer's call
     computes it once per shape, not once per launch."""
+    if tiles is None and a_bytes <= 2:  # tuned for 16- and 8-bit operands
+        tuned = tuned_tiles(kind, m, n, k)
+        if tuned is not None:
+            tiles, split_k = tuned[0], split_k if split_k is not None else tuned[1]
     tiles = tiles or fit_shared_memory(pick_tiles(kind, m), a_bytes, b_bytes)
     if group_k and tiles.block_k > group_k:
         tiles = replace(tiles, block_k=group_k)
@@ -376,20 +403,29 @@ def gemm(
     if m == 0 or n == 0:
         return c
     persistent = (
-        tiles.persistent and split == 1 and not (k_grouped or upcast_b) and TensorDescriptor is not None
-        and descriptors_fit(a, b, c)
+        tiles.persistent and split == 1 and not (operand_scales or upcast_b) and TensorDescriptor is not None
+        and (not k_grouped or tiles.block_k == group_k) and descriptors_fit(a, b, c)
     )  # fmt: skip
     if persistent:
-        return _launch_persistent(a, b, c, bias, a_scale, b_scale, a_scale_kind, b_scale_kind, int_acc, tiles)
+        return _launch_persistent(a, b, c, bias, a_scale, b_scale, a_scale_kind, b_scale_kind, group_n, int_acc, tiles)
     ws = torch.empty((split, m, n), dtype=torch.float32, device=a.device) if split > 1 else c
     dummy = c  # stands in for absent pointers (never read)
     a_s, b_s = (a_scale if a_scale is not None else dummy), (b_scale if b_scale is not None else dummy)
-    a_s_strides = (
-        (a_scale.stride(0), a_scale.stride(1) if a_scale.dim() > 1 else 0) if a_scale_kind >= A_ROW else (0, 0)
-    )
-    b_s_strides = (
-        (b_scale.stride(0), b_scale.stride(1) if b_scale.dim() > 1 else 0) if b_scale_kind != B_NONE else (0, 0)
-    )
+    a_s_strides = _scale_strides(a_scale, a_scale_kind >= A_ROW)
+    b_s_strides = _scale_strides(b_scale, b_scale_kind != B_NONE)
+    even_k = k % tiles.block_k == 0 and k_per_split % tiles.block_k == 0
+    if tiles.gemv and not operand_scales:
+        gemv_kernel[(m * triton.cdiv(n, tiles.block_n), split)](
+            a, b, c, bias if bias is not None else dummy, a_s, b_s, ws,
+            m, n, k, k_per_split,
+            a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+            *a_s_strides, *b_s_strides,
+            A_SCALE=a_scale_kind, B_SCALE=b_scale_kind, GROUP_K=max(group_k, 1), GROUP_N=group_n,
+            INT_ACC=int_acc, HAS_BIAS=bias is not None, B_E4M3FN_BITS=b.dtype == torch.uint8,
+            EVEN_K=even_k, SPLIT_K=split, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+            num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        )  # fmt: skip
+        return _reduce_splits(ws, c, bias, split)
     grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n), split)
     gemm_kernel[grid](
         a, b, c, bias if bias is not None else dummy, a_s, b_s, ws,
@@ -399,17 +435,29 @@ def gemm(
         A_SCALE=a_scale_kind, B_SCALE=b_scale_kind, GROUP_K=max(group_k, 1), GROUP_N=group_n,
         E8M0=e8m0, UPCAST_B=upcast_b, INT_ACC=int_acc, HAS_BIAS=bias is not None, IEEE=a.dtype == torch.float32,
         OPERAND_SCALES=operand_scales, DOT_DTYPE=_TL_DTYPES[dot_dtype], B_E4M3FN_BITS=b.dtype == torch.uint8,
-        EVEN_K=k % tiles.block_k == 0 and k_per_split % tiles.block_k == 0, SPLIT_K=split,
+        EVEN_K=even_k, SPLIT_K=split,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
+    return _reduce_splits(ws, c, bias, split)
+
+
+def _reduce_splits(ws: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None, split: int) -> torch.Tensor:
+    """c = the sum of the K splits' float32 partials (+ bias); nothing to do without splits."""
     if split > 1:
-        block = 1024 if platform.is_gpu() else 256
+        (m, n), block = c.shape, 1024 if platform.is_gpu() else 256
         split_k_reduce_kernel[(triton.cdiv(m * n, block),)](
-            ws, c, bias if bias is not None else dummy, m, n, c.stride(0), c.stride(1),
+            ws, c, bias if bias is not None else c, m, n, c.stride(0), c.stride(1),
             SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=block,
         )  # fmt: skip
     return c
+
+
+def _scale_strides(scale: torch.Tensor | None, strided: bool) -> tuple[int, int]:
+    """(row, K-group) strides of a per-row / per-column / K-grouped scale tensor; zeros for one scalar."""
+    if not strided:
+        return 0, 0
+    return scale.stride(0), scale.stride(1) if scale.dim() > 1 else 0
 
 
 def _launch_persistent(
@@ -421,6 +469,7 @@ def _launch_persistent(
     b_scale: torch.Tensor | None,
     a_scale_kind: int,
     b_scale_kind: int,
+    group_n: int,
     int_acc: bool,
     tiles: GemmTiles,
 ) -> torch.Tensor:
@@ -434,8 +483,8 @@ def _launch_persistent(
         TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bn, bk]),
         TensorDescriptor.from_tensor(c, [bm, bn]), bias if bias is not None else dummy,
         a_scale if a_scale is not None else dummy, b_scale if b_scale is not None else dummy,
-        m, n, k, a_scale.stride(0) if a_scale_kind == A_ROW else 0, b_scale.stride(0) if b_scale_kind == B_COLUMN else 0,
-        A_SCALE=a_scale_kind, B_SCALE=b_scale_kind, INT_ACC=int_acc, HAS_BIAS=bias is not None,
+        m, n, k, *_scale_strides(a_scale, a_scale_kind >= A_ROW), *_scale_strides(b_scale, b_scale_kind != B_NONE),
+        A_SCALE=a_scale_kind, B_SCALE=b_scale_kind, GROUP_N=group_n, INT_ACC=int_acc, HAS_BIAS=bias is not None,
         OUT_DTYPE=_TL_DTYPES[c.dtype], NUM_PROGRAMS=programs,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=tiles.group_m,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,

@@ -3,8 +3,9 @@
 One program per SM walks the output tiles (grouped order, `tl.range(..., flatten=True)` so the
 loads of the next tile overlap the epilogue of this one); A [M, K], B [N, K] and C [M, N] are read
 and written through host-built tensor descriptors, which Hopper turns into TMA bulk copies. Same
-operands, scales (row/column, applied in the epilogue) and bias as `gemm_kernel`; no K-grouped
-scales, weight widening or split-K (those shapes keep the pointer kernel). A tile table entry
+operands, scales and bias as `gemm_kernel`: row/column scales in the epilogue, block-FP8's
+K-grouped float32 scales on each K tile's partial product (BLOCK_K equals the group); no e8m0 (MX)
+operand scales, weight widening or split-K (those shapes keep the pointer kernel). A tile table entry
 asks for it with `GemmTiles(persistent=True)`; `gemm()` falls back to the pointer kernel where a
 descriptor cannot describe the tensors (row strides that are not 16-byte multiples).
 """
@@ -30,8 +31,9 @@ def tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 @triton.jit
 def gemm_persistent_kernel(
     a_desc, b_desc, c_desc, bias_ptr, a_scale_ptr, b_scale_ptr,
-    M, N, K, stride_asm, stride_bsn,
-    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, INT_ACC: tl.constexpr, HAS_BIAS: tl.constexpr,
+    M, N, K, stride_asm, stride_ask, stride_bsn, stride_bsk,
+    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_N: tl.constexpr,
+    INT_ACC: tl.constexpr, HAS_BIAS: tl.constexpr,
     OUT_DTYPE: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
@@ -49,10 +51,20 @@ def gemm_persistent_kernel(
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if A_SCALE == 3 or B_SCALE == 3:  # rows and columns whose K-group scales the K loop reads
+            rm = tl.minimum(pid_m * BLOCK_M + tl.arange(0, BLOCK_M), M - 1).to(tl.int64)
+            rn = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)
         for ki in range(k_tiles):
             a = a_desc.load([pid_m * BLOCK_M, ki * BLOCK_K])  # out-of-range rows and columns read zeros
             b = b_desc.load([pid_n * BLOCK_N, ki * BLOCK_K])
-            if INT_ACC:
+            if A_SCALE == 3 or B_SCALE == 3:  # block-FP8: this K tile is one scale group
+                part = tl.dot(a, b.T)
+                if A_SCALE == 3:
+                    part = part * tl.load(a_scale_ptr + rm * stride_asm + ki * stride_ask)[:, None]
+                if B_SCALE == 3:
+                    part = part * tl.load(b_scale_ptr + (rn // GROUP_N) * stride_bsn + ki * stride_bsk)[None, :]
+                acc += part
+            elif INT_ACC:
                 acc = tl.dot(a, b.T, acc, out_dtype=tl.int32)
             else:
                 acc = tl.dot(a, b.T, acc)

@@ -90,7 +90,7 @@ def _quant_token_kernel(
 
 @triton.jit
 def _quant_group_kernel(
-    x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s,
+    x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s, stride_sg,
     QMAX: tl.constexpr, IS_INT: tl.constexpr, MIN_EXP: tl.constexpr, MX: tl.constexpr, GROUP: tl.constexpr,
     GROUPS: tl.constexpr,
 ):  # fmt: skip
@@ -108,10 +108,10 @@ def _quant_group_kernel(
         exponent = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
         exponent = tl.minimum(tl.maximum(exponent - 8, -127), 127)
         scale = tl.exp2(exponent.to(tl.float32))
-        tl.store(s_ptr + row * stride_s + groups, (exponent + 127).to(tl.uint8), mask=in_row)
+        tl.store(s_ptr + row * stride_s + groups * stride_sg, (exponent + 127).to(tl.uint8), mask=in_row)
     else:
         scale = tl.maximum(amax, 1e-12) / QMAX
-        tl.store(s_ptr + row * stride_s + groups, scale, mask=in_row)
+        tl.store(s_ptr + row * stride_s + groups * stride_sg, scale, mask=in_row)
     round_and_store(q_ptr + row * stride_q + cols, x / scale[:, None], mask, QMAX, IS_INT, MIN_EXP)
 
 
@@ -149,19 +149,24 @@ def quantize_per_token(
 def quantize_per_group(
     x: torch.Tensor, dtype: torch.dtype, group: int, mx: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (q [M, K] dtype, scale [M, cdiv(K, group)]: float32, or e8m0 uint8 with mx)."""
+    """x [M, K] -> (q [M, K] dtype, scale [M, cdiv(K, group)]: float32, or e8m0 uint8 with mx). Float32
+    scales are column-major (a [groups, M] buffer seen as [M, groups]), as DeepGEMM lays them out: the
+    block-FP8 GEMM reads one K group's scales for BLOCK_M consecutive rows per K tile, one coalesced load."""
     _check(x)
     m, k = x.shape
     if mx and group != MX_GROUP:
         raise ValueError(f"MX scales cover {MX_GROUP} elements, not {group}")
     num_groups = triton.cdiv(k, group)
     q = torch.empty((m, k), dtype=dtype, device=x.device)
-    scale = torch.empty((m, num_groups), dtype=torch.uint8 if mx else torch.float32, device=x.device)
+    if mx:
+        scale = torch.empty((m, num_groups), dtype=torch.uint8, device=x.device)
+    else:
+        scale = torch.empty((num_groups, m), dtype=torch.float32, device=x.device).t()
     groups_per_program = max(1, min(triton.next_power_of_2(num_groups), 1024 // group if platform.is_gpu() else 1))
     if m:
         grid = (m, triton.cdiv(num_groups, groups_per_program))
         _quant_group_kernel[grid](
-            x, q, scale, k, x.stride(0), q.stride(0), scale.stride(0),
+            x, q, scale, k, x.stride(0), q.stride(0), scale.stride(0), scale.stride(1),
             QMAX=qmax(dtype), IS_INT=dtype == torch.int8, MIN_EXP=min_exponent(dtype), MX=mx, GROUP=group, GROUPS=groups_per_program,
         )  # fmt: skip
     return q, scale

@@ -1,0 +1,225 @@
+"""Tile sweep for the GEMM tables (kernels/gemm.py GEMM_TABLES), on the GPU.
+
+    python scripts/tune_gemm.py OUT.json [--suites large block skinny] [--jobs 16] [--rep 5]
+    python scripts/tune_gemm.py OUT.json --write-tuned tritonllm/kernels/tuned/NVIDIA_H200.json   # from OUT.json
+
+For each case (kernel kind, layer shape N x K, M) every candidate (tiles, K splits) is run through
+gemm() and timed replayed from a CUDA graph, beside bf16 cuBLAS (torch.matmul) and, for FP8 W8A8,
+torch._scaled_mm; each output is checked against float32 of the dequantized operands. Triton's
+compilation is the slow part of a sweep, so a pool of worker processes first runs every candidate
+once (filling Triton's on-disk cache), and the timing process then loads compiled kernels. Prints
+the best candidate per case and its ratio to cuBLAS; the JSON has every timing. The M-bucket tables
+are set by hand from its output; `--write-tuned` turns a sweep's skinny cases (M <= 64) into the
+per-shape file that gemm() reads for this GPU (kernels/tuned/, as vLLM's per-(N, K) config files;
+no run-time autotuning in the serving path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import multiprocessing as mp
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tritonllm.kernels import gemm as g  # noqa: E402
+from tritonllm.kernels import reference  # noqa: E402
+from tritonllm.kernels.quant_formats import QuantScheme  # noqa: E402
+from tritonllm.quantization.quantize import quantize_weight  # noqa: E402
+
+FP8 = torch.float8_e4m3fn
+SCHEMES = {"float": None, "fp8": QuantScheme(FP8, "channel", "token"), "fp8_block": QuantScheme(FP8, "block", "group")}
+LLAMA = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
+T = g.GemmTiles
+
+
+def _large(bk: int) -> list[T]:
+    pointer = [T(128, 256, bk, 8, 3), T(128, 256, bk, 8, 4), T(256, 128, bk, 8, 3), T(128, 128, bk, 8, 4),
+               T(128, 128, bk, 4, 4), T(128, 256, bk, 8, 3, 16)]  # fmt: skip
+    persistent = [T(128, 256, bk, 8, 3, persistent=True), T(128, 256, bk, 8, 4, persistent=True),
+                  T(256, 128, bk, 8, 3, persistent=True), T(128, 128, bk, 8, 4, persistent=True),
+                  T(128, 128, bk, 4, 4, persistent=True)]  # fmt: skip
+    return pointer + persistent
+
+
+BLOCK_CANDIDATES = [
+    T(64, 128, 128, 4, 3), T(64, 128, 128, 4, 4), T(64, 128, 128, 4, 3, 32), T(128, 128, 128, 8, 3),
+    T(128, 128, 128, 4, 3), T(128, 256, 128, 8, 3), T(64, 256, 128, 4, 3), T(128, 64, 128, 4, 4),
+    T(64, 128, 128, 4, 3, persistent=True), T(64, 128, 128, 4, 4, persistent=True),
+    T(128, 128, 128, 8, 3, persistent=True), T(128, 256, 128, 8, 3, persistent=True),
+    T(128, 128, 128, 4, 3, persistent=True),
+]  # fmt: skip
+
+
+def _skinny(block_m: int, block_ks: tuple[int, ...]) -> list[tuple[T, int]]:
+    return [
+        (T(block_m, bn, bk, 4, 4, 8, split), split)
+        for bn, bk, split in itertools.product((32, 64, 128), block_ks, (1, 2, 4, 8, 16))
+    ]
+
+
+def _gemv(block_ks: tuple[int, ...], splits: tuple[int, ...] = (1, 2, 4)) -> list[tuple[T, int]]:
+    """GEMV candidates (kernels/gemm_gemv.py): weight tiles of at most 16K elements in registers."""
+    return [
+        (T(1, bn, bk, 4, 2, 1, split, gemv=True), split)
+        for bn, bk, split in itertools.product((16, 32, 64), block_ks, splits)
+        if bn * bk <= 16384
+    ]
+
+
+def cases(suites: list[str]) -> list[tuple[str, int, int, int, list[tuple[T, int | None]]]]:
+    """(format, N, K, M, candidates): candidates are (tiles, K splits; None = no split)."""
+    out = []
+    if "large" in suites:
+        for (n, k), m in itertools.product([(8192, 8192), (28672, 4096), (4096, 14336)], (1024, 4096)):
+            out.append(("float", n, k, m, [(t, 1) for t in _large(64)]))
+            out.append(("fp8", n, k, m, [(t, 1) for t in _large(128)]))
+    if "block" in suites:
+        for (n, k), m in itertools.product([(8192, 8192), (28672, 4096), (4096, 14336)], (1024, 4096)):
+            out.append(("fp8_block", n, k, m, [(t, 1) for t in BLOCK_CANDIDATES]))
+    if "skinny" in suites:
+        for (n, k), m in itertools.product(LLAMA, (1, 16, 64)):
+            bm = 16 if m <= 16 else 64
+            gemv = m == 1
+            out.append(("float", n, k, m, _skinny(bm, (128, 256)) + (_gemv((128, 256, 512)) if gemv else [])))
+            out.append(("fp8", n, k, m, _skinny(bm, (128, 256, 512)) + (_gemv((256, 512, 1024)) if gemv else [])))
+            out.append(("fp8_block", n, k, m, _skinny(bm, (128,)) + (_gemv((128,), (1, 2, 4, 8)) if gemv else [])))
+    return out
+
+
+def operands(fmt: str, n: int, k: int, m: int):
+    """(run(tiles, split) -> output, float32 expected output, torch FP8 GEMM or None, bf16 x, bf16 w)."""
+    gen = torch.Generator(device="cuda").manual_seed(m * 7 + n + k)
+    x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
+    scheme = SCHEMES[fmt]
+    if scheme is None:
+        return (lambda t, s: g.gemm(x, w, tiles=t, split_k=s)), x.float() @ w.float().t(), None, x, w
+    weight = quantize_weight(w, scheme)
+    a, a_scale = reference.quantize_activation(x, scheme)
+    expected = reference.dequantize_activation(a, a_scale, scheme) @ reference.dequantize_weight(weight).t()
+    args = dict(g.scale_args(scheme), out_dtype=torch.bfloat16, a_scale=a_scale, b_scale=weight.scale)
+    torch_fp8 = None
+    if fmt == "fp8":
+        sb = weight.scale.reshape(1, -1)
+        torch_fp8 = lambda: torch._scaled_mm(a, weight.data.t(), scale_a=a_scale, scale_b=sb, out_dtype=torch.bfloat16)  # noqa: E731
+    return (lambda t, s: g.gemm(a, weight.data, tiles=t, split_k=s, **args)), expected, torch_fp8, x, w
+
+
+_OPERANDS: dict = {}
+
+
+def _compile(task) -> int:
+    """Worker: run one candidate once on its case's operands (compiles into Triton's on-disk cache)."""
+    fmt, n, k, m, tiles, split = task
+    if (fmt, n, k, m) not in _OPERANDS:
+        _OPERANDS.clear()
+        _OPERANDS[fmt, n, k, m] = operands(fmt, n, k, m)[0]
+    try:
+        _OPERANDS[fmt, n, k, m](tiles, split)
+        torch.cuda.synchronize()
+        return 0
+    except Exception:  # noqa: BLE001 - a candidate that does not build is reported when timed
+        return 1
+
+
+def compile_tasks(todo) -> list[tuple]:
+    """One task per distinct compiled kernel: candidates whose planned tiles and K splits, M == 1
+    specialisation and format agree compile to the same kernel on any of the cases' shapes."""
+    seen, tasks = set(), []
+    for fmt, n, k, m, cands in todo:
+        for tiles, split in cands:
+            kind = "block" if fmt == "fp8_block" else ("w8a8" if fmt == "fp8" else "float")
+            group_k = 128 if fmt == "fp8_block" else 0
+            planned = g.plan_gemm(kind, m, n, k, group_k, 2 if fmt == "float" else 1, 2 if fmt == "float" else 1,
+                                  tiles, split)  # fmt: skip
+            key = (fmt, planned[0], planned[1], m == 1, k % planned[0].block_k == 0)
+            if key not in seen:
+                seen.add(key)
+                tasks.append((fmt, n, k, m, tiles, split))
+    return tasks
+
+
+KINDS = {"float": "float", "fp8": "w8a8", "fp8_block": "block"}  # gemm.py's table kinds
+
+
+def tuned_table(rows: list[dict]) -> dict:
+    """{kind: {"N,K": {M: best tiles and K splits}}} of a sweep's skinny cases, for kernels/tuned/."""
+    best: dict = {}
+    for r in rows:
+        if r["impl"] != "triton" or "us" not in r or r["m"] > g.TUNED_MAX_M or r["rel_error"] > 2e-2:
+            continue
+        key = (KINDS[r["format"]], f"{r['n']},{r['k']}", str(r["m"]))
+        if key not in best or r["us"] < best[key]["us"]:
+            best[key] = r
+    table: dict = {}
+    for (kind, shape, m), r in sorted(best.items()):
+        table.setdefault(kind, {}).setdefault(shape, {})[m] = dict(r["tiles"], split=r["split"], us=round(r["us"], 2))
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--suites", nargs="+", default=["large", "block", "skinny"])
+    parser.add_argument("--jobs", type=int, default=16)
+    parser.add_argument("--rep", type=int, default=5, help="ms of replays per timing")
+    parser.add_argument("--write-tuned", type=Path, help="write OUT.json's skinny winners here; no sweep")
+    args = parser.parse_args()
+    if args.write_tuned:
+        sweep = json.loads(args.out.read_text())
+        table = dict(device=sweep["device"], torch=sweep["torch"], triton=sweep["triton"], **tuned_table(sweep["rows"]))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.write_tuned.write_text(json.dumps(table, indent=1) + "\n")
+        return
+    import triton
+
+    todo = cases(args.suites)
+    if args.jobs > 1:  # one case's candidates per task; workers fill the compile cache in parallel
+        tasks = compile_tasks(todo)
+        with mp.get_context("spawn").Pool(args.jobs) as pool:
+            failed = sum(pool.map(_compile, tasks, chunksize=1))
+        print(f"{len(tasks)} kernels compiled by {args.jobs} processes, {failed} failed", flush=True)
+    bench = lambda fn: triton.testing.do_bench_cudagraph(fn, rep=args.rep) * 1000  # noqa: E731
+    rows = []
+    for fmt, n, k, m, cands in todo:
+        run, expected, torch_fp8, x, w = operands(fmt, n, k, m)
+        base = dict(format=fmt, n=n, k=k, m=m)
+        cublas = bench(lambda: torch.matmul(x, w.t()))
+        ref = dict(base, impl="cublas_bf16", us=cublas)
+        rows.append(ref)
+        if torch_fp8 is not None:
+            rows.append(dict(base, impl="torch_scaled_mm", us=bench(torch_fp8)))
+        best = None
+        for tiles, split in cands:
+            try:
+                err = float((run(tiles, split).float() - expected).abs().max() / expected.abs().max())
+                us = bench(lambda: run(tiles, split))  # noqa: B023
+            except Exception as e:  # noqa: BLE001
+                rows.append(dict(base, impl="triton", tiles=asdict(tiles), split=split, error=str(e)[:200]))
+                continue
+            row = dict(base, impl="triton", tiles=asdict(tiles), split=split, us=us, rel_error=err,
+                       vs_cublas=cublas / us)  # fmt: skip
+            rows.append(row)
+            if err < 2e-2 and (best is None or us < best["us"]):
+                best = row
+        others = " ".join(f"{r['impl']} {r['us']:.1f}us" for r in rows if r.get("m") == m and r.get("n") == n
+                          and r.get("k") == k and r["format"] == fmt and r["impl"] != "triton")  # fmt: skip
+        if best:
+            t = best["tiles"]
+            desc = f"{t['block_m']}x{t['block_n']}x{t['block_k']} w{t['num_warps']} s{t['num_stages']} " \
+                   f"g{t['group_m']} split{best['split']}{' P' if t['persistent'] else ''}{' GEMV' if t['gemv'] else ''}"  # fmt: skip
+            print(f"{fmt:9s} N={n:5d} K={k:5d} M={m:4d}: best {best['us']:.1f}us x{best['vs_cublas']:.2f} cuBLAS "
+                  f"[{desc}]  {others}  tflops {2 * m * n * k / best['us'] / 1e6:.0f}", flush=True)  # fmt: skip
+        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                        "triton": triton.__version__, "rows": rows}, indent=0))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""The GEMV member of the GEMM family (kernels/gemm.py), for decode-sized M (a few rows).
+
+At M = 1-4 a tensor-core tile pads the rows to 16 and stages the weight through shared memory,
+while the weight read is the whole cost. Here each program takes one activation row and BLOCK_N
+weight rows: the weight tile is loaded straight into registers (K contiguous, wide loads), widened
+to float32 (int32 for int8 W8A8), multiplied by the row and summed along K. Programs of the same
+weight tile and different rows are adjacent in the grid, so the weight is read from HBM once and
+from L2 by the others. Same operands and scales as `gemm_kernel`: row/column scales in the epilogue,
+K-grouped float32 scales (block-FP8) per K tile (BLOCK_K divides the group), weight-only and
+e4m3fn-bytes weights; K splits write float32 partials that gemm.py's reduce kernel sums. A tile
+table entry asks for it with `GemmTiles(gemv=True)` (block_m unused).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from tritonllm.kernels.gemm_scales import e4m3fn_bits_to_float, group_scales
+
+
+@triton.jit
+def gemv_kernel(
+    a_ptr, b_ptr, c_ptr, bias_ptr, a_scale_ptr, b_scale_ptr, ws_ptr,
+    M, N, K, K_PER_SPLIT,
+    stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn,
+    stride_asm, stride_ask, stride_bsn, stride_bsk,
+    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
+    INT_ACC: tl.constexpr, HAS_BIAS: tl.constexpr, B_E4M3FN_BITS: tl.constexpr,
+    EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    row = pid % M  # rows of one weight tile are neighbours: one HBM read, the rest from L2
+    pid_n = pid // M
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
+    rm = tl.full([1], row, tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    k_start = pid_k * K_PER_SPLIT
+    k_end = tl.minimum(K, k_start + K_PER_SPLIT)
+    K_GROUPED: tl.constexpr = A_SCALE == 3 or B_SCALE == 3
+    a_ptrs = a_ptr + row.to(tl.int64) * stride_am + (k_start + offs_k) * stride_ak
+    b_ptrs = b_ptr + rn[:, None] * stride_bn + (k_start + offs_k)[None, :] * stride_bk
+    if INT_ACC:
+        acc = tl.zeros((BLOCK_N,), dtype=tl.int32)
+    else:
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k in range(k_start, k_end, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            in_k = k + offs_k < k_end
+            a = tl.load(a_ptrs, mask=in_k, other=0.0)
+            b = tl.load(b_ptrs, mask=in_k[None, :], other=0.0)
+        if INT_ACC:
+            acc += tl.sum(b.to(tl.int32) * a.to(tl.int32)[None, :], axis=1)
+        else:
+            if B_E4M3FN_BITS:
+                b = e4m3fn_bits_to_float(b)
+            part = tl.sum(b.to(tl.float32) * a.to(tl.float32)[None, :], axis=1)
+            if K_GROUPED:
+                a_s, b_s = group_scales(a_scale_ptr, b_scale_ptr, rm, rn, k // GROUP_K, stride_asm, stride_ask,
+                                        stride_bsn, stride_bsk, A_SCALE, B_SCALE, GROUP_N, False)  # fmt: skip
+                part = part * a_s * b_s
+            acc += part
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    out = acc.to(tl.float32)
+    if A_SCALE == 1:
+        out = out * tl.load(a_scale_ptr)
+    if A_SCALE == 2:
+        out = out * tl.load(a_scale_ptr + row * stride_asm)
+    if B_SCALE == 2:
+        out = out * tl.load(b_scale_ptr + rn * stride_bsn)
+    mask = offs_n < N
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            out += tl.load(bias_ptr + rn).to(tl.float32)
+        tl.store(c_ptr + row.to(tl.int64) * stride_cm + offs_n * stride_cn, out.to(c_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(ws_ptr + (pid_k * M + row).to(tl.int64) * N + offs_n, out, mask=mask)
