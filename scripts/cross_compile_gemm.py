@@ -21,7 +21,7 @@ import triton.language as tl
 from cross_compile_attention import compile_kernel  # this folder: sys.path[0] when run as a script
 from triton.backends.compiler import GPUTarget
 
-from tritonllm.kernels import activation, gemm, gemm_persistent, quant, rmsnorm
+from tritonllm.kernels import activation, gemm, gemm_gemv, gemm_persistent, quant, rmsnorm
 
 TARGETS = [
     (GPUTarget("cuda", 90, 32), "hopper"),
@@ -97,10 +97,28 @@ def main() -> int:
                 types = dict(a_desc=desc(a_t, bm, bk), b_desc=desc(a_t, bn, bk), c_desc=desc("bf16", bm, bn),
                              bias_ptr="*bf16", a_scale_ptr="*fp32", b_scale_ptr="*fp32")  # fmt: skip
                 scales = dict(A_SCALE=0, B_SCALE=0) if a_t == "bf16" else dict(A_SCALE=2, B_SCALE=2)
-                constexprs = dict(scales, INT_ACC=acc_int, HAS_BIAS=True, OUT_DTYPE=tl.bfloat16, NUM_PROGRAMS=132,
-                                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8)  # fmt: skip
+                constexprs = dict(scales, GROUP_N=1, INT_ACC=acc_int, HAS_BIAS=True, OUT_DTYPE=tl.bfloat16,
+                                  NUM_PROGRAMS=132, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8)  # fmt: skip
                 checks.append((f"gemm persistent {name} {bm}x{bn}x{bk}", gemm_persistent.gemm_persistent_kernel, types,
                                constexprs, warps, name == "fp8"))  # fmt: skip
+                if name == "fp8":  # block-FP8 on the persistent kernel: 128-deep K tiles, one scale group each
+                    block = dict(constexprs, A_SCALE=3, B_SCALE=3, GROUP_N=128, BLOCK_K=128)
+                    types = dict(types, a_desc=desc(a_t, bm, 128), b_desc=desc(a_t, bn, 128))
+                    checks.append((f"gemm persistent fp8 block-128 {bm}x{bn}x128", gemm_persistent.gemm_persistent_kernel,
+                                   types, block, warps, True))  # fmt: skip
+        # the GEMV kernel (decode-sized M): float, W8A8 row/column and block scales, weight-only bytes
+        gemv_base = dict(A_SCALE=0, B_SCALE=0, GROUP_K=1, GROUP_N=1, INT_ACC=False, HAS_BIAS=True, B_E4M3FN_BITS=False,
+                         EVEN_K=True, SPLIT_K=1, BLOCK_N=32, BLOCK_K=256)  # fmt: skip
+        gemv_ptrs = dict(c_ptr="*bf16", bias_ptr="*bf16", a_scale_ptr="*fp32", b_scale_ptr="*fp32", ws_ptr="*fp32")
+        for name, types, constexprs, uses_fp8 in (
+            ("bf16", dict(a_ptr="*bf16", b_ptr="*bf16"), gemv_base, False),
+            ("fp8 w8a8", dict(a_ptr=f"*{fp8}", b_ptr=f"*{fp8}"), dict(gemv_base, A_SCALE=2, B_SCALE=2, BLOCK_K=512), True),
+            ("int8 w8a8", dict(a_ptr="*i8", b_ptr="*i8"), dict(gemv_base, A_SCALE=2, B_SCALE=2, INT_ACC=True), False),
+            ("fp8 block-128 split-K", dict(a_ptr=f"*{fp8}", b_ptr=f"*{fp8}"),
+             dict(gemv_base, A_SCALE=3, B_SCALE=3, GROUP_K=128, GROUP_N=128, BLOCK_K=128, SPLIT_K=4), True),
+            ("e4m3fn-bytes weight-only", dict(a_ptr="*bf16", b_ptr="*u8"), dict(gemv_base, B_SCALE=2, B_E4M3FN_BITS=True), False),
+        ):  # fmt: skip
+            checks.append((f"gemv {name}", gemm_gemv.gemv_kernel, dict(gemv_ptrs, **types), constexprs, 4, uses_fp8))
         checks.append(("split-K reduce", gemm.split_k_reduce_kernel, dict(ws_ptr="*fp32", c_ptr="*bf16", bias_ptr="*bf16"),
                        dict(SPLIT_K=4, HAS_BIAS=True, BLOCK=1024), 4, False))  # fmt: skip
         for q, qmax in ((fp8, 448.0 if target.backend == "cuda" else 240.0), ("i8", 127.0)):

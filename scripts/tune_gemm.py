@@ -1,7 +1,7 @@
 """Tile sweep for the GEMM tables (kernels/gemm.py GEMM_TABLES), on the GPU.
 
     python scripts/tune_gemm.py OUT.json [--suites large block skinny] [--jobs 16] [--rep 5]
-    python scripts/tune_gemm.py OUT.json --write-tuned tritonllm/kernels/tuned/NVIDIA_H200.json   # from OUT.json
+    python scripts/tune_gemm.py OUT.json --write-tuned tritonllm/kernels/tuned/NVIDIA_H200.json [--merge MORE.json]
 
 For each case (kernel kind, layer shape N x K, M) every candidate (tiles, K splits) is run through
 gemm() and timed replayed from a CUDA graph, beside bf16 cuBLAS (torch.matmul) and, for FP8 W8A8,
@@ -90,6 +90,10 @@ def cases(suites: list[str]) -> list[tuple[str, int, int, int, list[tuple[T, int
             out.append(("float", n, k, m, _skinny(bm, (128, 256)) + (_gemv((128, 256, 512)) if gemv else [])))
             out.append(("fp8", n, k, m, _skinny(bm, (128, 256, 512)) + (_gemv((256, 512, 1024)) if gemv else [])))
             out.append(("fp8_block", n, k, m, _skinny(bm, (128,)) + (_gemv((128,), (1, 2, 4, 8)) if gemv else [])))
+    if "m4" in suites:  # a few decode rows: the M = 16 tiles and the GEMV (which reads the weight from L2 per row)
+        for n, k in LLAMA:
+            out.append(("float", n, k, 4, _skinny(16, (128, 256)) + _gemv((128, 256, 512))))
+            out.append(("fp8", n, k, 4, _skinny(16, (128, 256, 512)) + _gemv((256, 512, 1024))))
     return out
 
 
@@ -167,15 +171,17 @@ def tuned_table(rows: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
-    parser.add_argument("--suites", nargs="+", default=["large", "block", "skinny"])
+    parser.add_argument("--suites", nargs="+", default=["large", "block", "skinny"], help="also: m4")
     parser.add_argument("--jobs", type=int, default=16)
     parser.add_argument("--rep", type=int, default=5, help="ms of replays per timing")
     parser.add_argument("--write-tuned", type=Path, help="write OUT.json's skinny winners here; no sweep")
+    parser.add_argument("--merge", nargs="*", type=Path, default=[], help="with --write-tuned: more sweeps' rows")
     args = parser.parse_args()
     if args.write_tuned:
         sweep = json.loads(args.out.read_text())
-        table = dict(device=sweep["device"], torch=sweep["torch"], triton=sweep["triton"], **tuned_table(sweep["rows"]))
-        args.out.parent.mkdir(parents=True, exist_ok=True)
+        rows = sweep["rows"] + [r for path in args.merge for r in json.loads(path.read_text())["rows"]]
+        table = dict(device=sweep["device"], torch=sweep["torch"], triton=sweep["triton"], **tuned_table(rows))
+        args.write_tuned.parent.mkdir(parents=True, exist_ok=True)
         args.write_tuned.write_text(json.dumps(table, indent=1) + "\n")
         return
     import triton

@@ -40,7 +40,7 @@ def main() -> None:
     axes[0].set_ylabel("speedup over bf16 cuBLAS (torch.matmul)")
     axes[-1].legend(fontsize=7)
     fig.suptitle(
-        f"Llama-3-8B layer GEMMs on the {data['device']} (triton {data['triton']}, torch {data['torch']}); small M includes host launch time"
+        f"Llama-3-8B layer GEMMs on the {data['device']} (triton {data['triton']}, torch {data['torch']}); GPU time, each call replayed from a CUDA graph"
     )
     fig.tight_layout()
     out = Path(sys.argv[2]) if len(sys.argv) > 2 else HERE / "speedup_vs_m_h200.png"

@@ -89,3 +89,12 @@ def test_references_that_sync_with_the_host_are_declared_uncapturable() -> None:
     assert ref.uncapturable(registry.OPS) == ["attention", "kv_write", "sampling"]
     assert select_kernels({"attention": "torch_ref"}).uncapturable(["attention", "rms_norm"]) == ["attention"]
     assert select_kernels().uncapturable(registry.OPS) == []
+
+
+def test_auto_takes_cublas_for_unquantized_models_only() -> None:
+    """The torch (cuBLAS) linear serves FP8 row/column formats when chosen, but `auto` takes the
+    Triton GEMMs for any quantized model (faster on the GPU) and cuBLAS for unquantized ones."""
+    fp8 = KernelContext(linear_formats=frozenset({"fp8:channel:token"}))
+    assert select_kernels({"linear": "auto"}, KernelContext()).choice["linear"] == "torch"
+    assert select_kernels({"linear": "auto"}, fp8).choice["linear"] == "triton"
+    assert select_kernels({"linear": "torch"}, fp8).choice["linear"] == "torch"

@@ -116,20 +116,19 @@ def gemm_kernel(
                 b = b.to(a.dtype)
         if OPERAND_SCALES:
             # MX on GPUs without MX tensor cores: each element times its group's power-of-two scale,
-            # widened to DOT_DTYPE (exact: bf16 holds e4m3 values times any e8m0 scale), one dot
-            groups = (k + offs_k) // GROUP_K
-            a_s = tl.load(
-                a_scale_ptr + rm[:, None] * stride_asm + groups[None, :] * stride_ask,
-                mask=(k + offs_k < k_end)[None, :],
-                other=127,
-            )
-            b_s = tl.load(
-                b_scale_ptr + (rn // GROUP_N)[None, :] * stride_bsn + groups[:, None] * stride_bsk,
-                mask=(k + offs_k < k_end)[:, None],
-                other=127,
-            )
-            a = (a.to(tl.float32) * e8m0_to_float(a_s)).to(DOT_DTYPE)
-            b = (b.to(tl.float32) * e8m0_to_float(b_s)).to(DOT_DTYPE)
+            # in DOT_DTYPE (exact: bf16 holds e4m3 values times any e8m0 scale), one dot. The tile's
+            # BLOCK_K / GROUP_K scales per row (column) are loaded once and broadcast over their group.
+            GROUPS: tl.constexpr = BLOCK_K // GROUP_K
+            gi = k // GROUP_K + tl.arange(0, GROUPS)
+            in_groups = gi * GROUP_K < k_end
+            a_s = tl.load(a_scale_ptr + rm[:, None] * stride_asm + gi[None, :] * stride_ask,
+                          mask=in_groups[None, :], other=127)  # fmt: skip
+            b_s = tl.load(b_scale_ptr + (rn // GROUP_N)[None, :] * stride_bsn + gi[:, None] * stride_bsk,
+                          mask=in_groups[:, None], other=127)  # fmt: skip
+            a_s = tl.reshape(tl.broadcast_to(e8m0_to_float(a_s)[:, :, None], (BLOCK_M, GROUPS, GROUP_K)), (BLOCK_M, BLOCK_K))
+            b_s = tl.reshape(tl.broadcast_to(e8m0_to_float(b_s)[:, None, :], (GROUPS, GROUP_K, BLOCK_N)), (BLOCK_K, BLOCK_N))
+            a = a.to(DOT_DTYPE) * a_s.to(DOT_DTYPE)
+            b = b.to(DOT_DTYPE) * b_s.to(DOT_DTYPE)
             acc = tl.dot(a, b, acc)
         elif K_GROUPED:
             # the next K tile's scales are loaded before this tile's dot (the last loads group 0 again,
@@ -384,7 +383,7 @@ def gemm(
         raise ValueError(f"gemm: K-grouped scales need K ({k}) to be a multiple of group_k ({group_k})")
     # e8m0 (MX) scales go into the operands, which are widened for a bf16 dot: Hopper and older GPUs
     # have no MX tensor cores, and 32-deep FP8 dots rescaled one by one starve the tensor cores
-    # (their scales are gathered per element, so neither BLOCK_K nor the K splits need align to groups)
+    # (each K tile holds whole groups: BLOCK_K is a multiple of 32 and the K splits start at BLOCK_K multiples)
     operand_scales = e8m0 and a_scale_kind == A_GROUP and b_scale_kind == B_GROUP
     dot_dtype = torch.float32 if platform.is_interpreter() else torch.bfloat16
     if operand_scales:
@@ -395,6 +394,10 @@ def gemm(
         kind = "weight_only"
     else:
         kind = "w8a8" if a.dtype in (torch.int8, *FP8_DTYPES) else "float"
+    if operand_scales and tiles is None:  # the float table's tiles, not the shape-tuned ones (GEMV
+        tiles = fit_shared_memory(pick_tiles("float", m), a.element_size(), b.element_size())  # has no MX path)
+    if operand_scales and tiles.block_k % group_k:
+        raise ValueError(f"gemm: MX tiles need BLOCK_K ({tiles.block_k}) a multiple of the scale group ({group_k})")
     tiles, split, k_per_split = plan_gemm(
         kind, m, n, k, group_k if k_grouped and not operand_scales else 0, a.element_size(), b.element_size(),
         tiles, split_k,

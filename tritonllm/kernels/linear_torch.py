@@ -2,7 +2,10 @@
 unquantized layers, torch._scaled_mm for FP8 and torch._int_mm for INT8 with row/column scales.
 Activations are quantized with torch ops (kernels/reference.py's, the same values as the Triton
 kernels'). Block-FP8, MXFP8 and weight-only formats have no cuBLAS path in torch: models with them
-take the Triton implementation."""
+take the Triton implementation. `auto` takes this one for unquantized models only: on the H200 the
+Triton W8A8 GEMMs are 1.6-2x faster than these layers (activation quantization by torch ops and
+_scaled_mm / _int_mm; Llama-3-8B online FP8 batch-1 decode 291 vs 147 tok/s, experiments/gemm/);
+`kernels.linear=torch` still runs them, as the cuBLAS baseline."""
 
 from __future__ import annotations
 
@@ -17,7 +20,10 @@ TORCH_FORMATS = frozenset({"fp8:channel:token", "fp8:channel:tensor", "int8:chan
 INT_MM_MIN_ROWS = 17  # cuBLAS's int8 GEMM (torch._int_mm) needs more than 16 rows
 
 
-@register("linear", "torch", supports=Supports(dtypes=FLOATS, linear_formats=TORCH_FORMATS), priority=20)
+@register(
+    "linear", "torch",
+    supports=Supports(dtypes=FLOATS, linear_formats=TORCH_FORMATS, auto_linear_formats=frozenset()), priority=20,
+)  # fmt: skip
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return F.linear(x, weight, bias)
 

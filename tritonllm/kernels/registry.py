@@ -58,6 +58,9 @@ class Supports:
     # linear implementations: the quantized formats served (kernels/quant_formats.py format names,
     # e.g. "fp8:block:group"); None: every one. Unquantized layers are every implementation's.
     linear_formats: frozenset[str] | None = None
+    # of those, the formats for which `auto` may take it (None: all it serves); an explicit choice
+    # still serves every one of linear_formats (a baseline kept for ablations, not the fast path)
+    auto_linear_formats: frozenset[str] | None = None
     # a check of this machine (e.g. an sm90 GPU and a Triton that compiles the kernel): None if it
     # can run, else why not
     available: Callable[[], str | None] | None = None
@@ -157,6 +160,9 @@ def _choose(op: str, choice: str, context: KernelContext) -> Implementation:
     names = [i.name for i in impls]
     if choice == "auto":
         for impl in impls:
+            auto_formats = impl.supports.auto_linear_formats
+            if auto_formats is not None and not context.linear_formats <= auto_formats:
+                continue
             if impl.supports.refusal(context) is None:
                 return impl
         reasons = "; ".join(f"{i.name}: {i.supports.refusal(context)}" for i in impls)
