@@ -1,7 +1,7 @@
 """GEMM benchmark: every registered linear implementation beside torch's own GEMMs, on the GPU.
 
     python scripts/bench_gemm.py OUT.json [--models llama3-8b qwen3-0.6b square8192] [--ms 1 16 ...]
-        [--formats bf16 fp8 fp8_block int8 mxfp8 w8a16]
+        [--formats bf16 fp8 fp8_block int8 mxfp8 w8a16 int4]
 
 Per layer shape (N, K) of the model and M (tokens), per format: the Triton GEMM on operands
 already quantized (kernels/gemm.py) beside torch's GEMM of the same precision (bf16
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tritonllm.kernels import gemm as g  # noqa: E402
 from tritonllm.kernels import reference, registry  # noqa: E402
-from tritonllm.kernels.quant_formats import QuantScheme  # noqa: E402
+from tritonllm.kernels.quant_formats import INT4, QuantScheme  # noqa: E402
 from tritonllm.quantization.quantize import quantize_weight  # noqa: E402
 
 # (layer, N, K) of each model: q/k/v fused, o, gate/up fused, down
@@ -47,6 +47,7 @@ SCHEMES = {
     "int8": QuantScheme(torch.int8, "channel", "token"),
     "mxfp8": QuantScheme(FP8, "mx", "mx"),
     "w8a16": QuantScheme(FP8, "channel", "none"),
+    "int4": QuantScheme(INT4, "group", "none", group_size=128),  # W4A16, online quantization="int4"
 }
 
 
@@ -80,7 +81,7 @@ def torch_gemm(fmt: str, a, a_scale, weight):
 def triton_gemm(fmt: str, a, a_scale, weight, tiles: g.GemmTiles | None = None):
     scales = g.scale_args(weight.scheme)
     return lambda: g.gemm(a, weight.data, None, out_dtype=torch.bfloat16, a_scale=a_scale, b_scale=weight.scale,
-                          tiles=tiles, **scales)  # fmt: skip
+                          b_zero=weight.zeros, tiles=tiles, **scales)  # fmt: skip
 
 
 def run_case(model: str, layer: str, n: int, k: int, m: int, formats: list[str]) -> list[dict]:
@@ -114,8 +115,9 @@ def run_case(model: str, layer: str, n: int, k: int, m: int, formats: list[str])
         expected = expected_a @ reference.dequantize_weight(weight).t()
         a_bytes = 2 if scheme.act == "none" else 1
         fn = triton_gemm(fmt, a, a_scale, weight)
+        w_bytes = 0.5 if scheme.is_int4 else 1
         rows.append(dict(base, format=fmt, impl="triton_gemm", us=bench_us(fn), rel_error=rel_error(fn(), expected),
-                         a_bytes=a_bytes, w_bytes=1))  # fmt: skip
+                         a_bytes=a_bytes, w_bytes=w_bytes))  # fmt: skip
         if fmt in ("fp8", "int8") and m >= PERSISTENT_MIN_M:  # the persistent descriptor kernel, same tiles
             tiles = replace(g.pick_tiles("w8a8", m), persistent=True)
             fn = triton_gemm(fmt, a, a_scale, weight, tiles)
@@ -131,7 +133,7 @@ def run_case(model: str, layer: str, n: int, k: int, m: int, formats: list[str])
                 continue
             layer_fn = lambda impl=impl, weight=weight: impl.entries["quantized_linear"](x, weight, None)  # noqa: E731
             rows.append(
-                dict(base, format=fmt, impl=f"linear:{impl.name}", us=bench_us(layer_fn), a_bytes=a_bytes, w_bytes=1)
+                dict(base, format=fmt, impl=f"linear:{impl.name}", us=bench_us(layer_fn), a_bytes=a_bytes, w_bytes=w_bytes)
             )
     for r in rows:
         r["tflops"] = round(flops / r["us"] / 1e6, 2)

@@ -33,8 +33,8 @@ TARGETS = [
 def _gemm_variants(fp8: str) -> list[tuple[str, str, dict, dict]]:
     """(name, table kind, pointer types, constexprs) of each GEMM kind the linear implementations launch."""
     base = dict(A_SCALE=0, B_SCALE=0, GROUP_K=1, GROUP_N=1, E8M0=False, UPCAST_B=False, INT_ACC=False, HAS_BIAS=True,
-                IEEE=False, OPERAND_SCALES=False, DOT_DTYPE=tl.bfloat16, B_E4M3FN_BITS=False, EVEN_K=True,
-                SPLIT_K=1)  # fmt: skip
+                IEEE=False, OPERAND_SCALES=False, DOT_DTYPE=tl.bfloat16, B_E4M3FN_BITS=False, B_INT4=False,
+                EVEN_K=True, SPLIT_K=1)  # fmt: skip
     row_col = dict(base, A_SCALE=2, B_SCALE=2)
     fp32_scales = dict(a_scale_ptr="*fp32", b_scale_ptr="*fp32")
     return [
@@ -52,6 +52,9 @@ def _gemm_variants(fp8: str) -> list[tuple[str, str, dict, dict]]:
          dict(base, B_SCALE=2, UPCAST_B=True, B_E4M3FN_BITS=True)),
         ("int8 weight-only", "weight_only", dict(a_ptr="*bf16", b_ptr="*i8", **fp32_scales),
          dict(base, B_SCALE=2, UPCAST_B=True)),
+        # W4A16: int4 pairs a byte, per-128-column scales and zero points
+        ("int4 weight-only", "weight_only", dict(a_ptr="*bf16", b_ptr="*u8", **fp32_scales),
+         dict(base, B_SCALE=3, GROUP_K=128, UPCAST_B=True, B_INT4=True)),
         ("bf16 split-K", "float", dict(a_ptr="*bf16", b_ptr="*bf16"), dict(base, SPLIT_K=4, EVEN_K=False)),
     ]  # fmt: skip
 
@@ -80,13 +83,14 @@ def main() -> int:
                 a_bytes = 2 if types["a_ptr"] == "*bf16" else 1
                 b_bytes = 2 if types["b_ptr"] == "*bf16" else 1
                 t = gemm.fit_shared_memory(tiles, a_bytes, b_bytes, family)
-                if constexprs["A_SCALE"] == 3 and not constexprs["OPERAND_SCALES"]:
+                if (constexprs["A_SCALE"] == 3 or constexprs["B_INT4"]) and not constexprs["OPERAND_SCALES"]:
                     t = gemm.replace(t, block_k=min(t.block_k, constexprs["GROUP_K"]))
                 tile_constexprs = dict(
                     constexprs, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m
                 )
                 all_types = dict(
-                    dict(c_ptr="*bf16", bias_ptr="*bf16", a_scale_ptr="*fp32", b_scale_ptr="*fp32", ws_ptr="*fp32"),
+                    dict(c_ptr="*bf16", bias_ptr="*bf16", a_scale_ptr="*fp32", b_scale_ptr="*fp32", b_zero_ptr="*fp32",
+                         ws_ptr="*fp32"),
                     **types,
                 )
                 checks.append((f"gemm {name} M<={max_m} {t.block_m}x{t.block_n}x{t.block_k}", gemm.gemm_kernel, all_types,
@@ -108,8 +112,9 @@ def main() -> int:
                                    types, block, warps, True))  # fmt: skip
         # the GEMV kernel (decode-sized M): float, W8A8 row/column and block scales, weight-only bytes
         gemv_base = dict(A_SCALE=0, B_SCALE=0, GROUP_K=1, GROUP_N=1, INT_ACC=False, HAS_BIAS=True, B_E4M3FN_BITS=False,
-                         EVEN_K=True, SPLIT_K=1, BLOCK_N=32, BLOCK_K=256)  # fmt: skip
-        gemv_ptrs = dict(c_ptr="*bf16", bias_ptr="*bf16", a_scale_ptr="*fp32", b_scale_ptr="*fp32", ws_ptr="*fp32")
+                         B_INT4=False, EVEN_K=True, SPLIT_K=1, BLOCK_N=32, BLOCK_K=256)  # fmt: skip
+        gemv_ptrs = dict(c_ptr="*bf16", bias_ptr="*bf16", a_scale_ptr="*fp32", b_scale_ptr="*fp32", b_zero_ptr="*fp32",
+                         ws_ptr="*fp32")
         for name, types, constexprs, uses_fp8 in (
             ("bf16", dict(a_ptr="*bf16", b_ptr="*bf16"), gemv_base, False),
             ("fp8 w8a8", dict(a_ptr=f"*{fp8}", b_ptr=f"*{fp8}"), dict(gemv_base, A_SCALE=2, B_SCALE=2, BLOCK_K=512), True),
@@ -117,6 +122,8 @@ def main() -> int:
             ("fp8 block-128 split-K", dict(a_ptr=f"*{fp8}", b_ptr=f"*{fp8}"),
              dict(gemv_base, A_SCALE=3, B_SCALE=3, GROUP_K=128, GROUP_N=128, BLOCK_K=128, SPLIT_K=4), True),
             ("e4m3fn-bytes weight-only", dict(a_ptr="*bf16", b_ptr="*u8"), dict(gemv_base, B_SCALE=2, B_E4M3FN_BITS=True), False),
+            ("int4 weight-only split-K", dict(a_ptr="*bf16", b_ptr="*u8"),
+             dict(gemv_base, B_SCALE=3, GROUP_K=128, B_INT4=True, BLOCK_K=128, SPLIT_K=4), False),
         ):  # fmt: skip
             checks.append((f"gemv {name}", gemm_gemv.gemv_kernel, dict(gemv_ptrs, **types), constexprs, 4, uses_fp8))
         checks.append(("split-K reduce", gemm.split_k_reduce_kernel, dict(ws_ptr="*fp32", c_ptr="*bf16", bias_ptr="*bf16"),

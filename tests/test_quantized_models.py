@@ -22,8 +22,9 @@ from tritonllm.quantization.export import LAYOUTS, export_quantized
 # a run of the pattern, a jump (an unlikely token: a large, sensitive logprob), the pattern again
 PROMPTS = [list(range(100, 116)) + list(range(300, 310)), list(range(520, 530)) + list(range(40, 52))]
 CALIBRATION = [list(range(10, 60)), list(range(200, 250)), list(range(550, 600))]
-# mean / max |logprob difference| allowed per format (8-bit weights and activations on a fitted model)
-BOUNDS = {"int8": (0.02, 0.3), "fp8": (0.06, 0.8), "mxfp8": (0.08, 1.0)}
+# mean / max |logprob difference| allowed per format (8-bit weights and activations, or 4-bit
+# weights with 128-column groups, on a fitted model)
+BOUNDS = {"int8": (0.02, 0.3), "fp8": (0.06, 0.8), "mxfp8": (0.08, 1.0), "int4": (0.15, 1.5)}
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def test_checkpoint_in_published_layout_tracks_the_float_model(layout, fitted, f
     _compare(layout, got, float_run, BOUNDS["int8" if "int8" in layout else "fp8"])
 
 
-@pytest.mark.parametrize("method", ["fp8", "int8", "mxfp8"])
+@pytest.mark.parametrize("method", ["fp8", "int8", "mxfp8", "int4"])
 def test_online_quantization_tracks_the_float_model(method, fitted, float_run) -> None:
     _compare(f"online {method}", _run(fitted, quantization=method), float_run, BOUNDS[method])
 
@@ -146,8 +147,8 @@ def test_a_quantization_argument_that_contradicts_the_checkpoint_is_refused(fitt
     folder = export_quantized(fitted, tmp_path / "q", "fp8-block")
     with pytest.raises(ValueError, match="the checkpoint is quantized with 'fp8'"):
         LLM(model=str(folder), max_model_len=64, quantization="int8")
-    with pytest.raises(ValueError, match="quantization='int4' is not supported"):
-        LLM(model=fitted, max_model_len=64, quantization="int4")
+    with pytest.raises(ValueError, match="quantization='fp4' is not supported"):
+        LLM(model=fitted, max_model_len=64, quantization="fp4")
 
 
 def test_checkpoint_kv_cache_scales_are_used_by_an_fp8_cache(fitted, tmp_path) -> None:

@@ -23,7 +23,7 @@ class ModelConfig:
     dtype: str = "auto"  # auto: bfloat16 on a GPU, float32 on CPU
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
     seed: int = 0
-    # online quantization of a float checkpoint: "fp8", "int8" or "mxfp8" (quantization/config.py); a
+    # online quantization of a float checkpoint: "fp8", "int8", "mxfp8" or "int4" (quantization/config.py); a
     # quantized checkpoint is read as its config.json says (then leave this unset, or give its method)
     quantization: str | None = None
 

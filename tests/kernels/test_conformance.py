@@ -124,13 +124,13 @@ def test_linear(impl, dtype) -> None:
 
 def _quantized_cases() -> list:
     """(implementation, scheme) for every quantized format each linear implementation serves here."""
-    from tritonllm.kernels.quant_formats import QuantScheme
+    from tritonllm.kernels.quant_formats import INT4, QuantScheme
 
     fp8 = torch.float8_e4m3fnuz if platform.PLATFORM == "rocm" else torch.float8_e4m3fn
     schemes = [QuantScheme(fp8, "channel", act) for act in ("token", "tensor", "none")]
     schemes += [QuantScheme(fp8, "block", act) for act in ("group", "none")]
     schemes += [QuantScheme(torch.int8, "channel", act) for act in ("token", "tensor", "none")]
-    schemes += [QuantScheme(fp8, "mx", "mx")]
+    schemes += [QuantScheme(fp8, "mx", "mx"), QuantScheme(INT4, "group", "none", group_size=128)]
     marks = [pytest.mark.gpu] if platform.is_gpu() else []
     cases = []
     for impl in registry.implementations("linear"):

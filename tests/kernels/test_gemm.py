@@ -18,7 +18,7 @@ from tritonllm import platform
 from tritonllm.kernels import gemm as g
 from tritonllm.kernels import reference
 from tritonllm.kernels.quant import quantize_per_group, quantize_per_token
-from tritonllm.kernels.quant_formats import QuantScheme
+from tritonllm.kernels.quant_formats import INT4, QuantScheme, pack_int4, unpack_int4
 from tritonllm.quantization.quantize import quantize_weight
 
 # on a GPU every test here is also a GPU test (`-m gpu`), in bfloat16
@@ -258,3 +258,38 @@ def test_the_gemv_kernel_matches_its_operands(scheme, m, n, k, split_k, monkeypa
         expected = expected_a @ reference.dequantize_weight(weight).T + bias.float()
     assert_close_to_scale(got, expected, 1e-5 if MODEL_DTYPE == torch.float32 else 1e-2)
     assert spy.launches == 1, "the GEMV kernel did not run"
+
+
+INT4_SCHEMES = [QuantScheme(INT4, "group", "none", group_size=gs) for gs in (32, 128)]
+
+
+@pytest.mark.parametrize("scheme", INT4_SCHEMES, ids=lambda s: f"int4-g{s.group_size}")
+@pytest.mark.parametrize("m, n, k", [(1, 130, 384), (19, 45, 256), (3, 70, 128)])
+@pytest.mark.parametrize("kernel", ["tile", "gemv"])
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_int4_gemm_matches_its_dequantized_weight(scheme, m, n, k, kernel, split_k) -> None:
+    """Packed int4 weights (two a byte, per-group scales and zero points) widened in the kernel:
+    the tile kernel and the GEMV, ragged N, with and without K splits, against x @ dequant(w).T."""
+    x, bias = _randn(m, k, seed=20, dtype=MODEL_DTYPE), _randn(n, seed=21, dtype=MODEL_DTYPE)
+    weight = quantize_weight(_randn(n, k, seed=22), scheme)
+    tiles = g.GemmTiles(1, 32, 64, 4, 2, 1, 1, gemv=True) if kernel == "gemv" else g.GemmTiles(16, 32, 64, 4, 2, 4, 1)
+    got = g.gemm(x, weight.data, bias, b_scale=weight.scale, b_zero=weight.zeros, tiles=tiles, split_k=split_k,
+                 **g.scale_args(scheme))  # fmt: skip
+    expected = x.float() @ reference.dequantize_weight(weight).T + bias.float()
+    assert_close_to_scale(got, expected, 1e-5 if MODEL_DTYPE == torch.float32 else 1e-2)
+
+
+def test_int4_quantization_round_trips_within_half_a_step() -> None:
+    """quantize_weight's int4: every value within half a quantization step of the float weight, the
+    nibble order as pack_int4 writes it, and a kernel that dropped the zero points is caught."""
+    scheme = INT4_SCHEMES[1]
+    w = _randn(40, 256, seed=23)
+    q = quantize_weight(w, scheme)
+    step = q.scale.repeat_interleave(128, 1)
+    assert ((reference.dequantize_weight(q) - w.float()).abs() <= step / 2 + 1e-6).all()
+    assert torch.equal(unpack_int4(pack_int4(torch.arange(16).repeat(3, 2))), torch.arange(16).repeat(3, 2).to(torch.uint8))
+    x = _randn(5, 256, seed=24, dtype=MODEL_DTYPE)
+    no_zeros = g.gemm(x, q.data, b_scale=q.scale, b_zero=torch.zeros_like(q.zeros), **g.scale_args(scheme))
+    expected = x.float() @ reference.dequantize_weight(q).T
+    with pytest.raises(AssertionError):
+        assert_close_to_scale(no_zeros, expected, 1e-2)

@@ -17,7 +17,8 @@ Row/column scales (1, 2) multiply the accumulator once, in the epilogue; K-group
 GROUP_K, so a tile lies in one group); e8m0 (MX) scales multiply the operands themselves, which
 are widened to bf16 for the dot (OPERAND_SCALES: no MX tensor cores before Blackwell, and exact,
 since bf16 holds any e4m3 value times any power of two). int8 x int8 accumulates in int32. Weight-only (UPCAST_B): an FP8/int8 weight
-tile is widened to a's dtype before the dot (W8A16).
+tile is widened to a's dtype before the dot (W8A16); an int4 tile (B_INT4: uint8 pairs [N, K / 2])
+is unpacked and dequantized with its group's scale and zero point, (q - zero) * scale (W4A16).
 
 Tiles come from per-GPU tables by M bucket (`GEMM_TABLES`: no autotuning in the serving path);
 tiles are visited in grouped order (GROUP_M rows of tiles share B columns in L2). Skinny M
@@ -40,7 +41,7 @@ import triton.language as tl
 from tritonllm import platform
 from tritonllm.kernels.gemm_gemv import gemv_kernel
 from tritonllm.kernels.gemm_persistent import descriptors_fit, gemm_persistent_kernel, tile_coords
-from tritonllm.kernels.gemm_scales import e4m3fn_bits_to_float, e8m0_to_float, group_scales
+from tritonllm.kernels.gemm_scales import e4m3fn_bits_to_float, e8m0_to_float, group_scales, int4_dequant
 from tritonllm.kernels.quant_formats import BLOCK, FP8_DTYPES, MX_GROUP, QuantScheme
 
 try:  # triton >= 3.4: host-side tensor descriptors (TMA on Hopper)
@@ -58,24 +59,27 @@ ACT_SCALE_KINDS = {"none": A_NONE, "tensor": A_TENSOR, "token": A_ROW, "group": 
 def scale_args(scheme: QuantScheme) -> dict:
     """gemm()'s scale arguments for operands quantized per `scheme`: how the activations' and the
     weight's scales are laid out, and the weight's scale groups."""
-    group_k, group_n = {"block": (BLOCK, BLOCK), "mx": (MX_GROUP, 1)}.get(scheme.weight_scale, (0, 1))
+    group_k, group_n = {"block": (BLOCK, BLOCK), "mx": (MX_GROUP, 1), "group": (scheme.group_size, 1)}.get(
+        scheme.weight_scale, (0, 1)
+    )
     return dict(
         a_scale_kind=ACT_SCALE_KINDS[scheme.act],
-        b_scale_kind=B_GROUP if scheme.weight_scale in ("block", "mx") else B_COLUMN,
+        b_scale_kind=B_GROUP if scheme.weight_scale in ("block", "mx", "group") else B_COLUMN,
         group_k=group_k,
         group_n=group_n,
+        b_int4=scheme.is_int4,
     )
 
 
 @triton.jit
 def gemm_kernel(
-    a_ptr, b_ptr, c_ptr, bias_ptr, a_scale_ptr, b_scale_ptr, ws_ptr,
+    a_ptr, b_ptr, c_ptr, bias_ptr, a_scale_ptr, b_scale_ptr, b_zero_ptr, ws_ptr,
     M, N, K, K_PER_SPLIT,
     stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn,
     stride_asm, stride_ask, stride_bsn, stride_bsk,
     A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
     E8M0: tl.constexpr, UPCAST_B: tl.constexpr, INT_ACC: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
-    OPERAND_SCALES: tl.constexpr, DOT_DTYPE: tl.constexpr, B_E4M3FN_BITS: tl.constexpr,
+    OPERAND_SCALES: tl.constexpr, DOT_DTYPE: tl.constexpr, B_E4M3FN_BITS: tl.constexpr, B_INT4: tl.constexpr,
     EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
@@ -89,11 +93,13 @@ def gemm_kernel(
     rm = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
     rn = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
+    PACK: tl.constexpr = B_INT4 + 1  # K values per byte of B (int4: two)
+    offs_kb = tl.arange(0, BLOCK_K // PACK)
     k_start = pid_k * K_PER_SPLIT
     k_end = tl.minimum(K, k_start + K_PER_SPLIT)
     a_ptrs = a_ptr + rm[:, None] * stride_am + (k_start + offs_k)[None, :] * stride_ak
-    b_ptrs = b_ptr + rn[None, :] * stride_bn + (k_start + offs_k)[:, None] * stride_bk
-    K_GROUPED: tl.constexpr = (A_SCALE == 3 or B_SCALE == 3) and not OPERAND_SCALES
+    b_ptrs = b_ptr + rn[None, :] * stride_bn + (k_start // PACK + offs_kb)[:, None] * stride_bk
+    K_GROUPED: tl.constexpr = (A_SCALE == 3 or B_SCALE == 3) and not OPERAND_SCALES and not B_INT4
     if K_GROUPED:  # the first K tile's group scales; each iteration loads the next tile's (prefetch)
         a_s, b_s = group_scales(a_scale_ptr, b_scale_ptr, rm, rn, k_start // GROUP_K, stride_asm, stride_ask,
                                  stride_bsn, stride_bsk, A_SCALE, B_SCALE, GROUP_N, E8M0)  # fmt: skip
@@ -108,9 +114,13 @@ def gemm_kernel(
         else:
             in_k = k + offs_k < k_end
             a = tl.load(a_ptrs, mask=in_k[None, :], other=0.0)
-            b = tl.load(b_ptrs, mask=in_k[:, None], other=0.0)
+            b = tl.load(b_ptrs, mask=(k // PACK + offs_kb < k_end // PACK)[:, None], other=0.0)
         if UPCAST_B:
-            if B_E4M3FN_BITS:  # e4m3fn weights as bytes: no FP8 conversion on this GPU
+            if B_INT4:  # two values a byte, then (q - zero) * scale of this K tile's group
+                q = tl.reshape(tl.permute(tl.join(b & 0xF, b >> 4), (0, 2, 1)), (BLOCK_K, BLOCK_N))
+                b = int4_dequant(q, b_scale_ptr, b_zero_ptr, rn, k // GROUP_K, stride_bsn, stride_bsk, 1)
+                b = b.to(a.dtype)
+            elif B_E4M3FN_BITS:  # e4m3fn weights as bytes: no FP8 conversion on this GPU
                 b = e4m3fn_bits_to_float(b).to(a.dtype)
             else:
                 b = b.to(a.dtype)
@@ -150,7 +160,7 @@ def gemm_kernel(
         else:
             acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+        b_ptrs += (BLOCK_K // PACK) * stride_bk
 
     out = acc.to(tl.float32)
     if A_SCALE == 1:
@@ -361,14 +371,23 @@ def gemm(
     b_scale_kind: int = B_NONE,
     group_k: int = 0,
     group_n: int = 1,
+    b_int4: bool = False,
+    b_zero: torch.Tensor | None = None,
     tiles: GemmTiles | None = None,
     split_k: int | None = None,
 ) -> torch.Tensor:
     """c = (a @ b.T) * scales + bias for a [M, K], b [N, K] (module docstring); a uint8 b holds
-    e4m3fn bytes, decoded in the kernel (weight-only FP8 on GPUs without FP8). `tiles` and
-    `split_k` override the table and the split heuristic (tests, tile sweeps)."""
-    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
-        raise ValueError(f"gemm: a {tuple(a.shape)} and b {tuple(b.shape)} must be [M, K] and [N, K]")
+    e4m3fn bytes, decoded in the kernel (weight-only FP8 on GPUs without FP8), or with `b_int4`
+    packed int4 pairs [N, K / 2] with per-group `b_scale` and `b_zero` [N, K / group_k]
+    (w = (q - zero) * scale, widened to a's dtype in the kernel). `tiles` and `split_k` override the
+    table and the split heuristic (tests, tile sweeps)."""
+    k_b = b.shape[1] * 2 if b_int4 else b.shape[1]
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != k_b:
+        raise ValueError(f"gemm: a {tuple(a.shape)} and b {tuple(b.shape)} must be [M, K] and [N, K]"
+                         + (" (int4: [N, K / 2])" if b_int4 else ""))  # fmt: skip
+    if b_int4 and (b.dtype != torch.uint8 or b_scale_kind != B_GROUP or b_zero is None
+                   or b_zero.stride() != b_scale.stride()):  # fmt: skip
+        raise ValueError("gemm: int4 weights are uint8 pairs with group scales and zero points of one layout")
     m, k = a.shape
     n = b.shape[0]
     upcast_b = b.dtype != a.dtype
@@ -388,7 +407,7 @@ def gemm(
     dot_dtype = torch.float32 if platform.is_interpreter() else torch.bfloat16
     if operand_scales:
         kind = "float"  # a bf16 dot once the operands are widened
-    elif k_grouped:
+    elif k_grouped and not b_int4:
         kind = "block"
     elif upcast_b:
         kind = "weight_only"
@@ -419,25 +438,27 @@ def gemm(
     even_k = k % tiles.block_k == 0 and k_per_split % tiles.block_k == 0
     if tiles.gemv and not operand_scales:
         gemv_kernel[(m * triton.cdiv(n, tiles.block_n), split)](
-            a, b, c, bias if bias is not None else dummy, a_s, b_s, ws,
+            a, b, c, bias if bias is not None else dummy, a_s, b_s, b_zero if b_int4 else dummy, ws,
             m, n, k, k_per_split,
             a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
             *a_s_strides, *b_s_strides,
             A_SCALE=a_scale_kind, B_SCALE=b_scale_kind, GROUP_K=max(group_k, 1), GROUP_N=group_n,
-            INT_ACC=int_acc, HAS_BIAS=bias is not None, B_E4M3FN_BITS=b.dtype == torch.uint8,
+            INT_ACC=int_acc, HAS_BIAS=bias is not None, B_E4M3FN_BITS=b.dtype == torch.uint8 and not b_int4,
+            B_INT4=b_int4,
             EVEN_K=even_k, SPLIT_K=split, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         )  # fmt: skip
         return _reduce_splits(ws, c, bias, split)
     grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n), split)
     gemm_kernel[grid](
-        a, b, c, bias if bias is not None else dummy, a_s, b_s, ws,
+        a, b, c, bias if bias is not None else dummy, a_s, b_s, b_zero if b_int4 else dummy, ws,
         m, n, k, k_per_split,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         *a_s_strides, *b_s_strides,
         A_SCALE=a_scale_kind, B_SCALE=b_scale_kind, GROUP_K=max(group_k, 1), GROUP_N=group_n,
         E8M0=e8m0, UPCAST_B=upcast_b, INT_ACC=int_acc, HAS_BIAS=bias is not None, IEEE=a.dtype == torch.float32,
-        OPERAND_SCALES=operand_scales, DOT_DTYPE=_TL_DTYPES[dot_dtype], B_E4M3FN_BITS=b.dtype == torch.uint8,
+        OPERAND_SCALES=operand_scales, DOT_DTYPE=_TL_DTYPES[dot_dtype], B_INT4=b_int4,
+        B_E4M3FN_BITS=b.dtype == torch.uint8 and not b_int4,
         EVEN_K=even_k, SPLIT_K=split,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,

@@ -6,8 +6,8 @@ weight rows: the weight tile is loaded straight into registers (K contiguous, wi
 to float32 (int32 for int8 W8A8), multiplied by the row and summed along K. Programs of the same
 weight tile and different rows are adjacent in the grid, so the weight is read from HBM once and
 from L2 by the others. Same operands and scales as `gemm_kernel`: row/column scales in the epilogue,
-K-grouped float32 scales (block-FP8) per K tile (BLOCK_K divides the group), weight-only and
-e4m3fn-bytes weights; K splits write float32 partials that gemm.py's reduce kernel sums. A tile
+K-grouped float32 scales (block-FP8) per K tile (BLOCK_K divides the group), weight-only,
+e4m3fn-bytes and packed int4 weights; K splits write float32 partials that gemm.py's reduce kernel sums. A tile
 table entry asks for it with `GemmTiles(gemv=True)` (block_m unused).
 """
 
@@ -16,17 +16,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tritonllm.kernels.gemm_scales import e4m3fn_bits_to_float, group_scales
+from tritonllm.kernels.gemm_scales import e4m3fn_bits_to_float, group_scales, int4_dequant
 
 
 @triton.jit
 def gemv_kernel(
-    a_ptr, b_ptr, c_ptr, bias_ptr, a_scale_ptr, b_scale_ptr, ws_ptr,
+    a_ptr, b_ptr, c_ptr, bias_ptr, a_scale_ptr, b_scale_ptr, b_zero_ptr, ws_ptr,
     M, N, K, K_PER_SPLIT,
     stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn,
     stride_asm, stride_ask, stride_bsn, stride_bsk,
     A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
-    INT_ACC: tl.constexpr, HAS_BIAS: tl.constexpr, B_E4M3FN_BITS: tl.constexpr,
+    INT_ACC: tl.constexpr, HAS_BIAS: tl.constexpr, B_E4M3FN_BITS: tl.constexpr, B_INT4: tl.constexpr,
     EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
@@ -37,11 +37,13 @@ def gemv_kernel(
     rn = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
     rm = tl.full([1], row, tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
+    PACK: tl.constexpr = B_INT4 + 1  # K values per byte of B (int4: two)
+    offs_kb = tl.arange(0, BLOCK_K // PACK)
     k_start = pid_k * K_PER_SPLIT
     k_end = tl.minimum(K, k_start + K_PER_SPLIT)
-    K_GROUPED: tl.constexpr = A_SCALE == 3 or B_SCALE == 3
+    K_GROUPED: tl.constexpr = (A_SCALE == 3 or B_SCALE == 3) and not B_INT4
     a_ptrs = a_ptr + row.to(tl.int64) * stride_am + (k_start + offs_k) * stride_ak
-    b_ptrs = b_ptr + rn[:, None] * stride_bn + (k_start + offs_k)[None, :] * stride_bk
+    b_ptrs = b_ptr + rn[:, None] * stride_bn + (k_start // PACK + offs_kb)[None, :] * stride_bk
     if INT_ACC:
         acc = tl.zeros((BLOCK_N,), dtype=tl.int32)
     else:
@@ -53,11 +55,14 @@ def gemv_kernel(
         else:
             in_k = k + offs_k < k_end
             a = tl.load(a_ptrs, mask=in_k, other=0.0)
-            b = tl.load(b_ptrs, mask=in_k[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=(k // PACK + offs_kb < k_end // PACK)[None, :], other=0.0)
         if INT_ACC:
             acc += tl.sum(b.to(tl.int32) * a.to(tl.int32)[None, :], axis=1)
         else:
-            if B_E4M3FN_BITS:
+            if B_INT4:  # two values a byte, then (q - zero) * scale of this K tile's group
+                q = tl.reshape(tl.join(b & 0xF, b >> 4), (BLOCK_N, BLOCK_K))
+                b = int4_dequant(q, b_scale_ptr, b_zero_ptr, rn, k // GROUP_K, stride_bsn, stride_bsk, 0)
+            elif B_E4M3FN_BITS:
                 b = e4m3fn_bits_to_float(b)
             part = tl.sum(b.to(tl.float32) * a.to(tl.float32)[None, :], axis=1)
             if K_GROUPED:
@@ -66,7 +71,7 @@ def gemv_kernel(
                 part = part * a_s * b_s
             acc += part
         a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+        b_ptrs += (BLOCK_K // PACK) * stride_bk
 
     out = acc.to(tl.float32)
     if A_SCALE == 1:

@@ -38,3 +38,16 @@ def group_scales(a_scale_ptr, b_scale_ptr, rm, rn, group, stride_asm, stride_ask
         b_s = tl.load(b_scale_ptr + (rn // GROUP_N) * stride_bsn + group * stride_bsk)
         b_s = e8m0_to_float(b_s) if E8M0 else b_s.to(tl.float32)
     return a_s, b_s
+
+
+@triton.jit
+def int4_dequant(q, scale_ptr, zero_ptr, rn, group, stride_sn, stride_sk, N_AXIS: tl.constexpr):
+    """int4 values q (0..15, columns rn along axis N_AXIS of q) -> float32 (q - zero) * scale of K
+    group `group`; scales and zero points float32 [N, K / G] with the same strides."""
+    s = tl.load(scale_ptr + rn * stride_sn + group * stride_sk)
+    z = tl.load(zero_ptr + rn * stride_sn + group * stride_sk)
+    if N_AXIS == 0:
+        w = (q.to(tl.float32) - z[:, None]) * s[:, None]
+    else:
+        w = (q.to(tl.float32) - z[None, :]) * s[None, :]
+    return w

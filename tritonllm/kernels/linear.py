@@ -14,7 +14,7 @@ from tritonllm.kernels.registry import FLOATS, Supports, register
 
 TRITON_FORMATS = frozenset({
     "fp8:channel:token", "fp8:channel:tensor", "fp8:channel:none", "fp8:block:group", "fp8:block:none",
-    "int8:channel:token", "int8:channel:tensor", "int8:channel:none", "mxfp8:mx:mx",
+    "int8:channel:token", "int8:channel:tensor", "int8:channel:none", "mxfp8:mx:mx", "int4:group:none",
 })  # fmt: skip
 LINEAR_SUPPORTS = Supports(dtypes=FLOATS, linear_formats=TRITON_FORMATS, features=frozenset({"split_k"}))
 
@@ -45,7 +45,7 @@ def quantized_linear(
         data = weight.data
         if scheme.is_fp8 and not platform.has_fp8():  # no FP8 conversions here: the kernel decodes bytes
             data = data.view(torch.uint8)
-        y = g.gemm(x2, data, bias, **scales)
+        y = g.gemm(x2, data, bias, b_zero=weight.zeros, **scales)
     elif scheme.act in ("token", "tensor"):
         q, scale = quantize_per_token(x2, scheme.weight_dtype, weight.input_scale)
         y = g.gemm(q, weight.data, bias, a_scale=scale, **scales)

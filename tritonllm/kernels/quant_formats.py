@@ -8,6 +8,11 @@ activations are quantized before the GEMM:
 | channel      | float32 [N] (a per-tensor scale is stored expanded) | FP8/INT8 per-tensor and per-channel       |
 | block        | float32 [cdiv(N, 128), cdiv(K, 128)]               | FP8 block-wise (DeepSeek-V3, Qwen3-FP8)   |
 | mx           | uint8 e8m0 [N, K / 32]: scale = 2 ** (e - 127)     | MXFP8 (OCP microscaling)                  |
+| group        | float32 [N, K / G] scales and zero points          | INT4 weight-only (w = (q - zero) * scale) |
+
+INT4 weights (`weight_dtype` torch.quint4x2, the 4-bit unsigned pair) are stored packed, uint8
+[N, K / 2]: the low nibble holds the even column, the high nibble the odd one; G is the scheme's
+`group_size` along K.
 
 | act    | activations                                                                       |
 |--------|-----------------------------------------------------------------------------------|
@@ -28,7 +33,8 @@ from dataclasses import dataclass
 import torch
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
-WEIGHT_SCALES = ("channel", "block", "mx")
+WEIGHT_SCALES = ("channel", "block", "mx", "group")
+INT4 = torch.quint4x2  # the scheme's marker for packed 4-bit unsigned weights (stored as uint8 pairs)
 ACT_SCHEMES = ("token", "tensor", "group", "mx", "none")
 BLOCK = 128  # block-wise weight scales: 128 x 128; their activation groups: 1 x 128
 MX_GROUP = 32  # OCP microscaling: one e8m0 scale per 32 elements along K
@@ -37,18 +43,23 @@ FLOAT_FORMAT = "float"  # an unquantized layer
 
 @dataclass(frozen=True)
 class QuantScheme:
-    weight_dtype: torch.dtype  # float8_e4m3fn (e4m3fnuz on MI300) or int8
+    weight_dtype: torch.dtype  # float8_e4m3fn (e4m3fnuz on MI300), int8, or INT4 (packed)
     weight_scale: str  # one of WEIGHT_SCALES
     act: str  # one of ACT_SCHEMES
+    group_size: int = 0  # "group" scales: columns of K per scale and zero point
 
     def __post_init__(self) -> None:
-        if self.weight_dtype not in (*FP8_DTYPES, torch.int8):
-            raise ValueError(f"quantized weights are FP8 e4m3 or int8, not {self.weight_dtype}")
+        if self.weight_dtype not in (*FP8_DTYPES, torch.int8, INT4):
+            raise ValueError(f"quantized weights are FP8 e4m3, int8 or int4, not {self.weight_dtype}")
+        if (self.weight_dtype == INT4) != (self.weight_scale == "group"):
+            raise ValueError("int4 weights, and only they, take per-group scales and zero points")
+        if self.weight_scale == "group" and (self.group_size <= 0 or self.group_size % 2):
+            raise ValueError(f"int4 group size {self.group_size}: a positive even number of columns")
         if self.weight_scale not in WEIGHT_SCALES or self.act not in ACT_SCHEMES:
             raise ValueError(
                 f"weight_scale {self.weight_scale!r} / act {self.act!r}: not {WEIGHT_SCALES} / {ACT_SCHEMES}"
             )
-        pairs = {"block": ("group", "none"), "mx": ("mx",), "channel": ("token", "tensor", "none")}
+        pairs = {"block": ("group", "none"), "mx": ("mx",), "channel": ("token", "tensor", "none"), "group": ("none",)}
         if self.act not in pairs[self.weight_scale]:
             raise ValueError(
                 f"{self.weight_scale} weight scales go with activations {pairs[self.weight_scale]}, not {self.act!r}"
@@ -61,8 +72,12 @@ class QuantScheme:
         return self.weight_dtype in FP8_DTYPES
 
     @property
+    def is_int4(self) -> bool:
+        return self.weight_dtype == INT4
+
+    @property
     def format_name(self) -> str:
-        kind = "mxfp8" if self.weight_scale == "mx" else ("fp8" if self.is_fp8 else "int8")
+        kind = "mxfp8" if self.weight_scale == "mx" else ("fp8" if self.is_fp8 else ("int4" if self.is_int4 else "int8"))
         return f"{kind}:{self.weight_scale}:{self.act}"
 
     def activation_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
@@ -75,13 +90,16 @@ class QuantizedWeight:
     """A layer's quantized weight as the kernels read it (layouts in the module docstring)."""
 
     scheme: QuantScheme
-    data: torch.Tensor  # [N, K] in scheme.weight_dtype
+    data: torch.Tensor  # [N, K] in scheme.weight_dtype (int4: uint8 [N, K / 2], two values a byte)
     scale: torch.Tensor  # see the table above
     input_scale: torch.Tensor | None = None  # float32 [1]: the static activation scale (act "tensor")
+    zeros: torch.Tensor | None = None  # float32 [N, K / G]: int4's zero points, in quantized units
 
     @property
     def shape(self) -> tuple[int, int]:
-        return tuple(self.data.shape)
+        """[N, K] of the matrix it stands for."""
+        n, k = self.data.shape
+        return (n, 2 * k) if self.scheme.is_int4 else (n, k)
 
 
 @dataclass
@@ -99,5 +117,17 @@ class QuantizedActivation:
 
 
 def qmax(dtype: torch.dtype) -> float:
-    """The largest magnitude a quantized value of `dtype` holds (int8: 127, symmetric)."""
-    return 127.0 if dtype == torch.int8 else float(torch.finfo(dtype).max)
+    """The largest magnitude a quantized value of `dtype` holds (int8: 127, symmetric; int4: 15,
+    unsigned with a zero point)."""
+    return {torch.int8: 127.0, INT4: 15.0}.get(dtype) or float(torch.finfo(dtype).max)
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """[N, K] integers in 0..15 -> uint8 [N, K / 2], the even column in the low nibble."""
+    q = q.to(torch.uint8)
+    return q[:, 0::2] | (q[:, 1::2] << 4)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, K / 2] -> uint8 [N, K] values 0..15 (pack_int4's inverse)."""
+    return torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(packed.shape[0], -1)

@@ -11,7 +11,15 @@ import torch
 import torch.nn.functional as F
 
 from tritonllm.kernels.quant import E4M3_EMAX, EPS
-from tritonllm.kernels.quant_formats import BLOCK, MX_GROUP, QuantizedActivation, QuantizedWeight, QuantScheme, qmax
+from tritonllm.kernels.quant_formats import (
+    BLOCK,
+    MX_GROUP,
+    QuantizedActivation,
+    QuantizedWeight,
+    QuantScheme,
+    qmax,
+    unpack_int4,
+)
 from tritonllm.kernels.registry import Supports, register
 
 # every reference is the "torch_ref" implementation of its op: any dtype, platform, head size.
@@ -339,6 +347,10 @@ def dequantize_activation(q: torch.Tensor, scale: torch.Tensor, scheme: QuantSch
 def dequantize_weight(weight: QuantizedWeight) -> torch.Tensor:
     """The float32 [N, K] matrix a quantized weight stands for (quant_formats.py's layouts)."""
     data, scale, kind = weight.data.float(), weight.scale, weight.scheme.weight_scale
+    if kind == "group":  # int4: (q - zero) * scale per row and group of columns
+        q = unpack_int4(weight.data).float()
+        g = weight.scheme.group_size
+        return (q - weight.zeros.float().repeat_interleave(g, 1)) * scale.float().repeat_interleave(g, 1)
     if kind == "channel":
         return data * scale.float().reshape(-1, 1)
     if kind == "mx":

@@ -13,8 +13,9 @@ Read as published:
   (`input_scale`) or absent (weight-only W8A16); `ignore` lists names or "re:" patterns.
 Anything else (GPTQ, AWQ, 4-bit, asymmetric, other strategies) is refused at load, by name.
 
-Online: `quantization="fp8"` (per-channel weights, per-token activations), `"int8"` (same, int8)
-or `"mxfp8"` (OCP MX on both operands); lm_head stays in the model's dtype, as vLLM does.
+Online: `quantization="fp8"` (per-channel weights, per-token activations), `"int8"` (same, int8),
+`"mxfp8"` (OCP MX on both operands) or `"int4"` (weight-only W4A16: asymmetric int4 per 128
+columns, packed two a byte); lm_head stays in the model's dtype, as vLLM does.
 GPUs without FP8 (NVIDIA before compute capability 8.9) run FP8 checkpoints weight-only: the GEMM
 decodes the e4m3 bytes and multiplies in the activations' dtype (logged).
 """
@@ -29,11 +30,12 @@ from typing import Any
 import torch
 
 from tritonllm import platform
-from tritonllm.kernels.quant_formats import BLOCK, QuantScheme
+from tritonllm.kernels.quant_formats import BLOCK, INT4, QuantScheme
 
 logger = logging.getLogger(__name__)
 
-ONLINE_METHODS = ("fp8", "int8", "mxfp8")
+ONLINE_METHODS = ("fp8", "int8", "mxfp8", "int4")
+INT4_GROUP = 128  # online int4: asymmetric, one scale and zero point per 128 columns
 CHECKPOINT_METHODS = ("fp8", "compressed-tensors")
 
 
@@ -184,6 +186,8 @@ def _compressed_tensors_method(qc: dict[str, Any]) -> QuantConfig:
 def _online_method(method: str) -> QuantConfig:
     if method == "int8":
         scheme = QuantScheme(torch.int8, "channel", "token")
+    elif method == "int4":
+        scheme = QuantScheme(INT4, "group", "none", group_size=INT4_GROUP)
     elif method == "fp8":
         scheme = QuantScheme(_fp8(), "channel", _act_on_this_gpu("token", "quantization='fp8'"))
     else:
