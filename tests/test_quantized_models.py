@@ -56,7 +56,8 @@ def _compare(name: str, got, want, bounds: tuple[float, float]) -> None:
 def test_checkpoint_in_published_layout_tracks_the_float_model(layout, fitted, float_run, tmp_path) -> None:
     folder = export_quantized(fitted, tmp_path / layout, layout, CALIBRATION)
     got = _run(str(folder), kv_cache_dtype="fp8" if layout == "ct-fp8-static" else "auto")
-    _compare(layout, got, float_run, BOUNDS["int8" if "int8" in layout else "fp8"])
+    kind = "int4" if layout.startswith("gptq") else ("int8" if "int8" in layout else "fp8")
+    _compare(layout, got, float_run, BOUNDS[kind])
 
 
 @pytest.mark.parametrize("method", ["fp8", "int8", "mxfp8", "int4"])
@@ -111,7 +112,9 @@ def _rewrite_config(folder, **quantization_config) -> None:
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(quant_method="gptq", bits=4), "the checkpoint's quant_method 'gptq' is not supported"),
+        (dict(quant_method="awq", bits=4), "the checkpoint's quant_method 'awq' is not supported"),
+        (dict(quant_method="gptq", bits=8, group_size=128), "GPTQ with bits=8 is not supported"),
+        (dict(quant_method="gptq", bits=4, group_size=128, lm_head=True), "quantized lm_head is not supported"),
         (dict(weight_block_size=[64, 64]), r"weight_block_size \[64, 64\] is not supported"),
         (dict(activation_scheme="weird"), "activation_scheme 'weird' is not supported"),
     ],
@@ -157,3 +160,44 @@ def test_checkpoint_kv_cache_scales_are_used_by_an_fp8_cache(fitted, tmp_path) -
     llm = LLM(model=str(folder), max_model_len=64, kv_cache_dtype="fp8")
     attn = llm.llm_engine.model.model.layers[0].self_attn.attn
     assert attn.k_scale.item() == pytest.approx(float(stored)) and attn.k_scale.item() != 1.0
+
+
+def test_gptq_layer_shards_with_different_act_orders_are_refused(fitted, tmp_path) -> None:
+    """q/k/v share their input, so GPTQ gives them one act order; a checkpoint whose shards differ
+    is refused naming the tensor, and a truncated qweight names itself."""
+    folder = export_quantized(fitted, tmp_path / "q", "gptq-g32-act-order")
+    tensors = load_file(folder / "model.safetensors")
+    tensors["model.layers.0.self_attn.k_proj.g_idx"] = tensors["model.layers.0.self_attn.k_proj.g_idx"].flip(0)
+    save_file(tensors, str(folder / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"self_attn\.[qkv]_proj\.g_idx: .*different act orders"):
+        LLM(model=str(folder), max_model_len=64)
+    tensors = load_file(folder / "model.safetensors")
+    tensors["model.layers.0.self_attn.k_proj.g_idx"] = tensors["model.layers.0.self_attn.q_proj.g_idx"].clone()
+    tensors["model.layers.1.mlp.down_proj.qweight"] = tensors["model.layers.1.mlp.down_proj.qweight"][:-1]
+    save_file(tensors, str(folder / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"down_proj\.qweight: qweight: the checkpoint's shape \(63, 256\)"):
+        LLM(model=str(folder), max_model_len=64)
+
+
+@pytest.mark.parametrize("layout", ["gptq-g32-act-order", "gptq-channel-v2"])
+def test_gptq_weights_dequantize_as_autogptq_defines_them(layout, fitted, tmp_path) -> None:
+    """The loaded int4 weight (unpacked, sorted by act order) dequantizes to what AutoGPTQ's formula
+    reads from the published tensors: w[n, k] = (q[k, n] - (zero[g, n] + 1)) * scale[g, n] with
+    g = g_idx[k] (no + 1 for gptq_v2), q and zero eight 4-bit fields an int32, lowest bits first."""
+    from tritonllm.kernels import reference
+
+    folder = export_quantized(fitted, tmp_path / "q", layout)
+    tensors = load_file(folder / "model.safetensors")
+    prefix = "model.layers.1.mlp.down_proj"
+    qweight, qzeros = tensors[f"{prefix}.qweight"].long(), tensors[f"{prefix}.qzeros"].long()
+    scales, g_idx = tensors[f"{prefix}.scales"].float(), tensors[f"{prefix}.g_idx"].long()
+    k, n = qweight.shape[0] * 8, qweight.shape[1]
+    ks, ns = torch.arange(k), torch.arange(n)
+    q = (qweight[ks // 8] >> (4 * (ks % 8))[:, None]) & 15  # [K, N]
+    zero = (qzeros[:, ns // 8] >> (4 * (ns % 8))[None, :]) & 15  # [G, N]
+    zero = zero + (1 if layout != "gptq-channel-v2" else 0)
+    expected = ((q - zero[g_idx]) * scales[g_idx]).T  # [N, K]
+    llm = LLM(model=str(folder), max_model_len=64)
+    layer = llm.llm_engine.model.model.layers[1].mlp.down_proj
+    assert torch.equal(reference.dequantize_weight(layer.gptq), expected)
+    assert (layer.gptq.perm is not None) == (layout == "gptq-g32-act-order")

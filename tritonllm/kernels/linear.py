@@ -41,6 +41,8 @@ def quantized_linear(
     if isinstance(x, QuantizedActivation):
         return g.gemm(x.data, weight.data, bias, a_scale=x.scale, **scales)
     x2 = _rows(x)
+    if weight.perm is not None:  # GPTQ act order: the weight's columns were sorted by group at load
+        x2 = x2.index_select(1, weight.perm)
     if scheme.act == "none":  # weight-only: the weight tile is widened to x's dtype in the kernel
         data = weight.data
         if scheme.is_fp8 and not platform.has_fp8():  # no FP8 conversions here: the kernel decodes bytes

@@ -46,15 +46,15 @@ class QuantScheme:
     weight_dtype: torch.dtype  # float8_e4m3fn (e4m3fnuz on MI300), int8, or INT4 (packed)
     weight_scale: str  # one of WEIGHT_SCALES
     act: str  # one of ACT_SCHEMES
-    group_size: int = 0  # "group" scales: columns of K per scale and zero point
+    group_size: int = 0  # "group" scales: columns of K per scale and zero point (-1: K, set per layer)
 
     def __post_init__(self) -> None:
         if self.weight_dtype not in (*FP8_DTYPES, torch.int8, INT4):
             raise ValueError(f"quantized weights are FP8 e4m3, int8 or int4, not {self.weight_dtype}")
         if (self.weight_dtype == INT4) != (self.weight_scale == "group"):
             raise ValueError("int4 weights, and only they, take per-group scales and zero points")
-        if self.weight_scale == "group" and (self.group_size <= 0 or self.group_size % 2):
-            raise ValueError(f"int4 group size {self.group_size}: a positive even number of columns")
+        if self.weight_scale == "group" and self.group_size != -1 and (self.group_size <= 0 or self.group_size % 2):
+            raise ValueError(f"int4 group size {self.group_size}: a positive even number of columns (-1: all of K)")
         if self.weight_scale not in WEIGHT_SCALES or self.act not in ACT_SCHEMES:
             raise ValueError(
                 f"weight_scale {self.weight_scale!r} / act {self.act!r}: not {WEIGHT_SCALES} / {ACT_SCHEMES}"
@@ -94,6 +94,9 @@ class QuantizedWeight:
     scale: torch.Tensor  # see the table above
     input_scale: torch.Tensor | None = None  # float32 [1]: the static activation scale (act "tensor")
     zeros: torch.Tensor | None = None  # float32 [N, K / G]: int4's zero points, in quantized units
+    # int64 [K]: data's columns are the input's columns in this order (GPTQ act order, sorted by
+    # group at load); the activations are permuted the same way before the GEMM
+    perm: torch.Tensor | None = None
 
     @property
     def shape(self) -> tuple[int, int]:

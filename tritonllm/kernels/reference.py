@@ -350,7 +350,10 @@ def dequantize_weight(weight: QuantizedWeight) -> torch.Tensor:
     if kind == "group":  # int4: (q - zero) * scale per row and group of columns
         q = unpack_int4(weight.data).float()
         g = weight.scheme.group_size
-        return (q - weight.zeros.float().repeat_interleave(g, 1)) * scale.float().repeat_interleave(g, 1)
+        w = (q - weight.zeros.float().repeat_interleave(g, 1)) * scale.float().repeat_interleave(g, 1)
+        if weight.perm is not None:  # columns stored in act order: back to the input's order
+            w = torch.empty_like(w).index_copy_(1, weight.perm, w)
+        return w
     if kind == "channel":
         return data * scale.float().reshape(-1, 1)
     if kind == "mx":

@@ -11,7 +11,9 @@ Read as published:
   `naive-quantized` (INT8): `config_groups` whose `weights` are 8-bit symmetric with strategy
   tensor, channel or block, and whose `input_activations` are dynamic per token, static per tensor
   (`input_scale`) or absent (weight-only W8A16); `ignore` lists names or "re:" patterns.
-Anything else (GPTQ, AWQ, 4-bit, asymmetric, other strategies) is refused at load, by name.
+- `quant_method: "gptq"`: 4-bit GPTQ (quantization/gptq.py), groups, act order, both zero formats.
+Anything else (8-bit GPTQ, AWQ, other 4-bit formats, asymmetric 8-bit, other strategies) is refused
+at load, by name.
 
 Online: `quantization="fp8"` (per-channel weights, per-token activations), `"int8"` (same, int8),
 `"mxfp8"` (OCP MX on both operands) or `"int4"` (weight-only W4A16: asymmetric int4 per 128
@@ -36,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 ONLINE_METHODS = ("fp8", "int8", "mxfp8", "int4")
 INT4_GROUP = 128  # online int4: asymmetric, one scale and zero point per 128 columns
-CHECKPOINT_METHODS = ("fp8", "compressed-tensors")
+CHECKPOINT_METHODS = ("fp8", "compressed-tensors", "gptq")
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class LayerQuant:
     scale_name: str = "weight_scale"  # the checkpoint's tensor of weight scales ("weight_scale_inv": block FP8)
     static_input: bool = False  # the checkpoint carries `input_scale` (act "tensor")
     checkpoint_dtype: torch.dtype | None = None  # the weight's dtype on disk (e4m3fn on MI300: converted)
+    zero_offset: int = 0  # GPTQ: added to the stored zero points (1 in the original format, which stores zero - 1)
 
 
 @dataclass
@@ -183,6 +186,25 @@ def _compressed_tensors_method(qc: dict[str, Any]) -> QuantConfig:
     return config
 
 
+def _gptq_method(qc: dict) -> QuantConfig:
+    """GPTQ (quantization/gptq.py): 4-bit, any group size (-1: one group per row), act order or
+    not, symmetric or not, zero points in the original (zero - 1) or the v2 format."""
+    bits, group = qc.get("bits"), qc.get("group_size", 128)
+    if bits != 4:
+        raise ValueError(f"GPTQ with bits={bits} is not supported (4-bit GPTQ is)")
+    if not (group == -1 or (isinstance(group, int) and group > 0 and group % 2 == 0)):
+        raise ValueError(f"GPTQ group_size={group} is not supported (-1 or a positive even number)")
+    if qc.get("lm_head"):
+        raise ValueError("GPTQ with a quantized lm_head is not supported")
+    fmt = qc.get("checkpoint_format", "gptq")
+    if fmt not in ("gptq", "gptq_v2"):
+        raise ValueError(f"GPTQ checkpoint_format {fmt!r} is not supported ('gptq', 'gptq_v2')")
+    scheme = QuantScheme(INT4, "group", "none", group_size=group)
+    layer = LayerQuant(scheme, False, zero_offset=1 if fmt == "gptq" else 0)
+    skipped = qc.get("modules_to_not_convert") or []
+    return QuantConfig("gptq", layer, ignore=_names(["lm_head", *skipped]))
+
+
 def _online_method(method: str) -> QuantConfig:
     if method == "int8":
         scheme = QuantScheme(torch.int8, "channel", "token")
@@ -213,6 +235,8 @@ def quant_config(hf_config: Any, quantization: str | None) -> QuantConfig | None
             return _fp8_method(qc)
         if method == "compressed-tensors":
             return _compressed_tensors_method(qc)
+        if method == "gptq":
+            return _gptq_method(qc)
         raise ValueError(
             f"the checkpoint's quant_method {method!r} is not supported (supported: {', '.join(CHECKPOINT_METHODS)})"
         )

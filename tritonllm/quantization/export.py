@@ -13,6 +13,10 @@ Layouts (quantization/config.py reads them back):
   per-token activations), with the all-zero `weight_zero_point` some exports carry.
 - ct-int8-w8a16: compressed-tensors int-quantized, per-channel int8 weights, no activation
   quantization.
+- gptq-g32-act-order / gptq-g128 / gptq-channel-v2: `quant_method: gptq`, 4-bit (quantization/gptq.py):
+  128- or 32-column groups, the latter with act order (desc_act, a fixed permutation of K per
+  layer input) and zero points in the original format (zero - 1); the last per-channel (group_size
+  -1) with "gptq_v2" zero points.
 Static scales (input_scale, k/v scales) are calibrated on `calibration` prompts through HF
 transformers' own model: amax / 448 of each layer's inputs (K/V: of k_proj / v_proj outputs).
 """
@@ -28,10 +32,13 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from tritonllm.kernels.quant_formats import QuantScheme
+from tritonllm.quantization.gptq import gptq_tensors
 from tritonllm.quantization.quantize import quantize_weight
 
 LAYOUTS = ("fp8-block", "fp8-tensor", "fp8-tensor-static", "ct-fp8-channel", "ct-fp8-static", "ct-int8-channel",
-           "ct-int8-w8a16")  # fmt: skip
+           "ct-int8-w8a16", "gptq-g32-act-order", "gptq-g128", "gptq-channel-v2")  # fmt: skip
+# GPTQ layouts: (group_size, act order, checkpoint_format)
+_GPTQ = {"gptq-g32-act-order": (32, True, "gptq"), "gptq-g128": (128, False, "gptq"), "gptq-channel-v2": (-1, False, "gptq_v2")}
 _LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 FP8 = torch.float8_e4m3fn  # checkpoints are published in e4m3fn (MI300 converts at load)
 
@@ -42,6 +49,10 @@ def _ct_args(kind: str, strategy: str, **extra: object) -> dict:
 
 
 def _quantization_config(layout: str) -> dict:
+    if layout in _GPTQ:
+        group, act_order, fmt = _GPTQ[layout]
+        return {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": act_order, "sym": False,
+                "checkpoint_format": fmt, "lm_head": False}  # fmt: skip
     if layout.startswith("fp8-"):
         qc = {
             "quant_method": "fp8",
@@ -110,7 +121,13 @@ def export_quantized(src: str | Path, dst: str | Path, layout: str, calibration:
         if not (name.endswith(".weight") and module.endswith(_LINEARS)):
             out[name] = t
             continue
-        if layout == "fp8-block":
+        if layout in _GPTQ:
+            group, act_order, fmt = _GPTQ[layout]
+            k = t.shape[1]  # act order: a fixed permutation per input width (one per layer input, as GPTQ's)
+            order = torch.randperm(k, generator=torch.Generator().manual_seed(k)) if act_order else None
+            for suffix, tensor in gptq_tensors(t.float(), group, order, v1_zeros=fmt == "gptq").items():
+                out[f"{module}.{suffix}"] = tensor
+        elif layout == "fp8-block":
             q = quantize_weight(t, QuantScheme(FP8, "block", "group"))
             out[name], out[f"{module}.weight_scale_inv"] = q.data, q.scale
         elif layout in ("fp8-tensor", "fp8-tensor-static", "ct-fp8-static"):

@@ -21,6 +21,7 @@ from torch import nn
 
 from tritonllm.kernels.quant_formats import BLOCK, QuantizedWeight
 from tritonllm.quantization.config import LayerQuant
+from tritonllm.quantization.gptq import GPTQMethod
 from tritonllm.quantization.quantize import quantize_weight
 
 Shard = tuple[int, int, int]  # (first output row, rows, index of the shard)
@@ -151,4 +152,6 @@ def make_method(layer_quant: LayerQuant | None):
         return UnquantizedMethod()
     if layer_quant.online:
         return OnlineQuantMethod(layer_quant)
+    if layer_quant.scheme.is_int4:  # 4-bit checkpoints: GPTQ's layout
+        return GPTQMethod(layer_quant)
     return CheckpointQuantMethod(layer_quant)

@@ -1,0 +1,152 @@
+"""GPTQ checkpoints (`quant_method: "gptq"`, AutoGPTQ / GPTQModel layout), 4-bit, read as published
+and converted once at load into the kernels' int4 layout (kernels/quant_formats.py).
+
+Published tensors of a linear layer with N outputs and K inputs, G columns a group (K when
+`group_size` is -1), b = 4 bits:
+- `qweight` int32 [K * b / 32, N]: eight 4-bit values of consecutive input columns per int32, the
+  first in the lowest bits;
+- `qzeros` int32 [K / G, N * b / 32]: the zero points, packed the same way along N;
+- `scales` float16 [K / G, N];
+- `g_idx` int32 [K]: the group of each input column (not k // G with `desc_act`: act order).
+w[n, k] = (q - zero) * scale of group g_idx[k]. Checkpoints in the original format
+(`checkpoint_format` "gptq", the default) store zero - 1; "gptq_v2" stores the zero itself.
+
+At load: the values are unpacked to [N, K] and packed two a byte; with act order, the input columns
+are sorted by group once (the groups are then contiguous runs of G) and the layer permutes its
+activations' columns the same way before the GEMM. Fused layers (q/k/v, gate/up) share their input,
+so GPTQ's act order (from the input's statistics) gives their shards one g_idx; shards that differ
+are refused.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tritonllm.kernels.quant_formats import QuantizedWeight, QuantScheme, pack_int4
+from tritonllm.quantization.config import LayerQuant
+
+BITS = 4
+PER_INT32 = 32 // BITS
+
+
+def unpack_int32(packed: torch.Tensor, dim: int) -> torch.Tensor:
+    """int32 words holding eight 4-bit values (the first in the lowest bits) -> the values, unpacked
+    along `dim` (0: qweight's K, 1: qzeros' N), as int16 0..15."""
+    shifts = torch.arange(0, 32, BITS, dtype=torch.int32, device=packed.device)
+    if dim == 0:
+        values = (packed[:, None, :] >> shifts[None, :, None]) & 0xF
+        return values.reshape(-1, packed.shape[1]).to(torch.int16)
+    values = (packed[:, :, None] >> shifts[None, None, :]) & 0xF
+    return values.reshape(packed.shape[0], -1).to(torch.int16)
+
+
+def pack_int32(values: torch.Tensor, dim: int) -> torch.Tensor:
+    """unpack_int32's inverse: 4-bit values (0..15) packed eight to an int32 along `dim`."""
+    v = values.to(torch.int64)
+    shifts = torch.arange(0, 32, BITS, dtype=torch.int64)
+    if dim == 0:
+        words = (v.view(-1, PER_INT32, v.shape[1]) << shifts[None, :, None]).sum(1)
+    else:
+        words = (v.view(v.shape[0], -1, PER_INT32) << shifts[None, None, :]).sum(2)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)  # the same 32 bits, signed
+
+
+class GPTQMethod:
+    """A layer stored as GPTQ tensors; assembled into a QuantizedWeight (int4, per-group scales
+    and zero points, optional input-column permutation) once every shard is in."""
+
+    input_quant_fusable = False
+
+    def __init__(self, layer_quant: LayerQuant) -> None:
+        self.layer_quant = layer_quant
+        self.scheme = layer_quant.scheme
+        self.format_name = layer_quant.scheme.format_name
+
+    def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
+        group = self.scheme.group_size if self.scheme.group_size > 0 else in_features
+        if in_features % group or in_features % PER_INT32 or out_features % PER_INT32:
+            raise ValueError(
+                f"GPTQ layer [{out_features}, {in_features}]: K must be a multiple of the group size ({group}) "
+                f"and K and N of {PER_INT32}"
+            )
+        groups = in_features // group
+        layer.qweight = nn.Parameter(torch.empty(in_features // PER_INT32, out_features, dtype=torch.int32), False)
+        layer.qzeros = nn.Parameter(torch.empty(groups, out_features // PER_INT32, dtype=torch.int32), False)
+        layer.scales = nn.Parameter(torch.empty(groups, out_features, dtype=torch.float32), False)
+        layer.g_idx = nn.Parameter(torch.full((in_features,), -1, dtype=torch.int32), False)
+        layer.gptq_group = group
+
+    def load(self, layer: nn.Module, name: str, loaded: torch.Tensor, shard: tuple[int, int, int]) -> None:
+        first, rows, _ = shard
+        if name in ("qweight", "scales"):
+            _copy(getattr(layer, name).data.narrow(1, first, rows), loaded, name)
+        elif name == "qzeros":
+            if first % PER_INT32 or rows % PER_INT32:
+                raise ValueError(f"{name}: a fused shard at rows {first}..{first + rows} splits a packed zero word")
+            _copy(layer.qzeros.data.narrow(1, first // PER_INT32, rows // PER_INT32), loaded, name)
+        elif name == "g_idx":
+            g_idx = layer.g_idx.data
+            if (g_idx >= 0).any() and not torch.equal(g_idx, loaded.to(g_idx.dtype)):
+                raise ValueError(f"{name}: the fused shards of one input have different act orders")
+            _copy(g_idx, loaded, name)
+        elif name == "bias":
+            _copy(layer.bias.data.narrow(0, first, rows), loaded, name)
+        else:
+            raise ValueError(f"{name}: no such tensor in a GPTQ layer (qweight, qzeros, scales, g_idx, bias)")
+
+    def finish_loading(self, layer: nn.Module) -> None:
+        q = unpack_int32(layer.qweight.data, 0).T  # [N, K]
+        zeros = (unpack_int32(layer.qzeros.data, 1) + self.layer_quant.zero_offset).T.float().contiguous()
+        scales = layer.scales.data.T.float().contiguous()
+        k, group = q.shape[1], layer.gptq_group
+        g_idx = layer.g_idx.data
+        if (g_idx < 0).any():  # no g_idx in the checkpoint: groups in column order
+            g_idx = torch.arange(k, dtype=torch.int32, device=q.device) // group
+        perm = None
+        if not torch.equal(g_idx, torch.arange(k, dtype=g_idx.dtype, device=g_idx.device) // group):
+            counts = torch.bincount(g_idx.long(), minlength=k // group)
+            if (counts != group).any():
+                raise ValueError(f"g_idx: every group must hold {group} columns, got counts {counts.tolist()[:8]}...")
+            perm = torch.argsort(g_idx, stable=True)
+            q = q[:, perm]
+        scheme = QuantScheme(self.scheme.weight_dtype, "group", "none", group_size=group)
+        layer.gptq = QuantizedWeight(scheme, pack_int4(q.contiguous()), scales, zeros=zeros, perm=perm)
+        for name in ("qweight", "qzeros", "scales", "g_idx"):
+            delattr(layer, name)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return layer.kernels.quantized_linear(x, layer.gptq, layer.bias)
+
+
+def _copy(param: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
+    if param.shape != loaded.shape:
+        raise ValueError(f"{name}: the checkpoint's shape {tuple(loaded.shape)} is not the model's {tuple(param.shape)}")
+    param.copy_(loaded)
+
+
+def gptq_tensors(
+    weight: torch.Tensor, group_size: int, act_order: torch.Tensor | None = None, v1_zeros: bool = True
+) -> dict[str, torch.Tensor]:
+    """A float weight [N, K] as GPTQ's published tensors (round-to-nearest per group, asymmetric;
+    with `act_order`, a permutation of the K columns, the groups follow it as GPTQ's desc_act does):
+    the tests' fixtures. Zeros are stored minus 1 in the original format (`v1_zeros`)."""
+    from tritonllm.quantization.quantize import quantize_weight  # the int4 rule, applied in act order
+    from tritonllm.kernels.quant_formats import INT4, unpack_int4
+
+    n, k = weight.shape
+    group = group_size if group_size > 0 else k
+    order = act_order if act_order is not None else torch.arange(k)
+    qw = quantize_weight(weight[:, order], QuantScheme(INT4, "group", "none", group_size=group))
+    q_sorted = unpack_int4(qw.data).to(torch.int16)
+    q = torch.empty_like(q_sorted)
+    q[:, order] = q_sorted  # back to column order
+    g_idx = torch.empty(k, dtype=torch.int32)
+    g_idx[order] = (torch.arange(k) // group).to(torch.int32)
+    zeros = qw.zeros.T.to(torch.int16) - (1 if v1_zeros else 0)  # [K / G, N]
+    return {
+        "qweight": pack_int32(q.T.contiguous(), 0),
+        "qzeros": pack_int32(zeros.clamp(min=0), 1),
+        "scales": qw.scale.T.to(torch.float16).contiguous(),
+        "g_idx": g_idx,
+    }
