@@ -56,7 +56,7 @@ def _compare(name: str, got, want, bounds: tuple[float, float]) -> None:
 def test_checkpoint_in_published_layout_tracks_the_float_model(layout, fitted, float_run, tmp_path) -> None:
     folder = export_quantized(fitted, tmp_path / layout, layout, CALIBRATION)
     got = _run(str(folder), kv_cache_dtype="fp8" if layout == "ct-fp8-static" else "auto")
-    kind = "int4" if layout.startswith("gptq") else ("int8" if "int8" in layout else "fp8")
+    kind = "int4" if layout.startswith(("gptq", "awq")) else ("int8" if "int8" in layout else "fp8")
     _compare(layout, got, float_run, BOUNDS[kind])
 
 
@@ -112,7 +112,8 @@ def _rewrite_config(folder, **quantization_config) -> None:
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(quant_method="awq", bits=4), "the checkpoint's quant_method 'awq' is not supported"),
+        (dict(quant_method="awq", bits=4, version="gemv"), "AWQ with bits=4, zero_point=True, version=.gemv. is not supported"),
+        (dict(quant_method="marlin"), "the checkpoint.s quant_method .marlin. is not supported"),
         (dict(quant_method="gptq", bits=8, group_size=128), "GPTQ with bits=8 is not supported"),
         (dict(quant_method="gptq", bits=4, group_size=128, lm_head=True), "quantized lm_head is not supported"),
         (dict(weight_block_size=[64, 64]), r"weight_block_size \[64, 64\] is not supported"),
@@ -201,3 +202,26 @@ def test_gptq_weights_dequantize_as_autogptq_defines_them(layout, fitted, tmp_pa
     layer = llm.llm_engine.model.model.layers[1].mlp.down_proj
     assert torch.equal(reference.dequantize_weight(layer.gptq), expected)
     assert (layer.gptq.perm is not None) == (layout == "gptq-g32-act-order")
+
+
+def test_awq_weights_dequantize_as_autoawq_defines_them(fitted, tmp_path) -> None:
+    """AWQ's GEMM packing: bits 4i..4i+3 of qweight[k, c] hold output column 8c + (0, 2, 4, 6, 1, 3,
+    5, 7)[i]; qzeros alike; w[n, k] = (q - zero) * scale of group k // G (zero points as stored)."""
+    from tritonllm.kernels import reference
+
+    folder = export_quantized(fitted, tmp_path / "q", "awq-g128")
+    tensors = load_file(folder / "model.safetensors")
+    prefix = "model.layers.0.self_attn.k_proj"
+    qweight, qzeros = tensors[f"{prefix}.qweight"].long(), tensors[f"{prefix}.qzeros"].long()
+    scales = tensors[f"{prefix}.scales"].float()
+    k, n = qweight.shape[0], qweight.shape[1] * 8
+    nibble = torch.tensor([0, 4, 1, 5, 2, 6, 3, 7])  # the nibble that holds column j of each eight
+    ns = torch.arange(n)
+    q = (qweight[:, ns // 8] >> (4 * nibble[ns % 8])[None, :]) & 15  # [K, N]
+    zero = (qzeros[:, ns // 8] >> (4 * nibble[ns % 8])[None, :]) & 15  # [G, N]
+    groups = torch.arange(k) // 128
+    expected = ((q - zero[groups]) * scales[groups]).T
+    llm = LLM(model=str(folder), max_model_len=64)
+    qkv = llm.llm_engine.model.model.layers[0].self_attn.qkv_proj
+    first, rows = qkv.shard_offsets["k"]
+    assert torch.equal(reference.dequantize_weight(qkv.gptq)[first : first + rows], expected)

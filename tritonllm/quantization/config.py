@@ -12,8 +12,9 @@ Read as published:
   tensor, channel or block, and whose `input_activations` are dynamic per token, static per tensor
   (`input_scale`) or absent (weight-only W8A16); `ignore` lists names or "re:" patterns.
 - `quant_method: "gptq"`: 4-bit GPTQ (quantization/gptq.py), groups, act order, both zero formats.
-Anything else (8-bit GPTQ, AWQ, other 4-bit formats, asymmetric 8-bit, other strategies) is refused
-at load, by name.
+- `quant_method: "awq"`: 4-bit AWQ, GEMM version (quantization/awq.py).
+Anything else (8-bit GPTQ, other AWQ versions, other 4-bit formats, asymmetric 8-bit, other
+strategies) is refused at load, by name.
 
 Online: `quantization="fp8"` (per-channel weights, per-token activations), `"int8"` (same, int8),
 `"mxfp8"` (OCP MX on both operands) or `"int4"` (weight-only W4A16: asymmetric int4 per 128
@@ -38,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 ONLINE_METHODS = ("fp8", "int8", "mxfp8", "int4")
 INT4_GROUP = 128  # online int4: asymmetric, one scale and zero point per 128 columns
-CHECKPOINT_METHODS = ("fp8", "compressed-tensors", "gptq")
+CHECKPOINT_METHODS = ("fp8", "compressed-tensors", "gptq", "awq")
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class LayerQuant:
     static_input: bool = False  # the checkpoint carries `input_scale` (act "tensor")
     checkpoint_dtype: torch.dtype | None = None  # the weight's dtype on disk (e4m3fn on MI300: converted)
     zero_offset: int = 0  # GPTQ: added to the stored zero points (1 in the original format, which stores zero - 1)
+    packing: str = ""  # 4-bit checkpoints: "gptq" or "awq" (how qweight / qzeros are packed)
 
 
 @dataclass
@@ -200,9 +202,25 @@ def _gptq_method(qc: dict) -> QuantConfig:
     if fmt not in ("gptq", "gptq_v2"):
         raise ValueError(f"GPTQ checkpoint_format {fmt!r} is not supported ('gptq', 'gptq_v2')")
     scheme = QuantScheme(INT4, "group", "none", group_size=group)
-    layer = LayerQuant(scheme, False, zero_offset=1 if fmt == "gptq" else 0)
+    layer = LayerQuant(scheme, False, zero_offset=1 if fmt == "gptq" else 0, packing="gptq")
     skipped = qc.get("modules_to_not_convert") or []
     return QuantConfig("gptq", layer, ignore=_names(["lm_head", *skipped]))
+
+
+def _awq_method(qc: dict) -> QuantConfig:
+    """AWQ, GEMM version (quantization/awq.py): 4-bit with zero points, any group size."""
+    bits, version = qc.get("bits", qc.get("w_bit")), qc.get("version", "gemm")
+    group = qc.get("group_size", qc.get("q_group_size", 128))
+    if bits != 4 or not qc.get("zero_point", True) or str(version).lower() != "gemm":
+        raise ValueError(
+            f"AWQ with bits={bits}, zero_point={qc.get('zero_point', True)}, version={version!r} is not supported "
+            "(4-bit GEMM version with zero points is)"
+        )
+    if not (isinstance(group, int) and (group == -1 or (group > 0 and group % 2 == 0))):
+        raise ValueError(f"AWQ group_size={group} is not supported (-1 or a positive even number)")
+    scheme = QuantScheme(INT4, "group", "none", group_size=group)
+    skipped = qc.get("modules_to_not_convert") or []
+    return QuantConfig("awq", LayerQuant(scheme, False, packing="awq"), ignore=_names(["lm_head", *skipped]))
 
 
 def _online_method(method: str) -> QuantConfig:
@@ -237,6 +255,8 @@ def quant_config(hf_config: Any, quantization: str | None) -> QuantConfig | None
             return _compressed_tensors_method(qc)
         if method == "gptq":
             return _gptq_method(qc)
+        if method == "awq":
+            return _awq_method(qc)
         raise ValueError(
             f"the checkpoint's quant_method {method!r} is not supported (supported: {', '.join(CHECKPOINT_METHODS)})"
         )

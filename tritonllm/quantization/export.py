@@ -17,6 +17,8 @@ Layouts (quantization/config.py reads them back):
   128- or 32-column groups, the latter with act order (desc_act, a fixed permutation of K per
   layer input) and zero points in the original format (zero - 1); the last per-channel (group_size
   -1) with "gptq_v2" zero points.
+- awq-g128: `quant_method: awq`, GEMM version, 4-bit with zero points per 128 columns (quantization/awq.py;
+  round-to-nearest, without AWQ's activation-aware scale search).
 Static scales (input_scale, k/v scales) are calibrated on `calibration` prompts through HF
 transformers' own model: amax / 448 of each layer's inputs (K/V: of k_proj / v_proj outputs).
 """
@@ -32,11 +34,12 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from tritonllm.kernels.quant_formats import QuantScheme
+from tritonllm.quantization.awq import awq_tensors
 from tritonllm.quantization.gptq import gptq_tensors
 from tritonllm.quantization.quantize import quantize_weight
 
 LAYOUTS = ("fp8-block", "fp8-tensor", "fp8-tensor-static", "ct-fp8-channel", "ct-fp8-static", "ct-int8-channel",
-           "ct-int8-w8a16", "gptq-g32-act-order", "gptq-g128", "gptq-channel-v2")  # fmt: skip
+           "ct-int8-w8a16", "gptq-g32-act-order", "gptq-g128", "gptq-channel-v2", "awq-g128")  # fmt: skip
 # GPTQ layouts: (group_size, act order, checkpoint_format)
 _GPTQ = {"gptq-g32-act-order": (32, True, "gptq"), "gptq-g128": (128, False, "gptq"), "gptq-channel-v2": (-1, False, "gptq_v2")}
 _LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -49,6 +52,8 @@ def _ct_args(kind: str, strategy: str, **extra: object) -> dict:
 
 
 def _quantization_config(layout: str) -> dict:
+    if layout == "awq-g128":
+        return {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
     if layout in _GPTQ:
         group, act_order, fmt = _GPTQ[layout]
         return {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": act_order, "sym": False,
@@ -126,6 +131,9 @@ def export_quantized(src: str | Path, dst: str | Path, layout: str, calibration:
             k = t.shape[1]  # act order: a fixed permutation per input width (one per layer input, as GPTQ's)
             order = torch.randperm(k, generator=torch.Generator().manual_seed(k)) if act_order else None
             for suffix, tensor in gptq_tensors(t.float(), group, order, v1_zeros=fmt == "gptq").items():
+                out[f"{module}.{suffix}"] = tensor
+        elif layout == "awq-g128":
+            for suffix, tensor in awq_tensors(t.float(), 128).items():
                 out[f"{module}.{suffix}"] = tensor
         elif layout == "fp8-block":
             q = quantize_weight(t, QuantScheme(FP8, "block", "group"))

@@ -25,6 +25,7 @@ from torch import nn
 
 from tritonllm.kernels.quant_formats import QuantizedWeight, QuantScheme, pack_int4
 from tritonllm.quantization.config import LayerQuant
+from tritonllm.quantization.methods import copy_weight
 
 BITS = 4
 PER_INT32 = 32 // BITS
@@ -80,29 +81,35 @@ class GPTQMethod:
     def load(self, layer: nn.Module, name: str, loaded: torch.Tensor, shard: tuple[int, int, int]) -> None:
         first, rows, _ = shard
         if name in ("qweight", "scales"):
-            _copy(getattr(layer, name).data.narrow(1, first, rows), loaded, name)
+            copy_weight(getattr(layer, name).data.narrow(1, first, rows), loaded, name)
         elif name == "qzeros":
             if first % PER_INT32 or rows % PER_INT32:
                 raise ValueError(f"{name}: a fused shard at rows {first}..{first + rows} splits a packed zero word")
-            _copy(layer.qzeros.data.narrow(1, first // PER_INT32, rows // PER_INT32), loaded, name)
+            copy_weight(layer.qzeros.data.narrow(1, first // PER_INT32, rows // PER_INT32), loaded, name)
         elif name == "g_idx":
             g_idx = layer.g_idx.data
             if (g_idx >= 0).any() and not torch.equal(g_idx, loaded.to(g_idx.dtype)):
                 raise ValueError(f"{name}: the fused shards of one input have different act orders")
-            _copy(g_idx, loaded, name)
+            copy_weight(g_idx, loaded, name)
         elif name == "bias":
-            _copy(layer.bias.data.narrow(0, first, rows), loaded, name)
+            copy_weight(layer.bias.data.narrow(0, first, rows), loaded, name)
         else:
             raise ValueError(f"{name}: no such tensor in a GPTQ layer (qweight, qzeros, scales, g_idx, bias)")
 
-    def finish_loading(self, layer: nn.Module) -> None:
-        q = unpack_int32(layer.qweight.data, 0).T  # [N, K]
-        zeros = (unpack_int32(layer.qzeros.data, 1) + self.layer_quant.zero_offset).T.float().contiguous()
-        scales = layer.scales.data.T.float().contiguous()
-        k, group = q.shape[1], layer.gptq_group
+    def unpacked(self, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(values [N, K], zero points [N, K / G], g_idx [K]) from the layer's published tensors."""
+        q = unpack_int32(layer.qweight.data, 0).T
+        zeros = (unpack_int32(layer.qzeros.data, 1) + self.layer_quant.zero_offset).T
         g_idx = layer.g_idx.data
         if (g_idx < 0).any():  # no g_idx in the checkpoint: groups in column order
-            g_idx = torch.arange(k, dtype=torch.int32, device=q.device) // group
+            g_idx = torch.arange(q.shape[1], dtype=torch.int32, device=q.device) // layer.gptq_group
+        return q, zeros, g_idx
+
+    def finish_loading(self, layer: nn.Module) -> None:
+        q, zeros, g_idx = self.unpacked(layer)
+        zeros = zeros.float().contiguous()
+        scales = layer.scales.data.T.float().contiguous()
+        k, group = q.shape[1], layer.gptq_group
         perm = None
         if not torch.equal(g_idx, torch.arange(k, dtype=g_idx.dtype, device=g_idx.device) // group):
             counts = torch.bincount(g_idx.long(), minlength=k // group)
@@ -113,16 +120,11 @@ class GPTQMethod:
         scheme = QuantScheme(self.scheme.weight_dtype, "group", "none", group_size=group)
         layer.gptq = QuantizedWeight(scheme, pack_int4(q.contiguous()), scales, zeros=zeros, perm=perm)
         for name in ("qweight", "qzeros", "scales", "g_idx"):
-            delattr(layer, name)
+            if hasattr(layer, name):
+                delattr(layer, name)
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return layer.kernels.quantized_linear(x, layer.gptq, layer.bias)
-
-
-def _copy(param: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
-    if param.shape != loaded.shape:
-        raise ValueError(f"{name}: the checkpoint's shape {tuple(loaded.shape)} is not the model's {tuple(param.shape)}")
-    param.copy_(loaded)
 
 
 def gptq_tensors(

@@ -21,7 +21,6 @@ from torch import nn
 
 from tritonllm.kernels.quant_formats import BLOCK, QuantizedWeight
 from tritonllm.quantization.config import LayerQuant
-from tritonllm.quantization.gptq import GPTQMethod
 from tritonllm.quantization.quantize import quantize_weight
 
 Shard = tuple[int, int, int]  # (first output row, rows, index of the shard)
@@ -152,6 +151,9 @@ def make_method(layer_quant: LayerQuant | None):
         return UnquantizedMethod()
     if layer_quant.online:
         return OnlineQuantMethod(layer_quant)
-    if layer_quant.scheme.is_int4:  # 4-bit checkpoints: GPTQ's layout
-        return GPTQMethod(layer_quant)
+    if layer_quant.scheme.is_int4:  # 4-bit checkpoints, GPTQ's or AWQ's layout (their modules use copy_weight)
+        from tritonllm.quantization.awq import AWQMethod
+        from tritonllm.quantization.gptq import GPTQMethod
+
+        return AWQMethod(layer_quant) if layer_quant.packing == "awq" else GPTQMethod(layer_quant)
     return CheckpointQuantMethod(layer_quant)
