@@ -56,7 +56,7 @@ def _compare(name: str, got, want, bounds: tuple[float, float]) -> None:
 def test_checkpoint_in_published_layout_tracks_the_float_model(layout, fitted, float_run, tmp_path) -> None:
     folder = export_quantized(fitted, tmp_path / layout, layout, CALIBRATION)
     got = _run(str(folder), kv_cache_dtype="fp8" if layout == "ct-fp8-static" else "auto")
-    kind = "int4" if layout.startswith(("gptq", "awq")) else ("int8" if "int8" in layout else "fp8")
+    kind = "int4" if layout.startswith(("gptq", "awq", "ct-w4")) else ("int8" if "int8" in layout else "fp8")
     _compare(layout, got, float_run, BOUNDS[kind])
 
 
@@ -225,3 +225,25 @@ def test_awq_weights_dequantize_as_autoawq_defines_them(fitted, tmp_path) -> Non
     qkv = llm.llm_engine.model.model.layers[0].self_attn.qkv_proj
     first, rows = qkv.shard_offsets["k"]
     assert torch.equal(reference.dequantize_weight(qkv.gptq)[first : first + rows], expected)
+
+
+
+def test_pack_quantized_weights_dequantize_as_compressed_tensors_defines_them(fitted, tmp_path) -> None:
+    """pack-quantized: bits 4i..4i+3 of weight_packed[n, c] hold input column 8c + i, stored + 8;
+    w[n, k] = (stored - 8) * weight_scale[n, k // G]; a wrong weight_shape is refused by name."""
+    from tritonllm.kernels import reference
+
+    folder = export_quantized(fitted, tmp_path / "q", "ct-w4a16-g64")
+    tensors = load_file(folder / "model.safetensors")
+    prefix = "model.layers.1.mlp.down_proj"
+    packed, scale = tensors[f"{prefix}.weight_packed"].long(), tensors[f"{prefix}.weight_scale"].float()
+    k = packed.shape[1] * 8
+    ks = torch.arange(k)
+    stored = (packed[:, ks // 8] >> (4 * (ks % 8))[None, :]) & 15  # [N, K]
+    expected = (stored - 8) * scale[:, ks // 64]
+    llm = LLM(model=str(folder), max_model_len=64)
+    assert torch.equal(reference.dequantize_weight(llm.llm_engine.model.model.layers[1].mlp.down_proj.gptq), expected)
+    tensors[f"{prefix}.weight_shape"] = torch.tensor([7, 7])
+    save_file(tensors, str(folder / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"down_proj\.weight_shape: weight_shape: \[7, 7\] is not this layer's"):
+        LLM(model=str(folder), max_model_len=64)

@@ -14,8 +14,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tritonllm.quantization.gptq import PER_INT32, GPTQMethod, pack_int32, unpack_int32
-from tritonllm.quantization.methods import copy_weight
+from tritonllm.quantization.gptq import (
+    PER_INT32,
+    GPTQMethod,
+    int32_param,
+    load_packed_columns,
+    pack_int32,
+    unpack_int32,
+)
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # the column (of eight) that nibble i holds
 _NIBBLE_OF_COLUMN = torch.tensor([AWQ_ORDER.index(c) for c in range(PER_INT32)])
@@ -37,34 +43,22 @@ class AWQMethod(GPTQMethod):
     """A layer stored as AWQ tensors (no act order, zero points as they are)."""
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
-        group = self.scheme.group_size if self.scheme.group_size > 0 else in_features
-        if in_features % group or out_features % PER_INT32:
-            raise ValueError(
-                f"AWQ layer [{out_features}, {in_features}]: K must be a multiple of the group size ({group}) "
-                f"and N of {PER_INT32}"
-            )
-        groups = in_features // group
-        layer.qweight = nn.Parameter(torch.empty(in_features, out_features // PER_INT32, dtype=torch.int32), False)
-        layer.qzeros = nn.Parameter(torch.empty(groups, out_features // PER_INT32, dtype=torch.int32), False)
+        groups = in_features // self.group_of(layer, in_features, out_features, packed_k=False, packed_n=True)
+        layer.qweight = int32_param(in_features, out_features // PER_INT32)
+        layer.qzeros = int32_param(groups, out_features // PER_INT32)
         layer.scales = nn.Parameter(torch.empty(groups, out_features, dtype=torch.float32), False)
-        layer.gptq_group = group
 
     def load(self, layer: nn.Module, name: str, loaded: torch.Tensor, shard: tuple[int, int, int]) -> None:
         first, rows, _ = shard
         if name in ("qweight", "qzeros"):
-            if first % PER_INT32 or rows % PER_INT32:
-                raise ValueError(f"{name}: a fused shard at rows {first}..{first + rows} splits a packed word")
-            copy_weight(getattr(layer, name).data.narrow(1, first // PER_INT32, rows // PER_INT32), loaded, name)
+            load_packed_columns(getattr(layer, name).data, loaded, first, rows, name)
         elif name == "g_idx":
             raise ValueError(f"{name}: AWQ checkpoints have no act order")
         else:
             super().load(layer, name, loaded, shard)
 
-    def unpacked(self, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        q = unpack_awq(layer.qweight.data).T
-        zeros = unpack_awq(layer.qzeros.data).T
-        g_idx = torch.arange(q.shape[1], dtype=torch.int32, device=q.device) // layer.gptq_group
-        return q, zeros, g_idx
+    def unpacked(self, layer: nn.Module) -> tuple[torch.Tensor, ...]:
+        return unpack_awq(layer.qweight.data).T, unpack_awq(layer.qzeros.data).T, layer.scales.data.T, None
 
 
 def awq_tensors(weight: torch.Tensor, group_size: int) -> dict[str, torch.Tensor]:

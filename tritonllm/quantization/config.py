@@ -13,6 +13,8 @@ Read as published:
   (`input_scale`) or absent (weight-only W8A16); `ignore` lists names or "re:" patterns.
 - `quant_method: "gptq"`: 4-bit GPTQ (quantization/gptq.py), groups, act order, both zero formats.
 - `quant_method: "awq"`: 4-bit AWQ, GEMM version (quantization/awq.py).
+- compressed-tensors `pack-quantized`: W4A16, 4-bit symmetric per group or channel, act order or not
+  (quantization/ct_packed.py).
 Anything else (8-bit GPTQ, other AWQ versions, other 4-bit formats, asymmetric 8-bit, other
 strategies) is refused at load, by name.
 
@@ -52,7 +54,7 @@ class LayerQuant:
     static_input: bool = False  # the checkpoint carries `input_scale` (act "tensor")
     checkpoint_dtype: torch.dtype | None = None  # the weight's dtype on disk (e4m3fn on MI300: converted)
     zero_offset: int = 0  # GPTQ: added to the stored zero points (1 in the original format, which stores zero - 1)
-    packing: str = ""  # 4-bit checkpoints: "gptq" or "awq" (how qweight / qzeros are packed)
+    packing: str = ""  # 4-bit checkpoints: "gptq", "awq", "ct" or "ct-g_idx" (compressed-tensors pack-quantized)
 
 
 @dataclass
@@ -126,7 +128,7 @@ def _compressed_tensors_group(name: str, group: dict[str, Any], fmt: str) -> Lay
     where = f"compressed-tensors group {name!r}"
     if weights.get("num_bits") != 8 or not weights.get("symmetric", True) or weights.get("dynamic", False):
         raise ValueError(
-            f"{where}: weights {weights} are not supported (8-bit symmetric static weights only; 4-bit formats: GPTQ/AWQ issue)"
+            f"{where}: weights {weights} are not supported (8-bit symmetric static weights in this format; 4-bit W4A16: format pack-quantized)"
         )
     kind, strategy = weights.get("type", "int"), weights.get("strategy")
     if kind not in ("float", "int") or (kind == "float") != (fmt == "float-quantized"):
@@ -166,15 +168,34 @@ def _compressed_tensors_group(name: str, group: dict[str, Any], fmt: str) -> Lay
     return LayerQuant(QuantScheme(dtype, weight_scale, act), False, "weight_scale", act == "tensor", checkpoint_dtype)
 
 
+def _compressed_tensors_packed_group(name: str, group: dict[str, Any]) -> LayerQuant:
+    """pack-quantized (quantization/ct_packed.py): 4-bit symmetric int weights per group or channel,
+    no activation quantization (W4A16), act order or not."""
+    weights = group.get("weights") or {}
+    ok = (weights.get("num_bits") == 4 and weights.get("type", "int") == "int" and weights.get("symmetric", True)
+          and not weights.get("dynamic", False) and weights.get("strategy") in ("group", "channel")
+          and weights.get("actorder") in (None, "weight", "group") and group.get("input_activations") is None)  # fmt: skip
+    if not ok:
+        raise ValueError(
+            f"compressed-tensors group {name!r}: pack-quantized weights {weights} with input_activations "
+            f"{group.get('input_activations')} are not supported (4-bit symmetric int, group or channel, W4A16)"
+        )
+    size = weights.get("group_size") if weights["strategy"] == "group" else -1
+    packing = "ct-g_idx" if weights.get("actorder") == "group" else "ct"
+    return LayerQuant(QuantScheme(INT4, "group", "none", group_size=size), False, packing=packing)
+
+
 def _compressed_tensors_method(qc: dict[str, Any]) -> QuantConfig:
     fmt = qc.get("format")
-    if fmt not in ("float-quantized", "int-quantized", "naive-quantized"):
-        raise ValueError(
-            f"compressed-tensors format {fmt!r} is not supported (float-quantized, int-quantized, naive-quantized)"
-        )
+    formats = ("float-quantized", "int-quantized", "naive-quantized", "pack-quantized")
+    if fmt not in formats:
+        raise ValueError(f"compressed-tensors format {fmt!r} is not supported ({', '.join(formats)})")
     config = QuantConfig("compressed-tensors", None, ignore=_names(qc.get("ignore")))
     for name, group in (qc.get("config_groups") or {}).items():
-        layer = _compressed_tensors_group(name, group, fmt)
+        if fmt == "pack-quantized":
+            layer = _compressed_tensors_packed_group(name, group)
+        else:
+            layer = _compressed_tensors_group(name, group, fmt)
         for target in group.get("targets", []):
             if target == "Linear":
                 config.default = layer

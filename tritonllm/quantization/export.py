@@ -19,6 +19,8 @@ Layouts (quantization/config.py reads them back):
   -1) with "gptq_v2" zero points.
 - awq-g128: `quant_method: awq`, GEMM version, 4-bit with zero points per 128 columns (quantization/awq.py;
   round-to-nearest, without AWQ's activation-aware scale search).
+- ct-w4a16-g64: compressed-tensors pack-quantized W4A16, symmetric int4 per 64 columns
+  (quantization/ct_packed.py).
 Static scales (input_scale, k/v scales) are calibrated on `calibration` prompts through HF
 transformers' own model: amax / 448 of each layer's inputs (K/V: of k_proj / v_proj outputs).
 """
@@ -35,11 +37,12 @@ from safetensors.torch import load_file, save_file
 
 from tritonllm.kernels.quant_formats import QuantScheme
 from tritonllm.quantization.awq import awq_tensors
+from tritonllm.quantization.ct_packed import pack_quantized_tensors
 from tritonllm.quantization.gptq import gptq_tensors
 from tritonllm.quantization.quantize import quantize_weight
 
 LAYOUTS = ("fp8-block", "fp8-tensor", "fp8-tensor-static", "ct-fp8-channel", "ct-fp8-static", "ct-int8-channel",
-           "ct-int8-w8a16", "gptq-g32-act-order", "gptq-g128", "gptq-channel-v2", "awq-g128")  # fmt: skip
+           "ct-int8-w8a16", "gptq-g32-act-order", "gptq-g128", "gptq-channel-v2", "awq-g128", "ct-w4a16-g64")  # fmt: skip
 # GPTQ layouts: (group_size, act order, checkpoint_format)
 _GPTQ = {"gptq-g32-act-order": (32, True, "gptq"), "gptq-g128": (128, False, "gptq"), "gptq-channel-v2": (-1, False, "gptq_v2")}
 _LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -52,6 +55,11 @@ def _ct_args(kind: str, strategy: str, **extra: object) -> dict:
 
 
 def _quantization_config(layout: str) -> dict:
+    if layout == "ct-w4a16-g64":
+        weights = dict(_ct_args("int", "group", group_size=64), num_bits=4)
+        group = {"targets": ["Linear"], "weights": weights, "input_activations": None, "output_activations": None}
+        return {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": group},
+                "ignore": ["lm_head"], "quantization_status": "compressed"}  # fmt: skip
     if layout == "awq-g128":
         return {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
     if layout in _GPTQ:
@@ -131,6 +139,9 @@ def export_quantized(src: str | Path, dst: str | Path, layout: str, calibration:
             k = t.shape[1]  # act order: a fixed permutation per input width (one per layer input, as GPTQ's)
             order = torch.randperm(k, generator=torch.Generator().manual_seed(k)) if act_order else None
             for suffix, tensor in gptq_tensors(t.float(), group, order, v1_zeros=fmt == "gptq").items():
+                out[f"{module}.{suffix}"] = tensor
+        elif layout == "ct-w4a16-g64":
+            for suffix, tensor in pack_quantized_tensors(t.float(), 64).items():
                 out[f"{module}.{suffix}"] = tensor
         elif layout == "awq-g128":
             for suffix, tensor in awq_tensors(t.float(), 128).items():

@@ -64,52 +64,54 @@ class GPTQMethod:
         self.scheme = layer_quant.scheme
         self.format_name = layer_quant.scheme.format_name
 
-    def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
+    def group_of(self, layer: nn.Module, in_features: int, out_features: int, packed_k: bool, packed_n: bool) -> int:
+        """The layer's group size (K for -1), checked against its shape and packing; kept on the layer."""
         group = self.scheme.group_size if self.scheme.group_size > 0 else in_features
-        if in_features % group or in_features % PER_INT32 or out_features % PER_INT32:
+        k_mult, n_mult = PER_INT32 if packed_k else 1, PER_INT32 if packed_n else 1
+        if in_features % group or in_features % k_mult or out_features % n_mult:
             raise ValueError(
-                f"GPTQ layer [{out_features}, {in_features}]: K must be a multiple of the group size ({group}) "
-                f"and K and N of {PER_INT32}"
+                f"{self.format_name} layer [{out_features}, {in_features}]: K must be a multiple of the group size "
+                f"({group}) and of {k_mult}, N of {n_mult}"
             )
-        groups = in_features // group
-        layer.qweight = nn.Parameter(torch.empty(in_features // PER_INT32, out_features, dtype=torch.int32), False)
-        layer.qzeros = nn.Parameter(torch.empty(groups, out_features // PER_INT32, dtype=torch.int32), False)
-        layer.scales = nn.Parameter(torch.empty(groups, out_features, dtype=torch.float32), False)
-        layer.g_idx = nn.Parameter(torch.full((in_features,), -1, dtype=torch.int32), False)
         layer.gptq_group = group
+        return group
+
+    def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
+        groups = in_features // self.group_of(layer, in_features, out_features, packed_k=True, packed_n=True)
+        layer.qweight = int32_param(in_features // PER_INT32, out_features)
+        layer.qzeros = int32_param(groups, out_features // PER_INT32)
+        layer.scales = nn.Parameter(torch.empty(groups, out_features, dtype=torch.float32), False)
+        layer.g_idx = int32_param(in_features, fill=-1)
 
     def load(self, layer: nn.Module, name: str, loaded: torch.Tensor, shard: tuple[int, int, int]) -> None:
         first, rows, _ = shard
         if name in ("qweight", "scales"):
             copy_weight(getattr(layer, name).data.narrow(1, first, rows), loaded, name)
         elif name == "qzeros":
-            if first % PER_INT32 or rows % PER_INT32:
-                raise ValueError(f"{name}: a fused shard at rows {first}..{first + rows} splits a packed zero word")
-            copy_weight(layer.qzeros.data.narrow(1, first // PER_INT32, rows // PER_INT32), loaded, name)
+            load_packed_columns(layer.qzeros.data, loaded, first, rows, name)
         elif name == "g_idx":
-            g_idx = layer.g_idx.data
-            if (g_idx >= 0).any() and not torch.equal(g_idx, loaded.to(g_idx.dtype)):
-                raise ValueError(f"{name}: the fused shards of one input have different act orders")
-            copy_weight(g_idx, loaded, name)
+            load_act_order(layer.g_idx.data, loaded, name)
         elif name == "bias":
             copy_weight(layer.bias.data.narrow(0, first, rows), loaded, name)
         else:
             raise ValueError(f"{name}: no such tensor in a GPTQ layer (qweight, qzeros, scales, g_idx, bias)")
 
-    def unpacked(self, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(values [N, K], zero points [N, K / G], g_idx [K]) from the layer's published tensors."""
+    TENSORS = ("qweight", "qzeros", "scales", "g_idx")  # the published tensors, freed once assembled
+
+    def unpacked(self, layer: nn.Module) -> tuple[torch.Tensor, ...]:
+        """(values [N, K], zero points [N, K / G], scales [N, K / G], g_idx [K] or None) from the
+        layer's published tensors."""
         q = unpack_int32(layer.qweight.data, 0).T
         zeros = (unpack_int32(layer.qzeros.data, 1) + self.layer_quant.zero_offset).T
         g_idx = layer.g_idx.data
-        if (g_idx < 0).any():  # no g_idx in the checkpoint: groups in column order
-            g_idx = torch.arange(q.shape[1], dtype=torch.int32, device=q.device) // layer.gptq_group
-        return q, zeros, g_idx
+        return q, zeros, layer.scales.data.T, None if (g_idx < 0).any() else g_idx
 
     def finish_loading(self, layer: nn.Module) -> None:
-        q, zeros, g_idx = self.unpacked(layer)
-        zeros = zeros.float().contiguous()
-        scales = layer.scales.data.T.float().contiguous()
+        q, zeros, scales, g_idx = self.unpacked(layer)
+        zeros, scales = zeros.float().contiguous(), scales.float().contiguous()
         k, group = q.shape[1], layer.gptq_group
+        if g_idx is None:  # no g_idx in the checkpoint: groups in column order
+            g_idx = torch.arange(k, dtype=torch.int32, device=q.device) // group
         perm = None
         if not torch.equal(g_idx, torch.arange(k, dtype=g_idx.dtype, device=g_idx.device) // group):
             counts = torch.bincount(g_idx.long(), minlength=k // group)
@@ -119,12 +121,32 @@ class GPTQMethod:
             q = q[:, perm]
         scheme = QuantScheme(self.scheme.weight_dtype, "group", "none", group_size=group)
         layer.gptq = QuantizedWeight(scheme, pack_int4(q.contiguous()), scales, zeros=zeros, perm=perm)
-        for name in ("qweight", "qzeros", "scales", "g_idx"):
+        for name in self.TENSORS:
             if hasattr(layer, name):
                 delattr(layer, name)
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return layer.kernels.quantized_linear(x, layer.gptq, layer.bias)
+
+
+def int32_param(*shape: int, fill: int | None = None) -> nn.Parameter:
+    t = torch.empty(shape, dtype=torch.int32) if fill is None else torch.full(shape, fill, dtype=torch.int32)
+    return nn.Parameter(t, requires_grad=False)
+
+
+def load_packed_columns(param: torch.Tensor, loaded: torch.Tensor, first: int, rows: int, name: str) -> None:
+    """Copy a fused layer's shard (output rows first..first + rows) into a tensor packed eight
+    outputs to an int32 along dim 1."""
+    if first % PER_INT32 or rows % PER_INT32:
+        raise ValueError(f"{name}: a fused shard at rows {first}..{first + rows} splits a packed word")
+    copy_weight(param.narrow(1, first // PER_INT32, rows // PER_INT32), loaded, name)
+
+
+def load_act_order(param: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
+    """Copy a shard's g_idx; the shards of a fused layer share their input, so they must agree."""
+    if (param >= 0).any() and not torch.equal(param, loaded.to(param.dtype)):
+        raise ValueError(f"{name}: the fused shards of one input have different act orders")
+    copy_weight(param, loaded, name)
 
 
 def gptq_tensors(

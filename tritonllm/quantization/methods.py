@@ -151,9 +151,12 @@ def make_method(layer_quant: LayerQuant | None):
         return UnquantizedMethod()
     if layer_quant.online:
         return OnlineQuantMethod(layer_quant)
-    if layer_quant.scheme.is_int4:  # 4-bit checkpoints, GPTQ's or AWQ's layout (their modules use copy_weight)
-        from tritonllm.quantization.awq import AWQMethod
+    if layer_quant.scheme.is_int4:  # 4-bit checkpoints: GPTQ's, AWQ's or compressed-tensors' layout
+        from tritonllm.quantization.awq import AWQMethod  # (these modules use copy_weight from here)
+        from tritonllm.quantization.ct_packed import PackQuantizedMethod
         from tritonllm.quantization.gptq import GPTQMethod
 
-        return AWQMethod(layer_quant) if layer_quant.packing == "awq" else GPTQMethod(layer_quant)
+        if layer_quant.packing == "awq":
+            return AWQMethod(layer_quant)
+        return PackQuantizedMethod(layer_quant) if layer_quant.packing.startswith("ct") else GPTQMethod(layer_quant)
     return CheckpointQuantMethod(layer_quant)
