@@ -1,7 +1,7 @@
 """GEMM benchmark: every registered linear implementation beside torch's own GEMMs, on the GPU.
 
     python scripts/bench_gemm.py OUT.json [--models llama3-8b qwen3-0.6b square8192] [--ms 1 16 ...]
-        [--formats bf16 fp8 fp8_block int8 mxfp8 w8a16 int4]
+        [--formats bf16 fp8 fp8_block int8 mxfp8 w8a16 int4 mxfp4 uint8_g32]
 
 Per layer shape (N, K) of the model and M (tokens), per format: the Triton GEMM on operands
 already quantized (kernels/gemm.py) beside torch's GEMM of the same precision (bf16
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tritonllm.kernels import gemm as g  # noqa: E402
 from tritonllm.kernels import reference, registry  # noqa: E402
-from tritonllm.kernels.quant_formats import INT4, QuantScheme  # noqa: E402
+from tritonllm.kernels.quant_formats import FP4, INT4, UINT8, QuantScheme  # noqa: E402
 from tritonllm.quantization.quantize import quantize_weight  # noqa: E402
 
 # (layer, N, K) of each model: q/k/v fused, o, gate/up fused, down
@@ -47,7 +47,9 @@ SCHEMES = {
     "int8": QuantScheme(torch.int8, "channel", "token"),
     "mxfp8": QuantScheme(FP8, "mx", "mx"),
     "w8a16": QuantScheme(FP8, "channel", "none"),
-    "int4": QuantScheme(INT4, "group", "none", group_size=128),  # W4A16, online quantization="int4"
+    "int4": QuantScheme(INT4, "group", "none", group_size=128),  # W4A16, online quantization="int4"; GPTQ/AWQ g128
+    "mxfp4": QuantScheme(FP4, "mx", "none"),  # W4A16 MXFP4 (gpt-oss, online quantization="mxfp4")
+    "uint8_g32": QuantScheme(UINT8, "group", "none", group_size=32),  # 8-bit GPTQ g32, GGUF Q8_0 / Q5_K / Q6_K
 }
 
 
@@ -115,7 +117,7 @@ def run_case(model: str, layer: str, n: int, k: int, m: int, formats: list[str])
         expected = expected_a @ reference.dequantize_weight(weight).t()
         a_bytes = 2 if scheme.act == "none" else 1
         fn = triton_gemm(fmt, a, a_scale, weight)
-        w_bytes = 0.5 if scheme.is_int4 else 1
+        w_bytes = 0.5 if scheme.packed else 1
         rows.append(dict(base, format=fmt, impl="triton_gemm", us=bench_us(fn), rel_error=rel_error(fn(), expected),
                          a_bytes=a_bytes, w_bytes=w_bytes))  # fmt: skip
         if fmt in ("fp8", "int8") and m >= PERSISTENT_MIN_M:  # the persistent descriptor kernel, same tiles

@@ -33,7 +33,7 @@ TARGETS = [
 def _gemm_variants(fp8: str) -> list[tuple[str, str, dict, dict]]:
     """(name, table kind, pointer types, constexprs) of each GEMM kind the linear implementations launch."""
     base = dict(A_SCALE=0, B_SCALE=0, GROUP_K=1, GROUP_N=1, E8M0=False, UPCAST_B=False, INT_ACC=False, HAS_BIAS=True,
-                IEEE=False, OPERAND_SCALES=False, DOT_DTYPE=tl.bfloat16, B_E4M3FN_BITS=False, B_INT4=False,
+                IEEE=False, OPERAND_SCALES=False, DOT_DTYPE=tl.bfloat16, B_E4M3FN_BITS=False, B_DECODE=0,
                 EVEN_K=True, SPLIT_K=1)  # fmt: skip
     row_col = dict(base, A_SCALE=2, B_SCALE=2)
     fp32_scales = dict(a_scale_ptr="*fp32", b_scale_ptr="*fp32")
@@ -52,9 +52,14 @@ def _gemm_variants(fp8: str) -> list[tuple[str, str, dict, dict]]:
          dict(base, B_SCALE=2, UPCAST_B=True, B_E4M3FN_BITS=True)),
         ("int8 weight-only", "weight_only", dict(a_ptr="*bf16", b_ptr="*i8", **fp32_scales),
          dict(base, B_SCALE=2, UPCAST_B=True)),
-        # W4A16: int4 pairs a byte, per-128-column scales and zero points
-        ("int4 weight-only", "weight_only", dict(a_ptr="*bf16", b_ptr="*u8", **fp32_scales),
-         dict(base, B_SCALE=3, GROUP_K=128, UPCAST_B=True, B_INT4=True)),
+        # W4A16: int4 pairs a byte, per-128-column scales and zero points; MXFP4 e2m1 pairs, e8m0 per 32
+        ("int4 weight-only", "w4a16", dict(a_ptr="*bf16", b_ptr="*u8", **fp32_scales),
+         dict(base, B_SCALE=3, GROUP_K=128, UPCAST_B=True, B_DECODE=1)),
+        ("mxfp4 weight-only", "w4a16", dict(a_ptr="*bf16", b_ptr="*u8", a_scale_ptr="*fp32", b_scale_ptr="*u8"),
+         dict(base, B_SCALE=3, GROUP_K=32, UPCAST_B=True, B_DECODE=3, E8M0=True)),
+        # W8A16 with groups narrower than a K tile (GGUF Q6_K: 16 columns), fp16 scales
+        ("uint8 g16 weight-only", "weight_only", dict(a_ptr="*bf16", b_ptr="*u8", **fp32_scales),
+         dict(base, B_SCALE=3, GROUP_K=16, UPCAST_B=True, B_DECODE=2)),
         ("bf16 split-K", "float", dict(a_ptr="*bf16", b_ptr="*bf16"), dict(base, SPLIT_K=4, EVEN_K=False)),
     ]  # fmt: skip
 
@@ -83,7 +88,7 @@ def main() -> int:
                 a_bytes = 2 if types["a_ptr"] == "*bf16" else 1
                 b_bytes = 2 if types["b_ptr"] == "*bf16" else 1
                 t = gemm.fit_shared_memory(tiles, a_bytes, b_bytes, family)
-                if (constexprs["A_SCALE"] == 3 or constexprs["B_INT4"]) and not constexprs["OPERAND_SCALES"]:
+                if constexprs["A_SCALE"] == 3 and not constexprs["OPERAND_SCALES"]:
                     t = gemm.replace(t, block_k=min(t.block_k, constexprs["GROUP_K"]))
                 tile_constexprs = dict(
                     constexprs, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m
@@ -112,7 +117,7 @@ def main() -> int:
                                    types, block, warps, True))  # fmt: skip
         # the GEMV kernel (decode-sized M): float, W8A8 row/column and block scales, weight-only bytes
         gemv_base = dict(A_SCALE=0, B_SCALE=0, GROUP_K=1, GROUP_N=1, INT_ACC=False, HAS_BIAS=True, B_E4M3FN_BITS=False,
-                         B_INT4=False, EVEN_K=True, SPLIT_K=1, BLOCK_N=32, BLOCK_K=256)  # fmt: skip
+                         B_DECODE=0, EVEN_K=True, SPLIT_K=1, BLOCK_N=32, BLOCK_K=256)  # fmt: skip
         gemv_ptrs = dict(c_ptr="*bf16", bias_ptr="*bf16", a_scale_ptr="*fp32", b_scale_ptr="*fp32", b_zero_ptr="*fp32",
                          ws_ptr="*fp32")
         for name, types, constexprs, uses_fp8 in (
@@ -123,7 +128,10 @@ def main() -> int:
              dict(gemv_base, A_SCALE=3, B_SCALE=3, GROUP_K=128, GROUP_N=128, BLOCK_K=128, SPLIT_K=4), True),
             ("e4m3fn-bytes weight-only", dict(a_ptr="*bf16", b_ptr="*u8"), dict(gemv_base, B_SCALE=2, B_E4M3FN_BITS=True), False),
             ("int4 weight-only split-K", dict(a_ptr="*bf16", b_ptr="*u8"),
-             dict(gemv_base, B_SCALE=3, GROUP_K=128, B_INT4=True, BLOCK_K=128, SPLIT_K=4), False),
+             dict(gemv_base, B_SCALE=3, GROUP_K=128, B_DECODE=1, BLOCK_K=128, SPLIT_K=4), False),
+            ("mxfp4 weight-only", dict(a_ptr="*bf16", b_ptr="*u8", b_scale_ptr="*u8"),
+             dict(gemv_base, B_SCALE=3, GROUP_K=32, B_DECODE=3), False),
+            ("uint8 g32 weight-only", dict(a_ptr="*bf16", b_ptr="*u8"), dict(gemv_base, B_SCALE=3, GROUP_K=32, B_DECODE=2), False),
         ):  # fmt: skip
             checks.append((f"gemv {name}", gemm_gemv.gemv_kernel, dict(gemv_ptrs, **types), constexprs, 4, uses_fp8))
         checks.append(("split-K reduce", gemm.split_k_reduce_kernel, dict(ws_ptr="*fp32", c_ptr="*bf16", bias_ptr="*bf16"),

@@ -24,7 +24,8 @@ PROMPTS = [list(range(100, 116)) + list(range(300, 310)), list(range(520, 530)) 
 CALIBRATION = [list(range(10, 60)), list(range(200, 250)), list(range(550, 600))]
 # mean / max |logprob difference| allowed per format (8-bit weights and activations, or 4-bit
 # weights with 128-column groups, on a fitted model)
-BOUNDS = {"int8": (0.02, 0.3), "fp8": (0.06, 0.8), "mxfp8": (0.08, 1.0), "int4": (0.15, 1.5)}
+BOUNDS = {"int8": (0.02, 0.3), "fp8": (0.06, 0.8), "mxfp8": (0.08, 1.0), "int4": (0.15, 1.5), "mxfp4": (0.2, 2.0)}
+KIND_OF_LAYOUT = {"gptq-8bit-g64-act-order": "int8", "mxfp4": "mxfp4"}
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +57,13 @@ def _compare(name: str, got, want, bounds: tuple[float, float]) -> None:
 def test_checkpoint_in_published_layout_tracks_the_float_model(layout, fitted, float_run, tmp_path) -> None:
     folder = export_quantized(fitted, tmp_path / layout, layout, CALIBRATION)
     got = _run(str(folder), kv_cache_dtype="fp8" if layout == "ct-fp8-static" else "auto")
-    kind = "int4" if layout.startswith(("gptq", "awq", "ct-w4")) else ("int8" if "int8" in layout else "fp8")
+    kind = KIND_OF_LAYOUT.get(layout) or (
+        "int4" if layout.startswith(("gptq", "awq", "ct-w4")) else ("int8" if "int8" in layout else "fp8")
+    )
     _compare(layout, got, float_run, BOUNDS[kind])
 
 
-@pytest.mark.parametrize("method", ["fp8", "int8", "mxfp8", "int4"])
+@pytest.mark.parametrize("method", ["fp8", "int8", "mxfp8", "int4", "mxfp4"])
 def test_online_quantization_tracks_the_float_model(method, fitted, float_run) -> None:
     _compare(f"online {method}", _run(fitted, quantization=method), float_run, BOUNDS[method])
 
@@ -112,9 +115,12 @@ def _rewrite_config(folder, **quantization_config) -> None:
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(quant_method="awq", bits=4, version="gemv"), "AWQ with bits=4, zero_point=True, version=.gemv. is not supported"),
+        (
+            dict(quant_method="awq", bits=4, version="gemv"),
+            "AWQ with bits=4, zero_point=True, version=.gemv. is not supported",
+        ),
         (dict(quant_method="marlin"), "the checkpoint.s quant_method .marlin. is not supported"),
-        (dict(quant_method="gptq", bits=8, group_size=128), "GPTQ with bits=8 is not supported"),
+        (dict(quant_method="gptq", bits=3, group_size=128), "GPTQ with bits=3 is not supported"),
         (dict(quant_method="gptq", bits=4, group_size=128, lm_head=True), "quantized lm_head is not supported"),
         (dict(weight_block_size=[64, 64]), r"weight_block_size \[64, 64\] is not supported"),
         (dict(activation_scheme="weird"), "activation_scheme 'weird' is not supported"),
@@ -180,11 +186,11 @@ def test_gptq_layer_shards_with_different_act_orders_are_refused(fitted, tmp_pat
         LLM(model=str(folder), max_model_len=64)
 
 
-@pytest.mark.parametrize("layout", ["gptq-g32-act-order", "gptq-channel-v2"])
+@pytest.mark.parametrize("layout", ["gptq-g32-act-order", "gptq-channel-v2", "gptq-8bit-g64-act-order"])
 def test_gptq_weights_dequantize_as_autogptq_defines_them(layout, fitted, tmp_path) -> None:
-    """The loaded int4 weight (unpacked, sorted by act order) dequantizes to what AutoGPTQ's formula
-    reads from the published tensors: w[n, k] = (q[k, n] - (zero[g, n] + 1)) * scale[g, n] with
-    g = g_idx[k] (no + 1 for gptq_v2), q and zero eight 4-bit fields an int32, lowest bits first."""
+    """The loaded weight (unpacked, sorted by act order) dequantizes to what AutoGPTQ's formula reads
+    from the published tensors: w[n, k] = (q[k, n] - (zero[g, n] + 1)) * scale[g, n] with g = g_idx[k]
+    (no + 1 for gptq_v2), q and zero 32 / b b-bit fields an int32, lowest bits first (b = 4, 8)."""
     from tritonllm.kernels import reference
 
     folder = export_quantized(fitted, tmp_path / "q", layout)
@@ -192,16 +198,45 @@ def test_gptq_weights_dequantize_as_autogptq_defines_them(layout, fitted, tmp_pa
     prefix = "model.layers.1.mlp.down_proj"
     qweight, qzeros = tensors[f"{prefix}.qweight"].long(), tensors[f"{prefix}.qzeros"].long()
     scales, g_idx = tensors[f"{prefix}.scales"].float(), tensors[f"{prefix}.g_idx"].long()
-    k, n = qweight.shape[0] * 8, qweight.shape[1]
+    bits = 8 if "8bit" in layout else 4
+    per, mask = 32 // bits, (1 << bits) - 1
+    k, n = qweight.shape[0] * per, qweight.shape[1]
     ks, ns = torch.arange(k), torch.arange(n)
-    q = (qweight[ks // 8] >> (4 * (ks % 8))[:, None]) & 15  # [K, N]
-    zero = (qzeros[:, ns // 8] >> (4 * (ns % 8))[None, :]) & 15  # [G, N]
+    q = (qweight[ks // per] >> (bits * (ks % per))[:, None]) & mask  # [K, N]
+    zero = (qzeros[:, ns // per] >> (bits * (ns % per))[None, :]) & mask  # [G, N]
     zero = zero + (1 if layout != "gptq-channel-v2" else 0)
     expected = ((q - zero[g_idx]) * scales[g_idx]).T  # [N, K]
     llm = LLM(model=str(folder), max_model_len=64)
     layer = llm.llm_engine.model.model.layers[1].mlp.down_proj
     assert torch.equal(reference.dequantize_weight(layer.gptq), expected)
-    assert (layer.gptq.perm is not None) == (layout == "gptq-g32-act-order")
+    assert (layer.gptq.perm is not None) == layout.endswith("act-order")
+    assert layer.gptq.scheme.format_name == ("uint8:group:none" if bits == 8 else "int4:group:none")
+
+
+def test_mxfp4_weights_dequantize_as_gpt_oss_defines_them(fitted, tmp_path) -> None:
+    """gpt-oss's MXFP4 (transformers' convert_moe_packed_tensors): byte j of block b of row n holds
+    columns 32b + 2j (low nibble) and 32b + 2j + 1 (high), e2m1 codes into the table below, times
+    2 ** (scales[n, b] - 127); modules_to_not_convert stay in the model's dtype."""
+    from tritonllm.kernels import reference
+
+    lut = torch.tensor([+0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+    folder = export_quantized(fitted, tmp_path / "q", "mxfp4")
+    tensors = load_file(folder / "model.safetensors")
+    prefix = "model.layers.1.mlp.down_proj"
+    blocks, scales = tensors[f"{prefix}.weight_blocks"].long(), tensors[f"{prefix}.weight_scales"].long()
+    n = blocks.shape[0]
+    values = torch.stack([lut[blocks & 0x0F], lut[blocks >> 4]], dim=-1).reshape(n, blocks.shape[1], 32)
+    expected = torch.ldexp(values, scales[..., None] - 127).reshape(n, -1)
+    float_tensors = load_file(f"{fitted}/model.safetensors")
+    for name in [t for t in tensors if ".o_proj." in t]:  # o_proj kept in float, as the glob below says
+        del tensors[name]
+        tensors[name.rsplit(".", 1)[0] + ".weight"] = float_tensors[name.rsplit(".", 1)[0] + ".weight"]
+    save_file(tensors, str(folder / "model.safetensors"))
+    _rewrite_config(folder, modules_to_not_convert=["lm_head", "model.layers.*.self_attn.o_proj"])
+    llm = LLM(model=str(folder), max_model_len=64)
+    layers = llm.llm_engine.model.model.layers
+    assert torch.equal(reference.dequantize_weight(layers[1].mlp.down_proj.mxfp4), expected)
+    assert layers[0].self_attn.o_proj.format_name == "float" and layers[0].mlp.down_proj.format_name == "mxfp4:mx:none"
 
 
 def test_awq_weights_dequantize_as_autoawq_defines_them(fitted, tmp_path) -> None:
@@ -225,7 +260,6 @@ def test_awq_weights_dequantize_as_autoawq_defines_them(fitted, tmp_path) -> Non
     qkv = llm.llm_engine.model.model.layers[0].self_attn.qkv_proj
     first, rows = qkv.shard_offsets["k"]
     assert torch.equal(reference.dequantize_weight(qkv.gptq)[first : first + rows], expected)
-
 
 
 def test_pack_quantized_weights_dequantize_as_compressed_tensors_defines_them(fitted, tmp_path) -> None:

@@ -18,7 +18,16 @@ from tritonllm import platform
 from tritonllm.kernels import gemm as g
 from tritonllm.kernels import reference
 from tritonllm.kernels.quant import quantize_per_group, quantize_per_token
-from tritonllm.kernels.quant_formats import INT4, QuantScheme, pack_int4, unpack_int4
+from tritonllm.kernels.quant_formats import (
+    E2M1_VALUES,
+    FP4,
+    INT4,
+    UINT8,
+    QuantizedWeight,
+    QuantScheme,
+    pack_int4,
+    unpack_int4,
+)
 from tritonllm.quantization.quantize import quantize_weight
 
 # on a GPU every test here is also a GPU test (`-m gpu`), in bfloat16
@@ -161,8 +170,12 @@ def test_e4m3fn_bytes_decode_to_their_values_for_gpus_without_fp8() -> None:
 
 @pytest.mark.parametrize(
     "scheme",
-    [None, QuantScheme(FP8, "channel", "token"), QuantScheme(torch.int8, "channel", "tensor"),
-     QuantScheme(FP8, "block", "group")],
+    [
+        None,
+        QuantScheme(FP8, "channel", "token"),
+        QuantScheme(torch.int8, "channel", "tensor"),
+        QuantScheme(FP8, "block", "group"),
+    ],
     ids=["float", "fp8", "int8-static", "fp8-block"],
 )
 def test_the_persistent_descriptor_kernel_matches_its_operands(scheme, monkeypatch) -> None:
@@ -261,22 +274,50 @@ def test_the_gemv_kernel_matches_its_operands(scheme, m, n, k, split_k, monkeypa
 
 
 INT4_SCHEMES = [QuantScheme(INT4, "group", "none", group_size=gs) for gs in (32, 128)]
+# weights decoded in the kernel: 4-bit pairs and 8-bit values with group scales and zero points (groups
+# narrower than BLOCK_K, 64 here: several per tile, each scale broadcast; and wider: one per tile), MXFP4
+DECODED_SCHEMES = [
+    *INT4_SCHEMES,
+    QuantScheme(UINT8, "group", "none", group_size=16),
+    QuantScheme(UINT8, "group", "none", group_size=128),
+    QuantScheme(FP4, "mx", "none"),
+]
 
 
-@pytest.mark.parametrize("scheme", INT4_SCHEMES, ids=lambda s: f"int4-g{s.group_size}")
-@pytest.mark.parametrize("m, n, k", [(1, 130, 384), (19, 45, 256), (3, 70, 128)])
-@pytest.mark.parametrize("kernel", ["tile", "gemv"])
-@pytest.mark.parametrize("split_k", [1, 2])
-def test_int4_gemm_matches_its_dequantized_weight(scheme, m, n, k, kernel, split_k) -> None:
-    """Packed int4 weights (two a byte, per-group scales and zero points) widened in the kernel:
-    the tile kernel and the GEMV, ragged N, with and without K splits, against x @ dequant(w).T."""
+@pytest.mark.parametrize("scheme", DECODED_SCHEMES, ids=lambda s: f"{s.format_name}-g{s.group_size}")
+@pytest.mark.parametrize("m, n, k", [(1, 130, 384), (19, 45, 256)])
+# dequantize-then-GEMM runs the float GEMM, whose K splits the float tests cover
+@pytest.mark.parametrize("kernel, split_k", [("tile", 1), ("tile", 2), ("gemv", 1), ("gemv", 2), ("dequant", 1)])
+def test_decoded_weight_gemm_matches_its_dequantized_weight(scheme, m, n, k, kernel, split_k) -> None:
+    """Weights decoded in registers (int4 pairs, 8-bit values, per-group scales and zero points;
+    MXFP4 e2m1 pairs with e8m0 scales): the tile kernel, the GEMV and dequantize-then-GEMM, ragged N,
+    with and without K splits, against x @ dequant(w).T."""
     x, bias = _randn(m, k, seed=20, dtype=MODEL_DTYPE), _randn(n, seed=21, dtype=MODEL_DTYPE)
     weight = quantize_weight(_randn(n, k, seed=22), scheme)
-    tiles = g.GemmTiles(1, 32, 64, 4, 2, 1, 1, gemv=True) if kernel == "gemv" else g.GemmTiles(16, 32, 64, 4, 2, 4, 1)
+    tiles = {
+        "gemv": g.GemmTiles(1, 32, 64, 4, 2, 1, 1, gemv=True),
+        "tile": g.GemmTiles(16, 32, 64, 4, 2, 4, 1),
+        "dequant": g.GemmTiles(16, 32, 64, 4, 2, 4, 1, dequant=True),
+    }[kernel]
     got = g.gemm(x, weight.data, bias, b_scale=weight.scale, b_zero=weight.zeros, tiles=tiles, split_k=split_k,
                  **g.scale_args(scheme))  # fmt: skip
     expected = x.float() @ reference.dequantize_weight(weight).T + bias.float()
     assert_close_to_scale(got, expected, 1e-5 if MODEL_DTYPE == torch.float32 else 1e-2)
+
+
+def test_mxfp4_codes_decode_to_the_e2m1_values_times_their_scale() -> None:
+    """Every e2m1 code under several e8m0 scales, through the kernel (x = identity picks out each
+    weight column) and the reference; values already on the MXFP4 grid quantize back exactly."""
+    codes = torch.arange(16, dtype=torch.uint8).repeat(6, 4)  # [6, 64]: two 32-groups a row
+    exps = torch.tensor([[127, 120], [130, 127], [104, 150], [127, 127], [100, 140], [127, 126]], dtype=torch.uint8)
+    weight = QuantizedWeight(QuantScheme(FP4, "mx", "none"), pack_int4(codes).to(DEVICE), exps.to(DEVICE))
+    values = torch.tensor(E2M1_VALUES).repeat(6, 4) * torch.exp2(exps.float() - 127).repeat_interleave(32, 1)
+    assert torch.equal(reference.dequantize_weight(weight).cpu(), values)
+    eye = torch.eye(64, device=DEVICE)
+    got = g.gemm(eye, weight.data, b_scale=weight.scale, **g.scale_args(weight.scheme)).T.cpu()
+    assert torch.equal(got, values)
+    grid = values[3:4].to(DEVICE)  # scale 1: the values themselves
+    assert torch.equal(reference.dequantize_weight(quantize_weight(grid, weight.scheme)), grid)
 
 
 def test_int4_quantization_round_trips_within_half_a_step() -> None:
@@ -287,7 +328,9 @@ def test_int4_quantization_round_trips_within_half_a_step() -> None:
     q = quantize_weight(w, scheme)
     step = q.scale.repeat_interleave(128, 1)
     assert ((reference.dequantize_weight(q) - w.float()).abs() <= step / 2 + 1e-6).all()
-    assert torch.equal(unpack_int4(pack_int4(torch.arange(16).repeat(3, 2))), torch.arange(16).repeat(3, 2).to(torch.uint8))
+    assert torch.equal(
+        unpack_int4(pack_int4(torch.arange(16).repeat(3, 2))), torch.arange(16).repeat(3, 2).to(torch.uint8)
+    )
     x = _randn(5, 256, seed=24, dtype=MODEL_DTYPE)
     no_zeros = g.gemm(x, q.data, b_scale=q.scale, b_zero=torch.zeros_like(q.zeros), **g.scale_args(scheme))
     expected = x.float() @ reference.dequantize_weight(q).T

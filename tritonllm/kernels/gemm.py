@@ -17,8 +17,10 @@ Row/column scales (1, 2) multiply the accumulator once, in the epilogue; K-group
 GROUP_K, so a tile lies in one group); e8m0 (MX) scales multiply the operands themselves, which
 are widened to bf16 for the dot (OPERAND_SCALES: no MX tensor cores before Blackwell, and exact,
 since bf16 holds any e4m3 value times any power of two). int8 x int8 accumulates in int32. Weight-only (UPCAST_B): an FP8/int8 weight
-tile is widened to a's dtype before the dot (W8A16); an int4 tile (B_INT4: uint8 pairs [N, K / 2])
-is unpacked and dequantized with its group's scale and zero point, (q - zero) * scale (W4A16).
+tile is widened to a's dtype before the dot (W8A16); a decoded tile (B_DECODE, gemm_scales.DEC_*:
+int4 pairs [N, K / 2] or 8-bit values [N, K] with per-group scales and zero points, (q - zero) *
+scale; MXFP4 e2m1 pairs with e8m0 scales per 32) is unpacked and dequantized in registers, each
+group's scale loaded once per tile and broadcast over the group (W4A16 / W8A16).
 
 Tiles come from per-GPU tables by M bucket (`GEMM_TABLES`: no autotuning in the serving path);
 tiles are visited in grouped order (GROUP_M rows of tiles share B columns in L2). Skinny M
@@ -39,10 +41,21 @@ import triton
 import triton.language as tl
 
 from tritonllm import platform
+from tritonllm.kernels.gemm_dequant import dequantize
 from tritonllm.kernels.gemm_gemv import gemv_kernel
 from tritonllm.kernels.gemm_persistent import descriptors_fit, gemm_persistent_kernel, tile_coords
-from tritonllm.kernels.gemm_scales import e4m3fn_bits_to_float, e8m0_to_float, group_scales, int4_dequant
-from tritonllm.kernels.quant_formats import BLOCK, FP8_DTYPES, MX_GROUP, QuantScheme
+from tritonllm.kernels.gemm_scales import (
+    DEC_FP4,
+    DEC_INT4,
+    DEC_NONE,
+    DEC_UINT8,
+    decode_weight,
+    e4m3fn_bits_to_float,
+    e8m0_to_float,
+    epilogue,
+    group_scales,
+)
+from tritonllm.kernels.quant_formats import BLOCK, FP4, FP8_DTYPES, INT4, MX_GROUP, QuantScheme
 
 try:  # triton >= 3.4: host-side tensor descriptors (TMA on Hopper)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -54,6 +67,8 @@ B_NONE, B_COLUMN, B_GROUP = 0, 2, 3
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 # a scheme's activation scales (quant_formats.py) as gemm() reads them
 ACT_SCALE_KINDS = {"none": A_NONE, "tensor": A_TENSOR, "token": A_ROW, "group": A_GROUP, "mx": A_GROUP}
+# weight dtypes (quant_formats.py) that the kernels decode per group before the dot (weight-only)
+SCHEME_DECODE = {INT4: DEC_INT4, torch.uint8: DEC_UINT8, FP4: DEC_FP4}
 
 
 def scale_args(scheme: QuantScheme) -> dict:
@@ -67,7 +82,7 @@ def scale_args(scheme: QuantScheme) -> dict:
         b_scale_kind=B_GROUP if scheme.weight_scale in ("block", "mx", "group") else B_COLUMN,
         group_k=group_k,
         group_n=group_n,
-        b_int4=scheme.is_int4,
+        b_decode=SCHEME_DECODE.get(scheme.weight_dtype, DEC_NONE) if scheme.act == "none" else DEC_NONE,
     )
 
 
@@ -79,7 +94,7 @@ def gemm_kernel(
     stride_asm, stride_ask, stride_bsn, stride_bsk,
     A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
     E8M0: tl.constexpr, UPCAST_B: tl.constexpr, INT_ACC: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
-    OPERAND_SCALES: tl.constexpr, DOT_DTYPE: tl.constexpr, B_E4M3FN_BITS: tl.constexpr, B_INT4: tl.constexpr,
+    OPERAND_SCALES: tl.constexpr, DOT_DTYPE: tl.constexpr, B_E4M3FN_BITS: tl.constexpr, B_DECODE: tl.constexpr,
     EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
@@ -93,13 +108,13 @@ def gemm_kernel(
     rm = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
     rn = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
-    PACK: tl.constexpr = B_INT4 + 1  # K values per byte of B (int4: two)
+    PACK: tl.constexpr = 2 if (B_DECODE == DEC_INT4 or B_DECODE == DEC_FP4) else 1  # K values per byte of B
     offs_kb = tl.arange(0, BLOCK_K // PACK)
     k_start = pid_k * K_PER_SPLIT
     k_end = tl.minimum(K, k_start + K_PER_SPLIT)
     a_ptrs = a_ptr + rm[:, None] * stride_am + (k_start + offs_k)[None, :] * stride_ak
     b_ptrs = b_ptr + rn[None, :] * stride_bn + (k_start // PACK + offs_kb)[:, None] * stride_bk
-    K_GROUPED: tl.constexpr = (A_SCALE == 3 or B_SCALE == 3) and not OPERAND_SCALES and not B_INT4
+    K_GROUPED: tl.constexpr = (A_SCALE == 3 or B_SCALE == 3) and not OPERAND_SCALES and B_DECODE == DEC_NONE
     if K_GROUPED:  # the first K tile's group scales; each iteration loads the next tile's (prefetch)
         a_s, b_s = group_scales(a_scale_ptr, b_scale_ptr, rm, rn, k_start // GROUP_K, stride_asm, stride_ask,
                                  stride_bsn, stride_bsk, A_SCALE, B_SCALE, GROUP_N, E8M0)  # fmt: skip
@@ -116,10 +131,9 @@ def gemm_kernel(
             a = tl.load(a_ptrs, mask=in_k[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=(k // PACK + offs_kb < k_end // PACK)[:, None], other=0.0)
         if UPCAST_B:
-            if B_INT4:  # two values a byte, then (q - zero) * scale of this K tile's group
-                q = tl.reshape(tl.permute(tl.join(b & 0xF, b >> 4), (0, 2, 1)), (BLOCK_K, BLOCK_N))
-                b = int4_dequant(q, b_scale_ptr, b_zero_ptr, rn, k // GROUP_K, stride_bsn, stride_bsk, 1)
-                b = b.to(a.dtype)
+            if B_DECODE != DEC_NONE:  # int4 / 8-bit with group scales and zero points, or MXFP4
+                b = decode_weight(b, b_scale_ptr, b_zero_ptr, rn, k, k_end, stride_bsn, stride_bsk,
+                                  B_DECODE, GROUP_K, BLOCK_K, BLOCK_N, 1).to(a.dtype)  # fmt: skip
             elif B_E4M3FN_BITS:  # e4m3fn weights as bytes: no FP8 conversion on this GPU
                 b = e4m3fn_bits_to_float(b).to(a.dtype)
             else:
@@ -135,8 +149,12 @@ def gemm_kernel(
                           mask=in_groups[None, :], other=127)  # fmt: skip
             b_s = tl.load(b_scale_ptr + (rn // GROUP_N)[None, :] * stride_bsn + gi[:, None] * stride_bsk,
                           mask=in_groups[:, None], other=127)  # fmt: skip
-            a_s = tl.reshape(tl.broadcast_to(e8m0_to_float(a_s)[:, :, None], (BLOCK_M, GROUPS, GROUP_K)), (BLOCK_M, BLOCK_K))
-            b_s = tl.reshape(tl.broadcast_to(e8m0_to_float(b_s)[:, None, :], (GROUPS, GROUP_K, BLOCK_N)), (BLOCK_K, BLOCK_N))
+            a_s = tl.reshape(
+                tl.broadcast_to(e8m0_to_float(a_s)[:, :, None], (BLOCK_M, GROUPS, GROUP_K)), (BLOCK_M, BLOCK_K)
+            )
+            b_s = tl.reshape(
+                tl.broadcast_to(e8m0_to_float(b_s)[:, None, :], (GROUPS, GROUP_K, BLOCK_N)), (BLOCK_K, BLOCK_N)
+            )
             a = a.to(DOT_DTYPE) * a_s.to(DOT_DTYPE)
             b = b.to(DOT_DTYPE) * b_s.to(DOT_DTYPE)
             acc = tl.dot(a, b, acc)
@@ -162,22 +180,8 @@ def gemm_kernel(
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += (BLOCK_K // PACK) * stride_bk
 
-    out = acc.to(tl.float32)
-    if A_SCALE == 1:
-        out = out * tl.load(a_scale_ptr)
-    if A_SCALE == 2:
-        out = out * tl.load(a_scale_ptr + rm * stride_asm)[:, None]
-    if B_SCALE == 2:
-        out = out * tl.load(b_scale_ptr + rn * stride_bsn)[None, :]
-    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            out += tl.load(bias_ptr + rn)[None, :].to(tl.float32)
-        c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
-        tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=mask)
-    else:
-        ws_ptrs = ws_ptr + (pid_k * M + offs_m[:, None]).to(tl.int64) * N + offs_n[None, :]
-        tl.store(ws_ptrs, out, mask=mask)
+    epilogue(acc, c_ptr, bias_ptr, a_scale_ptr, b_scale_ptr, ws_ptr, offs_m, offs_n, rm, rn, M, N, pid_k,
+             stride_cm, stride_cn, stride_asm, stride_bsn, A_SCALE, B_SCALE, HAS_BIAS, SPLIT_K)  # fmt: skip
 
 
 @triton.jit
@@ -212,16 +216,21 @@ class GemmTiles:
     persistent: bool = False
     # decode-sized M: the GEMV kernel (kernels/gemm_gemv.py; block_m 1), where a tile would pad rows to 16
     gemv: bool = False
+    # large M with decoded weights (int4, 8-bit grouped, MXFP4): dequantize the weight to the activations'
+    # dtype in one pass, then the float GEMM with its own table's tiles (kernels/gemm_dequant.py)
+    dequant: bool = False
 
 
 # Per GPU family and kernel kind, (largest M, tiles) by M bucket, in increasing M. Kinds: "float"
 # (bf16/fp16/fp32), "w8a8" (FP8 or int8 both operands, row/column scales), "block" (K-grouped
-# scales: block-FP8, MX; BLOCK_K is capped at the group), "weight_only" (FP8/int8 weight widened).
+# scales: block-FP8, MX; BLOCK_K is capped at the group), "weight_only" (FP8/int8 weight widened, or
+# 8-bit values decoded per group), "w4a16" (4-bit weights decoded per group: int4, MXFP4).
 # Hopper: M <= 64 and M >= 1024 from scripts/tune_gemm.py on the H200 (experiments/gemm/): large M
 # takes the persistent descriptor kernel with 128 x 256 tiles (0.97-1.15x cuBLAS bf16 where the
 # pointer kernel reached 0.63-0.77x); block-FP8 64 x 128 tiles, four warps (three CTAs per SM hide
 # each other's per-K-tile rescale); skinny buckets favour wide K tiles and split-K (the weight read
-# is the cost). The 128/256 buckets and weight-only are the Triton tutorial's starting points.
+# is the cost). The 128/256 buckets and weight-only are the Triton tutorial's starting points; decoded
+# weights (int4, 8-bit grouped, MXFP4) beyond M = 256 are dequantized first, then multiplied in bf16.
 _HOPPER = {
     "float": [
         (16, GemmTiles(16, 128, 128, 4, 4, 8, 4)),
@@ -245,7 +254,14 @@ _HOPPER = {
     "weight_only": [
         (16, GemmTiles(16, 64, 256, 4, 4, 8, 8)),
         (64, GemmTiles(64, 64, 128, 4, 4, 8, 4)),
-        (None, GemmTiles(128, 128, 64, 8, 3)),
+        (256, GemmTiles(128, 128, 64, 8, 3)),
+        (None, GemmTiles(128, 128, 64, 8, 3, dequant=True)),
+    ],
+    "w4a16": [
+        (16, GemmTiles(16, 64, 256, 4, 4, 8, 8)),
+        (64, GemmTiles(64, 64, 128, 4, 4, 8, 4)),
+        (256, GemmTiles(128, 128, 64, 8, 3)),
+        (None, GemmTiles(128, 128, 64, 8, 3, dequant=True)),
     ],
 }
 # Ampere and CDNA: smaller shared memory per SM (Ampere 164 KiB; MI300 64 KiB LDS), two stages on AMD
@@ -255,15 +271,19 @@ _AMPERE = {
     "w8a8": [(32, GemmTiles(32, 64, 256, 4, 4, 8, 8)), (None, GemmTiles(128, 128, 64, 8, 3))],
     "block": [(32, GemmTiles(32, 64, 128, 4, 3, 8, 8)), (None, GemmTiles(64, 128, 128, 4, 3))],
     "weight_only": [(32, GemmTiles(32, 64, 128, 4, 4, 8, 8)), (None, GemmTiles(64, 128, 64, 4, 3))],
+    "w4a16": [(32, GemmTiles(32, 64, 128, 4, 4, 8, 8)), (None, GemmTiles(64, 128, 64, 4, 3))],
 }  # fmt: skip
 _CDNA = {
     "float": [(32, GemmTiles(32, 64, 128, 4, 2, 8, 8)), (None, GemmTiles(128, 128, 64, 8, 2, 4))],
     "w8a8": [(32, GemmTiles(32, 64, 256, 4, 2, 8, 8)), (None, GemmTiles(128, 128, 128, 8, 2, 4))],
     "block": [(32, GemmTiles(32, 64, 128, 4, 2, 8, 8)), (None, GemmTiles(128, 128, 128, 8, 2, 4))],
     "weight_only": [(32, GemmTiles(32, 64, 128, 4, 2, 8, 8)), (None, GemmTiles(128, 128, 64, 8, 2, 4))],
+    "w4a16": [(32, GemmTiles(32, 64, 128, 4, 2, 8, 8)), (None, GemmTiles(128, 128, 64, 8, 2, 4))],
 }  # fmt: skip
 # The interpreter runs each program in Python: small tiles, few programs (tests' shapes are small)
-_CPU = {kind: [(None, GemmTiles(32, 64, 64, 1, 1, 4, 4))] for kind in ("float", "w8a8", "block", "weight_only")}
+_CPU = {
+    kind: [(None, GemmTiles(32, 64, 64, 1, 1, 4, 4))] for kind in ("float", "w8a8", "block", "weight_only", "w4a16")
+}
 GEMM_TABLES = {"hopper": _HOPPER, "ampere": _AMPERE, "cdna": _CDNA, "cpu": _CPU}
 # shared memory (LDS) per block that the pipelined A and B tiles may take
 SHARED_MEMORY_BYTES = {"hopper": 220 << 10, "ampere": 160 << 10, "cdna": 64 << 10, "cpu": 1 << 40}
@@ -341,11 +361,12 @@ def _split_k(tiles: GemmTiles, m: int, n: int, k: int, k_quantum: int) -> int:
 @functools.lru_cache(maxsize=4096)
 def plan_gemm(
     kind: str, m: int, n: int, k: int, group_k: int, a_bytes: int, b_bytes: int,
-    tiles: GemmTiles | None = None, split_k: int | None = None,
+    tiles: GemmTiles | None = None, split_k: int | None = None, decode_group: int = 0,
 ) -> tuple[GemmTiles, int, int]:  # fmt: skip
     """(tiles, K splits, K per split) of one GEMM shape: the table's tiles for its M bucket fitted to
-    shared memory, BLOCK_K capped at a scale group, and the split heuristic. Cached: a layer's call
-    computes it once per shape, not once per launch."""
+    shared memory, BLOCK_K capped at a scale group (`group_k`: K-grouped scales applied per tile) or
+    kept a multiple of a decoded weight's group (`decode_group`, below a group that is all of K), and
+    the split heuristic. Cached: a layer's call computes it once per shape, not once per launch."""
     if tiles is None and a_bytes <= 2:  # tuned for 16- and 8-bit operands
         tuned = tuned_tiles(kind, m, n, k)
         if tuned is not None:
@@ -353,7 +374,9 @@ def plan_gemm(
     tiles = tiles or fit_shared_memory(pick_tiles(kind, m), a_bytes, b_bytes)
     if group_k and tiles.block_k > group_k:
         tiles = replace(tiles, block_k=group_k)
-    k_quantum = max(tiles.block_k, group_k)
+    if decode_group and tiles.block_k > decode_group and tiles.block_k % decode_group:
+        tiles = replace(tiles, block_k=max(16, 1 << (decode_group.bit_length() - 1)))
+    k_quantum = max(tiles.block_k, group_k, decode_group)
     split = split_k if split_k is not None else _split_k(tiles, m, n, k, k_quantum)
     k_per_split = triton.cdiv(triton.cdiv(k, split), k_quantum) * k_quantum
     return tiles, triton.cdiv(k, k_per_split), k_per_split
@@ -371,23 +394,27 @@ def gemm(
     b_scale_kind: int = B_NONE,
     group_k: int = 0,
     group_n: int = 1,
-    b_int4: bool = False,
+    b_decode: int = DEC_NONE,
     b_zero: torch.Tensor | None = None,
     tiles: GemmTiles | None = None,
     split_k: int | None = None,
 ) -> torch.Tensor:
     """c = (a @ b.T) * scales + bias for a [M, K], b [N, K] (module docstring); a uint8 b holds
-    e4m3fn bytes, decoded in the kernel (weight-only FP8 on GPUs without FP8), or with `b_int4`
-    packed int4 pairs [N, K / 2] with per-group `b_scale` and `b_zero` [N, K / group_k]
-    (w = (q - zero) * scale, widened to a's dtype in the kernel). `tiles` and `split_k` override the
-    table and the split heuristic (tests, tile sweeps)."""
-    k_b = b.shape[1] * 2 if b_int4 else b.shape[1]
+    e4m3fn bytes, decoded in the kernel (weight-only FP8 on GPUs without FP8), or, per `b_decode`
+    (gemm_scales.DEC_*), int4 pairs [N, K / 2] or 8-bit values [N, K] with per-group `b_scale` and
+    `b_zero` [N, K / group_k] (w = (q - zero) * scale), or MXFP4 e2m1 pairs [N, K / 2] with e8m0
+    `b_scale` [N, K / 32]; decoded weights are widened to a's dtype in the kernel. `tiles` and
+    `split_k` override the table and the split heuristic (tests, tile sweeps)."""
+    packed = b_decode in (DEC_INT4, DEC_FP4)
+    k_b = b.shape[1] * 2 if packed else b.shape[1]
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != k_b:
         raise ValueError(f"gemm: a {tuple(a.shape)} and b {tuple(b.shape)} must be [M, K] and [N, K]"
-                         + (" (int4: [N, K / 2])" if b_int4 else ""))  # fmt: skip
-    if b_int4 and (b.dtype != torch.uint8 or b_scale_kind != B_GROUP or b_zero is None
-                   or b_zero.stride() != b_scale.stride()):  # fmt: skip
-        raise ValueError("gemm: int4 weights are uint8 pairs with group scales and zero points of one layout")
+                         + (" (4-bit: [N, K / 2])" if packed else ""))  # fmt: skip
+    zeros = b_decode in (DEC_INT4, DEC_UINT8)
+    if b_decode != DEC_NONE and (b.dtype != torch.uint8 or b_scale_kind != B_GROUP or a.dtype in (torch.int8, *FP8_DTYPES)
+                                 or (zeros and (b_zero is None or b_zero.stride() != b_scale.stride()))):  # fmt: skip
+        raise ValueError("gemm: decoded weights are uint8 with group scales (and zero points of the scales' layout)"
+                         " and float activations")  # fmt: skip
     m, k = a.shape
     n = b.shape[0]
     upcast_b = b.dtype != a.dtype
@@ -403,11 +430,13 @@ def gemm(
     # e8m0 (MX) scales go into the operands, which are widened for a bf16 dot: Hopper and older GPUs
     # have no MX tensor cores, and 32-deep FP8 dots rescaled one by one starve the tensor cores
     # (each K tile holds whole groups: BLOCK_K is a multiple of 32 and the K splits start at BLOCK_K multiples)
-    operand_scales = e8m0 and a_scale_kind == A_GROUP and b_scale_kind == B_GROUP
+    operand_scales = e8m0 and a_scale_kind == A_GROUP and b_scale_kind == B_GROUP and b_decode == DEC_NONE
     dot_dtype = torch.float32 if platform.is_interpreter() else torch.bfloat16
     if operand_scales:
         kind = "float"  # a bf16 dot once the operands are widened
-    elif k_grouped and not b_int4:
+    elif packed:
+        kind = "w4a16"
+    elif k_grouped and b_decode == DEC_NONE:
         kind = "block"
     elif upcast_b:
         kind = "weight_only"
@@ -417,10 +446,18 @@ def gemm(
         tiles = fit_shared_memory(pick_tiles("float", m), a.element_size(), b.element_size())  # has no MX path)
     if operand_scales and tiles.block_k % group_k:
         raise ValueError(f"gemm: MX tiles need BLOCK_K ({tiles.block_k}) a multiple of the scale group ({group_k})")
+    # decoded weights take tiles of several groups (each group's scale broadcast over it): BLOCK_K is
+    # not capped at the group there, only made a multiple of it (plan_gemm's k_quantum keeps splits whole)
+    cap_group = group_k if k_grouped and not operand_scales and b_decode == DEC_NONE else 0
     tiles, split, k_per_split = plan_gemm(
-        kind, m, n, k, group_k if k_grouped and not operand_scales else 0, a.element_size(), b.element_size(),
-        tiles, split_k,
+        kind, m, n, k, cap_group, a.element_size(), b.element_size(), tiles, split_k,
+        group_k if b_decode != DEC_NONE else 0,
     )  # fmt: skip
+    if b_decode != DEC_NONE and group_k != k and tiles.block_k % group_k and group_k % tiles.block_k:
+        raise ValueError(f"gemm: BLOCK_K ({tiles.block_k}) and the weight's group ({group_k}) must divide one another")
+    if tiles.dequant and b_decode != DEC_NONE:
+        w = dequantize(b, b_scale, b_zero if zeros else None, k, b_decode, group_k, a.dtype)
+        return gemm(a, w, bias, out_dtype=out_dtype)
     c = torch.empty((m, n), dtype=out_dtype or a.dtype, device=a.device)
     if m == 0 or n == 0:
         return c
@@ -438,27 +475,27 @@ def gemm(
     even_k = k % tiles.block_k == 0 and k_per_split % tiles.block_k == 0
     if tiles.gemv and not operand_scales:
         gemv_kernel[(m * triton.cdiv(n, tiles.block_n), split)](
-            a, b, c, bias if bias is not None else dummy, a_s, b_s, b_zero if b_int4 else dummy, ws,
+            a, b, c, bias if bias is not None else dummy, a_s, b_s, b_zero if zeros else dummy, ws,
             m, n, k, k_per_split,
             a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
             *a_s_strides, *b_s_strides,
             A_SCALE=a_scale_kind, B_SCALE=b_scale_kind, GROUP_K=max(group_k, 1), GROUP_N=group_n,
-            INT_ACC=int_acc, HAS_BIAS=bias is not None, B_E4M3FN_BITS=b.dtype == torch.uint8 and not b_int4,
-            B_INT4=b_int4,
+            INT_ACC=int_acc, HAS_BIAS=bias is not None, B_E4M3FN_BITS=b.dtype == torch.uint8 and b_decode == DEC_NONE,
+            B_DECODE=b_decode,
             EVEN_K=even_k, SPLIT_K=split, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         )  # fmt: skip
         return _reduce_splits(ws, c, bias, split)
     grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n), split)
     gemm_kernel[grid](
-        a, b, c, bias if bias is not None else dummy, a_s, b_s, b_zero if b_int4 else dummy, ws,
+        a, b, c, bias if bias is not None else dummy, a_s, b_s, b_zero if zeros else dummy, ws,
         m, n, k, k_per_split,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         *a_s_strides, *b_s_strides,
         A_SCALE=a_scale_kind, B_SCALE=b_scale_kind, GROUP_K=max(group_k, 1), GROUP_N=group_n,
         E8M0=e8m0, UPCAST_B=upcast_b, INT_ACC=int_acc, HAS_BIAS=bias is not None, IEEE=a.dtype == torch.float32,
-        OPERAND_SCALES=operand_scales, DOT_DTYPE=_TL_DTYPES[dot_dtype], B_INT4=b_int4,
-        B_E4M3FN_BITS=b.dtype == torch.uint8 and not b_int4,
+        OPERAND_SCALES=operand_scales, DOT_DTYPE=_TL_DTYPES[dot_dtype], B_DECODE=b_decode,
+        B_E4M3FN_BITS=b.dtype == torch.uint8 and b_decode == DEC_NONE,
         EVEN_K=even_k, SPLIT_K=split,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,

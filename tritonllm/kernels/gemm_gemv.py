@@ -7,7 +7,8 @@ to float32 (int32 for int8 W8A8), multiplied by the row and summed along K. Prog
 weight tile and different rows are adjacent in the grid, so the weight is read from HBM once and
 from L2 by the others. Same operands and scales as `gemm_kernel`: row/column scales in the epilogue,
 K-grouped float32 scales (block-FP8) per K tile (BLOCK_K divides the group), weight-only,
-e4m3fn-bytes and packed int4 weights; K splits write float32 partials that gemm.py's reduce kernel sums. A tile
+e4m3fn-bytes and decoded (int4, 8-bit grouped, MXFP4) weights; the epilogue is the GEMM kernel's
+(gemm_scales.epilogue), K splits writing float32 partials that gemm.py's reduce kernel sums. A tile
 table entry asks for it with `GemmTiles(gemv=True)` (block_m unused).
 """
 
@@ -16,7 +17,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tritonllm.kernels.gemm_scales import e4m3fn_bits_to_float, group_scales, int4_dequant
+from tritonllm.kernels.gemm_scales import (
+    DEC_FP4,
+    DEC_INT4,
+    DEC_NONE,
+    decode_weight,
+    e4m3fn_bits_to_float,
+    epilogue,
+    group_scales,
+)
 
 
 @triton.jit
@@ -26,7 +35,7 @@ def gemv_kernel(
     stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn,
     stride_asm, stride_ask, stride_bsn, stride_bsk,
     A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
-    INT_ACC: tl.constexpr, HAS_BIAS: tl.constexpr, B_E4M3FN_BITS: tl.constexpr, B_INT4: tl.constexpr,
+    INT_ACC: tl.constexpr, HAS_BIAS: tl.constexpr, B_E4M3FN_BITS: tl.constexpr, B_DECODE: tl.constexpr,
     EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
@@ -37,11 +46,11 @@ def gemv_kernel(
     rn = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
     rm = tl.full([1], row, tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
-    PACK: tl.constexpr = B_INT4 + 1  # K values per byte of B (int4: two)
+    PACK: tl.constexpr = 2 if (B_DECODE == DEC_INT4 or B_DECODE == DEC_FP4) else 1  # K values per byte of B
     offs_kb = tl.arange(0, BLOCK_K // PACK)
     k_start = pid_k * K_PER_SPLIT
     k_end = tl.minimum(K, k_start + K_PER_SPLIT)
-    K_GROUPED: tl.constexpr = (A_SCALE == 3 or B_SCALE == 3) and not B_INT4
+    K_GROUPED: tl.constexpr = (A_SCALE == 3 or B_SCALE == 3) and B_DECODE == DEC_NONE
     a_ptrs = a_ptr + row.to(tl.int64) * stride_am + (k_start + offs_k) * stride_ak
     b_ptrs = b_ptr + rn[:, None] * stride_bn + (k_start // PACK + offs_kb)[None, :] * stride_bk
     if INT_ACC:
@@ -59,9 +68,9 @@ def gemv_kernel(
         if INT_ACC:
             acc += tl.sum(b.to(tl.int32) * a.to(tl.int32)[None, :], axis=1)
         else:
-            if B_INT4:  # two values a byte, then (q - zero) * scale of this K tile's group
-                q = tl.reshape(tl.join(b & 0xF, b >> 4), (BLOCK_N, BLOCK_K))
-                b = int4_dequant(q, b_scale_ptr, b_zero_ptr, rn, k // GROUP_K, stride_bsn, stride_bsk, 0)
+            if B_DECODE != DEC_NONE:  # int4 / 8-bit with group scales and zero points, or MXFP4
+                b = decode_weight(b, b_scale_ptr, b_zero_ptr, rn, k, k_end, stride_bsn, stride_bsk,
+                                  B_DECODE, GROUP_K, BLOCK_K, BLOCK_N, 0)  # fmt: skip
             elif B_E4M3FN_BITS:
                 b = e4m3fn_bits_to_float(b)
             part = tl.sum(b.to(tl.float32) * a.to(tl.float32)[None, :], axis=1)
@@ -73,17 +82,5 @@ def gemv_kernel(
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += (BLOCK_K // PACK) * stride_bk
 
-    out = acc.to(tl.float32)
-    if A_SCALE == 1:
-        out = out * tl.load(a_scale_ptr)
-    if A_SCALE == 2:
-        out = out * tl.load(a_scale_ptr + row * stride_asm)
-    if B_SCALE == 2:
-        out = out * tl.load(b_scale_ptr + rn * stride_bsn)
-    mask = offs_n < N
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            out += tl.load(bias_ptr + rn).to(tl.float32)
-        tl.store(c_ptr + row.to(tl.int64) * stride_cm + offs_n * stride_cn, out.to(c_ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.store(ws_ptr + (pid_k * M + row).to(tl.int64) * N + offs_n, out, mask=mask)
+    epilogue(acc[None, :], c_ptr, bias_ptr, a_scale_ptr, b_scale_ptr, ws_ptr, rm, offs_n, rm, rn, M, N, pid_k,
+             stride_cm, stride_cn, stride_asm, stride_bsn, A_SCALE, B_SCALE, HAS_BIAS, SPLIT_K)  # fmt: skip

@@ -15,6 +15,7 @@ from tritonllm.kernels.registry import FLOATS, Supports, register
 TRITON_FORMATS = frozenset({
     "fp8:channel:token", "fp8:channel:tensor", "fp8:channel:none", "fp8:block:group", "fp8:block:none",
     "int8:channel:token", "int8:channel:tensor", "int8:channel:none", "mxfp8:mx:mx", "int4:group:none",
+    "uint8:group:none", "mxfp4:mx:none",
 })  # fmt: skip
 LINEAR_SUPPORTS = Supports(dtypes=FLOATS, linear_formats=TRITON_FORMATS, features=frozenset({"split_k"}))
 

@@ -7,12 +7,14 @@ activations are quantized before the GEMM:
 |--------------|----------------------------------------------------|-------------------------------------------|
 | channel      | float32 [N] (a per-tensor scale is stored expanded) | FP8/INT8 per-tensor and per-channel       |
 | block        | float32 [cdiv(N, 128), cdiv(K, 128)]               | FP8 block-wise (DeepSeek-V3, Qwen3-FP8)   |
-| mx           | uint8 e8m0 [N, K / 32]: scale = 2 ** (e - 127)     | MXFP8 (OCP microscaling)                  |
-| group        | float32 [N, K / G] scales and zero points          | INT4 weight-only (w = (q - zero) * scale) |
+| mx           | uint8 e8m0 [N, K / 32]: scale = 2 ** (e - 127)     | MXFP8, MXFP4 (OCP microscaling)           |
+| group        | float32 [N, K / G] scales and zero points          | INT4 / UINT8 weight-only:                 |
+|              | (float16 allowed)                                  | w = (q - zero) * scale                    |
 
-INT4 weights (`weight_dtype` torch.quint4x2, the 4-bit unsigned pair) are stored packed, uint8
-[N, K / 2]: the low nibble holds the even column, the high nibble the odd one; G is the scheme's
-`group_size` along K.
+Weight dtypes: FP8 e4m3 and int8 as such; INT4 (`torch.quint4x2`, unsigned 0..15) and FP4 (MXFP4's
+e2m1, `torch.float4_e2m1fn_x2`) stored packed, uint8 [N, K / 2], the low nibble holding the even
+column and the high nibble the odd one; UINT8 (`torch.uint8`, 0..255 with zero points: 8-bit GPTQ,
+GGUF's 5- to 8-bit types) as uint8 [N, K]. G is the scheme's `group_size` along K.
 
 | act    | activations                                                                       |
 |--------|-----------------------------------------------------------------------------------|
@@ -20,7 +22,8 @@ INT4 weights (`weight_dtype` torch.quint4x2, the 4-bit unsigned pair) are stored
 | tensor | static, one scale from the checkpoint (`input_scale`)                             |
 | group  | dynamic, one scale per token and 128 columns (1 x 128 groups), for block weights  |
 | mx     | dynamic MX: e4m3 values and one e8m0 scale per token and 32 columns               |
-| none   | weight-only (W8A16): activations stay in the model's dtype, the weight is widened |
+| none   | weight-only (W8A16, W4A16): activations stay in the model's dtype, the weight is   |
+|        | widened (or decoded) in the kernel                                                |
 
 Weights are [N, K] (HF's [out_features, in_features]); y = x @ dequant(w).T + bias. `format_name`
 strings ("fp8:block:group") are what registered linear implementations declare they serve.
@@ -35,6 +38,9 @@ import torch
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 WEIGHT_SCALES = ("channel", "block", "mx", "group")
 INT4 = torch.quint4x2  # the scheme's marker for packed 4-bit unsigned weights (stored as uint8 pairs)
+FP4 = torch.float4_e2m1fn_x2  # packed e2m1 pairs (MXFP4), stored as uint8
+UINT8 = torch.uint8  # 8-bit unsigned weights with per-group zero points
+GROUPED_INTS = (INT4, UINT8)  # integer weights with per-group scales and zero points
 ACT_SCHEMES = ("token", "tensor", "group", "mx", "none")
 BLOCK = 128  # block-wise weight scales: 128 x 128; their activation groups: 1 x 128
 MX_GROUP = 32  # OCP microscaling: one e8m0 scale per 32 elements along K
@@ -43,23 +49,32 @@ FLOAT_FORMAT = "float"  # an unquantized layer
 
 @dataclass(frozen=True)
 class QuantScheme:
-    weight_dtype: torch.dtype  # float8_e4m3fn (e4m3fnuz on MI300), int8, or INT4 (packed)
+    weight_dtype: torch.dtype  # float8_e4m3fn (e4m3fnuz on MI300), int8, INT4 / FP4 (packed) or UINT8
     weight_scale: str  # one of WEIGHT_SCALES
     act: str  # one of ACT_SCHEMES
     group_size: int = 0  # "group" scales: columns of K per scale and zero point (-1: K, set per layer)
 
     def __post_init__(self) -> None:
-        if self.weight_dtype not in (*FP8_DTYPES, torch.int8, INT4):
-            raise ValueError(f"quantized weights are FP8 e4m3, int8 or int4, not {self.weight_dtype}")
-        if (self.weight_dtype == INT4) != (self.weight_scale == "group"):
-            raise ValueError("int4 weights, and only they, take per-group scales and zero points")
+        if self.weight_dtype not in (*FP8_DTYPES, torch.int8, *GROUPED_INTS, FP4):
+            raise ValueError(f"quantized weights are FP8 e4m3, int8, int4, uint8 or fp4, not {self.weight_dtype}")
+        if (self.weight_dtype in GROUPED_INTS) != (self.weight_scale == "group"):
+            raise ValueError("int4 and uint8 weights, and only they, take per-group scales and zero points")
         if self.weight_scale == "group" and self.group_size != -1 and (self.group_size <= 0 or self.group_size % 2):
-            raise ValueError(f"int4 group size {self.group_size}: a positive even number of columns (-1: all of K)")
+            raise ValueError(f"group size {self.group_size}: a positive even number of columns (-1: all of K)")
+        if self.weight_dtype == FP4 and (self.weight_scale, self.act) != ("mx", "none"):
+            raise ValueError("fp4 (MXFP4) weights take e8m0 scales per 32 columns and unquantized activations")
+        if self.weight_scale == "mx" and self.act == "none" and self.weight_dtype != FP4:
+            raise ValueError("MXFP8 weights go with MX-quantized activations (act 'mx'); weight-only MX is fp4")
         if self.weight_scale not in WEIGHT_SCALES or self.act not in ACT_SCHEMES:
             raise ValueError(
                 f"weight_scale {self.weight_scale!r} / act {self.act!r}: not {WEIGHT_SCALES} / {ACT_SCHEMES}"
             )
-        pairs = {"block": ("group", "none"), "mx": ("mx",), "channel": ("token", "tensor", "none"), "group": ("none",)}
+        pairs = {
+            "block": ("group", "none"),
+            "mx": ("mx", "none"),
+            "channel": ("token", "tensor", "none"),
+            "group": ("none",),
+        }
         if self.act not in pairs[self.weight_scale]:
             raise ValueError(
                 f"{self.weight_scale} weight scales go with activations {pairs[self.weight_scale]}, not {self.act!r}"
@@ -76,8 +91,14 @@ class QuantScheme:
         return self.weight_dtype == INT4
 
     @property
+    def packed(self) -> bool:
+        """Two 4-bit values a byte (INT4, FP4)."""
+        return self.weight_dtype in (INT4, FP4)
+
+    @property
     def format_name(self) -> str:
-        kind = "mxfp8" if self.weight_scale == "mx" else ("fp8" if self.is_fp8 else ("int4" if self.is_int4 else "int8"))
+        names = {INT4: "int4", UINT8: "uint8", FP4: "mxfp4", torch.int8: "int8"}
+        kind = "mxfp8" if self.weight_scale == "mx" and self.is_fp8 else names.get(self.weight_dtype, "fp8")
         return f"{kind}:{self.weight_scale}:{self.act}"
 
     def activation_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
@@ -90,10 +111,10 @@ class QuantizedWeight:
     """A layer's quantized weight as the kernels read it (layouts in the module docstring)."""
 
     scheme: QuantScheme
-    data: torch.Tensor  # [N, K] in scheme.weight_dtype (int4: uint8 [N, K / 2], two values a byte)
+    data: torch.Tensor  # [N, K] in scheme.weight_dtype (int4, fp4: uint8 [N, K / 2]; uint8 [N, K])
     scale: torch.Tensor  # see the table above
     input_scale: torch.Tensor | None = None  # float32 [1]: the static activation scale (act "tensor")
-    zeros: torch.Tensor | None = None  # float32 [N, K / G]: int4's zero points, in quantized units
+    zeros: torch.Tensor | None = None  # float32 [N, K / G]: int4 / uint8 zero points, in quantized units
     # int64 [K]: data's columns are the input's columns in this order (GPTQ act order, sorted by
     # group at load); the activations are permuted the same way before the GEMM
     perm: torch.Tensor | None = None
@@ -102,7 +123,7 @@ class QuantizedWeight:
     def shape(self) -> tuple[int, int]:
         """[N, K] of the matrix it stands for."""
         n, k = self.data.shape
-        return (n, 2 * k) if self.scheme.is_int4 else (n, k)
+        return (n, 2 * k) if self.scheme.packed else (n, k)
 
 
 @dataclass
@@ -121,8 +142,8 @@ class QuantizedActivation:
 
 def qmax(dtype: torch.dtype) -> float:
     """The largest magnitude a quantized value of `dtype` holds (int8: 127, symmetric; int4: 15,
-    unsigned with a zero point)."""
-    return {torch.int8: 127.0, INT4: 15.0}.get(dtype) or float(torch.finfo(dtype).max)
+    unsigned with a zero point; uint8: 255; fp4 e2m1: 6)."""
+    return {torch.int8: 127.0, INT4: 15.0, UINT8: 255.0, FP4: 6.0}.get(dtype) or float(torch.finfo(dtype).max)
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
@@ -134,3 +155,12 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     """uint8 [N, K / 2] -> uint8 [N, K] values 0..15 (pack_int4's inverse)."""
     return torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
+
+
+# e2m1 (OCP FP4) code -> value: sign bit 3, exponent bits 2-1 (bias 1), mantissa bit 0
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def e2m1_to_float(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 e2m1 codes (0..15) -> float32 values."""
+    return torch.tensor(E2M1_VALUES, device=codes.device)[codes.long()]

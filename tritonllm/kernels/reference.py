@@ -17,6 +17,7 @@ from tritonllm.kernels.quant_formats import (
     QuantizedActivation,
     QuantizedWeight,
     QuantScheme,
+    e2m1_to_float,
     qmax,
     unpack_int4,
 )
@@ -347,8 +348,8 @@ def dequantize_activation(q: torch.Tensor, scale: torch.Tensor, scheme: QuantSch
 def dequantize_weight(weight: QuantizedWeight) -> torch.Tensor:
     """The float32 [N, K] matrix a quantized weight stands for (quant_formats.py's layouts)."""
     data, scale, kind = weight.data.float(), weight.scale, weight.scheme.weight_scale
-    if kind == "group":  # int4: (q - zero) * scale per row and group of columns
-        q = unpack_int4(weight.data).float()
+    if kind == "group":  # int4 / uint8: (q - zero) * scale per row and group of columns
+        q = (unpack_int4(weight.data) if weight.scheme.packed else weight.data).float()
         g = weight.scheme.group_size
         w = (q - weight.zeros.float().repeat_interleave(g, 1)) * scale.float().repeat_interleave(g, 1)
         if weight.perm is not None:  # columns stored in act order: back to the input's order
@@ -357,6 +358,8 @@ def dequantize_weight(weight: QuantizedWeight) -> torch.Tensor:
     if kind == "channel":
         return data * scale.float().reshape(-1, 1)
     if kind == "mx":
+        if weight.scheme.packed:  # MXFP4: e2m1 pairs
+            data = e2m1_to_float(unpack_int4(weight.data))
         return data * _expand_groups(torch.exp2(scale.float() - 127), *data.shape, 1, MX_GROUP)
     return data * _expand_groups(scale.float(), *data.shape, BLOCK, BLOCK)
 

@@ -11,16 +11,20 @@ Read as published:
   `naive-quantized` (INT8): `config_groups` whose `weights` are 8-bit symmetric with strategy
   tensor, channel or block, and whose `input_activations` are dynamic per token, static per tensor
   (`input_scale`) or absent (weight-only W8A16); `ignore` lists names or "re:" patterns.
-- `quant_method: "gptq"`: 4-bit GPTQ (quantization/gptq.py), groups, act order, both zero formats.
+- `quant_method: "gptq"`: 4- and 8-bit GPTQ (quantization/gptq.py), groups, act order, both zero formats.
+- `quant_method: "mxfp4"` (gpt-oss): OCP MXFP4 weights stored as `<tensor>_blocks` (uint8, two e2m1
+  values a byte along K, the first in the low nibble) and `<tensor>_scales` (e8m0 per 32 columns);
+  `modules_to_not_convert` (glob patterns) stay unquantized (quantization/mxfp4.py).
 - `quant_method: "awq"`: 4-bit AWQ, GEMM version (quantization/awq.py).
 - compressed-tensors `pack-quantized`: W4A16, 4-bit symmetric per group or channel, act order or not
   (quantization/ct_packed.py).
-Anything else (8-bit GPTQ, other AWQ versions, other 4-bit formats, asymmetric 8-bit, other
+Anything else (3-bit GPTQ, other AWQ versions, other 4-bit formats, asymmetric 8-bit, other
 strategies) is refused at load, by name.
 
 Online: `quantization="fp8"` (per-channel weights, per-token activations), `"int8"` (same, int8),
-`"mxfp8"` (OCP MX on both operands) or `"int4"` (weight-only W4A16: asymmetric int4 per 128
-columns, packed two a byte); lm_head stays in the model's dtype, as vLLM does.
+`"mxfp8"` (OCP MX on both operands), `"int4"` (weight-only W4A16: asymmetric int4 per 128
+columns, packed two a byte) or `"mxfp4"` (weight-only: e2m1 pairs with e8m0 scales per 32 columns);
+lm_head stays in the model's dtype, as vLLM does.
 GPUs without FP8 (NVIDIA before compute capability 8.9) run FP8 checkpoints weight-only: the GEMM
 decodes the e4m3 bytes and multiplies in the activations' dtype (logged).
 """
@@ -35,13 +39,13 @@ from typing import Any
 import torch
 
 from tritonllm import platform
-from tritonllm.kernels.quant_formats import BLOCK, INT4, QuantScheme
+from tritonllm.kernels.quant_formats import BLOCK, FP4, INT4, UINT8, QuantScheme
 
 logger = logging.getLogger(__name__)
 
-ONLINE_METHODS = ("fp8", "int8", "mxfp8", "int4")
+ONLINE_METHODS = ("fp8", "int8", "mxfp8", "int4", "mxfp4")
 INT4_GROUP = 128  # online int4: asymmetric, one scale and zero point per 128 columns
-CHECKPOINT_METHODS = ("fp8", "compressed-tensors", "gptq", "awq")
+CHECKPOINT_METHODS = ("fp8", "compressed-tensors", "gptq", "awq", "mxfp4")
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,9 @@ class LayerQuant:
     static_input: bool = False  # the checkpoint carries `input_scale` (act "tensor")
     checkpoint_dtype: torch.dtype | None = None  # the weight's dtype on disk (e4m3fn on MI300: converted)
     zero_offset: int = 0  # GPTQ: added to the stored zero points (1 in the original format, which stores zero - 1)
-    packing: str = ""  # 4-bit checkpoints: "gptq", "awq", "ct" or "ct-g_idx" (compressed-tensors pack-quantized)
+    # grouped-integer checkpoints: "gptq", "awq", "ct" or "ct-g_idx" (compressed-tensors pack-quantized);
+    # "mxfp4": gpt-oss's *_blocks / *_scales
+    packing: str = ""
 
 
 @dataclass
@@ -93,11 +99,15 @@ def _act_on_this_gpu(act: str, what: str) -> str:
     return "none"
 
 
-def _names(patterns: list[str] | None) -> list[re.Pattern]:
-    """HF ignore lists: exact module names, or "re:" regular expressions (compressed-tensors)."""
+def _names(patterns: list[str] | None, globs: bool = False) -> list[re.Pattern]:
+    """HF ignore lists: exact module names, "re:" regular expressions (compressed-tensors), or with
+    `globs` names where `*` stands for any run of characters (gpt-oss's modules_to_not_convert)."""
     out = []
     for p in patterns or []:
-        out.append(re.compile(p[3:]) if p.startswith("re:") else re.compile(re.escape(p)))
+        if p.startswith("re:"):
+            out.append(re.compile(p[3:]))
+        else:
+            out.append(re.compile(".*".join(map(re.escape, p.split("*"))) if globs else re.escape(p)))
     return out
 
 
@@ -210,11 +220,11 @@ def _compressed_tensors_method(qc: dict[str, Any]) -> QuantConfig:
 
 
 def _gptq_method(qc: dict) -> QuantConfig:
-    """GPTQ (quantization/gptq.py): 4-bit, any group size (-1: one group per row), act order or
-    not, symmetric or not, zero points in the original (zero - 1) or the v2 format."""
+    """GPTQ (quantization/gptq.py): 4- or 8-bit, any group size (-1: one group per row), act order
+    or not, symmetric or not, zero points in the original (zero - 1) or the v2 format."""
     bits, group = qc.get("bits"), qc.get("group_size", 128)
-    if bits != 4:
-        raise ValueError(f"GPTQ with bits={bits} is not supported (4-bit GPTQ is)")
+    if bits not in (4, 8):
+        raise ValueError(f"GPTQ with bits={bits} is not supported (4- and 8-bit GPTQ are)")
     if not (group == -1 or (isinstance(group, int) and group > 0 and group % 2 == 0)):
         raise ValueError(f"GPTQ group_size={group} is not supported (-1 or a positive even number)")
     if qc.get("lm_head"):
@@ -222,7 +232,7 @@ def _gptq_method(qc: dict) -> QuantConfig:
     fmt = qc.get("checkpoint_format", "gptq")
     if fmt not in ("gptq", "gptq_v2"):
         raise ValueError(f"GPTQ checkpoint_format {fmt!r} is not supported ('gptq', 'gptq_v2')")
-    scheme = QuantScheme(INT4, "group", "none", group_size=group)
+    scheme = QuantScheme(INT4 if bits == 4 else UINT8, "group", "none", group_size=group)
     layer = LayerQuant(scheme, False, zero_offset=1 if fmt == "gptq" else 0, packing="gptq")
     skipped = qc.get("modules_to_not_convert") or []
     return QuantConfig("gptq", layer, ignore=_names(["lm_head", *skipped]))
@@ -244,11 +254,21 @@ def _awq_method(qc: dict) -> QuantConfig:
     return QuantConfig("awq", LayerQuant(scheme, False, packing="awq"), ignore=_names(["lm_head", *skipped]))
 
 
+def _mxfp4_method(qc: dict) -> QuantConfig:
+    """gpt-oss's MXFP4 (quantization/mxfp4.py): every linear layer not in modules_to_not_convert."""
+    layer = LayerQuant(QuantScheme(FP4, "mx", "none"), False, packing="mxfp4")
+    return QuantConfig(
+        "mxfp4", layer, ignore=_names(["lm_head", *(qc.get("modules_to_not_convert") or [])], globs=True)
+    )
+
+
 def _online_method(method: str) -> QuantConfig:
     if method == "int8":
         scheme = QuantScheme(torch.int8, "channel", "token")
     elif method == "int4":
         scheme = QuantScheme(INT4, "group", "none", group_size=INT4_GROUP)
+    elif method == "mxfp4":
+        scheme = QuantScheme(FP4, "mx", "none")
     elif method == "fp8":
         scheme = QuantScheme(_fp8(), "channel", _act_on_this_gpu("token", "quantization='fp8'"))
     else:
@@ -278,6 +298,8 @@ def quant_config(hf_config: Any, quantization: str | None) -> QuantConfig | None
             return _gptq_method(qc)
         if method == "awq":
             return _awq_method(qc)
+        if method == "mxfp4":
+            return _mxfp4_method(qc)
         raise ValueError(
             f"the checkpoint's quant_method {method!r} is not supported (supported: {', '.join(CHECKPOINT_METHODS)})"
         )

@@ -21,6 +21,8 @@ Layouts (quantization/config.py reads them back):
   round-to-nearest, without AWQ's activation-aware scale search).
 - ct-w4a16-g64: compressed-tensors pack-quantized W4A16, symmetric int4 per 64 columns
   (quantization/ct_packed.py).
+- gptq-8bit-g64-act-order: `quant_method: gptq`, 8-bit, 64-column groups, act order, original zeros.
+- mxfp4: `quant_method: mxfp4` (gpt-oss): `weight_blocks` / `weight_scales` (quantization/mxfp4.py).
 Static scales (input_scale, k/v scales) are calibrated on `calibration` prompts through HF
 transformers' own model: amax / 448 of each layer's inputs (K/V: of k_proj / v_proj outputs).
 """
@@ -39,12 +41,19 @@ from tritonllm.kernels.quant_formats import QuantScheme
 from tritonllm.quantization.awq import awq_tensors
 from tritonllm.quantization.ct_packed import pack_quantized_tensors
 from tritonllm.quantization.gptq import gptq_tensors
+from tritonllm.quantization.mxfp4 import mxfp4_tensors
 from tritonllm.quantization.quantize import quantize_weight
 
 LAYOUTS = ("fp8-block", "fp8-tensor", "fp8-tensor-static", "ct-fp8-channel", "ct-fp8-static", "ct-int8-channel",
-           "ct-int8-w8a16", "gptq-g32-act-order", "gptq-g128", "gptq-channel-v2", "awq-g128", "ct-w4a16-g64")  # fmt: skip
-# GPTQ layouts: (group_size, act order, checkpoint_format)
-_GPTQ = {"gptq-g32-act-order": (32, True, "gptq"), "gptq-g128": (128, False, "gptq"), "gptq-channel-v2": (-1, False, "gptq_v2")}
+           "ct-int8-w8a16", "gptq-g32-act-order", "gptq-g128", "gptq-channel-v2", "awq-g128", "ct-w4a16-g64",
+           "gptq-8bit-g64-act-order", "mxfp4")  # fmt: skip
+# GPTQ layouts: (group_size, act order, checkpoint_format, bits)
+_GPTQ = {
+    "gptq-g32-act-order": (32, True, "gptq", 4),
+    "gptq-g128": (128, False, "gptq", 4),
+    "gptq-channel-v2": (-1, False, "gptq_v2", 4),
+    "gptq-8bit-g64-act-order": (64, True, "gptq", 8),
+}
 _LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 FP8 = torch.float8_e4m3fn  # checkpoints are published in e4m3fn (MI300 converts at load)
 
@@ -62,9 +71,11 @@ def _quantization_config(layout: str) -> dict:
                 "ignore": ["lm_head"], "quantization_status": "compressed"}  # fmt: skip
     if layout == "awq-g128":
         return {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
+    if layout == "mxfp4":
+        return {"quant_method": "mxfp4", "modules_to_not_convert": ["lm_head", "model.embed_tokens"]}
     if layout in _GPTQ:
-        group, act_order, fmt = _GPTQ[layout]
-        return {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": act_order, "sym": False,
+        group, act_order, fmt, bits = _GPTQ[layout]
+        return {"quant_method": "gptq", "bits": bits, "group_size": group, "desc_act": act_order, "sym": False,
                 "checkpoint_format": fmt, "lm_head": False}  # fmt: skip
     if layout.startswith("fp8-"):
         qc = {
@@ -135,10 +146,13 @@ def export_quantized(src: str | Path, dst: str | Path, layout: str, calibration:
             out[name] = t
             continue
         if layout in _GPTQ:
-            group, act_order, fmt = _GPTQ[layout]
+            group, act_order, fmt, bits = _GPTQ[layout]
             k = t.shape[1]  # act order: a fixed permutation per input width (one per layer input, as GPTQ's)
             order = torch.randperm(k, generator=torch.Generator().manual_seed(k)) if act_order else None
-            for suffix, tensor in gptq_tensors(t.float(), group, order, v1_zeros=fmt == "gptq").items():
+            for suffix, tensor in gptq_tensors(t.float(), group, order, v1_zeros=fmt == "gptq", bits=bits).items():
+                out[f"{module}.{suffix}"] = tensor
+        elif layout == "mxfp4":
+            for suffix, tensor in mxfp4_tensors(t.float()).items():
                 out[f"{module}.{suffix}"] = tensor
         elif layout == "ct-w4a16-g64":
             for suffix, tensor in pack_quantized_tensors(t.float(), 64).items():

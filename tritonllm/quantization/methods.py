@@ -151,7 +151,11 @@ def make_method(layer_quant: LayerQuant | None):
         return UnquantizedMethod()
     if layer_quant.online:
         return OnlineQuantMethod(layer_quant)
-    if layer_quant.scheme.is_int4:  # 4-bit checkpoints: GPTQ's, AWQ's or compressed-tensors' layout
+    if layer_quant.packing == "mxfp4":
+        from tritonllm.quantization.mxfp4 import Mxfp4Method
+
+        return Mxfp4Method(layer_quant)
+    if layer_quant.scheme.weight_scale == "group":  # GPTQ's, AWQ's or compressed-tensors' packed layouts
         from tritonllm.quantization.awq import AWQMethod  # (these modules use copy_weight from here)
         from tritonllm.quantization.ct_packed import PackQuantizedMethod
         from tritonllm.quantization.gptq import GPTQMethod

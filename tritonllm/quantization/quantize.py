@@ -3,8 +3,10 @@ fixtures): a float weight [N, K] -> QuantizedWeight in a scheme's layout (kernel
 
 Runs once per layer at load, in torch: per-channel scales amax / qmax per row; 128 x 128 block
 scales amax / qmax per block; MX: one e8m0 exponent per row and 32 columns, as for activations;
-int4: asymmetric per row and group of G columns, scale (max - min) / 15 and zero point
-round(-min / scale), values round(w / scale) + zero clamped to 0..15 (as GPTQ / AWQ store them).
+int4 / uint8: asymmetric per row and group of G columns, scale (max - min) / qmax (15 / 255) and
+zero point round(-min / scale), values round(w / scale) + zero clamped to 0..qmax (as GPTQ / AWQ
+store them); MXFP4: one e8m0 exponent per row and 32 columns, floor(log2(amax)) - 2 (e2m1's largest
+exponent, as the OCP spec computes the shared scale), values rounded to the nearest e2m1 value.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from tritonllm.kernels.quant import EPS
-from tritonllm.kernels.quant_formats import BLOCK, QuantizedWeight, QuantScheme, pack_int4, qmax
+from tritonllm.kernels.quant_formats import BLOCK, MX_GROUP, QuantizedWeight, QuantScheme, pack_int4, qmax
 from tritonllm.kernels.reference import quantize_activation, round_quantized
 
 
@@ -25,7 +27,9 @@ def quantize_weight(weight: torch.Tensor, scheme: QuantScheme) -> QuantizedWeigh
         scale = w.abs().amax(-1).clamp(min=EPS) / qmax(dtype)
         return QuantizedWeight(scheme, round_quantized(w / scale[:, None], dtype), scale)
     if scheme.weight_scale == "group":
-        return _quantize_int4(w, scheme)
+        return _quantize_grouped(w, scheme)
+    if scheme.weight_scale == "mx" and scheme.packed:
+        return _quantize_mxfp4(w, scheme)
     if scheme.weight_scale == "mx":  # the activation quantizer's MX rule, applied to the weight's rows
         data, scale = quantize_activation(w, scheme)
         return QuantizedWeight(scheme, data, scale)
@@ -37,13 +41,30 @@ def quantize_weight(weight: torch.Tensor, scheme: QuantScheme) -> QuantizedWeigh
     return QuantizedWeight(scheme, data, scale)
 
 
-def _quantize_int4(w: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
+def _quantize_grouped(w: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
     n, k = w.shape
+    top = qmax(scheme.weight_dtype)
     if k % scheme.group_size:
-        raise ValueError(f"int4: K ({k}) must be a multiple of the group size ({scheme.group_size})")
+        raise ValueError(f"{scheme.format_name}: K ({k}) must be a multiple of the group size ({scheme.group_size})")
     groups = w.view(n, k // scheme.group_size, scheme.group_size)
     low, high = groups.amin(-1).clamp(max=0.0), groups.amax(-1).clamp(min=0.0)  # 0 is exactly representable
-    scale = ((high - low) / 15.0).clamp(min=EPS)
-    zeros = torch.round(-low / scale).clamp(0, 15)
-    q = torch.clamp(torch.round(groups / scale[..., None]) + zeros[..., None], 0, 15).view(n, k)
-    return QuantizedWeight(scheme, pack_int4(q), scale, zeros=zeros)
+    scale = ((high - low) / top).clamp(min=EPS)
+    zeros = torch.round(-low / scale).clamp(0, top)
+    q = torch.clamp(torch.round(groups / scale[..., None]) + zeros[..., None], 0, top).view(n, k)
+    return QuantizedWeight(scheme, pack_int4(q) if scheme.packed else q.to(torch.uint8), scale, zeros=zeros)
+
+
+# midpoints between consecutive e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6: bucket i is magnitude code i
+_E2M1_MIDPOINTS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+
+
+def _quantize_mxfp4(w: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
+    n, k = w.shape
+    if k % MX_GROUP:
+        raise ValueError(f"mxfp4: K ({k}) must be a multiple of {MX_GROUP}")
+    groups = w.view(n, k // MX_GROUP, MX_GROUP)
+    amax = groups.abs().amax(-1)
+    exponent = (torch.floor(torch.log2(amax)).clamp(min=-127) - 2).clamp(-127, 127)  # e2m1's emax is 2
+    v = groups / torch.exp2(exponent)[..., None]
+    codes = torch.bucketize(v.abs(), _E2M1_MIDPOINTS.to(w.device)).to(torch.uint8) | ((v < 0).to(torch.uint8) << 3)
+    return QuantizedWeight(scheme, pack_int4(codes.view(n, k)), (exponent + 127).to(torch.uint8))
