@@ -48,6 +48,7 @@ SCHEMES = {
     "mxfp8": QuantScheme(FP8, "mx", "mx"),
     "w8a16": QuantScheme(FP8, "channel", "none"),
     "int4": QuantScheme(INT4, "group", "none", group_size=128),  # W4A16, online quantization="int4"; GPTQ/AWQ g128
+    "int4_g32": QuantScheme(INT4, "group", "none", group_size=32),  # GGUF Q4_K / Q4_0 as loaded
     "mxfp4": QuantScheme(FP4, "mx", "none"),  # W4A16 MXFP4 (gpt-oss, online quantization="mxfp4")
     "uint8_g32": QuantScheme(UINT8, "group", "none", group_size=32),  # 8-bit GPTQ g32, GGUF Q8_0 / Q5_K / Q6_K
 }

@@ -142,6 +142,7 @@ for step in $STEPS; do
           fp8_triton) args="model.quantization=fp8 kernels.linear=triton" ;;
           int8_triton) args="model.quantization=int8 kernels.linear=triton" ;;
           int4_triton) args="model.quantization=int4 kernels.linear=triton" ;;
+          mxfp4_triton) args="model.quantization=mxfp4 kernels.linear=triton" ;;
         esac
         for exp in ${QUANT_EXPS:-batch1_decode throughput_64x512}; do
           python3 -m tritonllm.run model.path="$MODELS/llama3-8b" +experiment=$exp workload.detokenize=true $args \

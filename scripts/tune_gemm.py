@@ -30,11 +30,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tritonllm.kernels import gemm as g  # noqa: E402
 from tritonllm.kernels import reference  # noqa: E402
-from tritonllm.kernels.quant_formats import QuantScheme  # noqa: E402
+from tritonllm.kernels.quant_formats import FP4, INT4, QuantScheme  # noqa: E402
 from tritonllm.quantization.quantize import quantize_weight  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
-SCHEMES = {"float": None, "fp8": QuantScheme(FP8, "channel", "token"), "fp8_block": QuantScheme(FP8, "block", "group")}
+SCHEMES = {
+    "float": None,
+    "fp8": QuantScheme(FP8, "channel", "token"),
+    "fp8_block": QuantScheme(FP8, "block", "group"),
+    # W4A16: GPTQ / AWQ (128-column groups), GGUF Q4_K as loaded (32-column groups), MXFP4
+    "int4": QuantScheme(INT4, "group", "none", group_size=128),
+    "int4_g32": QuantScheme(INT4, "group", "none", group_size=32),
+    "mxfp4": QuantScheme(FP4, "mx", "none"),
+}
+W4A16 = ("int4", "int4_g32", "mxfp4")
 LLAMA = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 T = g.GemmTiles
 
@@ -90,6 +99,15 @@ def cases(suites: list[str]) -> list[tuple[str, int, int, int, list[tuple[T, int
             out.append(("float", n, k, m, _skinny(bm, (128, 256)) + (_gemv((128, 256, 512)) if gemv else [])))
             out.append(("fp8", n, k, m, _skinny(bm, (128, 256, 512)) + (_gemv((256, 512, 1024)) if gemv else [])))
             out.append(("fp8_block", n, k, m, _skinny(bm, (128,)) + (_gemv((128,), (1, 2, 4, 8)) if gemv else [])))
+    if "w4a16" in suites:  # decoded 4-bit weights at decode sizes; dequantize-then-GEMM beside the tiles at large M
+        for fmt, (n, k) in itertools.product(("int4", "mxfp4"), LLAMA):  # int4_g32 (GGUF Q4_K) takes int4's tiles
+            out.append((fmt, n, k, 1, _gemv((128, 256, 512, 1024), (1, 2, 4, 8))))
+            out.append((fmt, n, k, 4, _gemv((128, 256, 512, 1024), (1, 2, 4, 8)) + _skinny(16, (128, 256))))
+            out.append((fmt, n, k, 16, _skinny(16, (64, 128, 256))))
+            out.append((fmt, n, k, 64, _skinny(64, (64, 128))))
+            for m in (256, 1024):
+                big = [T(128, 128, 64, 8, 3), T(128, 128, 64, 8, 3, dequant=True)]
+                out.append((fmt, n, k, m, [(t, 1) for t in big]))
     if "m4" in suites:  # a few decode rows: the M = 16 tiles and the GEMV (which reads the weight from L2 per row)
         for n, k in LLAMA:
             out.append(("float", n, k, 4, _skinny(16, (128, 256)) + _gemv((128, 256, 512))))
@@ -106,6 +124,10 @@ def operands(fmt: str, n: int, k: int, m: int):
     if scheme is None:
         return (lambda t, s: g.gemm(x, w, tiles=t, split_k=s)), x.float() @ w.float().t(), None, x, w
     weight = quantize_weight(w, scheme)
+    if scheme.act == "none":  # weight-only: x as it is
+        args = dict(g.scale_args(scheme), out_dtype=torch.bfloat16, b_scale=weight.scale, b_zero=weight.zeros)
+        expected = x.float() @ reference.dequantize_weight(weight).t()
+        return (lambda t, s: g.gemm(x, weight.data, tiles=t, split_k=s, **args)), expected, None, x, w
     a, a_scale = reference.quantize_activation(x, scheme)
     expected = reference.dequantize_activation(a, a_scale, scheme) @ reference.dequantize_weight(weight).t()
     args = dict(g.scale_args(scheme), out_dtype=torch.bfloat16, a_scale=a_scale, b_scale=weight.scale)
@@ -139,10 +161,12 @@ def compile_tasks(todo) -> list[tuple]:
     seen, tasks = set(), []
     for fmt, n, k, m, cands in todo:
         for tiles, split in cands:
-            kind = "block" if fmt == "fp8_block" else ("w8a8" if fmt == "fp8" else "float")
+            kind = KINDS[fmt]
             group_k = 128 if fmt == "fp8_block" else 0
-            planned = g.plan_gemm(kind, m, n, k, group_k, 2 if fmt == "float" else 1, 2 if fmt == "float" else 1,
-                                  tiles, split)  # fmt: skip
+            decode_group = g.scale_args(SCHEMES[fmt])["group_k"] if fmt in W4A16 else 0
+            a_bytes = 2 if fmt == "float" or fmt in W4A16 else 1
+            planned = g.plan_gemm(kind, m, n, k, group_k, a_bytes, 2 if fmt == "float" else 1, tiles, split,
+                                  decode_group)  # fmt: skip
             key = (fmt, planned[0], planned[1], m == 1, k % planned[0].block_k == 0)
             if key not in seen:
                 seen.add(key)
@@ -150,7 +174,7 @@ def compile_tasks(todo) -> list[tuple]:
     return tasks
 
 
-KINDS = {"float": "float", "fp8": "w8a8", "fp8_block": "block"}  # gemm.py's table kinds
+KINDS = {"float": "float", "fp8": "w8a8", "fp8_block": "block", "int4": "w4a16", "int4_g32": "w4a16", "mxfp4": "w4a16"}
 
 
 def tuned_table(rows: list[dict]) -> dict:
@@ -171,16 +195,19 @@ def tuned_table(rows: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
-    parser.add_argument("--suites", nargs="+", default=["large", "block", "skinny"], help="also: m4")
+    parser.add_argument("--suites", nargs="+", default=["large", "block", "skinny"], help="also: m4, w4a16")
     parser.add_argument("--jobs", type=int, default=16)
     parser.add_argument("--rep", type=int, default=5, help="ms of replays per timing")
     parser.add_argument("--write-tuned", type=Path, help="write OUT.json's skinny winners here; no sweep")
     parser.add_argument("--merge", nargs="*", type=Path, default=[], help="with --write-tuned: more sweeps' rows")
+    parser.add_argument("--update", action="store_true", help="with --write-tuned: keep the file's other kinds")
     args = parser.parse_args()
     if args.write_tuned:
         sweep = json.loads(args.out.read_text())
         rows = sweep["rows"] + [r for path in args.merge for r in json.loads(path.read_text())["rows"]]
         table = dict(device=sweep["device"], torch=sweep["torch"], triton=sweep["triton"], **tuned_table(rows))
+        if args.update and args.write_tuned.exists():  # the sweep's kinds replace the file's, the rest stay
+            table = {**json.loads(args.write_tuned.read_text()), **table}
         args.write_tuned.parent.mkdir(parents=True, exist_ok=True)
         args.write_tuned.write_text(json.dumps(table, indent=1) + "\n")
         return

@@ -208,7 +208,7 @@ def test_gptq_weights_dequantize_as_autogptq_defines_them(layout, fitted, tmp_pa
     expected = ((q - zero[g_idx]) * scales[g_idx]).T  # [N, K]
     llm = LLM(model=str(folder), max_model_len=64)
     layer = llm.llm_engine.model.model.layers[1].mlp.down_proj
-    assert torch.equal(reference.dequantize_weight(layer.gptq), expected)
+    assert torch.equal(reference.dequantize_weight(layer.gptq).cpu(), expected)
     assert (layer.gptq.perm is not None) == layout.endswith("act-order")
     assert layer.gptq.scheme.format_name == ("uint8:group:none" if bits == 8 else "int4:group:none")
 
@@ -235,7 +235,7 @@ def test_mxfp4_weights_dequantize_as_gpt_oss_defines_them(fitted, tmp_path) -> N
     _rewrite_config(folder, modules_to_not_convert=["lm_head", "model.layers.*.self_attn.o_proj"])
     llm = LLM(model=str(folder), max_model_len=64)
     layers = llm.llm_engine.model.model.layers
-    assert torch.equal(reference.dequantize_weight(layers[1].mlp.down_proj.mxfp4), expected)
+    assert torch.equal(reference.dequantize_weight(layers[1].mlp.down_proj.mxfp4).cpu(), expected)
     assert layers[0].self_attn.o_proj.format_name == "float" and layers[0].mlp.down_proj.format_name == "mxfp4:mx:none"
 
 
@@ -259,7 +259,7 @@ def test_awq_weights_dequantize_as_autoawq_defines_them(fitted, tmp_path) -> Non
     llm = LLM(model=str(folder), max_model_len=64)
     qkv = llm.llm_engine.model.model.layers[0].self_attn.qkv_proj
     first, rows = qkv.shard_offsets["k"]
-    assert torch.equal(reference.dequantize_weight(qkv.gptq)[first : first + rows], expected)
+    assert torch.equal(reference.dequantize_weight(qkv.gptq)[first : first + rows].cpu(), expected)
 
 
 def test_pack_quantized_weights_dequantize_as_compressed_tensors_defines_them(fitted, tmp_path) -> None:
@@ -276,7 +276,9 @@ def test_pack_quantized_weights_dequantize_as_compressed_tensors_defines_them(fi
     stored = (packed[:, ks // 8] >> (4 * (ks % 8))[None, :]) & 15  # [N, K]
     expected = (stored - 8) * scale[:, ks // 64]
     llm = LLM(model=str(folder), max_model_len=64)
-    assert torch.equal(reference.dequantize_weight(llm.llm_engine.model.model.layers[1].mlp.down_proj.gptq), expected)
+    assert torch.equal(
+        reference.dequantize_weight(llm.llm_engine.model.model.layers[1].mlp.down_proj.gptq).cpu(), expected
+    )
     tensors[f"{prefix}.weight_shape"] = torch.tensor([7, 7])
     save_file(tensors, str(folder / "model.safetensors"))
     with pytest.raises(ValueError, match=r"down_proj\.weight_shape: weight_shape: \[7, 7\] is not this layer's"):

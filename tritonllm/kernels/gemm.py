@@ -49,11 +49,12 @@ from tritonllm.kernels.gemm_scales import (
     DEC_INT4,
     DEC_NONE,
     DEC_UINT8,
-    decode_weight,
+    dequant_values,
     e4m3fn_bits_to_float,
     e8m0_to_float,
     epilogue,
     group_scales,
+    unpack_values,
 )
 from tritonllm.kernels.quant_formats import BLOCK, FP4, FP8_DTYPES, INT4, MX_GROUP, QuantScheme
 
@@ -124,16 +125,18 @@ def gemm_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
         if EVEN_K:
-            a = tl.load(a_ptrs)
             b = tl.load(b_ptrs)
         else:
-            in_k = k + offs_k < k_end
-            a = tl.load(a_ptrs, mask=in_k[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=(k // PACK + offs_kb < k_end // PACK)[:, None], other=0.0)
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=(k + offs_k < k_end)[None, :], other=0.0)
         if UPCAST_B:
             if B_DECODE != DEC_NONE:  # int4 / 8-bit with group scales and zero points, or MXFP4
-                b = decode_weight(b, b_scale_ptr, b_zero_ptr, rn, k, k_end, stride_bsn, stride_bsk,
-                                  B_DECODE, GROUP_K, BLOCK_K, BLOCK_N, 1).to(a.dtype)  # fmt: skip
+                b = unpack_values(b, B_DECODE, BLOCK_K, BLOCK_N, 1)
+                b = dequant_values(b, b_scale_ptr, b_zero_ptr, rn, k, k_end, stride_bsn, stride_bsk,
+                                   B_DECODE, GROUP_K, BLOCK_K, BLOCK_N, 1, 1).to(a.dtype)  # fmt: skip
             elif B_E4M3FN_BITS:  # e4m3fn weights as bytes: no FP8 conversion on this GPU
                 b = e4m3fn_bits_to_float(b).to(a.dtype)
             else:
@@ -230,7 +233,8 @@ class GemmTiles:
 # pointer kernel reached 0.63-0.77x); block-FP8 64 x 128 tiles, four warps (three CTAs per SM hide
 # each other's per-K-tile rescale); skinny buckets favour wide K tiles and split-K (the weight read
 # is the cost). The 128/256 buckets and weight-only are the Triton tutorial's starting points; decoded
-# weights (int4, 8-bit grouped, MXFP4) beyond M = 256 are dequantized first, then multiplied in bf16.
+# weights (int4, 8-bit grouped, MXFP4) beyond M = 64 are dequantized first, then multiplied in bf16
+# (H200 sweep: at M = 256 and 1024 dequantize-then-GEMM took 0.4-0.9x the fused tile kernel's time).
 _HOPPER = {
     "float": [
         (16, GemmTiles(16, 128, 128, 4, 4, 8, 4)),
@@ -254,13 +258,11 @@ _HOPPER = {
     "weight_only": [
         (16, GemmTiles(16, 64, 256, 4, 4, 8, 8)),
         (64, GemmTiles(64, 64, 128, 4, 4, 8, 4)),
-        (256, GemmTiles(128, 128, 64, 8, 3)),
         (None, GemmTiles(128, 128, 64, 8, 3, dequant=True)),
     ],
     "w4a16": [
         (16, GemmTiles(16, 64, 256, 4, 4, 8, 8)),
         (64, GemmTiles(64, 64, 128, 4, 4, 8, 4)),
-        (256, GemmTiles(128, 128, 64, 8, 3)),
         (None, GemmTiles(128, 128, 64, 8, 3, dequant=True)),
     ],
 }

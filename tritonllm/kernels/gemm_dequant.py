@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritonllm.kernels.gemm_scales import DEC_FP4, DEC_INT4, decode_weight
+from tritonllm.kernels.gemm_scales import DEC_FP4, DEC_INT4, dequant_values, unpack_values
 
 
 @triton.jit
@@ -25,12 +25,12 @@ def dequant_kernel(
     offs_kb = k // PACK + tl.arange(0, BLOCK_K // PACK)
     b = tl.load(b_ptr + rn[:, None] * stride_bn + offs_kb[None, :] * stride_bk,
                 mask=(offs_kb < K // PACK)[None, :], other=0)  # fmt: skip
-    w = decode_weight(b, scale_ptr, zero_ptr, rn, k, K, stride_sn, stride_sk, DECODE, GROUP_K, BLOCK_K, BLOCK_N, 0)
+    w = unpack_values(b, DECODE, BLOCK_K, BLOCK_N, 0)
+    w = dequant_values(w, scale_ptr, zero_ptr, rn, k, K, stride_sn, stride_sk, DECODE, GROUP_K, BLOCK_K, BLOCK_N, 0, 1)
     offs_k = k + tl.arange(0, BLOCK_K)
     mask = (offs_n < N)[:, None] & (offs_k < K)[None, :]
-    tl.store(
-        out_ptr + offs_n[:, None].to(tl.int64) * stride_on + offs_k[None, :], w.to(out_ptr.dtype.element_ty), mask=mask
-    )
+    out = out_ptr + offs_n[:, None].to(tl.int64) * stride_on + offs_k[None, :]
+    tl.store(out, w.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def dequantize(

@@ -21,9 +21,9 @@ from tritonllm.kernels.gemm_scales import (
     DEC_FP4,
     DEC_INT4,
     DEC_NONE,
-    decode_weight,
     e4m3fn_bits_to_float,
     epilogue,
+    gemv_decoded_part,
     group_scales,
 )
 
@@ -59,26 +59,28 @@ def gemv_kernel(
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
         if EVEN_K:
-            a = tl.load(a_ptrs)
             b = tl.load(b_ptrs)
         else:
-            in_k = k + offs_k < k_end
-            a = tl.load(a_ptrs, mask=in_k, other=0.0)
             b = tl.load(b_ptrs, mask=(k // PACK + offs_kb < k_end // PACK)[None, :], other=0.0)
-        if INT_ACC:
-            acc += tl.sum(b.to(tl.int32) * a.to(tl.int32)[None, :], axis=1)
+        if B_DECODE != DEC_NONE:  # int4 / 8-bit with group scales and zero points, or MXFP4
+            acc += gemv_decoded_part(b, a_ptr + row.to(tl.int64) * stride_am, b_scale_ptr, b_zero_ptr, rn, k, k_end,
+                                     stride_ak, stride_bsn, stride_bsk, B_DECODE, GROUP_K, BLOCK_K, BLOCK_N)  # fmt: skip
         else:
-            if B_DECODE != DEC_NONE:  # int4 / 8-bit with group scales and zero points, or MXFP4
-                b = decode_weight(b, b_scale_ptr, b_zero_ptr, rn, k, k_end, stride_bsn, stride_bsk,
-                                  B_DECODE, GROUP_K, BLOCK_K, BLOCK_N, 0)  # fmt: skip
-            elif B_E4M3FN_BITS:
-                b = e4m3fn_bits_to_float(b)
-            part = tl.sum(b.to(tl.float32) * a.to(tl.float32)[None, :], axis=1)
-            if K_GROUPED:
-                a_s, b_s = group_scales(a_scale_ptr, b_scale_ptr, rm, rn, k // GROUP_K, stride_asm, stride_ask,
-                                        stride_bsn, stride_bsk, A_SCALE, B_SCALE, GROUP_N, False)  # fmt: skip
-                part = part * a_s * b_s
-            acc += part
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+            else:
+                a = tl.load(a_ptrs, mask=k + offs_k < k_end, other=0.0)
+            if INT_ACC:
+                acc += tl.sum(b.to(tl.int32) * a.to(tl.int32)[None, :], axis=1)
+            else:
+                if B_E4M3FN_BITS:
+                    b = e4m3fn_bits_to_float(b)
+                part = tl.sum(b.to(tl.float32) * a.to(tl.float32)[None, :], axis=1)
+                if K_GROUPED:
+                    a_s, b_s = group_scales(a_scale_ptr, b_scale_ptr, rm, rn, k // GROUP_K, stride_asm, stride_ask,
+                                            stride_bsn, stride_bsk, A_SCALE, B_SCALE, GROUP_N, False)  # fmt: skip
+                    part = part * a_s * b_s
+                acc += part
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += (BLOCK_K // PACK) * stride_bk
 

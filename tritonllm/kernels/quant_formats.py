@@ -8,8 +8,8 @@ activations are quantized before the GEMM:
 | channel      | float32 [N] (a per-tensor scale is stored expanded) | FP8/INT8 per-tensor and per-channel       |
 | block        | float32 [cdiv(N, 128), cdiv(K, 128)]               | FP8 block-wise (DeepSeek-V3, Qwen3-FP8)   |
 | mx           | uint8 e8m0 [N, K / 32]: scale = 2 ** (e - 127)     | MXFP8, MXFP4 (OCP microscaling)           |
-| group        | float32 [N, K / G] scales and zero points          | INT4 / UINT8 weight-only:                 |
-|              | (float16 allowed)                                  | w = (q - zero) * scale                    |
+| group        | float16 (or float32) [N, K / G] scales and zero    | INT4 / UINT8 weight-only:                 |
+|              | points                                             | w = (q - zero) * scale                    |
 
 Weight dtypes: FP8 e4m3 and int8 as such; INT4 (`torch.quint4x2`, unsigned 0..15) and FP4 (MXFP4's
 e2m1, `torch.float4_e2m1fn_x2`) stored packed, uint8 [N, K / 2], the low nibble holding the even
@@ -114,7 +114,7 @@ class QuantizedWeight:
     data: torch.Tensor  # [N, K] in scheme.weight_dtype (int4, fp4: uint8 [N, K / 2]; uint8 [N, K])
     scale: torch.Tensor  # see the table above
     input_scale: torch.Tensor | None = None  # float32 [1]: the static activation scale (act "tensor")
-    zeros: torch.Tensor | None = None  # float32 [N, K / G]: int4 / uint8 zero points, in quantized units
+    zeros: torch.Tensor | None = None  # float16/32 [N, K / G]: int4 / uint8 zero points, in quantized units
     # int64 [K]: data's columns are the input's columns in this order (GPTQ act order, sorted by
     # group at load); the activations are permuted the same way before the GEMM
     perm: torch.Tensor | None = None

@@ -16,6 +16,7 @@ from torch import nn
 
 from tritonllm.quantization.gptq import (
     PER_INT32,
+    SCALE_DTYPE,
     GPTQMethod,
     int32_param,
     load_packed_columns,
@@ -46,7 +47,7 @@ class AWQMethod(GPTQMethod):
         groups = in_features // self.group_of(layer, in_features, out_features, packed_k=False, packed_n=True)
         layer.qweight = int32_param(in_features, out_features // PER_INT32)
         layer.qzeros = int32_param(groups, out_features // PER_INT32)
-        layer.scales = nn.Parameter(torch.empty(groups, out_features, dtype=torch.float32), False)
+        layer.scales = nn.Parameter(torch.empty(groups, out_features, dtype=SCALE_DTYPE), False)
 
     def load(self, layer: nn.Module, name: str, loaded: torch.Tensor, shard: tuple[int, int, int]) -> None:
         first, rows, _ = shard

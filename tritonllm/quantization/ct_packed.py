@@ -16,6 +16,7 @@ from torch import nn
 
 from tritonllm.quantization.gptq import (
     PER_INT32,
+    SCALE_DTYPE,
     GPTQMethod,
     int32_param,
     load_act_order,
@@ -35,7 +36,7 @@ class PackQuantizedMethod(GPTQMethod):
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
         group = self.group_of(layer, in_features, out_features, packed_k=True, packed_n=False)
         layer.weight_packed = int32_param(out_features, in_features // PER_INT32)
-        layer.weight_scale = nn.Parameter(torch.empty(out_features, in_features // group, dtype=torch.float32), False)
+        layer.weight_scale = nn.Parameter(torch.empty(out_features, in_features // group, dtype=SCALE_DTYPE), False)
         layer.weight_shape = nn.Parameter(torch.zeros(2, dtype=torch.int64), False)  # checked per shard at load
         if self.layer_quant.packing == "ct-g_idx":
             layer.weight_g_idx = int32_param(in_features, fill=-1)

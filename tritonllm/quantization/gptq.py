@@ -31,6 +31,7 @@ from tritonllm.quantization.methods import copy_weight
 BITS = 4
 PER_INT32 = 32 // BITS  # 4-bit values per int32 (AWQ and pack-quantized are 4-bit only)
 BITS_OF = {INT4: 4, UINT8: 8}  # the kernels' weight dtype of each GPTQ width
+SCALE_DTYPE = torch.float16  # group scales and zero points as the kernels read them
 
 
 def unpack_int32(packed: torch.Tensor, dim: int, bits: int = BITS) -> torch.Tensor:
@@ -86,7 +87,7 @@ class GPTQMethod:
         groups = in_features // self.group_of(layer, in_features, out_features, packed_k=True, packed_n=True)
         layer.qweight = int32_param(in_features // self.per_int32, out_features)
         layer.qzeros = int32_param(groups, out_features // self.per_int32)
-        layer.scales = nn.Parameter(torch.empty(groups, out_features, dtype=torch.float32), False)
+        layer.scales = nn.Parameter(torch.empty(groups, out_features, dtype=SCALE_DTYPE), False)
         layer.g_idx = int32_param(in_features, fill=-1)
 
     def load(self, layer: nn.Module, name: str, loaded: torch.Tensor, shard: tuple[int, int, int]) -> None:
@@ -114,7 +115,8 @@ class GPTQMethod:
 
     def finish_loading(self, layer: nn.Module) -> None:
         q, zeros, scales, g_idx = self.unpacked(layer)
-        zeros, scales = zeros.float().contiguous(), scales.float().contiguous()
+        # float16, as published: half the bytes of float32 for the GEMV to read; zero points are small integers
+        zeros, scales = zeros.to(SCALE_DTYPE).contiguous(), scales.to(SCALE_DTYPE).contiguous()
         k, group = q.shape[1], layer.gptq_group
         if g_idx is None:  # no g_idx in the checkpoint: groups in column order
             g_idx = torch.arange(k, dtype=torch.int32, device=q.device) // group
@@ -153,7 +155,7 @@ def load_packed_columns(
 
 def load_act_order(param: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
     """Copy a shard's g_idx; the shards of a fused layer share their input, so they must agree."""
-    if (param >= 0).any() and not torch.equal(param, loaded.to(param.dtype)):
+    if (param >= 0).any() and not torch.equal(param, loaded.to(param.device, param.dtype)):
         raise ValueError(f"{name}: the fused shards of one input have different act orders")
     copy_weight(param, loaded, name)
 

@@ -48,10 +48,13 @@ def _quantize_grouped(w: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
         raise ValueError(f"{scheme.format_name}: K ({k}) must be a multiple of the group size ({scheme.group_size})")
     groups = w.view(n, k // scheme.group_size, scheme.group_size)
     low, high = groups.amin(-1).clamp(max=0.0), groups.amax(-1).clamp(min=0.0)  # 0 is exactly representable
-    scale = ((high - low) / top).clamp(min=EPS)
-    zeros = torch.round(-low / scale).clamp(0, top)
-    q = torch.clamp(torch.round(groups / scale[..., None]) + zeros[..., None], 0, top).view(n, k)
-    return QuantizedWeight(scheme, pack_int4(q) if scheme.packed else q.to(torch.uint8), scale, zeros=zeros)
+    # float16 scales and zero points (as GPTQ / AWQ publish them: half the GEMV's scale bytes), the
+    # values rounded with the float16 scale the kernels will read
+    scale = ((high - low) / top).clamp(min=1e-7).to(torch.float16)
+    zeros = torch.round(-low / scale.float()).clamp(0, top)
+    q = torch.clamp(torch.round(groups / scale.float()[..., None]) + zeros[..., None], 0, top).view(n, k)
+    data = pack_int4(q) if scheme.packed else q.to(torch.uint8)
+    return QuantizedWeight(scheme, data, scale, zeros=zeros.to(torch.float16))
 
 
 # midpoints between consecutive e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6: bucket i is magnitude code i
