@@ -57,6 +57,8 @@ def inverse_frequencies(rotary_dim: int, params: dict[str, Any]) -> torch.Tensor
     inv_freq = 1.0 / (params["rope_theta"] ** exponents)
     if rope_type == "llama3":
         inv_freq = _llama3_inv_freq(inv_freq, params)
+    if "freq_factors" in params:  # a GGUF file's rope_freqs: llama.cpp divides each frequency by its factor
+        inv_freq = inv_freq / torch.tensor(params["freq_factors"], dtype=torch.float32)
     return inv_freq
 
 

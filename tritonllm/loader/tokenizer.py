@@ -6,9 +6,15 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from tritonllm.loader.gguf_loader import gguf_file
+
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    """The folder's tokenizer (fast when tokenizer.json exists); never touches the network."""
+    """The folder's tokenizer (fast when tokenizer.json exists), or a GGUF file's (transformers
+    builds it from the file's tokenizer.ggml metadata); never touches the network."""
+    gguf = gguf_file(path)
+    if gguf is not None:
+        return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
     return AutoTokenizer.from_pretrained(Path(path), local_files_only=True)
 
 

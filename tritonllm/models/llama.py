@@ -330,6 +330,11 @@ def _submodule(model: nn.Module, name: str) -> nn.Module | None:
         return None
 
 
+def fused_module_name(hf_name: str) -> str:
+    """The module of ours that holds HF tensor `hf_name` (q/k/v share one, gate/up another)."""
+    return _our_name(hf_name)[0].rpartition(".")[0]
+
+
 def _our_name(hf_name: str) -> tuple[str, str | None]:
     """HF tensor name -> (our parameter name, shard id within a fused parameter or None)."""
     for hf_part, (our_part, shard_id) in _FUSED_SHARDS.items():

@@ -1,4 +1,4 @@
-"""Build the model for a local HF folder and fill it with the folder's weights."""
+"""Build the model for a local HF folder (or a GGUF file) and fill it with its weights."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from tritonllm.layers.linear import Linear
+from tritonllm.loader.gguf_loader import GGUFCheckpoint, gguf_file
 from tritonllm.loader.hf_config import load_hf_config
 from tritonllm.loader.safetensors_loader import iterate_safetensors
 from tritonllm.models.registry import get_model_class
@@ -23,11 +24,19 @@ def load_model(
 ) -> tuple[nn.Module, PretrainedConfig]:
     """(model in eval mode with its weights on `device`, the folder's HF config). Linear layers are
     quantized as the checkpoint's quantization_config says, or online per `quantization`
-    (quantization/config.py); the rest is in `dtype`."""
-    config = load_hf_config(path)
-    quant = quant_config(config, quantization)
+    (quantization/config.py), or as a GGUF file's tensors are (loader/gguf_loader.py); the rest is
+    in `dtype`."""
+    gguf = gguf_file(path)
+    if gguf is not None:  # llama.cpp's single-file format (loader/gguf_loader.py)
+        checkpoint = GGUFCheckpoint(gguf)
+        config, quant = checkpoint.config, checkpoint.quant_config(quantization)
+        weights = checkpoint.weights(dtype, device)
+    else:
+        config = load_hf_config(path)
+        quant = quant_config(config, quantization)
+        weights = iterate_safetensors(path)
     model = get_model_class(config)(config, dtype, device, quant)
-    model.load_weights(iterate_safetensors(path))
+    model.load_weights(weights)
     if quant is not None:
         logger.info("quantization: %s; linear formats %s", quant.describe(), sorted(linear_formats(model)))
     return model.eval(), config

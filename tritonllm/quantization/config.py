@@ -59,7 +59,7 @@ class LayerQuant:
     checkpoint_dtype: torch.dtype | None = None  # the weight's dtype on disk (e4m3fn on MI300: converted)
     zero_offset: int = 0  # GPTQ: added to the stored zero points (1 in the original format, which stores zero - 1)
     # grouped-integer checkpoints: "gptq", "awq", "ct" or "ct-g_idx" (compressed-tensors pack-quantized);
-    # "mxfp4": gpt-oss's *_blocks / *_scales
+    # "mxfp4": gpt-oss's *_blocks / *_scales; "gguf": llama.cpp blocks (quantization/gguf.py)
     packing: str = ""
 
 

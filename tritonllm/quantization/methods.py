@@ -151,6 +151,10 @@ def make_method(layer_quant: LayerQuant | None):
         return UnquantizedMethod()
     if layer_quant.online:
         return OnlineQuantMethod(layer_quant)
+    if layer_quant.packing == "gguf":  # llama.cpp's blocks, decoded at load (quantization/gguf.py)
+        from tritonllm.quantization.gguf import GGUFMethod
+
+        return GGUFMethod(layer_quant)
     if layer_quant.packing == "mxfp4":
         from tritonllm.quantization.mxfp4 import Mxfp4Method
 
