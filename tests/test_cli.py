@@ -5,10 +5,10 @@ import subprocess
 import sys
 
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 
 from tritonllm import LLM
+from tritonllm.entrypoints import cli
 from tritonllm.entrypoints.cli import build_parser, llm_kwargs, main
 
 LLM_ARGS = [name for name in inspect.signature(LLM.__init__).parameters if name not in ("self", "model")]
@@ -114,13 +114,27 @@ def test_a_bad_flag_value_exits_with_the_engine_message(capsys):
     assert "block_size=3 must be a power of two" in capsys.readouterr().err
 
 
-def test_serve_builds_the_app_from_the_flags(tiny_llama, monkeypatch):
+def test_serve_builds_the_app_from_the_flags(tiny_llama, monkeypatch, caplog):
     started = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, log_level: started.update(app=app, port=port))
-    main(["serve", tiny_llama, "--port", "9002", "--max-model-len", "64", "--served-model-name", "tiny"])
-    assert started["port"] == 9002
-    models = TestClient(started["app"]).get("/v1/models").json()["data"]
+    monkeypatch.setattr(cli, "run_server", lambda app, host, port, **kw: started.update(app=app, port=port, **kw))
+    main(["serve", tiny_llama, "--port", "9002", "--max-model-len", "64", "--served-model-name", "tiny",
+          "--api-key", "sesame", "--max-n", "3", "--shutdown-timeout", "5"])  # fmt: skip
+    assert started["port"] == 9002 and started["timeout_graceful_shutdown"] == 5
+    client = TestClient(started["app"])
+    assert client.get("/v1/models").status_code == 401
+    auth = {"Authorization": "Bearer sesame"}
+    models = client.get("/v1/models", headers=auth).json()["data"]
     assert [(m["id"], m["max_model_len"]) for m in models] == [("tiny", 64)]
+    r = client.post("/v1/completions", json={"prompt": "hi", "n": 4}, headers=auth)
+    assert r.status_code == 400 and "limit of 3" in r.json()["error"]["message"]
+    assert "without an API key" not in caplog.text  # a key is set: no warning for 0.0.0.0
+
+
+def test_serving_all_interfaces_without_a_key_warns(tiny_llama, monkeypatch, caplog):
+    monkeypatch.setattr(cli, "run_server", lambda app, host, port, **kw: None)
+    monkeypatch.delenv("TRITONLLM_API_KEY", raising=False)
+    main(["serve", tiny_llama, "--max-model-len", "64"])
+    assert "serving on 0.0.0.0 without an API key" in caplog.text
 
 
 def test_python_dash_m_runs_the_cli():

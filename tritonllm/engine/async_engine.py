@@ -30,6 +30,10 @@ class EngineDeadError(RuntimeError):
     """The engine thread has stopped; no request can be served."""
 
 
+class EngineOverloadedError(RuntimeError):
+    """More requests wait to start than the engine admits (`max_waiting_requests`): try again later."""
+
+
 @dataclass
 class _Stream:
     loop: asyncio.AbstractEventLoop
@@ -37,8 +41,12 @@ class _Stream:
 
 
 class AsyncLLMEngine:
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, max_waiting_requests: int | None = None) -> None:
+        """`max_waiting_requests`: how many requests may wait for their first output (queued or in
+        prefill) before `generate` refuses new ones with EngineOverloadedError; None: unbounded."""
         self.engine = engine
+        self.max_waiting_requests = max_waiting_requests
+        self.num_waiting = 0  # requests admitted whose first output has not arrived (event-loop side)
         self._cond = threading.Condition()
         self._commands: deque[Callable[[], None]] = deque()
         self._streams: dict[str, _Stream] = {}  # touched by the engine thread only
@@ -79,22 +87,33 @@ class AsyncLLMEngine:
         return await self.call(lambda engine: engine.get_metrics())
 
     async def generate(
-        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
-    ) -> AsyncIterator[RequestOutput]:
+        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+        strict_max_tokens: bool = False,
+    ) -> AsyncIterator[RequestOutput]:  # fmt: skip
         """Yield the request's cumulative output after each step that advanced it, the last one
-        finished. Bad input (a too-long prompt, ids outside the vocabulary...) raises ValueError
-        from the first iteration. Stopping early (a client disconnect) aborts the request."""
+        finished. Bad input (a too-long prompt, ids outside the vocabulary, with `strict_max_tokens`
+        a max_tokens that does not fit the context after the prompt...) raises ValueError from the
+        first iteration; beyond `max_waiting_requests`, EngineOverloadedError, and the request never
+        reaches the engine. Stopping early (a client disconnect) aborts the request."""
         request_id = request_id or uuid.uuid4().hex
+        if self.max_waiting_requests is not None and self.num_waiting >= self.max_waiting_requests:
+            raise EngineOverloadedError(
+                f"{self.num_waiting} requests are waiting to start (the limit is {self.max_waiting_requests}): retry later"
+            )
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 
         def add(engine: LLMEngine) -> None:
             text = prompt if isinstance(prompt, str) else None
             token_ids = engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            if strict_max_tokens and params.max_tokens is not None and len(token_ids) < engine.max_model_len:
+                check_context(len(token_ids), params.max_tokens, engine.max_model_len)  # (add_request refuses the rest)
             engine.add_request(request_id, token_ids, params, prompt=text)
             self._streams[request_id] = _Stream(loop, queue)
 
         finished = False  # or rejected: nothing to abort
+        self.num_waiting += 1
+        waiting = True
         try:
             try:
                 await self.call(add)
@@ -103,12 +122,17 @@ class AsyncLLMEngine:
                 raise
             while not finished:
                 item = await queue.get()
+                if waiting:
+                    waiting = False
+                    self.num_waiting -= 1
                 if isinstance(item, BaseException):
                     finished = True  # the engine thread already dropped the request
                     raise item
                 finished = item.finished
                 yield item
         finally:
+            if waiting:
+                self.num_waiting -= 1
             if not finished:
                 # FIFO commands: this abort runs after the add, even if the add is still queued
                 with contextlib.suppress(EngineDeadError):  # a stopped engine has dropped it already
@@ -171,6 +195,17 @@ class AsyncLLMEngine:
     def _abort(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
         self.engine.abort_request(request_id)
+
+
+def check_context(prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
+    """Refuse a request whose prompt plus max_tokens exceeds the context (vLLM's server does; the
+    offline engine clips max_tokens instead)."""
+    if prompt_tokens + max_tokens > max_model_len:
+        raise ValueError(
+            f"max_tokens ({max_tokens}) plus the prompt's {prompt_tokens} tokens exceed the context "
+            f"(max_model_len {max_model_len}): lower max_tokens to at most {max(max_model_len - prompt_tokens, 0)} "
+            "or shorten the prompt"
+        )
 
 
 def _put(stream: _Stream, item: Any) -> bool:

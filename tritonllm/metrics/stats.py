@@ -1,11 +1,13 @@
 """Engine metrics with vLLM-style names, exposed by `LLM.get_metrics()` (and later Prometheus).
 
 Per step: scheduled tokens, running, waiting, KV usage. Per request: queue time, TTFT, TPOT and
-end-to-end latency, kept as histograms (count, sum, values).
+end-to-end latency, kept as histograms with vLLM's bucket edges (count, sum, and a count per bucket:
+bounded however long the server runs).
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -24,16 +26,57 @@ class Counter:
     value: int
 
 
+# vLLM's bucket edges (upper bounds, seconds), so dashboards built for vLLM read ours
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+TPOT_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                   480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+
+
 @dataclass
 class Histogram:
     name: str
-    count: int
-    sum: float
-    values: list[float]
+    buckets: tuple[float, ...]  # upper bounds (inclusive), increasing; +Inf is implied
+    counts: list[int] = field(default_factory=list)  # per bucket, not cumulative; the last one is +Inf
+    sum: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.buckets) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def copy(self) -> Histogram:
+        return Histogram(self.name, self.buckets, list(self.counts), self.sum, self.count)
 
     @property
     def value(self) -> float:
-        """The mean; the raw values are in `values`."""
+        """The mean."""
         return self.sum / self.count if self.count else 0.0
 
 
@@ -57,10 +100,12 @@ class EngineStats:
     generation_tokens: int = 0
     num_finished: int = 0
     steps: deque[StepStats] = field(default_factory=lambda: deque(maxlen=10000))
-    queue_s: list[float] = field(default_factory=list)
-    ttft_s: list[float] = field(default_factory=list)
-    tpot_s: list[float] = field(default_factory=list)
-    e2e_s: list[float] = field(default_factory=list)
+    queue_s: Histogram = field(
+        default_factory=lambda: Histogram(PREFIX + "request_queue_time_seconds", LATENCY_BUCKETS)
+    )
+    ttft_s: Histogram = field(default_factory=lambda: Histogram(PREFIX + "time_to_first_token_seconds", TTFT_BUCKETS))
+    tpot_s: Histogram = field(default_factory=lambda: Histogram(PREFIX + "time_per_output_token_seconds", TPOT_BUCKETS))
+    e2e_s: Histogram = field(default_factory=lambda: Histogram(PREFIX + "e2e_request_latency_seconds", LATENCY_BUCKETS))
 
     def record_finished(
         self,
@@ -71,13 +116,13 @@ class EngineStats:
         num_output_tokens: int,
     ) -> None:
         self.num_finished += 1
-        self.e2e_s.append(finished - arrival)
+        self.e2e_s.observe(finished - arrival)
         if scheduled is not None:
-            self.queue_s.append(scheduled - arrival)
+            self.queue_s.observe(scheduled - arrival)
         if first_token is not None:
-            self.ttft_s.append(first_token - arrival)
+            self.ttft_s.observe(first_token - arrival)
             if num_output_tokens > 1:
-                self.tpot_s.append((finished - first_token) / (num_output_tokens - 1))
+                self.tpot_s.observe((finished - first_token) / (num_output_tokens - 1))
 
     def snapshot(
         self,
@@ -88,9 +133,6 @@ class EngineStats:
         prefix_cache_queries: int,
         prefix_cache_hits: int,
     ) -> list[Gauge | Counter | Histogram]:
-        def hist(name: str, values: list[float]) -> Histogram:
-            return Histogram(PREFIX + name, len(values), float(sum(values)), list(values))
-
         return [
             Gauge(PREFIX + "num_requests_running", num_running),
             Gauge(PREFIX + "num_requests_waiting", num_waiting),
@@ -101,8 +143,8 @@ class EngineStats:
             Counter(PREFIX + "request_success", self.num_finished),
             Counter(PREFIX + "prefix_cache_queries", prefix_cache_queries),
             Counter(PREFIX + "prefix_cache_hits", prefix_cache_hits),
-            hist("request_queue_time_seconds", self.queue_s),
-            hist("time_to_first_token_seconds", self.ttft_s),
-            hist("time_per_output_token_seconds", self.tpot_s),
-            hist("e2e_request_latency_seconds", self.e2e_s),
+            self.queue_s.copy(),
+            self.ttft_s.copy(),
+            self.tpot_s.copy(),
+            self.e2e_s.copy(),
         ]

@@ -1,60 +1,48 @@
-"""GET /metrics: `engine.get_metrics()` in Prometheus' text format (0.0.4), vLLM-style.
+"""GET /metrics: `engine.get_metrics()` in Prometheus' text format, through `prometheus-client`.
 
-Counters get Prometheus' `_total` suffix (`tritonllm:prompt_tokens_total`, as vLLM's
-`vllm:prompt_tokens_total`); latency histograms are bucketed from the engine's raw values.
+Each scrape turns the engine's snapshot into metric families (vLLM's names with the `tritonllm:`
+prefix, a `model_name` label): counters get Prometheus' `_total` suffix (`tritonllm:prompt_tokens_total`,
+as vLLM's `vllm:prompt_tokens_total`); histograms keep the engine's bounded buckets (vLLM's edges,
+metrics/stats.py), so memory does not grow with the number of requests served.
 """
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from itertools import accumulate
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from tritonllm.metrics.stats import Counter, Gauge, Histogram
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-BUCKETS_S = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
-def _label_value(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class _Snapshot:
+    """A one-scrape collector over an engine metrics snapshot."""
+
+    def __init__(self, metrics: Sequence[Gauge | Counter | Histogram], model_name: str) -> None:
+        self.metrics, self.model_name = metrics, model_name
+
+    def collect(self) -> Iterator[Metric]:
+        labels, values = ["model_name"], [self.model_name]
+        for m in self.metrics:
+            if isinstance(m, Histogram):
+                family = HistogramMetricFamily(m.name, m.name, labels=labels)
+                cumulative = list(accumulate(m.counts))
+                buckets = [(str(le), c) for le, c in zip(m.buckets, cumulative)] + [("+Inf", m.count)]
+                family.add_metric(values, buckets, m.sum)
+            elif isinstance(m, Counter):
+                family = CounterMetricFamily(m.name, m.name, labels=labels)
+                family.add_metric(values, m.value)
+            else:
+                family = GaugeMetricFamily(m.name, m.name, labels=labels)
+                family.add_metric(values, m.value)
+            yield family
 
 
-def prometheus_text(metrics: Sequence[Gauge | Counter | Histogram], model_name: str) -> str:
-    labels = f'model_name="{_label_value(model_name)}"'
-    lines = []
-    for metric in metrics:
-        if isinstance(metric, Histogram):
-            values = sorted(metric.values)
-            lines.append(f"# TYPE {metric.name} histogram")
-            for bound in BUCKETS_S:
-                lines.append(f'{metric.name}_bucket{{{labels},le="{bound}"}} {bisect.bisect_right(values, bound)}')
-            lines.append(f'{metric.name}_bucket{{{labels},le="+Inf"}} {metric.count}')
-            lines.append(f"{metric.name}_sum{{{labels}}} {metric.sum}")
-            lines.append(f"{metric.name}_count{{{labels}}} {metric.count}")
-        elif isinstance(metric, Counter):
-            lines.append(f"# TYPE {metric.name}_total counter")
-            lines.append(f"{metric.name}_total{{{labels}}} {metric.value}")
-        else:
-            lines.append(f"# TYPE {metric.name} gauge")
-            lines.append(f"{metric.name}{{{labels}}} {metric.value}")
-    return "\n".join(lines) + "\n"
+def prometheus_text(metrics: Sequence[Gauge | Counter | Histogram], model_name: str) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(metrics, model_name))
+    return generate_latest(registry)

@@ -56,6 +56,7 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = 16
     logprobs: int | None = None
     echo: bool = False
+    best_of: int | None = None  # accepted up to the server's n cap; only best_of == n is served
 
 
 class ChatMessage(BaseModel):

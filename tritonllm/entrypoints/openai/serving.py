@@ -10,6 +10,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from tritonllm.engine.async_engine import AsyncLLMEngine
+from tritonllm.entrypoints.openai.limits import ServerLimits
 from tritonllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields, Usage
 from tritonllm.outputs import Logprob, PositionLogprobs, RequestOutput
 from tritonllm.sampling_params import SamplingParams
@@ -20,6 +21,10 @@ MIN_LOGPROB = -9999.0
 
 class BadRequestError(Exception):
     """Turned into an HTTP 400 with an OpenAI-style error body."""
+
+
+class RequestTimeoutError(Exception):
+    """A request that ran past the server's --request-timeout (aborted): HTTP 408."""
 
 
 def error_response(message: str, status_code: int = 400, kind: str = "BadRequestError") -> ErrorResponse:
@@ -56,11 +61,24 @@ def wants_usage(request: SamplingFields) -> bool:
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLMEngine, served_model_name: str) -> None:
+    def __init__(self, engine: AsyncLLMEngine, served_model_name: str, limits: ServerLimits | None = None) -> None:
         self.engine = engine
         self.served_model_name = served_model_name
+        self.limits = limits or ServerLimits()
 
     def check_request(self, request: SamplingFields) -> None:
+        cap = self.limits.max_n
+        if request.n > cap:
+            raise BadRequestError(
+                f"n={request.n} exceeds this server's limit of {cap}: ask for at most {cap} completions"
+            )
+        best_of = getattr(request, "best_of", None)
+        if best_of is not None and best_of > cap:
+            raise BadRequestError(f"best_of={best_of} exceeds this server's limit of {cap}")
+        if best_of is not None and best_of != request.n:
+            raise BadRequestError(
+                f"best_of={best_of} with n={request.n} is not supported: leave best_of out or set it to n"
+            )
         if request.model is not None and request.model != self.served_model_name:
             raise BadRequestError(
                 f"model {request.model!r} is not served here: use model={self.served_model_name!r} (see /v1/models)"
@@ -101,10 +119,18 @@ class OpenAIServing:
     ) -> tuple[list[RequestOutput], list[AsyncIterator[RequestOutput]]]:
         """Add one engine request per prompt and wait for each one's first output, so that a refused
         prompt is a 400 (and the others are aborted) before anything is sent."""
+        if len(prompts) > self.limits.max_prompts_per_request:
+            raise BadRequestError(
+                f"{len(prompts)} prompts in one request exceed this server's limit of "
+                f"{self.limits.max_prompts_per_request}: split them over several requests"
+            )
         streams = [
-            self.engine.generate(prompt, params, f"{request_id}-{i}" if len(prompts) > 1 else request_id)
+            self.engine.generate(prompt, params, f"{request_id}-{i}" if len(prompts) > 1 else request_id, True)
             for i, prompt in enumerate(prompts)
         ]
+        if self.limits.request_timeout_s is not None:
+            deadline = asyncio.get_running_loop().time() + self.limits.request_timeout_s
+            streams = [with_deadline(stream, deadline, self.limits.request_timeout_s) for stream in streams]
         try:
             firsts = await _gather_or_cancel([stream.__anext__() for stream in streams])
         except BaseException as e:
@@ -114,6 +140,26 @@ class OpenAIServing:
                 raise BadRequestError(str(e)) from e
             raise
         return firsts, streams
+
+
+async def with_deadline(
+    stream: AsyncIterator[RequestOutput], deadline: float, timeout_s: float
+) -> AsyncIterator[RequestOutput]:
+    """`stream`'s outputs until `deadline` (the event loop's clock); then RequestTimeoutError, and the
+    cancelled wait aborts the engine request."""
+    loop = asyncio.get_running_loop()
+    async with aclosing(stream) as outputs:
+        while True:
+            try:
+                output = await asyncio.wait_for(outputs.__anext__(), max(deadline - loop.time(), 0.0))
+            except StopAsyncIteration:
+                return
+            except TimeoutError as e:
+                raise RequestTimeoutError(
+                    f"the request ran past this server's timeout of {timeout_s:g} s and was aborted: "
+                    "lower max_tokens or n, or raise --request-timeout"
+                ) from e
+            yield output
 
 
 async def _gather_or_cancel(awaitables: list[Awaitable]) -> list:

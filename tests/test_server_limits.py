@@ -1,0 +1,258 @@
+"""The server under hostile or heavy use: API keys, body and request limits, back-pressure (503 +
+Retry-After), timeouts, internal errors that name no internals, request ids, Prometheus metrics,
+/version, /tokenize, /detokenize, and a clean exit on SIGTERM mid-load (CPU, tiny model, loopback)."""
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from tritonllm import LLM
+from tritonllm.engine.async_engine import AsyncLLMEngine
+from tritonllm.entrypoints.openai.app import build_app
+from tritonllm.entrypoints.openai.limits import ServerLimits
+from tritonllm.metrics.stats import TTFT_BUCKETS
+
+MODEL = "tiny"
+KEY = "sesame-open"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama):
+    engine = AsyncLLMEngine(LLM(model=tiny_llama, max_model_len=128, seed=0).llm_engine)
+    yield engine
+    engine.shutdown()
+
+
+def _client(engine, raise_server_exceptions: bool = True, **limits) -> TestClient:
+    return TestClient(build_app(engine, MODEL, ServerLimits(**limits)), raise_server_exceptions=raise_server_exceptions)
+
+
+def _idle(engine: AsyncLLMEngine) -> bool:
+    """No request left in the engine and every KV block free."""
+
+    def check(e):
+        return not e.has_unfinished_requests() and e.kv_cache.num_free_blocks == e.kv_cache.num_blocks
+
+    return asyncio.run(engine.call(check))
+
+
+def test_v1_routes_need_the_api_key_and_the_others_stay_open(engine):
+    client = _client(engine, api_key=KEY)
+    body = {"prompt": "hi", "max_tokens": 2}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}, {"Authorization": f"Basic {KEY}"}):
+        r = client.post("/v1/completions", json=body, headers=headers)
+        assert r.status_code == 401, (headers, r.text)
+        assert r.json()["error"]["type"] == "AuthenticationError" and r.headers["www-authenticate"] == "Bearer"
+    assert client.get("/v1/models").status_code == 401
+    assert client.post("/v1/completions", json=body, headers=AUTH).status_code == 200
+    for path in ("/health", "/metrics", "/version"):
+        assert client.get(path).status_code == 200, path
+
+
+def test_bodies_over_the_limit_are_refused_with_413(engine):
+    client = _client(engine, max_request_body_bytes=1000)
+    r = client.post("/v1/completions", json={"prompt": "x" * 2000, "max_tokens": 1})
+    assert r.status_code == 413 and "1000 bytes" in r.json()["error"]["message"]
+
+    def chunks():  # no Content-Length: the limit is counted as the body arrives
+        for _ in range(5):
+            yield b'{"prompt": "' + b"y" * 400
+
+    r = client.post("/v1/completions", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert client.post("/v1/completions", json={"prompt": "ok", "max_tokens": 1}).status_code == 200
+    assert _idle(engine)
+
+
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ({"prompt": "hi", "n": 5}, "n=5 exceeds this server's limit of 4"),
+        ({"prompt": "hi", "best_of": 9}, "best_of=9 exceeds this server's limit of 4"),
+        ({"prompt": "hi", "n": 2, "best_of": 3}, "best_of=3 with n=2 is not supported"),
+        ({"prompt": ["a", "b", "c"]}, "3 prompts in one request exceed this server's limit of 2"),
+        ({"prompt": "hi there", "max_tokens": 127}, "max_tokens (127) plus the prompt's"),
+    ],
+)
+def test_request_limits_are_400s_naming_the_numbers(engine, body, words):
+    r = _client(engine, max_n=4, max_prompts_per_request=2).post("/v1/completions", json=body)
+    assert r.status_code == 400, r.text
+    assert words in r.json()["error"]["message"]
+    if "max_tokens" in body:
+        assert "max_model_len 128" in r.json()["error"]["message"]
+    assert _idle(engine)
+
+
+def test_chat_max_tokens_beyond_the_context_is_refused(engine):
+    r = _client(engine).post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                           "max_tokens": 500})  # fmt: skip
+    assert r.status_code == 400 and "max_tokens (500)" in r.json()["error"]["message"]
+
+
+def test_beyond_the_waiting_cap_a_request_gets_503_and_never_reaches_the_engine(engine):
+    client = _client(engine, max_waiting_requests=2, retry_after_s=3)
+    prompt_tokens = asyncio.run(engine.call(lambda e: e.stats.prompt_tokens))
+    engine.num_waiting = 2  # two requests waiting to start
+    try:
+        r = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+    finally:
+        engine.num_waiting = 0
+    assert r.status_code == 503 and r.headers["retry-after"] == "3"
+    assert "limit is 2" in r.json()["error"]["message"]
+    assert asyncio.run(engine.call(lambda e: e.stats.prompt_tokens)) == prompt_tokens
+    assert client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+def test_a_request_past_the_timeout_is_aborted_with_408(engine):
+    client = _client(engine, request_timeout_s=0.05)
+    body = {"prompt": "hi", "max_tokens": 120, "ignore_eos": True}
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 408 and "timeout of 0.05 s" in r.json()["error"]["message"]
+    r = client.post("/v1/completions", json=dict(body, stream=True))
+    if r.status_code == 200:  # timed out after the first chunk: an error event, then [DONE]
+        assert "timeout of 0.05 s" in r.text and r.text.endswith("data: [DONE]\n\n")
+    else:  # before the first token: no byte was sent yet, so a plain 408
+        assert r.status_code == 408 and "timeout of 0.05 s" in r.json()["error"]["message"]
+    deadline = time.monotonic() + 20
+    while not _idle(engine):
+        assert time.monotonic() < deadline, "the timed-out requests still run"
+        time.sleep(0.05)
+
+
+def test_an_internal_error_is_a_500_naming_the_request_id_and_no_internals(engine, monkeypatch, caplog):
+    client = _client(engine, raise_server_exceptions=False)  # as a real server answers, not re-raised here
+
+    def explode(*args, **kwargs):
+        raise RuntimeError("secret internals: /etc/passwd")
+
+    monkeypatch.setattr(engine, "generate", explode)
+    r = client.post("/v1/completions", json={"prompt": "hi"}, headers={"X-Request-Id": "req-42"})
+    assert r.status_code == 500 and r.headers["x-request-id"] == "req-42"
+    message = r.json()["error"]["message"]
+    assert "req-42" in message and "secret" not in message and "passwd" not in r.text
+    assert "secret internals" in caplog.text  # the log keeps the details
+    assert client.get("/health").headers["x-request-id"]  # every response carries an id
+
+
+def test_metrics_parse_as_prometheus_with_bounded_histograms(engine):
+    client = _client(engine)
+    for _ in range(3):
+        assert client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3}).status_code == 200
+    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    ttft = families["tritonllm:time_to_first_token_seconds"]
+    buckets = [s for s in ttft.samples if s.name.endswith("_bucket")]
+    assert [s.labels["le"] for s in buckets] == [str(b) for b in TTFT_BUCKETS] + ["+Inf"]
+    count = next(s.value for s in ttft.samples if s.name.endswith("_count"))
+    assert buckets[-1].value == count >= 3 and all(a.value <= b.value for a, b in zip(buckets, buckets[1:]))
+    assert families["tritonllm:generation_tokens"].type == "counter"
+    assert families["tritonllm:num_requests_running"].samples[0].labels["model_name"] == MODEL
+    stats = asyncio.run(engine.call(lambda e: e.stats))
+    assert len(stats.ttft_s.counts) == len(TTFT_BUCKETS) + 1  # counts per bucket, not every value kept
+
+
+def test_version_tokenize_and_detokenize(engine, tiny_llama):
+    client = _client(engine, api_key=KEY)
+    assert client.get("/version").json()["version"]
+    tokenizer = LLM(model=tiny_llama, max_model_len=64).get_tokenizer()
+    r = client.post("/tokenize", json={"model": MODEL, "prompt": "The baker opens her shop"}).json()
+    assert r["tokens"] == tokenizer.encode("The baker opens her shop") and r["count"] == len(r["tokens"])
+    assert r["max_model_len"] == 128
+    chat = client.post("/tokenize", json={"messages": [{"role": "user", "content": "Hi"}]}).json()
+    assert chat["count"] > 1
+    text = client.post("/detokenize", json={"tokens": r["tokens"]}).json()["prompt"]
+    assert text == tokenizer.decode(r["tokens"])
+    bad = client.post("/detokenize", json={"tokens": [10**9]})
+    assert bad.status_code == 400 and "outside the vocabulary" in bad.json()["error"]["message"]
+    assert client.post("/tokenize", json={"model": "other", "prompt": "x"}).status_code == 400
+
+
+@pytest.fixture(scope="module")
+def overloadable_server(engine):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app = build_app(engine, MODEL, ServerLimits(api_key=KEY, max_waiting_requests=2))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_overload_beyond_the_waiting_cap_answers_503_and_the_server_recovers(overloadable_server, engine):
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=overloadable_server, headers=AUTH, timeout=120) as client:
+            body = {"prompt": "hi", "max_tokens": 8, "ignore_eos": True}
+            return await asyncio.gather(*[client.post("/v1/completions", json=body) for _ in range(24)])
+
+    responses = asyncio.run(burst())
+    codes = [r.status_code for r in responses]
+    assert set(codes) <= {200, 503} and codes.count(200) >= 2 and 503 in codes, codes
+    assert all(r.headers["retry-after"] for r in responses if r.status_code == 503)
+    assert all(r.json()["usage"]["completion_tokens"] == 8 for r in responses if r.status_code == 200)
+    assert _idle(engine)
+    client = openai.OpenAI(base_url=overloadable_server + "/v1", api_key=KEY, max_retries=0, timeout=60)
+    assert client.completions.create(model=MODEL, prompt="hi", max_tokens=2).usage.completion_tokens == 2
+
+
+def test_sigterm_mid_load_exits_cleanly(tiny_llama):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "tritonllm.entrypoints.cli", "serve", tiny_llama, "--host", "127.0.0.1",
+           "--port", str(port), "--max-model-len", "128", "--shutdown-timeout", "3", "--uvicorn-log-level", "warning"]  # fmt: skip
+    server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, server.stdout.read()
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.2)
+        streams = []
+
+        def stream_one() -> None:
+            body = {"prompt": "hi", "max_tokens": 120, "ignore_eos": True, "stream": True}
+            try:
+                with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+                    streams.append(sum(1 for _ in r.iter_lines()))
+            except httpx.TransportError:
+                streams.append(-1)
+
+        threads = [threading.Thread(target=stream_one) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        server.send_signal(signal.SIGTERM)
+        code = server.wait(timeout=60)
+        output = server.stdout.read()
+        for t in threads:
+            t.join(30)
+        assert code == 0, output
+        assert len(streams) == 4  # every client got an answer or a closed connection, none hangs
+    finally:
+        if server.poll() is None:
+            server.kill()
