@@ -168,6 +168,6 @@ def test_blocks_are_all_free_after_generate(llm):
 def test_an_unknown_quantization_is_refused_naming_the_supported_ones(tiny_llama):
     with pytest.raises(
         ValueError,
-        match=r"quantization='fp4' is not supported: online quantization is one of \['fp8', 'int8', 'mxfp8', 'int4'\]",
+        match=r"quantization='fp4' is not supported: online quantization is one of \['fp8', 'int8', 'mxfp8', 'int4', 'mxfp4'\]",
     ):
         LLM(model=tiny_llama, quantization="fp4")

@@ -256,3 +256,60 @@ def test_sigterm_mid_load_exits_cleanly(tiny_llama):
     finally:
         if server.poll() is None:
             server.kill()
+
+
+@pytest.fixture(scope="module")
+def caching_server(tiny_llama):
+    """A server on its own engine with prefix caching on, for the concurrency test."""
+    engine = AsyncLLMEngine(LLM(model=tiny_llama, max_model_len=128, seed=0, enable_prefix_caching=True).llm_engine)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(build_app(engine, MODEL), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}", engine
+    server.should_exit = True
+    thread.join(10)
+    engine.shutdown()
+
+
+def test_200_concurrent_streams_with_a_fifth_disconnecting(caching_server):
+    """200 streamed requests of random lengths over shared prompt prefixes; every fifth client hangs
+    up after its first chunk. The others get exactly max_tokens tokens; afterwards no request is left,
+    every KV block is free and the prefix cache's block invariant holds."""
+    url, engine = caching_server
+    rng = __import__("random").Random(0)
+    prefixes = ["The baker opens her shop at dawn and", "A river runs past the old mill while"]
+
+    async def one(i: int, client: httpx.AsyncClient) -> tuple[int, int]:
+        max_tokens = rng.randint(1, 6)
+        body = {"prompt": f"{prefixes[i % 2]} {i}", "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+                "temperature": 0.8, "stream_options": {"include_usage": True}}  # fmt: skip
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if i % 5 == 0 and line.startswith("data: {"):
+                    return max_tokens, -1  # hang up mid-stream
+                if '"usage"' in line and '"completion_tokens"' in line and '"choices":[]' in line:
+                    usage = __import__("json").loads(line[len("data: ") :])["usage"]
+                    return max_tokens, usage["completion_tokens"]
+        return max_tokens, 0
+
+    async def run() -> list[tuple[int, int]]:
+        limits = httpx.Limits(max_connections=200)
+        async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
+            return await asyncio.gather(*[one(i, client) for i in range(200)])
+
+    results = asyncio.run(run())
+    finished = [(want, got) for want, got in results if got != -1]
+    assert len(finished) == 160 and all(want == got for want, got in finished), finished
+    deadline = time.monotonic() + 30
+    while not _idle(engine):
+        assert time.monotonic() < deadline, "requests or blocks left after the streams ended"
+        time.sleep(0.1)
+    asyncio.run(engine.call(lambda e: e.kv_cache.check_invariant()))

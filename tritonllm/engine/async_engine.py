@@ -105,7 +105,6 @@ class AsyncLLMEngine:
 
         def add(engine: LLMEngine) -> None:
             text = prompt if isinstance(prompt, str) else None
-            token_ids = engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             if strict_max_tokens and params.max_tokens is not None and len(token_ids) < engine.max_model_len:
                 check_context(len(token_ids), params.max_tokens, engine.max_model_len)  # (add_request refuses the rest)
             engine.add_request(request_id, token_ids, params, prompt=text)
@@ -116,6 +115,12 @@ class AsyncLLMEngine:
         waiting = True
         try:
             try:
+                # tokenized in a worker thread: the engine thread only schedules and runs steps
+                token_ids = (
+                    await asyncio.to_thread(self.engine.tokenizer.encode, prompt)
+                    if isinstance(prompt, str)
+                    else list(prompt)
+                )
                 await self.call(add)
             except Exception:
                 finished = True

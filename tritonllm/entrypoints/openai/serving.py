@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import aclosing
 from dataclasses import dataclass
 
 from tritonllm.engine.async_engine import AsyncLLMEngine
 from tritonllm.entrypoints.openai.limits import ServerLimits
+from tritonllm.entrypoints.openai.middleware import REQUEST_ID
 from tritonllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields, Usage
 from tritonllm.outputs import Logprob, PositionLogprobs, RequestOutput
 from tritonllm.sampling_params import SamplingParams
 
+logger = logging.getLogger(__name__)
 # JSON has no -inf; vLLM clamps the same way
 MIN_LOGPROB = -9999.0
 
@@ -35,8 +38,8 @@ def sse(payload: str) -> str:
     return f"data: {payload}\n\n"
 
 
-def sse_error(message: str) -> str:
-    return sse(json.dumps(error_response(message, 500, "InternalServerError").model_dump()))
+def sse_error(message: str, status_code: int = 500, kind: str = "InternalServerError") -> str:
+    return sse(json.dumps(error_response(message, status_code, kind).model_dump()))
 
 
 SSE_DONE = sse("[DONE]")
@@ -50,8 +53,11 @@ async def sse_events(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
         async with aclosing(chunks) as events:
             async for chunk in events:
                 yield chunk
-    except Exception as e:  # headers are sent: the error goes in the stream
-        yield sse_error(str(e))
+    except RequestTimeoutError as e:  # headers are sent: the error goes in the stream
+        yield sse_error(str(e), 408, "TimeoutError")
+    except Exception:  # an internal failure: logged with the request id, which is all the client learns
+        logger.exception("stream failed")
+        yield sse_error(f"internal server error (request id {REQUEST_ID.get()}): the server log has the details")
     yield SSE_DONE
 
 

@@ -3,6 +3,7 @@ one engine request; the reply whole or streamed (a role delta first, then conten
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -84,8 +85,9 @@ class OpenAIServingChat(OpenAIServing):
         params = self.sampling_params(request, max_tokens, (request.top_logprobs or 0) if request.logprobs else None)
         messages = [_message(m) for m in request.messages]
         try:
-            prompt_ids = await self.engine.call(
-                lambda engine: chat_prompt_ids(engine.tokenizer, messages, request.add_generation_prompt)
+            # the chat template in a worker thread: neither the engine thread nor the event loop waits for it
+            prompt_ids = await asyncio.to_thread(
+                chat_prompt_ids, self.engine.engine.tokenizer, messages, request.add_generation_prompt
             )
         except (ValueError, jinja2.TemplateError) as e:
             raise BadRequestError(f"the chat template refused the messages: {e}") from e
