@@ -1,0 +1,71 @@
+"""scripts/bench_serving.py against a live server on the tiny model: every request completes with
+its requested output length, the latency statistics are filled, and refused requests are counted."""
+
+import importlib.util
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import uvicorn
+
+from tritonllm import LLM
+from tritonllm.engine.async_engine import AsyncLLMEngine
+from tritonllm.entrypoints.openai.app import build_app
+from tritonllm.entrypoints.openai.limits import ServerLimits
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_serving.py"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("bench_serving", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_serving"] = module  # (dataclasses look their module up there)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama):
+    engine = AsyncLLMEngine(LLM(model=tiny_llama, max_model_len=128, seed=0).llm_engine)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app = build_app(engine, "tiny", ServerLimits(api_key="k"))
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not srv.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(10)
+    engine.shutdown()
+
+
+def test_bench_serving_reports_every_request(server, tmp_path):
+    bench = _load_script()
+    out = tmp_path / "serving.json"
+    args = ["--base-url", server, "--model", "tiny", "--num-prompts", "8", "--random-input-len", "12",
+            "--random-output-len", "5", "--random-range-ratio", "0.5", "--request-rate", "40", "--max-concurrency", "4",
+            "--token-id-max", "300", "--api-key", "k", "--save-result", str(out), "--save-detailed"]  # fmt: skip
+    summary = bench.main(args)
+    assert summary["completed"] == 8 and summary["failed"] == 0, summary["errors"]
+    assert summary["total_output_tokens"] == sum(r["output_tokens"] for r in summary["requests"])
+    assert all(r["output_tokens"] == r["requested_tokens"] for r in summary["requests"])
+    assert {r["requested_tokens"] for r in summary["requests"]} <= {2, 3, 4, 5}
+    assert all(r["ttft_s"] > 0 and r["latency_s"] >= r["ttft_s"] for r in summary["requests"])
+    assert summary["ttft_ms"]["p99"] >= summary["ttft_ms"]["median"] > 0 and summary["itl_ms"]["mean"] > 0
+    assert out.exists()
+
+
+def test_bench_serving_counts_refused_requests(server):
+    summary = _load_script().main(["--base-url", server, "--model", "tiny", "--num-prompts", "3", "--random-input-len",
+                                   "4", "--random-output-len", "2", "--token-id-max", "300", "--api-key", "wrong",
+                                   "--no-warmup"])  # fmt: skip
+    assert summary["completed"] == 0 and summary["failed"] == 3
+    assert any("HTTP 401" in e for e in summary["errors"])
