@@ -133,6 +133,22 @@ def test_logprobs_hold_top_k_plus_sampled_token(llm):
         assert token in entry and entry[token].decoded_token is not None
 
 
+def test_prompt_logprobs_in_slices_equal_the_whole(llm, monkeypatch):
+    """Prompt logprobs are computed PROMPT_LOGPROBS_ROWS positions at a time (bounded memory); slices
+    of 3 give the same values as one slice."""
+    from tritonllm.worker import model_runner
+
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=2)
+    prompt = "The baker opens her shop at dawn, and the street smells of bread"
+    whole = llm.generate([prompt], params, use_tqdm=False)[0].prompt_logprobs
+    monkeypatch.setattr(model_runner, "PROMPT_LOGPROBS_ROWS", 3)
+    sliced = llm.generate([prompt], params, use_tqdm=False)[0].prompt_logprobs
+    assert len(whole) == len(sliced) > 7
+    for a, b in zip(whole[1:], sliced[1:]):
+        assert a.keys() == b.keys()
+        assert all(abs(a[t].logprob - b[t].logprob) < 1e-5 and a[t].rank == b[t].rank for t in a)
+
+
 def test_chat_applies_the_chat_template(llm):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
     out = llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)[0]

@@ -262,27 +262,6 @@ def test_a_consumer_that_stops_early_aborts_its_request(engine):
     assert generated_tokens(engine) - before < 20
 
 
-def test_a_failed_step_fails_its_requests_and_the_engine_keeps_serving(engine, monkeypatch):
-    real_step = engine.engine.step
-    failures = [RuntimeError("step exploded")]
-
-    def step_failing_once(*args, **kwargs):
-        if failures:
-            raise failures.pop()
-        return real_step(*args, **kwargs)
-
-    monkeypatch.setattr(engine.engine, "step", step_failing_once)
-
-    async def run():
-        with pytest.raises(RuntimeError, match="step exploded"):
-            async for _ in engine.generate(PROMPT, SamplingParams(max_tokens=2)):
-                pass
-        return [o async for o in engine.generate(PROMPT, SamplingParams(max_tokens=2))][-1]
-
-    assert asyncio.run(run()).finished
-    assert engine.is_running
-
-
 # ---- a real server, with the openai client ----------------------------------------------------
 
 

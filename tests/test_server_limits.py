@@ -313,3 +313,91 @@ def test_200_concurrent_streams_with_a_fifth_disconnecting(caching_server):
         assert time.monotonic() < deadline, "requests or blocks left after the streams ended"
         time.sleep(0.1)
     asyncio.run(engine.call(lambda e: e.kv_cache.check_invariant()))
+
+
+@pytest.mark.parametrize("stage", ["schedule", "execute", "process"])
+def test_a_failed_step_fails_only_its_requests(tiny_llama, stage, monkeypatch):
+    """A step that raises at scheduling, in the model runner or in output processing fails the
+    requests in the batch (an EngineStepError naming the request, the exception logged); the requests
+    still waiting (max_num_seqs=2 of 4) finish with the same greedy tokens as without the failure;
+    afterwards every block is free and no unwritten block stays published in the prefix cache."""
+    from tritonllm import SamplingParams
+    from tritonllm.engine.async_engine import EngineStepError
+
+    llm = LLM(model=tiny_llama, max_model_len=128, seed=0, max_num_seqs=2, enable_prefix_caching=True)
+    prompts = [f"The baker opens her shop {i}" for i in range(4)]
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    expected = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    core = llm.llm_engine
+    owner = {"schedule": core.scheduler, "execute": core.runner, "process": core.output_processor}[stage]
+    real = getattr(owner, stage)
+    calls = {"n": 0}
+
+    def failing_once(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second step: two requests running, two waiting
+            raise RuntimeError("injected failure")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, stage, failing_once)
+    engine = AsyncLLMEngine(core)
+
+    async def run_all():
+        async def one(i):
+            try:
+                return [o async for o in engine.generate(prompts[i], params, f"r{i}")][-1].outputs[0].token_ids
+            except EngineStepError as e:
+                return e
+
+        tasks = [asyncio.ensure_future(one(i)) for i in range(4)]
+        await asyncio.sleep(0)
+        return await asyncio.gather(*tasks)
+
+    try:
+        results = asyncio.run(run_all())
+        failed = [r for r in results if isinstance(r, EngineStepError)]
+        assert len(failed) == 2 and all("injected" not in str(e) for e in failed), results
+        done = [(i, r) for i, r in enumerate(results) if not isinstance(r, EngineStepError)]
+        assert len(done) == 2 and all(r == expected[i] for i, r in done)
+        assert engine.is_healthy and engine.consecutive_step_failures == 0
+        assert _idle(engine)
+        asyncio.run(engine.call(lambda e: e.kv_cache.check_invariant()))
+        again = asyncio.run(run_all())  # published blocks hold real KV: a rerun gives the same tokens
+        assert again == expected
+    finally:
+        engine.shutdown()
+
+
+def test_health_reports_degraded_only_while_steps_keep_failing(engine, monkeypatch):
+    client = _client(engine)
+    engine.consecutive_step_failures = 1
+    assert client.get("/health").status_code == 200
+    engine.consecutive_step_failures = 3
+    r = client.get("/health")
+    assert r.status_code == 503 and r.text == "degraded"
+    engine.consecutive_step_failures = 0
+    assert client.get("/health").status_code == 200
+
+
+def test_a_profiling_step_that_does_not_fit_is_refused_naming_memory_and_fix(tiny_llama, monkeypatch):
+    """(GPU start-up, driven on CPU) a profiling step that runs out of memory is a ValueError naming
+    the step's size, the free memory and the fix, not a raw CUDA out-of-memory error."""
+    import torch
+
+    core = LLM(model=tiny_llama, max_model_len=128).llm_engine
+
+    def out_of_memory(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
+
+    monkeypatch.setattr(core.runner, "profile_peak_bytes", out_of_memory)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (3 << 30, 24 << 30))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    with pytest.raises(ValueError) as refused:
+        core._profile_peak_bytes()
+    message = str(refused.value)
+    assert (
+        "max_num_batched_tokens=" in message
+        and "3.0 of 24.0 GiB" in message
+        and "Tried to allocate 4.00 GiB" in message
+    )
+    assert "enable chunked prefill" in message

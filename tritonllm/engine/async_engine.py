@@ -30,6 +30,13 @@ class EngineDeadError(RuntimeError):
     """The engine thread has stopped; no request can be served."""
 
 
+class EngineStepError(RuntimeError):
+    """The step running this request raised (the exception is logged with the request ids)."""
+
+
+DEGRADED_AFTER_FAILURES = 3  # consecutive failed steps before /health reports the engine degraded
+
+
 class EngineOverloadedError(RuntimeError):
     """More requests wait to start than the engine admits (`max_waiting_requests`): try again later."""
 
@@ -47,6 +54,7 @@ class AsyncLLMEngine:
         self.engine = engine
         self.max_waiting_requests = max_waiting_requests
         self.num_waiting = 0  # requests admitted whose first output has not arrived (event-loop side)
+        self.consecutive_step_failures = 0
         self._cond = threading.Condition()
         self._commands: deque[Callable[[], None]] = deque()
         self._streams: dict[str, _Stream] = {}  # touched by the engine thread only
@@ -57,6 +65,11 @@ class AsyncLLMEngine:
     @property
     def is_running(self) -> bool:
         return self._thread.is_alive()
+
+    @property
+    def is_healthy(self) -> bool:
+        """Running, and not failing step after step (one failed step fails only its requests)."""
+        return self.is_running and self.consecutive_step_failures < DEGRADED_AFTER_FAILURES
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop the engine thread after its current step; pending requests are left unfinished."""
@@ -176,12 +189,17 @@ class AsyncLLMEngine:
     def _step(self) -> None:
         try:
             outputs = self.engine.step()
-        except Exception as e:
-            # a failed step leaves its requests in an unknown state: fail them all, keep serving new ones
-            logger.exception("engine step failed; aborting %d request(s)", len(self._streams))
-            for request_id in list(self._streams):
-                self._fail(request_id, e)
+        except Exception:
+            # the engine aborted the requests of the failed step (and freed their blocks); fail their
+            # streams, keep the others (waiting requests run in later steps) and keep serving
+            live = self.engine.output_processor.groups
+            failed = [request_id for request_id in self._streams if request_id not in live]
+            self.consecutive_step_failures += 1
+            logger.exception("engine step failed; failing request(s) %s", ", ".join(failed) or "none")
+            for request_id in failed:
+                self._fail(request_id, EngineStepError(f"the engine step serving request {request_id} failed"))
             return
+        self.consecutive_step_failures = 0
         for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is None:

@@ -141,6 +141,24 @@ class LLMEngine:
         # come on top of the pool, out of the 1 - gpu_memory_utilization share.
         self.runner.enable_piecewise_graphs(sched.max_num_batched_tokens)
 
+    def _profile_peak_bytes(self) -> int:
+        """The profiling step's peak; one that does not fit the GPU is refused with what it needed and
+        the fix, instead of a raw CUDA out-of-memory error."""
+        sched = self.config.scheduler
+        free_before, total = torch.cuda.mem_get_info(self.device)
+        try:
+            return self.runner.profile_peak_bytes(sched.max_num_batched_tokens, sched.max_num_seqs)
+        except torch.OutOfMemoryError as e:
+            gc.collect()
+            torch.cuda.empty_cache()
+            raise ValueError(
+                f"the profiling step (one forward of max_num_batched_tokens={sched.max_num_batched_tokens} tokens in up "
+                f"to max_num_seqs={sched.max_num_seqs} sequences, with its logits) does not fit in GPU memory: "
+                f"{free_before / 2**30:.1f} of {total / 2**30:.1f} GiB were free after loading the weights "
+                f"({str(e).splitlines()[0]}). Lower max_num_batched_tokens (enable chunked prefill so it need not "
+                "cover max_model_len), lower max_num_seqs or max_model_len, or use a GPU with more memory"
+            ) from e
+
     def _num_kv_blocks(self) -> int:
         cache = self.config.cache
         if cache.num_gpu_blocks_override is not None:
@@ -151,8 +169,7 @@ class LLMEngine:
         # largest batch (weights + activations), and less what other processes and the CUDA context hold.
         gc.collect()  # engines dropped before this one (reference cycles) give their memory back first
         torch.cuda.empty_cache()
-        sched = self.config.scheduler
-        peak = self.runner.profile_peak_bytes(sched.max_num_batched_tokens, sched.max_num_seqs)
+        peak = self._profile_peak_bytes()
         free, total = torch.cuda.mem_get_info(self.device)
         others = max(0, (total - free) - torch.cuda.memory_reserved(self.device))
         available = total * cache.gpu_memory_utilization - peak - others
@@ -240,9 +257,10 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one step; returns the outputs of the groups whose results it processed (a finished
         group is last seen here): every step's for CUMULATIVE requests, the final one for FINAL_ONLY.
-        With overlap scheduling the results processed are the previous step's. If a step fails,
-        every unfinished request is aborted (their state is unknown) and the error is raised; the
-        engine keeps serving new requests."""
+        With overlap scheduling the results processed are the previous step's. If a step fails, the
+        requests in it (every request holding state in the batch: their state is unknown) are aborted
+        and their blocks freed, the error is raised, and the engine keeps serving: requests still
+        waiting to start are kept and run in later steps."""
         try:
             sched = self.scheduler.schedule()
             self._record_step(sched)
@@ -253,7 +271,7 @@ class LLMEngine:
                 previous = launched
             return [] if previous is None else self._process(*previous)
         except BaseException:
-            self._abort_all()
+            self._abort_failed_step()
             raise
 
     def _record_step(self, sched: SchedulerOutput) -> None:
@@ -285,11 +303,14 @@ class LLMEngine:
             self.kv_cache.cache_computed_blocks(r, end)
         return self.output_processor.process(result, time.monotonic())
 
-    def _abort_all(self) -> None:
-        """After a failed step: forget publications whose KV may be unwritten, drop the step in
-        flight and abort every unfinished request, freeing its blocks."""
+    def _abort_failed_step(self) -> None:
+        """After a failed step: forget publications whose KV may be unwritten (none of the failed
+        requests' blocks stays in the prefix cache), drop the step in flight, abort every request that
+        holds state in the batch (running: scheduled in the failed step, or in the batch beside it),
+        freeing its blocks, and reset the batch. Requests waiting to start hold no state: they stay."""
         self._in_flight = None
         self.kv_cache.discard_unconfirmed()
-        for request_id in list(self.output_processor.groups):
+        failed = {self.output_processor.group_id(r) for r in self.scheduler.running}
+        for request_id in failed:
             self.abort_request(request_id)
         self.runner.reset_batch()

@@ -19,6 +19,7 @@ Owns the KV cache tensors: per layer K and V, each [num_blocks, block_size, num_
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 
@@ -38,6 +39,7 @@ from tritonllm.worker.piecewise_graph import PiecewiseGraphs
 from tritonllm.worker.staging import StagingBuffer
 
 _DECODE_ROWS = [name for name, _, _ in DECODE_LAYOUT].index("rows")
+PROMPT_LOGPROBS_ROWS = 1024  # prompt positions whose [rows, vocab] logits are alive at once
 
 
 @dataclass
@@ -464,7 +466,18 @@ class ModelRunner:
         last = min(start + count, r.num_prompt_tokens - 1)
         if last <= first:
             return r, first + 1, None
-        rows = slice(row0 + first - start, row0 + last - start)
-        logits = self.model.compute_logits(hidden[rows])
         targets = torch.tensor(r.prompt_token_ids[first + 1 : last + 1], device=self.device)
-        return r, first + 1, top_logprobs(self.kernels.log_softmax(logits), targets, r.params.prompt_logprobs)
+        # in slices of PROMPT_LOGPROBS_ROWS: float32 logits and their log-softmax are [rows, vocab] each
+        # (4 GB at 8,192 x 128k), which the profiling step that sized the KV cache never saw
+        parts = []
+        for lo in range(first, last, PROMPT_LOGPROBS_ROWS):
+            hi = min(lo + PROMPT_LOGPROBS_ROWS, last)
+            logits = self.model.compute_logits(hidden[row0 + lo - start : row0 + hi - start])
+            parts.append(top_logprobs(self.kernels.log_softmax(logits), targets[lo - first : hi - first],
+                                      r.params.prompt_logprobs))  # fmt: skip
+            del logits
+        if len(parts) == 1:
+            return r, first + 1, parts[0]
+        names = [f.name for f in dataclasses.fields(LogprobTensors)]
+        top = LogprobTensors(*(torch.cat([getattr(part, name) for part in parts]) for name in names))
+        return r, first + 1, top

@@ -91,7 +91,10 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, limits: ServerLimi
 
     @app.get("/health")
     async def health() -> Response:
-        return Response(status_code=200 if engine.is_running else 503)
+        """200; 503 when the engine thread has stopped or its steps keep failing (degraded)."""
+        if engine.is_healthy:
+            return Response(status_code=200)
+        return Response("degraded" if engine.is_running else "engine stopped", status_code=503)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
