@@ -401,3 +401,40 @@ def test_a_profiling_step_that_does_not_fit_is_refused_naming_memory_and_fix(tin
         and "Tried to allocate 4.00 GiB" in message
     )
     assert "enable chunked prefill" in message
+
+
+def test_delta_outputs_join_to_the_cumulative_ones_and_a_slow_reader_gets_them_merged(engine):
+    """RequestOutputKind.DELTA (what streams use): the deltas of a request with n=2, logprobs and a
+    stop string concatenate to exactly the cumulative outputs; a consumer that reads only after the
+    request finished gets one merged output (the channel holds at most one), equal to the whole."""
+    import dataclasses
+
+    from tritonllm import SamplingParams
+    from tritonllm.sampling_params import RequestOutputKind
+
+    base = SamplingParams(n=2, temperature=0.9, seed=5, max_tokens=12, logprobs=1, stop=[" the"], prompt_logprobs=1)
+    delta = dataclasses.replace(base, output_kind=RequestOutputKind.DELTA)
+
+    async def collect(params, request_id, slow=False):
+        outputs = []
+        async for o in engine.generate("The baker opens her shop", params, request_id):
+            outputs.append(o)
+            if slow and len(outputs) == 1:  # the request runs to its end meanwhile; its deltas pile up merged
+                while await engine.call(lambda e: e.has_unfinished_requests()):
+                    await asyncio.sleep(0.05)
+        return outputs
+
+    cumulative = asyncio.run(collect(base, "cum"))[-1]
+    for slow in (False, True):
+        deltas = asyncio.run(collect(delta, f"delta-{slow}", slow))
+        if slow:
+            assert len(deltas) == 2  # the first, then everything else merged into one
+        for c in cumulative.outputs:
+            parts = [d for o in deltas for d in o.outputs if d.index == c.index]
+            assert "".join(p.text for p in parts) == c.text
+            assert [t for p in parts for t in p.token_ids] == c.token_ids
+            assert [lp for p in parts for lp in p.logprobs] == c.logprobs
+            assert parts[-1].finish_reason == c.finish_reason
+        prompt_lps = [lp for o in deltas for lp in (o.prompt_logprobs or [])]
+        assert prompt_lps == cumulative.prompt_logprobs
+    assert _idle(engine)

@@ -58,3 +58,35 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics | None = None
+    delta: bool = False  # RequestOutputKind.DELTA: outputs, prompt_logprobs hold only what is new
+
+
+def merge_outputs(older: RequestOutput, newer: RequestOutput) -> RequestOutput:
+    """One output standing for two successive ones of a request: the newer for cumulative outputs;
+    for deltas (RequestOutputKind.DELTA) their concatenation, completion by completion."""
+    if not newer.delta:
+        return newer
+    by_index = {c.index: c for c in older.outputs}
+    merged = []
+    for c in newer.outputs:
+        o = by_index.get(c.index)
+        if o is None:
+            merged.append(c)
+            continue
+        logprobs = None if c.logprobs is None else (o.logprobs or []) + c.logprobs
+        merged.append(
+            CompletionOutput(
+                c.index,
+                o.text + c.text,
+                o.token_ids + c.token_ids,
+                c.cumulative_logprob,
+                logprobs,
+                c.finish_reason,
+                c.stop_reason,
+            )  # fmt: skip
+        )
+    prompt_logprobs = older.prompt_logprobs
+    if newer.prompt_logprobs is not None:
+        prompt_logprobs = (prompt_logprobs or []) + newer.prompt_logprobs
+    return RequestOutput(newer.request_id, newer.prompt, newer.prompt_token_ids, prompt_logprobs, merged,
+                         newer.finished, newer.metrics, newer.delta)  # fmt: skip

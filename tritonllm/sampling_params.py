@@ -12,6 +12,8 @@ class RequestOutputKind(enum.Enum):
     """When a request's outputs are returned (vLLM's names and values)."""
 
     CUMULATIVE = 0  # after every step that advanced it: everything so far
+    DELTA = 1  # after every step that advanced it: only what is new (text that a stop string may still
+    # remove is held back until it cannot); streams, without copying a growing history each step
     FINAL_ONLY = 2  # once, when it finishes (offline `generate`): text is decoded once, at the end
 
 

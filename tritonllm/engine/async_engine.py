@@ -2,7 +2,10 @@
 
 The LLMEngine is not thread-safe, so one background thread owns it: it runs queued commands
 (add, abort, reads) between steps, steps while requests are pending, and sleeps on a condition
-when idle. Each request's outputs go back to its caller's event loop through an asyncio.Queue.
+when idle. Each request's outputs go back to its caller's event loop through a channel that holds
+at most one pending output: one that arrives before the consumer took the last is merged into it
+(deltas concatenated, a cumulative output replacing the older), so a slow client costs memory in
+proportion to what it has not read, never a queue of copies.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tritonllm.engine.engine import LLMEngine
-from tritonllm.outputs import RequestOutput
+from tritonllm.outputs import RequestOutput, merge_outputs
 from tritonllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -41,10 +44,31 @@ class EngineOverloadedError(RuntimeError):
     """More requests wait to start than the engine admits (`max_waiting_requests`): try again later."""
 
 
+class _Channel:
+    """One request's outputs, from the engine thread to its event loop (`put` runs on that loop)."""
+
+    def __init__(self) -> None:
+        self._items: deque[Any] = deque()  # RequestOutputs (at most one) and then maybe an exception
+        self._ready = asyncio.Event()
+
+    def put(self, item: Any) -> None:
+        if self._items and isinstance(item, RequestOutput) and isinstance(self._items[-1], RequestOutput):
+            self._items[-1] = merge_outputs(self._items[-1], item)
+        else:
+            self._items.append(item)
+        self._ready.set()
+
+    async def get(self) -> Any:
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        return self._items.popleft()
+
+
 @dataclass
 class _Stream:
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue  # RequestOutput, or an exception to raise in the consumer
+    channel: _Channel  # RequestOutput, or an exception to raise in the consumer
 
 
 class AsyncLLMEngine:
@@ -103,8 +127,9 @@ class AsyncLLMEngine:
         self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
         strict_max_tokens: bool = False,
     ) -> AsyncIterator[RequestOutput]:  # fmt: skip
-        """Yield the request's cumulative output after each step that advanced it, the last one
-        finished. Bad input (a too-long prompt, ids outside the vocabulary, with `strict_max_tokens`
+        """Yield the request's outputs as `params.output_kind` asks (cumulative or deltas after each
+        step that advanced it, or the final one; outputs the consumer had not taken yet come merged
+        into one), the last one finished. Bad input (a too-long prompt, ids outside the vocabulary, with `strict_max_tokens`
         a max_tokens that does not fit the context after the prompt...) raises ValueError from the
         first iteration; beyond `max_waiting_requests`, EngineOverloadedError, and the request never
         reaches the engine. Stopping early (a client disconnect) aborts the request."""
@@ -114,14 +139,14 @@ class AsyncLLMEngine:
                 f"{self.num_waiting} requests are waiting to start (the limit is {self.max_waiting_requests}): retry later"
             )
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
+        channel = _Channel()
 
         def add(engine: LLMEngine) -> None:
             text = prompt if isinstance(prompt, str) else None
             if strict_max_tokens and params.max_tokens is not None and len(token_ids) < engine.max_model_len:
                 check_context(len(token_ids), params.max_tokens, engine.max_model_len)  # (add_request refuses the rest)
             engine.add_request(request_id, token_ids, params, prompt=text)
-            self._streams[request_id] = _Stream(loop, queue)
+            self._streams[request_id] = _Stream(loop, channel)
 
         finished = False  # or rejected: nothing to abort
         self.num_waiting += 1
@@ -139,7 +164,7 @@ class AsyncLLMEngine:
                 finished = True
                 raise
             while not finished:
-                item = await queue.get()
+                item = await channel.get()
                 if waiting:
                     waiting = False
                     self.num_waiting -= 1
@@ -233,7 +258,7 @@ def check_context(prompt_tokens: int, max_tokens: int, max_model_len: int) -> No
 
 def _put(stream: _Stream, item: Any) -> bool:
     try:
-        stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+        stream.loop.call_soon_threadsafe(stream.channel.put, item)
     except RuntimeError:  # loop closed
         return False
     return True

@@ -14,7 +14,7 @@ in one batched call too (TokenStrings).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
@@ -56,6 +56,12 @@ class RequestGroup:
     children: list[Request]
     detokenizers: list[Detokenizer] | None  # None: decoded once, at the end
     final_only: bool
+    delta: bool = False  # RequestOutputKind.DELTA: outputs carry only what is new
+    # DELTA: per child, the tokens and characters already returned; the prompt logprobs returned
+    sent_tokens: list[int] = field(default_factory=list)
+    sent_chars: list[int] = field(default_factory=list)
+    sent_prompt_logprobs: int = 0
+    hold_back_chars: int = 0  # the longest stop string - 1: text a stop string may still cut
 
     @property
     def finished(self) -> bool:
@@ -90,7 +96,12 @@ class OutputProcessor:
         )
         for i, child in enumerate(children):
             child.group_index = i
-        self.groups[request_id] = RequestGroup(request_id, prompt, children, detoks, final_only)
+        group = RequestGroup(request_id, prompt, children, detoks, final_only)
+        if params.output_kind is RequestOutputKind.DELTA:
+            group.delta = True
+            group.sent_tokens, group.sent_chars = [0] * len(children), [0] * len(children)
+            group.hold_back_chars = max((len(s) for s in params.stop_strings), default=1) - 1
+        self.groups[request_id] = group
 
     def pop_group(self, request_id: str) -> RequestGroup | None:
         return self.groups.pop(request_id, None)
@@ -219,25 +230,20 @@ class OutputProcessor:
 
     def make_output(self, group: RequestGroup) -> RequestOutput:
         first = group.children[0]
-        completions = [
-            CompletionOutput(
-                index=i,
-                text=c.output_text,
-                token_ids=list(c.output_token_ids),
-                cumulative_logprob=c.cumulative_logprob if c.params.logprobs is not None else None,
-                logprobs=list(c.logprobs) if c.params.logprobs is not None else None,
-                finish_reason=c.status.value if c.is_finished else None,
-                stop_reason=c.stop_reason,
-            )
-            for i, c in enumerate(group.children)
-        ]
+        completions = [self._completion(group, i, c) for i, c in enumerate(group.children)]
+        prompt_logprobs = None
+        if first.params.prompt_logprobs is not None:
+            prompt_logprobs = first.prompt_logprobs[group.sent_prompt_logprobs :]
+            if group.delta:
+                group.sent_prompt_logprobs = len(first.prompt_logprobs)
         return RequestOutput(
             request_id=group.request_id,
             prompt=group.prompt,
             prompt_token_ids=first.prompt_token_ids,
-            prompt_logprobs=list(first.prompt_logprobs) if first.params.prompt_logprobs is not None else None,
+            prompt_logprobs=prompt_logprobs,
             outputs=completions,
             finished=group.finished,
+            delta=group.delta,
             metrics=RequestMetrics(
                 arrival_time=first.times.arrival,
                 first_scheduled_time=first.times.first_scheduled,
@@ -246,4 +252,31 @@ class OutputProcessor:
                 ),
                 finished_time=first.times.finished,
             ),
+        )
+
+    @staticmethod
+    def _completion(group: RequestGroup, i: int, c: Request) -> CompletionOutput:
+        """Child i's output: everything so far, or (DELTA) what is new since the last one, holding back
+        the text a stop string may still remove while the child runs."""
+        tokens, text, logprobs = (
+            c.output_token_ids,
+            c.output_text,
+            c.logprobs if c.params.logprobs is not None else None,
+        )
+        if group.delta:
+            t0, c0 = group.sent_tokens[i], group.sent_chars[i]
+            end = len(text) if c.is_finished else max(c0, len(text) - group.hold_back_chars)
+            tokens, text = tokens[t0:], text[c0:end]
+            logprobs = logprobs[t0:] if logprobs is not None else None
+            group.sent_tokens[i], group.sent_chars[i] = len(c.output_token_ids), end
+        else:
+            tokens, logprobs = list(tokens), list(logprobs) if logprobs is not None else None
+        return CompletionOutput(
+            index=i,
+            text=text,
+            token_ids=tokens,
+            cumulative_logprob=c.cumulative_logprob if c.params.logprobs is not None else None,
+            logprobs=logprobs,
+            finish_reason=c.status.value if c.is_finished else None,
+            stop_reason=c.stop_reason,
         )

@@ -15,7 +15,7 @@ from tritonllm.entrypoints.openai.limits import ServerLimits
 from tritonllm.entrypoints.openai.middleware import REQUEST_ID
 from tritonllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields, Usage
 from tritonllm.outputs import Logprob, PositionLogprobs, RequestOutput
-from tritonllm.sampling_params import SamplingParams
+from tritonllm.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 # JSON has no -inf; vLLM clamps the same way
@@ -98,6 +98,8 @@ class OpenAIServing:
             raise BadRequestError("logit_bias is not supported: leave it out")
 
     def sampling_params(self, request: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        """The request's SamplingParams: streams take deltas from the engine (only what each step
+        added, held back where a stop string may still cut), other requests only the final output."""
         optional = {
             name: getattr(request, name)
             for name in ("temperature", "top_p", "top_k", "min_p")
@@ -115,6 +117,7 @@ class OpenAIServing:
                 logprobs=logprobs,
                 include_stop_str_in_output=request.include_stop_str_in_output,
                 skip_special_tokens=request.skip_special_tokens,
+                output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
                 **optional,
             )
         except ValueError as e:
@@ -254,38 +257,42 @@ class Delta:
 
 
 class DeltaTracker:
-    """Turns one request's cumulative outputs into deltas. While a completion runs, the last
-    (longest stop string - 1) characters are held back: a stop string completed later removes
-    them from the output, and sent text cannot be taken back."""
+    """Turns one request's delta outputs (RequestOutputKind.DELTA: the engine already holds back the
+    text a stop string may still remove) into stream chunks: tokens whose text is still empty wait
+    for the next chunk unless logprobs are sent; it counts what each completion sent."""
 
     def __init__(self, params: SamplingParams) -> None:
-        self.hold_back_chars = max((len(s) for s in params.stop_strings), default=1) - 1
         self.sent_chars = [0] * params.n
-        self.sent_tokens = [0] * params.n
         self.done = [False] * params.n
+        self.num_tokens = [0] * params.n  # every token received, sent or pending
+        self.pending: list[tuple[list[int], list[PositionLogprobs] | None]] = [([], None) for _ in range(params.n)]
 
     def deltas(self, output: RequestOutput) -> list[Delta]:
         out = []
         for c in output.outputs:
-            if self.done[c.index]:
+            i = c.index
+            if self.done[i]:
                 continue
+            tokens, logprobs = self.pending[i]
+            tokens = tokens + c.token_ids
+            if c.logprobs is not None:
+                logprobs = (logprobs or []) + c.logprobs
+            self.num_tokens[i] += len(c.token_ids)
             finished = c.finish_reason is not None
-            end = len(c.text) if finished else max(self.sent_chars[c.index], len(c.text) - self.hold_back_chars)
-            start, first_token = self.sent_chars[c.index], self.sent_tokens[c.index]
-            new_tokens = len(c.token_ids) > first_token and c.logprobs is not None  # logprobs to send
-            if end == start and not new_tokens and not finished:
+            if not c.text and not finished and (logprobs is None or not tokens):
+                self.pending[i] = (tokens, logprobs)
                 continue
-            out.append(
-                Delta(
-                    index=c.index,
-                    text=c.text[start:end],
-                    text_offset=start,
-                    token_ids=c.token_ids[first_token:],
-                    logprobs=c.logprobs[first_token:] if c.logprobs is not None else None,
-                    finish_reason=c.finish_reason,
-                    stop_reason=c.stop_reason,
-                )
-            )
-            self.sent_chars[c.index], self.sent_tokens[c.index] = end, len(c.token_ids)
-            self.done[c.index] = finished
+            out.append(Delta(i, c.text, self.sent_chars[i], tokens, logprobs, c.finish_reason, c.stop_reason))
+            self.sent_chars[i] += len(c.text)
+            self.pending[i] = ([], None)
+            self.done[i] = finished
         return out
+
+
+def stream_usage(firsts: list[RequestOutput], trackers: list[DeltaTracker]) -> Usage:
+    """A stream's usage from its trackers' token counts (delta outputs carry no totals)."""
+    prompt_tokens = sum(len(o.prompt_token_ids) for o in firsts)
+    completion_tokens = sum(sum(t.num_tokens) for t in trackers)
+    return Usage(
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens
+    )

@@ -32,6 +32,7 @@ from tritonllm.entrypoints.openai.serving import (
     merged,
     sse,
     sse_events,
+    stream_usage,
     top_entries,
     usage_of,
     wants_usage,
@@ -125,13 +126,11 @@ class OpenAIServingChat(OpenAIServing):
     ) -> AsyncIterator[str]:
         """The stream's data chunks (sse_events adds the error event and [DONE])."""
         tracker = DeltaTracker(params)
-        last = firsts[0]
         for index in range(params.n):
             role = DeltaMessage(role="assistant", content="")
             yield self._chunk(request_id, [ChatStreamChoice(index=index, delta=role)])
         async with aclosing(merged(firsts, streams)) as events:
             async for _, output in events:
-                last = output
                 choices = [
                     ChatStreamChoice(
                         index=delta.index,
@@ -147,5 +146,6 @@ class OpenAIServingChat(OpenAIServing):
                 if choices:
                     yield self._chunk(request_id, choices)
         if include_usage:
-            chunk = ChatCompletionChunk(id=request_id, model=self.served_model_name, choices=[], usage=usage_of([last]))
+            usage = stream_usage(firsts, [tracker])
+            chunk = ChatCompletionChunk(id=request_id, model=self.served_model_name, choices=[], usage=usage)
             yield sse(chunk.model_dump_json())

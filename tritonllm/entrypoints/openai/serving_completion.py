@@ -21,6 +21,7 @@ from tritonllm.entrypoints.openai.serving import (
     merged,
     sse,
     sse_events,
+    stream_usage,
     top_entries,
     usage_of,
     wants_usage,
@@ -93,10 +94,8 @@ class OpenAIServingCompletion(OpenAIServing):
         """The stream's data chunks (sse_events adds the error event and [DONE])."""
         trackers = [DeltaTracker(params) for _ in streams]
         text_offsets: dict[int, int] = {}
-        last = list(firsts)
         async with aclosing(merged(firsts, streams)) as events:
             async for i, output in events:
-                last[i] = output
                 choices = []
                 for delta in trackers[i].deltas(output):
                     index = i * params.n + delta.index
@@ -118,5 +117,6 @@ class OpenAIServingCompletion(OpenAIServing):
                     chunk = CompletionResponse(id=request_id, model=self.served_model_name, choices=choices)
                     yield sse(chunk.model_dump_json())
         if include_usage:
-            chunk = CompletionResponse(id=request_id, model=self.served_model_name, choices=[], usage=usage_of(last))
+            usage = stream_usage(firsts, trackers)
+            chunk = CompletionResponse(id=request_id, model=self.served_model_name, choices=[], usage=usage)
             yield sse(chunk.model_dump_json())
