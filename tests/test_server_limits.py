@@ -438,3 +438,22 @@ def test_delta_outputs_join_to_the_cumulative_ones_and_a_slow_reader_gets_them_m
         prompt_lps = [lp for o in deltas for lp in (o.prompt_logprobs or [])]
         assert prompt_lps == cumulative.prompt_logprobs
     assert _idle(engine)
+
+
+def test_logprob_token_strings_decoded_off_the_engine_thread_match_the_offline_ones(engine, tiny_llama):
+    """The server asks the engine for no logprob strings and decodes them in a worker thread: the
+    tokens and top-logprob keys are the ones the offline API decodes, streamed or not."""
+    from tritonllm import SamplingParams
+
+    offline = LLM(model=tiny_llama, max_model_len=128, seed=0)
+    params = SamplingParams(temperature=0.0, max_tokens=5, logprobs=2, ignore_eos=True)
+    expected = offline.generate(["The baker opens her shop"], params, use_tqdm=False)[0].outputs[0]
+    tokens = [entry[t].decoded_token for t, entry in zip(expected.token_ids, expected.logprobs)]
+    tops = [{lp.decoded_token for lp in entry.values() if lp.rank <= 2} for entry in expected.logprobs]
+    body = {"prompt": "The baker opens her shop", "max_tokens": 5, "temperature": 0, "logprobs": 2, "ignore_eos": True}
+    client = _client(engine)
+    lp = client.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]
+    assert lp["tokens"] == tokens and [set(t) for t in lp["top_logprobs"]] == tops
+    streamed = client.post("/v1/completions", json=dict(body, stream=True)).text
+    chunks = [__import__("json").loads(x[6:]) for x in streamed.split("\n\n") if x.startswith("data: {")]
+    assert [t for c in chunks for t in c["choices"][0]["logprobs"]["tokens"]] == tokens

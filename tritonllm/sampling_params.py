@@ -35,6 +35,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     detokenize: bool = True  # False: token ids only (benchmarks)
+    # False: Logprob.decoded_token stays None, for a caller that decodes the strings itself off the
+    # engine thread (the OpenAI server)
+    logprob_token_strings: bool = True
     priority: int = 0
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     stop_strings: list[str] = field(init=False, repr=False)

@@ -145,11 +145,13 @@ class OutputProcessor:
     def _add_token_strings(self, result: StepResult) -> None:
         ids: list[int] = []
         if result.logprobs:
-            for token, entry in zip(result.token_ids, result.logprobs):
-                if entry is not None:
+            for request, token, entry in zip(result.sampled, result.token_ids, result.logprobs):
+                if entry is not None and request.params.logprob_token_strings:
                     ids.append(token)
                     ids.extend(entry[0])
         for request, first_pos, top in result.prompt_logprobs:
+            if not request.params.logprob_token_strings:
+                continue
             ids.extend(request.prompt_token_ids[first_pos : first_pos + len(top.token_logprobs)])
             for row in top.top_ids:
                 ids.extend(row)
@@ -171,20 +173,25 @@ class OutputProcessor:
             request.output_text = text
 
     def _logprob_dict(
-        self, ids: list[int], lps: list[float], token: int, token_lp: float, rank: int
+        self, ids: list[int], lps: list[float], token: int, token_lp: float, rank: int, strings: bool = True
     ) -> PositionLogprobs:
-        strings = self.token_strings
-        entry = {token: Logprob(token_lp, rank, strings[token])}
+        table = self.token_strings.table if strings else {}
+        entry = {token: Logprob(token_lp, rank, table.get(token))}
         for i, (tid, lp) in enumerate(zip(ids, lps)):
             if tid not in entry:
-                entry[tid] = Logprob(lp, i + 1, strings[tid])
+                entry[tid] = Logprob(lp, i + 1, table.get(tid))
         return entry
 
     def _append_prompt_logprobs(self, r: Request, first_pos: int, top: TopLogprobs) -> None:
         for j in range(len(top.token_logprobs)):
             token = r.prompt_token_ids[first_pos + j]
             entry = self._logprob_dict(
-                top.top_ids[j], top.top_logprobs[j], token, top.token_logprobs[j], top.token_ranks[j]
+                top.top_ids[j],
+                top.top_logprobs[j],
+                token,
+                top.token_logprobs[j],
+                top.token_ranks[j],
+                r.params.logprob_token_strings,
             )
             r.prompt_logprobs.append(entry)
 
@@ -197,7 +204,7 @@ class OutputProcessor:
             r.times.first_token = now
         if logprobs is not None:
             ids, lps, token_lp, rank = logprobs
-            r.logprobs.append(self._logprob_dict(ids, lps, token, token_lp, rank))
+            r.logprobs.append(self._logprob_dict(ids, lps, token, token_lp, rank, r.params.logprob_token_strings))
             r.cumulative_logprob += token_lp
         p = r.params
         new_text = ""

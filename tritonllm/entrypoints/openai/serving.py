@@ -11,6 +11,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from tritonllm.engine.async_engine import AsyncLLMEngine
+from tritonllm.engine.detokenizer import TokenStrings
 from tritonllm.entrypoints.openai.limits import ServerLimits
 from tritonllm.entrypoints.openai.middleware import REQUEST_ID
 from tritonllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields, Usage
@@ -71,6 +72,14 @@ class OpenAIServing:
         self.engine = engine
         self.served_model_name = served_model_name
         self.limits = limits or ServerLimits()
+        # logprob entries' token strings, decoded here in a worker thread rather than on the engine thread
+        self.token_strings = TokenStrings(engine.engine.tokenizer)
+
+    async def fill_token_strings(self, outputs: list[RequestOutput]) -> None:
+        """Set decoded_token on the logprob entries the engine left without (logprob_token_strings False)."""
+        positions = [p for o in outputs for c in o.outputs for p in (c.logprobs or [])]
+        if positions:
+            await asyncio.to_thread(_fill_token_strings, self.token_strings, positions)
 
     def check_request(self, request: SamplingFields) -> None:
         cap = self.limits.max_n
@@ -118,6 +127,7 @@ class OpenAIServing:
                 include_stop_str_in_output=request.include_stop_str_in_output,
                 skip_special_tokens=request.skip_special_tokens,
                 output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
+                logprob_token_strings=False,  # fill_token_strings decodes them off the engine thread
                 **optional,
             )
         except ValueError as e:
@@ -254,6 +264,14 @@ class Delta:
     logprobs: list[PositionLogprobs] | None
     finish_reason: str | None
     stop_reason: int | str | None
+
+
+def _fill_token_strings(strings: TokenStrings, positions: list[PositionLogprobs]) -> None:
+    strings.add(t for position in positions for t in position)
+    for position in positions:
+        for token, lp in position.items():
+            if lp.decoded_token is None:
+                lp.decoded_token = strings[token]
 
 
 class DeltaTracker:

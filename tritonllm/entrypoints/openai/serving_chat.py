@@ -97,6 +97,7 @@ class OpenAIServingChat(OpenAIServing):
         if request.stream:
             return sse_events(self._chunks(request_id, params, firsts, streams, wants_usage(request)))
         (output,) = await final_outputs(firsts, streams)
+        await self.fill_token_strings([output])
         choices = [
             ChatChoice(
                 index=c.index,
@@ -131,6 +132,7 @@ class OpenAIServingChat(OpenAIServing):
             yield self._chunk(request_id, [ChatStreamChoice(index=index, delta=role)])
         async with aclosing(merged(firsts, streams)) as events:
             async for _, output in events:
+                await self.fill_token_strings([output])
                 choices = [
                     ChatStreamChoice(
                         index=delta.index,

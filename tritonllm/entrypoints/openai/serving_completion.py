@@ -68,6 +68,7 @@ class OpenAIServingCompletion(OpenAIServing):
         if request.stream:
             return sse_events(self._chunks(request_id, params, firsts, streams, wants_usage(request)))
         outputs = await final_outputs(firsts, streams)
+        await self.fill_token_strings(outputs)
         choices = [
             CompletionChoice(
                 index=i * params.n + c.index,
@@ -96,6 +97,7 @@ class OpenAIServingCompletion(OpenAIServing):
         text_offsets: dict[int, int] = {}
         async with aclosing(merged(firsts, streams)) as events:
             async for i, output in events:
+                await self.fill_token_strings([output])
                 choices = []
                 for delta in trackers[i].deltas(output):
                     index = i * params.n + delta.index
