@@ -63,14 +63,14 @@ def test_typed_workloads_refuse_wrong_keys_and_values() -> None:
 
 
 def test_the_serve_experiment_serves_the_configured_engine(tiny_llama, monkeypatch, tmp_path) -> None:
-    import uvicorn
     from fastapi.testclient import TestClient
 
     from tritonllm.config import EngineConfig, ModelConfig
+    from tritonllm.entrypoints import cli
     from tritonllm.run import run_job
 
     started = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, log_level: started.update(app=app, port=port))
+    monkeypatch.setattr(cli, "run_server", lambda app, host, port, **kw: started.update(app=app, port=port))
     engine_cfg = EngineConfig(model=ModelConfig(path=tiny_llama, max_model_len=64))
     workload = {"kind": "serve", "port": 9003, "served_model_name": "tiny"}
     results, requests, _ = run_job(workload, engine_cfg, tmp_path)
