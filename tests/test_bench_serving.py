@@ -2,14 +2,11 @@
 its requested output length, the latency statistics are filled, and refused requests are counted."""
 
 import importlib.util
-import socket
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
-import uvicorn
+from live_server import live_server  # this folder (pytest puts it on sys.path)
 
 from tritonllm import LLM
 from tritonllm.engine.async_engine import AsyncLLMEngine
@@ -30,20 +27,8 @@ def _load_script():
 @pytest.fixture(scope="module")
 def server(tiny_llama):
     engine = AsyncLLMEngine(LLM(model=tiny_llama, max_model_len=128, seed=0).llm_engine)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    app = build_app(engine, "tiny", ServerLimits(api_key="k"))
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not srv.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(10)
+    with live_server(build_app(engine, "tiny", ServerLimits(api_key="k"))) as url:
+        yield url
     engine.shutdown()
 
 

@@ -5,6 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tritonllm import LLM, SamplingParams
+from tritonllm.models.tiny import TINY_ARCHITECTURES, fitted_tiny_model_path
 
 pytestmark = pytest.mark.gpu
 
@@ -26,6 +27,25 @@ def test_bf16_engine_tracks_hf_float32(tiny_model, kv_cache_dtype):
     diffs = torch.tensor(diffs)
     limit = 0.1 if kv_cache_dtype == "auto" else 0.3  # bf16 activations (3 significant digits); e4m3 K/V
     assert diffs.mean() < limit, diffs
+
+
+@pytest.mark.parametrize("architecture", TINY_ARCHITECTURES)
+def test_bf16_engine_greedy_tokens_equal_hf_float32(architecture):
+    """Greedy tokens, not only mean logprobs: the engine in bfloat16 (CUDA graphs, Triton kernels)
+    continues counting prompts exactly as HF transformers in float32 does, on the tiny model of each
+    architecture fitted to the counting pattern (peaked distributions: no near-ties to flip)."""
+    path = fitted_tiny_model_path(architecture)
+    prompts = [list(range(100, 116)) + list(range(300, 310)), list(range(520, 530)), list(range(40, 77))]
+    llm = LLM(model=str(path), dtype="bfloat16", max_model_len=256)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda()
+    for prompt, out in zip(prompts, outputs):
+        ids = torch.tensor([prompt], device="cuda")
+        with torch.no_grad():
+            for _ in range(8):  # greedy, without HF's end-of-sequence handling (ignore_eos above)
+                ids = torch.cat([ids, hf(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        assert out.outputs[0].token_ids == ids[0, len(prompt) :].tolist(), (architecture, prompt[:3])
 
 
 def test_an_uncapturable_kernel_runs_its_steps_eagerly_with_the_same_tokens(tiny_llama):

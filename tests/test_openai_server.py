@@ -3,15 +3,13 @@ async engine under it. Outputs are checked against the offline `LLM` on the same
 
 import asyncio
 import json
-import socket
-import threading
 import time
 
 import httpx
 import openai
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
+from live_server import live_server  # this folder (pytest puts it on sys.path)
 
 from tritonllm import LLM, SamplingParams
 from tritonllm.engine.async_engine import AsyncLLMEngine
@@ -267,19 +265,8 @@ def test_a_consumer_that_stops_early_aborts_its_request(engine):
 
 @pytest.fixture(scope="module")
 def server_url(engine):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(build_app(engine, MODEL), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with live_server(build_app(engine, MODEL)) as url:
+        yield url
 
 
 def test_openai_client_against_a_running_server(server_url, reference):

@@ -5,7 +5,6 @@ Retry-After), timeouts, internal errors that name no internals, request ids, Pro
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -14,8 +13,8 @@ import time
 import httpx
 import openai
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
+from live_server import free_port, live_server  # this folder (pytest puts it on sys.path)
 from prometheus_client.parser import text_string_to_metric_families
 
 from tritonllm import LLM
@@ -181,20 +180,8 @@ def test_version_tokenize_and_detokenize(engine, tiny_llama):
 
 @pytest.fixture(scope="module")
 def overloadable_server(engine):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    app = build_app(engine, MODEL, ServerLimits(api_key=KEY, max_waiting_requests=2))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with live_server(build_app(engine, MODEL, ServerLimits(api_key=KEY, max_waiting_requests=2))) as url:
+        yield url
 
 
 def test_overload_beyond_the_waiting_cap_answers_503_and_the_server_recovers(overloadable_server, engine):
@@ -214,9 +201,7 @@ def test_overload_beyond_the_waiting_cap_answers_503_and_the_server_recovers(ove
 
 
 def test_sigterm_mid_load_exits_cleanly(tiny_llama):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "tritonllm.entrypoints.cli", "serve", tiny_llama, "--host", "127.0.0.1",
            "--port", str(port), "--max-model-len", "128", "--shutdown-timeout", "3", "--uvicorn-log-level", "warning"]  # fmt: skip
     server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
@@ -262,19 +247,8 @@ def test_sigterm_mid_load_exits_cleanly(tiny_llama):
 def caching_server(tiny_llama):
     """A server on its own engine with prefix caching on, for the concurrency test."""
     engine = AsyncLLMEngine(LLM(model=tiny_llama, max_model_len=128, seed=0, enable_prefix_caching=True).llm_engine)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(build_app(engine, MODEL), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", engine
-    server.should_exit = True
-    thread.join(10)
+    with live_server(build_app(engine, MODEL)) as url:
+        yield url, engine
     engine.shutdown()
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_attention import GPU_TOL, PagedBatch, make_batch
+from closeness import assert_close_per_row  # this folder (pytest puts it on sys.path)
+from test_attention import GPU_FP8_REL_RMS, PagedBatch, make_batch
 from test_attention_split import FP8_ACCURACY, _gpu_fp8_batch
 
 from tritonllm.kernels import attention_fp8_decode_sm90, reference, registry
@@ -46,7 +47,7 @@ def _check(batch: PagedBatch, k_scale: torch.Tensor, v_scale: torch.Tensor, num_
     out = plan.run(batch.q, batch.k_cache, batch.v_cache, batch.scale, k_scale=k_scale, v_scale=v_scale)
     expected = reference.paged_attention(*dataclasses.replace(batch, q=batch.q.float()).args(), k_scale=k_scale,
                                          v_scale=v_scale)  # fmt: skip
-    torch.testing.assert_close(out.float(), expected, **GPU_TOL)
+    assert_close_per_row(out, expected, GPU_FP8_REL_RMS)
 
 
 # ---- CPU: dispatch ------------------------------------------------------------------------------
@@ -146,7 +147,7 @@ def test_gpu_close_to_bf16_cache_and_to_the_triton_kernel() -> None:
     )
     tiles = choose_tiles(1, 4, 128, batch.q.shape[0], 8, kv_fp8=True)
     triton_path = paged_attention_with_tiles(*batch.args(), tiles, k_scale=k_scale, v_scale=v_scale)
-    torch.testing.assert_close(out.float(), triton_path.float(), **GPU_TOL)
+    assert_close_per_row(out, triton_path, GPU_FP8_REL_RMS)
 
 
 @pytest.mark.gpu
