@@ -3,6 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
+#   [bench-serving]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -149,6 +150,22 @@ for step in $STEPS; do
             output_json="$OUT/llama3-8b_${exp}_$variant.json" hydra.run.dir=/tmp/hydra 2>&1 | grep "output tok/s"
         done
       done ;;
+    bench-serving)
+      # issue 15's serving figures: the OpenAI server on Llama-3-8B (random weights), scripts/bench_serving.py at
+      # Poisson rates RATES="4 8 16 ..." (512 in / 128 out streamed, temperature 0.8); SERVE_MODEL overrides the model
+      [ -n "${SERVE_MODEL:-}" ] || ensure_model llama3-8b
+      SERVE_PATH=${SERVE_MODEL:-$MODELS/llama3-8b}
+      python3 -m tritonllm.entrypoints.cli serve "$SERVE_PATH" --host 127.0.0.1 --port 8123 --served-model-name m \
+        --uvicorn-log-level warning ${SERVE_ARGS:-} > "$OUT/serve.log" 2>&1 &
+      SERVER=$!
+      for _ in $(seq 600); do curl -sf http://127.0.0.1:8123/health > /dev/null && break; sleep 1; done
+      for rate in ${RATES:-4 8 16 24 32 48 64}; do
+        python3 scripts/bench_serving.py --base-url http://127.0.0.1:8123 --model m --num-prompts ${NUM_PROMPTS:-400} \
+          --random-input-len ${INPUT_LEN:-512} --random-output-len ${OUTPUT_LEN:-128} --request-rate "$rate" \
+          --token-id-max ${TOKEN_ID_MAX:-10000} \
+          --save-result "$OUT/serving_rate_$rate.json" 2>&1 | tail -8
+      done
+      kill -TERM $SERVER; wait $SERVER; echo "server exit status $?" ;;
     host-profile)
       # py-spy host profile of nano-vllm's benchmark (overlap on), folded stacks
       ensure_model qwen3-0.6b
