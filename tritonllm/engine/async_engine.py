@@ -129,9 +129,9 @@ class AsyncLLMEngine:
     ) -> AsyncIterator[RequestOutput]:  # fmt: skip
         """Yield the request's outputs as `params.output_kind` asks (cumulative or deltas after each
         step that advanced it, or the final one; outputs the consumer had not taken yet come merged
-        into one), the last one finished. Bad input (a too-long prompt, ids outside the vocabulary, with `strict_max_tokens`
-        a max_tokens that does not fit the context after the prompt...) raises ValueError from the
-        first iteration; beyond `max_waiting_requests`, EngineOverloadedError, and the request never
+        into one), the last one finished. Bad input (a too-long prompt, ids outside the vocabulary,
+        with `strict_max_tokens` a max_tokens that does not fit the context after the prompt...)
+        raises ValueError from the first iteration; beyond `max_waiting_requests`, EngineOverloadedError, and the request never
         reaches the engine. Stopping early (a client disconnect) aborts the request."""
         request_id = request_id or uuid.uuid4().hex
         if self.max_waiting_requests is not None and self.num_waiting >= self.max_waiting_requests:

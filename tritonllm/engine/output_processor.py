@@ -175,11 +175,13 @@ class OutputProcessor:
     def _logprob_dict(
         self, ids: list[int], lps: list[float], token: int, token_lp: float, rank: int, strings: bool = True
     ) -> PositionLogprobs:
-        table = self.token_strings.table if strings else {}
-        entry = {token: Logprob(token_lp, rank, table.get(token))}
+        def text(token_id: int) -> str | None:  # strings=False: the caller decodes them (OpenAI server)
+            return self.token_strings[token_id] if strings else None
+
+        entry = {token: Logprob(token_lp, rank, text(token))}
         for i, (tid, lp) in enumerate(zip(ids, lps)):
             if tid not in entry:
-                entry[tid] = Logprob(lp, i + 1, table.get(tid))
+                entry[tid] = Logprob(lp, i + 1, text(tid))
         return entry
 
     def _append_prompt_logprobs(self, r: Request, first_pos: int, top: TopLogprobs) -> None:

@@ -125,13 +125,11 @@ def gemm_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
         if EVEN_K:
+            a = tl.load(a_ptrs)
             b = tl.load(b_ptrs)
         else:
-            b = tl.load(b_ptrs, mask=(k // PACK + offs_kb < k_end // PACK)[:, None], other=0.0)
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-        else:
             a = tl.load(a_ptrs, mask=(k + offs_k < k_end)[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=(k // PACK + offs_kb < k_end // PACK)[:, None], other=0.0)
         if UPCAST_B:
             if B_DECODE != DEC_NONE:  # int4 / 8-bit with group scales and zero points, or MXFP4
                 b = unpack_values(b, B_DECODE, BLOCK_K, BLOCK_N, 1)

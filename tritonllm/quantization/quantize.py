@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from tritonllm.kernels.quant import EPS
-from tritonllm.kernels.quant_formats import BLOCK, MX_GROUP, QuantizedWeight, QuantScheme, pack_int4, qmax
+from tritonllm.kernels.quant_formats import BLOCK, E2M1_VALUES, MX_GROUP, QuantizedWeight, QuantScheme, pack_int4, qmax
 from tritonllm.kernels.reference import quantize_activation, round_quantized
 
 
@@ -57,8 +57,8 @@ def _quantize_grouped(w: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
     return QuantizedWeight(scheme, data, scale, zeros=zeros.to(torch.float16))
 
 
-# midpoints between consecutive e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6: bucket i is magnitude code i
-_E2M1_MIDPOINTS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+# midpoints between consecutive e2m1 magnitudes (codes 0..7): bucket i is magnitude code i
+_E2M1_MIDPOINTS = torch.tensor([(a + b) / 2 for a, b in zip(E2M1_VALUES[:7], E2M1_VALUES[1:8])])
 
 
 def _quantize_mxfp4(w: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:

@@ -12,8 +12,6 @@ with 503 and Retry-After before it reaches the engine, and a request past the ti
 
 from __future__ import annotations
 
-import logging
-
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -23,14 +21,12 @@ import tritonllm
 from tritonllm.engine.async_engine import AsyncLLMEngine, EngineDeadError, EngineOverloadedError
 from tritonllm.entrypoints.openai.limits import ServerLimits
 from tritonllm.entrypoints.openai.metrics import CONTENT_TYPE, prometheus_text
-from tritonllm.entrypoints.openai.middleware import REQUEST_ID, ServerMiddleware
+from tritonllm.entrypoints.openai.middleware import ServerMiddleware
 from tritonllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from tritonllm.entrypoints.openai.serving import BadRequestError, RequestTimeoutError, error_response
 from tritonllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from tritonllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from tritonllm.entrypoints.openai.serving_tokenize import DetokenizeRequest, OpenAIServingTokenization, TokenizeRequest
-
-logger = logging.getLogger(__name__)
 
 
 def _error(message: str, status_code: int, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -82,12 +78,6 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, limits: ServerLimi
     @app.exception_handler(RequestTimeoutError)
     async def timed_out(_: Request, exc: RequestTimeoutError) -> JSONResponse:
         return _error(str(exc), 408, "TimeoutError")
-
-    @app.exception_handler(Exception)
-    async def internal_error(_: Request, exc: Exception) -> JSONResponse:
-        logger.exception("request failed")  # the log line carries the request id (middleware.RequestIdFilter)
-        message = f"internal server error (request id {REQUEST_ID.get()}): the server log has the details"
-        return _error(message, 500, "InternalServerError")
 
     @app.get("/health")
     async def health() -> Response:

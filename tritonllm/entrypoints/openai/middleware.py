@@ -17,6 +17,11 @@ REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", d
 REQUEST_ID_HEADER = b"x-request-id"
 
 
+def internal_error_message() -> str:
+    """What a client learns of an internal failure: the request id to find it in the log, nothing else."""
+    return f"internal server error (request id {REQUEST_ID.get()}): the server log has the details"
+
+
 class RequestIdFilter(logging.Filter):
     """Puts the current request's id on every log record (`%(request_id)s` in the format)."""
 
@@ -104,8 +109,7 @@ class ServerMiddleware:
                 return
             logger.exception("request failed")
             if not started:
-                message = f"internal server error (request id {REQUEST_ID.get()}): the server log has the details"
-                await send_error(send, 500, message, "InternalServerError")
+                await send_error(send, 500, internal_error_message(), "InternalServerError")
 
     def _authorized(self, headers: dict) -> bool:
         scheme, _, key = headers.get(b"authorization", b"").partition(b" ")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from tritonllm.engine.async_engine import AsyncLLMEngine
 from tritonllm.engine.detokenizer import TokenStrings
 from tritonllm.entrypoints.openai.limits import ServerLimits
-from tritonllm.entrypoints.openai.middleware import REQUEST_ID
+from tritonllm.entrypoints.openai.middleware import internal_error_message
 from tritonllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields, Usage
 from tritonllm.outputs import Logprob, PositionLogprobs, RequestOutput
 from tritonllm.sampling_params import RequestOutputKind, SamplingParams
@@ -58,7 +58,7 @@ async def sse_events(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
         yield sse_error(str(e), 408, "TimeoutError")
     except Exception:  # an internal failure: logged with the request id, which is all the client learns
         logger.exception("stream failed")
-        yield sse_error(f"internal server error (request id {REQUEST_ID.get()}): the server log has the details")
+        yield sse_error(internal_error_message())
     yield SSE_DONE
 
 
