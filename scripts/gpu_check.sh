@@ -165,7 +165,25 @@ for step in $STEPS; do
           --token-id-max ${TOKEN_ID_MAX:-10000} \
           --save-result "$OUT/serving_rate_$rate.json" 2>&1 | tail -8
       done
-      kill -TERM $SERVER; wait $SERVER; echo "server exit status $?" ;;
+      kill -TERM $SERVER; wait $SERVER; echo "server exit status $?"
+      # the offline references: the same requests all at once, OFFLINE_COUNTS at a time (req/s; decode TPOT at
+      # that concurrency), one LLM, after the server has given the GPU back
+      python3 - "$SERVE_PATH" "$OUT/offline_reference.json" ${OFFLINE_COUNTS:-64 16 24 32} <<'PY' 2>&1 | grep -v Warning
+import json, sys
+from tritonllm.entrypoints.llm import LLM
+from tritonllm.workloads import run_random
+llm, rows = LLM(model=sys.argv[1] or None), []
+for count in map(int, sys.argv[3:]):
+    work = dict(kind="random", num_requests=count, prompt_len_min=512, prompt_len_max=512, output_len_min=128,
+                output_len_max=128, token_id_max=10000, temperature=0.8, detokenize=True, seed=0,
+                warmup_prompt="Benchmark: ", warmup_requests=0, passes=2)
+    r = run_random(llm, work); r.pop("requests", None); warm = r["passes"][-1]  # the second pass: warm
+    rows.append({"num_requests": count, "req_per_s": count / warm["elapsed_s"], "warm": warm, "first": r})
+    print(count, "requests (warm):", round(count / warm["elapsed_s"], 2), "req/s, TPOT p50", warm.get("tpot_p50_ms"),
+          "ms, first pass", round(count / r["elapsed_s"], 2), "req/s", flush=True)
+json.dump(rows, open(sys.argv[2], "w"), indent=2)
+PY
+      ;;
     host-profile)
       # py-spy host profile of nano-vllm's benchmark (overlap on), folded stacks
       ensure_model qwen3-0.6b
