@@ -104,6 +104,7 @@ class KernelConfig:
     kv_write: str = "auto"
     sampling: str = "auto"
     linear: str = "auto"
+    moe: str = "auto"
 
     @classmethod
     def from_choices(cls, backend: str, choices: dict[str, str]) -> KernelConfig:

@@ -32,13 +32,13 @@ from tritonllm.kernels.registry import OPS, KernelContext, select_kernels
 from tritonllm.loader.hf_config import load_eos_token_ids
 from tritonllm.loader.tokenizer import load_tokenizer
 from tritonllm.metrics.stats import EngineStats, StepStats
-from tritonllm.models.loader import linear_formats, load_model
+from tritonllm.models.loader import layer_features, linear_formats, load_model, used_ops
 from tritonllm.outputs import RequestOutput
 from tritonllm.sampling_params import SamplingParams
 from tritonllm.worker.model_runner import ModelRunner, PendingStep
 
 # the ops a piecewise graph's pieces hold (attention and the KV write run eagerly between them)
-PIECEWISE_OPS = ("rms_norm", "rotary", "activation", "linear")
+PIECEWISE_OPS = ("rms_norm", "rotary", "activation", "linear", "moe")
 logger = logging.getLogger(__name__)
 
 
@@ -60,8 +60,9 @@ class LLMEngine:
         # this engine's kernels, bound to its model's layers by the runner: another engine in the same
         # process may choose others
         context = KernelContext(
-            platform.PLATFORM, self.dtype, kv_dtype, getattr(self.model, "head_dim", None), linear_formats(self.model)
-        )
+            platform.PLATFORM, self.dtype, kv_dtype, getattr(self.model, "head_dim", None), linear_formats(self.model),
+            layer_features(self.model),
+        )  # fmt: skip
         self.kernels = select_kernels(config.kernels.choices(), context, default=config.kernels.default())
         logger.info("kernels: %s", self.kernels.choice)
         self.tokenizer = load_tokenizer(config.model.tokenizer or path)
@@ -124,8 +125,9 @@ class LLMEngine:
         """Decode graphs hold the whole step; piecewise graphs everything of a forward but attention
         and the KV write. A chosen implementation that cannot be captured turns off the graphs that
         would hold it (logged), so e.g. kernels.attention=torch_ref runs decode steps eagerly."""
-        no_decode = self.kernels.uncapturable(OPS)
-        no_piecewise = self.kernels.uncapturable(PIECEWISE_OPS)
+        used = used_ops(self.model)
+        no_decode = self.kernels.uncapturable(op for op in OPS if op in used)
+        no_piecewise = self.kernels.uncapturable(op for op in PIECEWISE_OPS if op in used)
         if no_decode:
             logger.info("decode graphs off: kernels %s cannot be captured (they sync with the host)", no_decode)
         else:

@@ -176,6 +176,9 @@ def paged_attention(
     k_new: torch.Tensor | None = None,
     v_new: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of a flat ragged batch over the paged KV cache (`plan` is the Triton
     backend's per-step set-up, k_new/v_new the step's K/V that it may read contiguously; both are
@@ -189,6 +192,11 @@ def paged_attention(
     h // (num_heads // num_kv_heads). FP8 caches hold K / k_scale and V / v_scale (see
     write_kv_cache): their values are multiplied by the scales; other caches ignore them.
     Returns [num_tokens, num_heads, head_dim] in q's dtype.
+
+    Optional features (kernels declare them in Supports.features): `sliding_window` W: a query at
+    position p sees only keys at p - W < position <= p (Mistral, gpt-oss, Gemma); `sinks` float32
+    [num_heads]: one extra logit per head in the softmax's denominator that attends to nothing
+    (gpt-oss); `softcap` c: scores become c * tanh(scores / c) before the softmax (Gemma 2).
     """
     num_heads, head_dim = q.shape[1], q.shape[2]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -211,10 +219,20 @@ def paged_attention(
         v = v.repeat_interleave(group, dim=1)
         qi = q[starts[i] : starts[i + 1]].float()
         scores = torch.einsum("qhd,khd->hqk", qi, k) * scale
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
         q_pos = ctx_len + torch.arange(q_len, device=q.device)
         k_pos = torch.arange(seq_len, device=q.device)
-        scores.masked_fill_(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
-        out[starts[i] : starts[i + 1]] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(q.dtype)
+        hidden = k_pos[None, None, :] > q_pos[None, :, None]
+        if sliding_window is not None:
+            hidden |= k_pos[None, None, :] <= q_pos[None, :, None] - sliding_window
+        scores.masked_fill_(hidden, float("-inf"))
+        if sinks is not None:  # the sink's logit joins the denominator only
+            sink = sinks.float().reshape(num_heads, 1, 1).expand(num_heads, q_len, 1)
+            probs = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1]
+        else:
+            probs = scores.softmax(-1)
+        out[starts[i] : starts[i + 1]] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
     return out
 
 
@@ -388,3 +406,90 @@ def quantized_linear(
     if bias is not None:
         y = y + bias.float()
     return y.to(out_dtype).view(*x.shape[:-1], -1)
+
+
+# ---- mixture of experts ---------------------------------------------------------------------
+
+MOE_SCORINGS = ("softmax", "sigmoid")
+MOE_ACTIVATIONS = ("silu", "swiglu_oai")
+
+
+@register("moe", "torch_ref", supports=HOST_SYNC, priority=0)
+def moe_route(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool, scoring: str = "softmax"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_logits [T, E] -> (weights float32 [T, top_k], expert ids int32 [T, top_k]): each
+    token's top_k experts by score (softmax over the experts, or a sigmoid per expert), their scores
+    as weights, divided by their sum when `renormalize` (Mixtral; Qwen3-MoE's norm_topk_prob;
+    gpt-oss's softmax over the top logits is the same thing). Ties go to the lower expert id."""
+    if scoring not in MOE_SCORINGS:
+        raise ValueError(f"MoE scoring {scoring!r} is not one of {MOE_SCORINGS}")
+    logits = router_logits.float()
+    scores = logits.softmax(-1) if scoring == "softmax" else logits.sigmoid()
+    weights, ids = scores.topk(top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return weights, ids.to(torch.int32)
+
+
+def moe_activation(
+    gate_up: torch.Tensor, activation: str, alpha: float = 1.702, limit: float = 7.0
+) -> torch.Tensor:
+    """[T, 2I] (gate columns, then up columns) -> [T, I]. "silu": silu(gate) * up (Mixtral, Qwen);
+    "swiglu_oai": gpt-oss's clamped SwiGLU, (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)
+    with g = clamp(gate, max=limit)."""
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    if activation == "silu":
+        return F.silu(gate) * up
+    if activation == "swiglu_oai":
+        gate = gate.clamp(max=limit)
+        return (up.clamp(-limit, limit) + 1) * gate * torch.sigmoid(alpha * gate)
+    raise ValueError(f"MoE activation {activation!r} is not one of {MOE_ACTIVATIONS}")
+
+
+def expert_weight(w: torch.Tensor | QuantizedWeight, expert: int) -> torch.Tensor | QuantizedWeight:
+    """Expert `expert`'s [N, K] matrix of stacked expert weights [E, N, K] (quantized: its data and scales)."""
+    if isinstance(w, QuantizedWeight):
+        zeros = None if w.zeros is None else w.zeros[expert]
+        return QuantizedWeight(w.scheme, w.data[expert], w.scale[expert], zeros=zeros)
+    return w[expert]
+
+
+def _expert_linear(x: torch.Tensor, w: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    if isinstance(w, QuantizedWeight):
+        return quantized_linear(x, w, bias).float()
+    return F.linear(x.float(), w.float(), None if bias is None else bias.float())
+
+
+@register("moe", "torch_ref", priority=0)
+def fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor | QuantizedWeight,
+    w2: torch.Tensor | QuantizedWeight,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "silu",
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    alpha: float = 1.702,
+    limit: float = 7.0,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The experts' sum: out[t] = sum_j topk_weights[t, j] * expert(topk_ids[t, j], x[t]), where
+    expert(e, x) = w2[e] @ act(w13[e] @ x + w13_bias[e]) + w2_bias[e].
+
+    x [T, H]; w13 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I], as tensors in x's dtype or
+    QuantizedWeight with stacked data/scales (kernels/quant_formats.py layouts per expert: FP8 block
+    128 with 1 x 128 activation groups, MXFP4); biases [E, 2I] / [E, H]; topk_* [T, top_k].
+    Computed in float32 (the intermediate activation rounded to x's dtype, as the kernels store it);
+    returns [T, H] in x's dtype (into `out` when given)."""
+    out = torch.empty_like(x) if out is None else out
+    acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e in topk_ids.unique().tolist():
+        token, slot = (topk_ids == e).nonzero(as_tuple=True)
+        bias13 = None if w13_bias is None else w13_bias[e]
+        h = moe_activation(_expert_linear(x[token], expert_weight(w13, e), bias13), activation, alpha, limit)
+        y = _expert_linear(h.to(x.dtype), expert_weight(w2, e), None if w2_bias is None else w2_bias[e])
+        acc.index_add_(0, token, y * topk_weights[token, slot].float()[:, None])
+    return out.copy_(acc)

@@ -36,6 +36,7 @@ OPS: dict[str, tuple[str, ...]] = {
     "kv_write": ("write_kv_cache",),
     "sampling": ("sample", "log_softmax"),
     "linear": ("linear", "quantized_linear"),
+    "moe": ("moe_route", "fused_moe"),
 }
 ENTRY_OPS: dict[str, str] = {entry: op for op, entries in OPS.items() for entry in entries}
 FLOATS = frozenset({torch.float32, torch.float16, torch.bfloat16})
@@ -65,8 +66,8 @@ class Supports:
     # can run, else why not
     available: Callable[[], str | None] | None = None
 
-    def refusal(self, context: KernelContext) -> str | None:
-        """Why this implementation cannot serve `context`, or None if it can."""
+    def refusal(self, context: KernelContext, op: str | None = None) -> str | None:
+        """Why this implementation (of `op`) cannot serve `context`, or None if it can."""
         checks = [
             ("platform", context.platform, self.platforms),
             ("dtype", context.dtype, self.dtypes),
@@ -76,6 +77,9 @@ class Supports:
         for what, value, allowed in checks:
             if value is not None and allowed is not None and value not in allowed:
                 return f"{what} {value} is not among {sorted(map(str, allowed))}"
+        missing_features = sorted(context.features_of(op) - self.features)
+        if missing_features:
+            return f"feature(s) {missing_features} are not among {sorted(self.features)}"
         if context.linear_formats and self.linear_formats is not None:
             missing = sorted(context.linear_formats - self.linear_formats)
             if missing:
@@ -92,6 +96,12 @@ class KernelContext:
     kv_dtype: torch.dtype | None = None
     head_size: int | None = None
     linear_formats: frozenset[str] = frozenset()  # the model's quantized layers' formats (quant_formats.py)
+    # per op, the features the model's layers use (e.g. attention's "sliding_window", "sinks",
+    # "softcap"): an implementation of that op must declare each of them (Supports.features)
+    features: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    def features_of(self, op: str | None) -> frozenset[str]:
+        return frozenset(self.features.get(op, ())) if op is not None else frozenset()
 
 
 @dataclass
@@ -163,16 +173,16 @@ def _choose(op: str, choice: str, context: KernelContext) -> Implementation:
             auto_formats = impl.supports.auto_linear_formats
             if auto_formats is not None and not context.linear_formats <= auto_formats:
                 continue
-            if impl.supports.refusal(context) is None:
+            if impl.supports.refusal(context, op) is None:
                 return impl
-        reasons = "; ".join(f"{i.name}: {i.supports.refusal(context)}" for i in impls)
+        reasons = "; ".join(f"{i.name}: {i.supports.refusal(context, op)}" for i in impls)
         raise ValueError(f"kernels.{op}=auto: no implementation supports {context} ({reasons})")
     impl = next((i for i in impls if i.name == choice), None)
     if impl is None:
         raise ValueError(f"kernels.{op}={choice!r} is not registered; available: {['auto', *names]}")
-    why = impl.supports.refusal(context)
+    why = impl.supports.refusal(context, op)
     if why is not None:
-        usable = [i.name for i in impls if i.supports.refusal(context) is None]
+        usable = [i.name for i in impls if i.supports.refusal(context, op) is None]
         raise ValueError(f"kernels.{op}={choice!r} cannot run here: {why}; usable here: {['auto', *usable]}")
     return impl
 

@@ -63,12 +63,32 @@ class AttentionMetadata:
 
 
 class Attention(nn.Module):
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+    """Paged attention of one layer. Optional features, passed to the kernel only when used (and
+    required of the chosen implementation, `features`): a sliding window of `sliding_window` keys,
+    one learned sink logit per head (`sinks=True`: a float32 [num_heads] parameter the checkpoint
+    fills), and logit soft-capping at `softcap` (kernels/reference.py's paged_attention defines them)."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        *,
+        sliding_window: int | None = None,
+        sinks: bool = False,
+        softcap: float | None = None,
+    ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        self.sliding_window = sliding_window
+        self.softcap = softcap
+        self.sinks = nn.Parameter(torch.empty(num_heads, dtype=torch.float32), requires_grad=False) if sinks else None
+        used = {"sliding_window": sliding_window is not None, "sinks": sinks, "softcap": softcap is not None}
+        self.features = frozenset(name for name, on in used.items() if on)
         self.kernels = default_kernels()  # the engine binds its own (kernels/registry.py)
         # per-tensor dequantisation scales of an FP8 KV cache (set by the runner); None otherwise
         self.k_scale: torch.Tensor | None = None
@@ -137,5 +157,13 @@ class Attention(nn.Module):
             k_new=k,
             v_new=v,
             out=None if out is None else out.view(num_tokens, self.num_heads, self.head_dim),
+            **self._feature_args(),
         )
         return out.view(num_tokens, self.num_heads * self.head_dim)
+
+    def _feature_args(self) -> dict:
+        """The optional features' arguments of paged_attention, only those this layer uses."""
+        if not self.features:
+            return {}
+        args = {"sliding_window": self.sliding_window, "sinks": self.sinks, "softcap": self.softcap}
+        return {name: args[name] for name in self.features}

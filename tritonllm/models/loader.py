@@ -9,7 +9,10 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from tritonllm.kernels.registry import OPS
+from tritonllm.layers.attention import Attention
 from tritonllm.layers.linear import Linear
+from tritonllm.layers.moe import FusedMoE
 from tritonllm.loader.gguf_loader import GGUFCheckpoint, gguf_file
 from tritonllm.loader.hf_config import load_hf_config
 from tritonllm.loader.safetensors_loader import iterate_safetensors
@@ -45,3 +48,15 @@ def load_model(
 def linear_formats(model: nn.Module) -> frozenset[str]:
     """The quantized formats of the model's linear layers (kernels/quant_formats.py), for kernel selection."""
     return frozenset(m.format_name for m in model.modules() if isinstance(m, Linear) and m.format_name != "float")
+
+
+def layer_features(model: nn.Module) -> dict[str, frozenset[str]]:
+    """Per op, the optional features the model's layers use (attention: sliding window, sinks, soft-capping)."""
+    attention = frozenset().union(*(m.features for m in model.modules() if isinstance(m, Attention)))
+    return {"attention": attention} if attention else {}
+
+
+def used_ops(model: nn.Module) -> frozenset[str]:
+    """The kernel ops a forward of the model calls (every op but `moe` for a dense model)."""
+    has_moe = any(isinstance(m, FusedMoE) for m in model.modules())
+    return frozenset(op for op in OPS if op != "moe" or has_moe)

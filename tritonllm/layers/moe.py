@@ -1,0 +1,96 @@
+"""A mixture-of-experts block's experts: routing and the fused expert computation (the `moe` op).
+
+The experts' weights are stacked: w13 [E, 2I, H] holds each expert's gate rows then its up rows,
+w2 [E, H, I] its down projection (HF's [out_features, in_features] per expert). Checkpoints store
+them per expert (`experts.{e}.gate_proj.weight`, Mixtral's w1/w3/w2) or already stacked (gpt-oss:
+[E, H, 2I] with gate and up columns interleaved); `load_expert` and `load_stacked` place either.
+The router's linear layer belongs to the model (its name and bias differ per architecture); this
+layer takes its logits.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tritonllm.kernels.reference import MOE_ACTIVATIONS, MOE_SCORINGS
+from tritonllm.kernels.registry import default_kernels
+
+# a checkpoint's per-expert shard -> (stacked parameter, row block within the expert's rows)
+EXPERT_SHARDS = {"gate": ("w13", 0), "up": ("w13", 1), "down": ("w2", 0)}
+
+
+class FusedMoE(nn.Module):
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        hidden_size: int,
+        intermediate_size: int,
+        dtype: torch.dtype,
+        *,
+        renormalize: bool,
+        scoring: str = "softmax",
+        activation: str = "silu",
+        bias: bool = False,
+        alpha: float = 1.702,
+        limit: float = 7.0,
+    ) -> None:
+        super().__init__()
+        if scoring not in MOE_SCORINGS or activation not in MOE_ACTIVATIONS:
+            raise ValueError(f"MoE scoring {scoring!r} / activation {activation!r}: not {MOE_SCORINGS} / {MOE_ACTIVATIONS}")
+        if not 0 < top_k <= num_experts:
+            raise ValueError(f"num_experts_per_tok {top_k} must be in 1..{num_experts} (the number of experts)")
+        self.num_experts, self.top_k = num_experts, top_k
+        self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
+        self.renormalize, self.scoring, self.activation = renormalize, scoring, activation
+        self.alpha, self.limit = alpha, limit
+        self.kernels = default_kernels()  # the engine binds its own (kernels/registry.py)
+
+        def param(*shape: int) -> nn.Parameter:
+            return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+        self.w13 = param(num_experts, 2 * intermediate_size, hidden_size)
+        self.w2 = param(num_experts, hidden_size, intermediate_size)
+        self.w13_bias = param(num_experts, 2 * intermediate_size) if bias else None
+        self.w2_bias = param(num_experts, hidden_size) if bias else None
+
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """x [T, H], router_logits [T, E] -> the weighted sum of each token's top-k experts [T, H]."""
+        weights, ids = self.kernels.moe_route(router_logits, self.top_k, self.renormalize, self.scoring)
+        return self.kernels.fused_moe(
+            x, self.w13, self.w2, weights, ids, activation=self.activation, w13_bias=self.w13_bias,
+            w2_bias=self.w2_bias, alpha=self.alpha, limit=self.limit,
+        )  # fmt: skip
+
+    def load_expert(self, expert: int, shard: str, name: str, tensor: torch.Tensor) -> None:
+        """Expert `expert`'s `shard` ("gate", "up" or "down") tensor `name` ("weight" or "bias")."""
+        if not 0 <= expert < self.num_experts or shard not in EXPERT_SHARDS or name not in ("weight", "bias"):
+            raise ValueError(f"no expert tensor {expert}.{shard}.{name} ({self.num_experts} experts)")
+        stacked, block = EXPERT_SHARDS[shard]
+        target = getattr(self, stacked if name == "weight" else f"{stacked}_bias")
+        if target is None:
+            raise ValueError(f"expert {expert}'s {shard} has no {name}")
+        rows = self.intermediate_size if stacked == "w13" else self.hidden_size
+        dest = target[expert, block * rows : (block + 1) * rows]
+        _copy(dest, tensor, f"expert {expert} {shard}.{name}")
+
+    def load_stacked(self, name: str, tensor: torch.Tensor, *, interleaved: bool, transposed: bool) -> None:
+        """Every expert at once: `name` is "gate_up", "down", "gate_up_bias" or "down_bias", as [E, rows,
+        cols] (`transposed`: [E, cols, rows], gpt-oss's in x out layout); `interleaved` gate_up
+        alternates gate and up rows (gpt-oss) instead of gate rows then up rows."""
+        stacked = {"gate_up": "w13", "down": "w2", "gate_up_bias": "w13_bias", "down_bias": "w2_bias"}.get(name)
+        target = None if stacked is None else getattr(self, stacked)
+        if target is None:
+            raise ValueError(f"no stacked expert tensor {name!r}")
+        if transposed and tensor.dim() == 3:
+            tensor = tensor.transpose(1, 2)
+        if interleaved and name.startswith("gate_up"):  # rows g0 u0 g1 u1 ... -> g0 g1 ... u0 u1 ...
+            tensor = torch.cat([tensor[:, 0::2], tensor[:, 1::2]], dim=1)
+        _copy(target, tensor, name)
+
+
+def _copy(dest: torch.Tensor, tensor: torch.Tensor, what: str) -> None:
+    if tuple(tensor.shape) != tuple(dest.shape):
+        raise ValueError(f"{what}: shape {tuple(tensor.shape)} does not match the layer's {tuple(dest.shape)}")
+    dest.copy_(tensor)
