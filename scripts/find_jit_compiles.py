@@ -36,7 +36,7 @@ def main() -> None:
 
     def hook(*_, **kwargs) -> None:
         fn = kwargs.get("fn")
-        compiles.append({"kernel": getattr(fn, "name", repr(fn)), "key": str(kwargs.get("key"))[:300]})
+        compiles.append({"kernel": getattr(fn, "name", repr(fn)), "key": str(kwargs.get("key"))[:4000]})
 
     if platform.is_gpu():  # the interpreter (CPU) compiles nothing
         knobs.runtime.jit_post_compile_hook = hook

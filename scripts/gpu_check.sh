@@ -168,7 +168,7 @@ for step in $STEPS; do
       kill -TERM $SERVER; wait $SERVER; echo "server exit status $?"
       # the offline references: the same requests all at once, OFFLINE_COUNTS at a time (req/s; decode TPOT at
       # that concurrency), one LLM, after the server has given the GPU back
-      python3 - "$SERVE_PATH" "$OUT/offline_reference.json" ${OFFLINE_COUNTS:-64 16 24 32} <<'PY' 2>&1 | grep -v Warning
+      [ "${OFFLINE_COUNTS-unset}" = "" ] || python3 - "$SERVE_PATH" "$OUT/offline_reference.json" ${OFFLINE_COUNTS:-64 16 24 32} <<'PY' 2>&1 | grep -v Warning
 import json, sys
 from tritonllm.entrypoints.llm import LLM
 from tritonllm.workloads import run_random

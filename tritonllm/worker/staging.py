@@ -1,8 +1,11 @@
 """One host-to-device copy per step: a step's small input arrays packed into a pinned host buffer.
 
-Each array is placed at the next 8-byte boundary, so the same sequence of array lengths always
+Each array is placed at the next 16-byte boundary, so the same sequence of array lengths always
 gives the same offsets: a CUDA graph captured over the views of one layout (decode graphs of one
-padded size) reads the inputs that a later step packs in that layout. Two host buffers take turns,
+padded size) reads the inputs that a later step packs in that layout. 16 bytes, not 8: Triton
+specialises a kernel on whether each pointer is 16-byte aligned, so 8-byte slots made the kernels
+see seq_lens / query_start_loc aligned or not depending on the step's array lengths, and compile a
+new variant mid-serving (a 1.6 s step on the H200, scripts/find_jit_compiles.py, 2026-12-02). Two host buffers take turns,
 so packing step N+1 never overwrites what step N's copy still reads (overlap scheduling); a turn
 waits for the copy that last used its buffer. The device buffer is read in stream order by the
 kernels of the step that filled it, before the next step's copy lands.
@@ -13,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-_ALIGN = 8
+_ALIGN = 16
 
 
 def _aligned(offset: int) -> int:
