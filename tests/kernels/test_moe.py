@@ -7,6 +7,8 @@ the reference output's scale (closeness.py). bfloat16 and model-sized shapes run
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
@@ -233,3 +235,29 @@ def test_decode_step_runs_without_host_syncs_and_replays_from_a_graph() -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, expected)
+
+
+def test_tile_table_lookup(tmp_path, monkeypatch) -> None:
+    """tune_moe.py's table: the smallest tuned token count >= T, else the largest; None without an entry."""
+    from dataclasses import asdict
+
+    from tritonllm.kernels import moe_tiles
+
+    small, large = g.GemmTiles(16, 64, 128, 4, 4, 8), g.GemmTiles(64, 128, 64, 4, 3, 8)
+    entry = lambda t: dict(w13=asdict(t), w2=asdict(t), us=1.0)  # noqa: E731
+    path = tmp_path / "moe_GPU.json"
+    path.write_text(json.dumps({"bfloat16": {"128,2048,768": {"16": entry(small), "1024": entry(large)}}}))
+    monkeypatch.setattr(moe_tiles, "tuned_file", lambda name: path)
+    moe_tiles._table.cache_clear()
+    try:
+        pick = lambda t: moe_tiles.tuned_moe_tiles("bfloat16", 128, 2048, 768, t, "GPU")  # noqa: E731
+        assert pick(1).w13 == small and pick(16).w2 == small and pick(17).w13 == large and pick(9000).w13 == large
+        assert moe_tiles.tuned_moe_tiles("mxfp4", 128, 2048, 768, 1, "GPU") is None
+    finally:
+        moe_tiles._table.cache_clear()
+    assert moe_tiles.default_moe_tiles(0.1, "hopper").block_m == 16
+    assert moe_tiles.default_moe_tiles(500, "hopper").block_m == 128
+    assert (
+        moe_tiles.fit_moe_tiles(moe_tiles.default_moe_tiles(500, "hopper"), "fp8_block", 1, 1, "hopper").w2.block_k
+        <= 128
+    )
