@@ -261,3 +261,17 @@ def test_tile_table_lookup(tmp_path, monkeypatch) -> None:
         moe_tiles.fit_moe_tiles(moe_tiles.default_moe_tiles(500, "hopper"), "fp8_block", 1, 1, "hopper").w2.block_k
         <= 128
     )
+
+
+def test_fused_moe_layer_takes_the_triton_moe_by_default() -> None:
+    from tritonllm.kernels.registry import default_kernels, select_kernels
+    from tritonllm.layers.moe import FusedMoE
+
+    layer = FusedMoE(6, 2, 48, 40, DTYPE, renormalize=False, scoring="sigmoid", activation="swiglu_oai", bias=True)
+    for seed, param in enumerate(layer.parameters()):
+        param.data = _randn(*param.shape, seed=20 + seed, scale=param.shape[-1] ** -0.5)
+    x, logits = _randn(7, 48, seed=30), _randn(7, 6, seed=31)
+    assert default_kernels().choice["moe"] == "triton"
+    got = layer(x, logits)
+    layer.kernels = select_kernels({"moe": "torch_ref"})
+    assert_close_to_scale(got, layer(x, logits), TOL)

@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritonllm import platform  # noqa: F401  (switches on the interpreter on CPU first)
+from tritonllm import platform
 from tritonllm.kernels.gemm import GemmTiles
 from tritonllm.kernels.gemm_persistent import tile_coords
 from tritonllm.kernels.gemm_scales import DEC_FP4, dequant_values, group_scales, unpack_values
@@ -244,6 +244,8 @@ def fused_experts(
     x = x if x.stride(-1) == 1 else x.contiguous()
     fmt = w13.scheme.format_name if isinstance(w13, QuantizedWeight) else None
     fp8 = fmt == "fp8:block:group"
+    if fp8 and not platform.has_fp8():  # Triton cannot compile FP8 dots for it (e.g. sm80)
+        raise ValueError("triton fused_moe: FP8 block experts need FP8 support (NVIDIA sm89+, AMD MI300)")
     if tiles is None:
         a_bytes = 1 if fp8 else x.element_size()
         b_bytes = 1 if fmt is not None else x.element_size()
