@@ -27,6 +27,8 @@ from tritonllm.quantization.quantize import quantize_weight
 
 FP8_LINEAR = QuantScheme(torch.float8_e4m3fn, "channel", "token")
 TOKENS, HIDDEN, HEAD_DIM, HEADS, KV_HEADS, INTERMEDIATE, VOCAB, ROWS = 4096, 4096, 128, 32, 8, 14336, 151936, 256
+# Qwen3-30B-A3B's experts: (experts, top-k, hidden, intermediate), a prefill chunk of MOE_TOKENS
+MOE_SHAPE, MOE_TOKENS = (128, 8, 2048, 768), 256
 
 
 @dataclass
@@ -40,7 +42,8 @@ class Case:
 
 def _cases() -> dict[str, Case]:
     """Llama-3-8B-sized shapes, bf16: 4096 tokens through the norms/RoPE/activation/KV write, 256 rows
-    of a Qwen3 vocabulary through sampling, a decode-sized and a prefill-sized GEMM."""
+    of a Qwen3 vocabulary through sampling, a decode-sized and a prefill-sized GEMM, and a Qwen3-30B-A3B
+    MoE layer (routing and experts) at 256 tokens."""
     dev, bf16 = "cuda", torch.bfloat16
     x, res = (torch.randn(TOKENS, HIDDEN, device=dev, dtype=bf16) for _ in range(2))
     w = torch.randn(HIDDEN, device=dev, dtype=bf16)
@@ -58,6 +61,11 @@ def _cases() -> dict[str, Case]:
     weight = torch.randn(HIDDEN, HIDDEN, device=dev, dtype=bf16)
     fp8_weight = quantize_weight(weight, FP8_LINEAR)
     b = 2  # bytes per bf16 element
+    experts, top_k, moe_h, moe_i = MOE_SHAPE
+    moe_x = torch.randn(MOE_TOKENS, moe_h, device=dev, dtype=bf16)
+    w13 = torch.randn(experts, 2 * moe_i, moe_h, device=dev, dtype=bf16) * moe_h**-0.5
+    w2 = torch.randn(experts, moe_h, moe_i, device=dev, dtype=bf16) * moe_i**-0.5
+    router_logits = torch.randn(MOE_TOKENS, experts, device=dev, dtype=bf16)
     return {
         "rms_norm": Case(lambda e: e["fused_add_rms_norm"](x, res, w, 1e-5), 4 * TOKENS * HIDDEN * b),
         "rotary": Case(
@@ -75,6 +83,12 @@ def _cases() -> dict[str, Case]:
             lambda e: e["linear"](x[:64], weight, None),
             (weight.numel() + 2 * 64 * HIDDEN) * b,
             2 * 64 * HIDDEN * HIDDEN,
+        ),  # fmt: skip
+        # routing and the experts of one MoE layer (every expert is hit at 256 tokens x top-8 of 128)
+        "moe": Case(
+            lambda e: e["fused_moe"](moe_x, w13, w2, *e["moe_route"](router_logits, top_k, True)),
+            (w13.numel() + w2.numel() + 2 * MOE_TOKENS * moe_h) * b,
+            2 * MOE_TOKENS * top_k * 3 * moe_h * moe_i,
         ),  # fmt: skip
         # the same layer with FP8 weights and per-token activations, activation quantization included
         "linear_fp8": Case(
@@ -95,7 +109,7 @@ def _serves(impl: registry.Implementation, case: str) -> bool:
 def _impls() -> list:
     return [
         pytest.param(case, impl, id=f"{case}-{impl.name}")
-        for case in ("rms_norm", "rotary", "activation", "kv_write", "sampling", "linear", "linear_fp8")
+        for case in ("rms_norm", "rotary", "activation", "kv_write", "sampling", "linear", "linear_fp8", "moe")
         for impl in registry.implementations(case.removesuffix("_fp8"))
         if _serves(impl, case)
     ]

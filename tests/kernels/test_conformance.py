@@ -239,6 +239,27 @@ def test_sampling(impl, dtype) -> None:
     assert keep[torch.arange(num_rows, device=DEVICE), tokens].all()
 
 
+@pytest.mark.parametrize("impl, dtype", _cases("moe"))
+def test_moe(impl, dtype) -> None:
+    num_tokens, experts, hidden, inter = 13, 6, 48, 40
+    logits = _randn(num_tokens, experts, dtype=dtype, seed=40)
+    for scoring, top_k, renormalize in [("softmax", 2, True), ("sigmoid", 3, False)]:
+        weights, ids = impl.entries["moe_route"](logits, top_k, renormalize, scoring)
+        ref_weights, ref_ids = reference.moe_route(logits, top_k, renormalize, scoring)
+        assert torch.equal(ids, ref_ids)
+        assert_close_to_scale(weights, ref_weights, _tol(dtype))
+    x = _randn(num_tokens, hidden, dtype=dtype, seed=41)
+    w13 = _randn(experts, 2 * inter, hidden, dtype=dtype, seed=42) * hidden**-0.5
+    w2 = _randn(experts, hidden, inter, dtype=dtype, seed=43) * inter**-0.5
+    biases = dict(
+        w13_bias=_randn(experts, 2 * inter, dtype=dtype, seed=44), w2_bias=_randn(experts, hidden, dtype=dtype, seed=45)
+    )
+    for activation, bias in [("silu", {}), ("swiglu_oai", biases)]:
+        args = (x, w13, w2, ref_weights, ref_ids)
+        got = impl.entries["fused_moe"](*args, activation=activation, **bias)
+        assert_close_to_scale(got, reference.fused_moe(*args, activation=activation, **bias), 4 * _tol(dtype))
+
+
 def test_a_broken_implementation_is_caught(monkeypatch) -> None:
     """Negative check: an rms_norm that forgets its weight fails the suite above."""
     broken = registry.Implementation("rms_norm", "broken", registry.Supports(), 0)

@@ -71,3 +71,13 @@ def _quantize_mxfp4(w: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
     v = groups / torch.exp2(exponent)[..., None]
     codes = torch.bucketize(v.abs(), _E2M1_MIDPOINTS.to(w.device)).to(torch.uint8) | ((v < 0).to(torch.uint8) << 3)
     return QuantizedWeight(scheme, pack_int4(codes.view(n, k)), (exponent + 127).to(torch.uint8))
+
+
+def quantize_experts(weights: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
+    """Stacked expert weights [E, N, K] -> one QuantizedWeight whose data and scales are stacked per
+    expert ([E, ...] of quantize_weight's layouts), as the fused MoE reads them."""
+    per_expert = [quantize_weight(w, scheme) for w in weights]
+    zeros = None if per_expert[0].zeros is None else torch.stack([q.zeros for q in per_expert])
+    return QuantizedWeight(
+        scheme, torch.stack([q.data for q in per_expert]), torch.stack([q.scale for q in per_expert]), zeros=zeros
+    )

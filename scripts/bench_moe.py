@@ -1,0 +1,202 @@
+"""Time the Triton fused MoE (kernels/moe.py) beside torch baselines, on the GPU.
+
+    python scripts/bench_moe.py OUT.json [--shapes qwen3 mixtral] [--kinds bfloat16 fp8_block mxfp4]
+        [--tokens 1 4 16 64 256 1024 4096 8192] [--torch-ref-max-tokens 256]
+
+Shapes: Qwen3-30B-A3B (E 128, top-8, H 2048, I 768) and Mixtral-8x7B (E 8, top-2, H 4096, I 14336),
+random bf16 weights (FP8 block-128 and MXFP4 experts quantized from them), random router logits
+routed by the Triton router (softmax, renormalised). Per case:
+
+- triton_ms: fused_moe (alignment, activation quantization, both GEMMs, the slot sum), the median
+  of warm runs (triton.testing.do_bench, L2 flushed between runs); triton_cold_ms: its first call
+  for that case, timed to completion (includes Triton's compilation where the case needs a new
+  specialisation); triton_graph_ms (tokens <= 256: decode sizes): replayed from a CUDA graph;
+  route_ms: the router alone;
+- loop_ms: a per-expert torch loop in bf16 (one sort, x[rows] @ w13[e].T, SiLU-mul, @ w2[e].T,
+  index_add per expert hit; quantized kinds use the dequantized bf16 weights: the baseline a
+  quantized checkpoint would otherwise run); torch_ref_ms (tokens <= --torch-ref-max-tokens): the
+  registered torch reference (float32 math), the ablation baseline; rel_error_vs_loop: the largest
+  difference from the loop relative to its largest output (FP8 experts: includes the activations'
+  1 x 128 quantization, which the loop does not do: a few 1e-2 is expected there);
+- tflops: useful work 2 T k (H 2I + I H) over triton_ms; weight_gbps: the expert weights actually
+  touched (distinct experts hit x bytes per expert, scales included) over triton_ms.
+
+Writes every row to OUT.json (device, torch and Triton versions) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tritonllm import platform  # noqa: E402
+from tritonllm.kernels import reference  # noqa: E402
+from tritonllm.kernels.moe import fused_moe  # noqa: E402
+from tritonllm.kernels.moe_route import moe_route  # noqa: E402
+from tritonllm.kernels.quant_formats import FP4, QuantizedWeight, QuantScheme  # noqa: E402
+from tritonllm.quantization.quantize import quantize_experts  # noqa: E402
+
+# name -> (experts, top_k, hidden, intermediate)
+SHAPES = {"qwen3": (128, 8, 2048, 768), "mixtral": (8, 2, 4096, 14336), "tiny": (6, 2, 64, 96)}
+DEFAULT_SHAPES = ["qwen3", "mixtral"]  # "tiny": a dry run of the scripts on the CPU (interpreter, float32)
+DEVICE = platform.DEVICE
+DTYPE = torch.bfloat16 if platform.is_gpu() else torch.float32
+TOKENS = [1, 4, 16, 64, 256, 1024, 4096, 8192]
+SCHEMES = {
+    "bfloat16": None,
+    "fp8_block": QuantScheme(torch.float8_e4m3fn, "block", "group"),
+    "mxfp4": QuantScheme(FP4, "mx", "none"),
+}
+
+
+def make_experts(kind: str, e: int, h: int, i: int, seed: int = 0) -> dict:
+    """w13 / w2 of `kind` (bf16 tensors or QuantizedWeight) and their bf16 (dequantized) versions."""
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    w13 = (torch.randn(e, 2 * i, h, device=DEVICE, generator=gen) * h**-0.5).to(DTYPE)
+    w2 = (torch.randn(e, h, i, device=DEVICE, generator=gen) * i**-0.5).to(DTYPE)
+    scheme = SCHEMES[kind]
+    if scheme is None:
+        return dict(w13=w13, w2=w2, w13_bf16=w13, w2_bf16=w2)
+    q13, q2 = quantize_experts(w13, scheme), quantize_experts(w2, scheme)
+    return dict(w13=q13, w2=q2, w13_bf16=_dequantized(q13), w2_bf16=_dequantized(q2))
+
+
+def _dequantized(w: QuantizedWeight) -> torch.Tensor:
+    return torch.stack([reference.dequantize_weight(reference.expert_weight(w, e)) for e in range(w.data.shape[0])]).to(
+        DTYPE
+    )
+
+
+def bytes_per_expert(w: torch.Tensor | QuantizedWeight) -> int:
+    if isinstance(w, QuantizedWeight):
+        return (w.data.numel() * w.data.element_size() + w.scale.numel() * w.scale.element_size()) // w.data.shape[0]
+    return w[0].numel() * w.element_size()
+
+
+def torch_loop(x, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
+    """The per-expert bf16 baseline: rows sorted by expert, two matmuls and an index_add per expert hit."""
+    top_k = topk_ids.shape[1]
+    flat = topk_ids.reshape(-1)
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()  # a host sync, as eager MoE loops do
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    weights = topk_weights.reshape(-1)
+    start = 0
+    for e, count in enumerate(counts):
+        if count == 0:
+            continue
+        pairs = order[start : start + count]
+        start += count
+        tokens = pairs // top_k
+        gate, up = F.linear(x[tokens], w13[e]).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, w2[e])
+        out.index_add_(0, tokens, y.float() * weights[pairs, None])
+    return out.to(x.dtype)
+
+
+def _sync() -> None:
+    if platform.is_gpu():
+        torch.cuda.synchronize()
+
+
+def median_ms(fn, rep: int = 50) -> float:
+    if not platform.is_gpu():  # dry run: a few calls
+        return sorted(cold_ms(fn) for _ in range(3))[1]
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=10, rep=rep, return_mode="median")
+
+
+def cold_ms(fn) -> float:
+    _sync()
+    start = time.perf_counter()
+    fn()
+    _sync()
+    return (time.perf_counter() - start) * 1e3
+
+
+def graph_ms(fn) -> float:
+    fn()  # compiled before capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return median_ms(graph.replay)
+
+
+def device_name() -> str:
+    return torch.cuda.get_device_name() if platform.is_gpu() else "cpu (interpreter)"
+
+
+def bench_case(name: str, kind: str, experts: dict, tokens: int, torch_ref_max: int) -> dict:
+    e, top_k, h, i = SHAPES[name]
+    gen = torch.Generator(device=DEVICE).manual_seed(tokens)
+    x = torch.randn(tokens, h, device=DEVICE, generator=gen).to(DTYPE)
+    logits = torch.randn(tokens, e, device=DEVICE, generator=gen).to(DTYPE)
+    weights, ids = moe_route(logits, top_k, True)
+    w13, w2 = experts["w13"], experts["w2"]
+    run = lambda: fused_moe(x, w13, w2, weights, ids)  # noqa: E731
+    row = dict(shape=name, kind=kind, tokens=tokens, experts=e, top_k=top_k, hidden=h, intermediate=i)
+    row["triton_cold_ms"] = cold_ms(run)
+    row["triton_ms"] = median_ms(run)
+    row["route_ms"] = median_ms(lambda: moe_route(logits, top_k, True))
+    if tokens <= 256 and platform.is_gpu():
+        row["triton_graph_ms"] = graph_ms(run)
+    bf16 = (x, experts["w13_bf16"], experts["w2_bf16"], weights, ids)
+    row["loop_ms"] = median_ms(lambda: torch_loop(*bf16))
+    expected = torch_loop(*bf16).float()
+    row["rel_error_vs_loop"] = float((run().float() - expected).abs().max() / expected.abs().max())
+    if tokens <= torch_ref_max:
+        row["torch_ref_ms"] = median_ms(lambda: reference.fused_moe(x, w13, w2, weights, ids))
+    hit = int(torch.unique(ids).numel())
+    row["experts_hit"] = hit
+    row["tflops"] = 2 * tokens * top_k * (h * 2 * i + i * h) / (row["triton_ms"] * 1e-3) / 1e12
+    row["weight_gbps"] = hit * (bytes_per_expert(w13) + bytes_per_expert(w2)) / (row["triton_ms"] * 1e-3) / 1e9
+    row["speedup_vs_loop"] = row["loop_ms"] / row["triton_ms"]
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, choices=list(SHAPES))
+    parser.add_argument("--kinds", nargs="+", default=list(SCHEMES), choices=list(SCHEMES))
+    parser.add_argument("--tokens", nargs="+", type=int, default=TOKENS)
+    parser.add_argument("--torch-ref-max-tokens", type=int, default=256, help="time the float32 reference up to here")
+    args = parser.parse_args()
+    import triton
+
+    rows = []
+    for name in args.shapes:
+        e, _, h, i = SHAPES[name]
+        for kind in args.kinds:
+            experts = make_experts(kind, e, h, i)
+            for tokens in args.tokens:
+                row = bench_case(name, kind, experts, tokens, args.torch_ref_max_tokens)
+                rows.append(row)
+                graph = f" graph {row['triton_graph_ms']:.3f}" if "triton_graph_ms" in row else ""
+                print(f"{name:8s} {kind:9s} T={tokens:5d}: triton {row['triton_ms']:.3f} ms{graph} (cold "
+                      f"{row['triton_cold_ms']:.1f}) loop {row['loop_ms']:.3f} ms x{row['speedup_vs_loop']:.2f}  "
+                      f"{row['tflops']:.0f} TFLOP/s  {row['weight_gbps']:.0f} GB/s ({row['experts_hit']} experts)  "
+                      f"route {row['route_ms'] * 1e3:.1f} us  err {row['rel_error_vs_loop']:.1e}", flush=True)  # fmt: skip
+                args.out.write_text(json.dumps(dict(device=device_name(), torch=torch.__version__,
+                                                    triton=triton.__version__, rows=rows), indent=1))  # fmt: skip
+            del experts
+            if platform.is_gpu():
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

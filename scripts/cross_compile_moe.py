@@ -1,0 +1,72 @@
+"""Compile the MoE kernels (kernels/moe_route.py, kernels/moe.py) for NVIDIA sm90 / sm80 and AMD
+gfx942 without any GPU: the router at Qwen3 / DeepSeek / gpt-oss expert counts, and the grouped
+GEMM's w13 (gated, with the activation) and w2 launches for bf16, FP8 block-128 and MXFP4 experts at
+every default tile bucket of that GPU family (kernels/moe_tiles.py). sm80 has no FP8: its FP8
+variants are expected to fail. Reports spills (local memory in the PTX) on NVIDIA.
+
+    python scripts/cross_compile_moe.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "0"  # before tritonllm.platform, which would switch it on without a GPU
+
+# isort: split
+from cross_compile_attention import compile_kernel  # this folder: sys.path[0] when run as a script
+from cross_compile_gemm import TARGETS
+
+from tritonllm.kernels import moe, moe_route, moe_tiles
+
+
+def _report(fn, target, types, constexprs, num_warps) -> str | None:
+    try:
+        kernel = compile_kernel(fn, target, types, constexprs, num_warps=num_warps)
+    except Exception as error:  # noqa: BLE001 - reported, not raised
+        return str(error).splitlines()[0][:200]
+    if target.backend == "cuda" and "ld.local" in kernel.asm.get("ptx", ""):
+        return "spills to local memory"
+    return None
+
+
+def main() -> int:
+    failures = 0
+    for target, family in TARGETS:
+        fp8 = "fp8e4nv" if target.backend == "cuda" else "fp8e4b8"
+        checks = []
+        for e, top_k, scoring in ((128, 8, 0), (256, 8, 1), (32, 4, 0)):
+            checks.append((f"route E={e} top-{top_k}", moe_route.moe_route_kernel, dict(logits_ptr="*bf16", weights_ptr="*fp32", ids_ptr="*i32"),
+                           dict(TOP_K=top_k, SCORING=scoring, RENORMALIZE=True, ROWS=4096 // e, BLOCK_E=e, BLOCK_K=top_k), 4, False))  # fmt: skip
+        kinds = [
+            ("bfloat16", dict(a_ptr="*bf16", b_ptr="*bf16"), dict(QUANT=moe.Q_NONE, GROUP_K=1), 2, 2),
+            ("fp8_block", dict(a_ptr=f"*{fp8}", b_ptr=f"*{fp8}", a_scale_ptr="*fp32", b_scale_ptr="*fp32"),
+             dict(QUANT=moe.Q_FP8_BLOCK, GROUP_K=128), 1, 1),
+            ("mxfp4", dict(a_ptr="*bf16", b_ptr="*u8", b_scale_ptr="*u8"), dict(QUANT=moe.Q_MXFP4, GROUP_K=32), 2, 1),
+        ]  # fmt: skip
+        for kind, types, quant, a_bytes, b_bytes in kinds:
+            for rows in (1, 16, 64, 1024):
+                tiles = moe_tiles.fit_moe_tiles(
+                    moe_tiles.default_moe_tiles(rows, family), kind, a_bytes, b_bytes, family
+                )
+                for gemm_name, t, gated in (("w13", tiles.w13, True), ("w2", tiles.w2, False)):
+                    all_types = dict(dict(c_ptr="*bf16", bias_ptr="*bf16", a_scale_ptr="*fp32", b_scale_ptr="*fp32",
+                                          topk_weights_ptr="*fp32", sorted_ids_ptr="*i32", block_expert_ptr="*i32",
+                                          alpha="fp32", limit="fp32"), **types)  # fmt: skip
+                    constexprs = dict(quant, A_ROW_DIV=8 if gated else 1, GATED=gated, ACTIVATION=1, HAS_BIAS=True,
+                                      MUL_WEIGHTS=not gated, IEEE=False, EVEN_K=True, BLOCK_M=t.block_m,
+                                      BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m)  # fmt: skip
+                    name = f"moe {kind} {gemm_name} rows/expert {rows} {t.block_m}x{t.block_n}x{t.block_k}"
+                    checks.append((name, moe.fused_moe_kernel, all_types, constexprs, t.num_warps, kind == "fp8_block"))
+        for name, fn, types, constexprs, num_warps, uses_fp8 in checks:
+            error = _report(fn, target, types, constexprs, num_warps)
+            expected = error is not None and uses_fp8 and target.arch == 80
+            failures += error is not None and not expected
+            status = "ok" if error is None else ("expected failure (no FP8)" if expected else f"FAILED: {error}")
+            print(f"{target.backend} {target.arch} {name}: {status}", flush=True)
+    return failures
+
+
+if __name__ == "__main__":
+    sys.exit(1 if main() else 0)

@@ -1,0 +1,247 @@
+"""Tile sweep for the fused MoE (kernels/moe.py), on the GPU: writes kernels/tuned/moe_<GPU>.json.
+
+    python scripts/tune_moe.py OUT.json [--shapes qwen3 mixtral] [--kinds bfloat16 fp8_block mxfp4]
+        [--tokens 1 4 16 64 256 1024 4096 8192] [--jobs 16] [--rep 20]
+    python scripts/tune_moe.py OUT.json --write-tuned tritonllm/kernels/tuned/moe_NVIDIA_H200.json [--update]
+
+For each (shape, kind, tokens), every BLOCK_M that the expected rows per expert can fill, and for
+each of the two GEMM launches (w13 with the activation; w2 with the weights) every (BLOCK_N,
+BLOCK_K, warps, stages) candidate, timed alone on the real alignment (triton.testing.do_bench
+medians, L2 flushed); a launch's output is checked against float32 of the same operands. The case's
+winner is the BLOCK_M whose best w13 plus best w2 is fastest. Compilation is the slow part: a pool
+of worker processes first runs every distinct kernel once on small stand-in weights (filling
+Triton's on-disk cache), then the timing process loads compiled kernels. One shape and kind takes a
+few minutes; run them one at a time (`--shapes qwen3 --kinds bfloat16`) and merge the files with
+`--write-tuned ... --update` (each run's (kind, shape) entries replace the file's, the rest stay).
+No run-time autotuning: fused_moe reads the written table (kernels/moe_tiles.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import multiprocessing as mp
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_moe import DEFAULT_SHAPES, DEVICE, DTYPE, SCHEMES, SHAPES, TOKENS, device_name, make_experts, median_ms  # noqa: E402
+
+from tritonllm.kernels import moe  # noqa: E402
+from tritonllm.kernels.gemm import GemmTiles  # noqa: E402
+from tritonllm.kernels.moe_align import moe_align  # noqa: E402
+from tritonllm.kernels.moe_route import moe_route  # noqa: E402
+from tritonllm.kernels.moe_tiles import MoeTiles, fit_moe_tiles  # noqa: E402
+from tritonllm.kernels.quant import quantize_per_group  # noqa: E402
+from tritonllm.kernels.quant_formats import BLOCK  # noqa: E402
+
+
+def block_ms(tokens: int, e: int, top_k: int) -> list[int]:
+    """BLOCK_M candidates: 16 up to twice the expected rows per expert (at most 128)."""
+    rows = tokens * top_k / e
+    return [bm for bm in (16, 32, 64, 128) if bm == 16 or bm <= 2 * rows]
+
+
+def candidates(kind: str, block_m: int) -> list[GemmTiles]:
+    """(BLOCK_N, BLOCK_K, warps, stages) for one BLOCK_M; FP8 blocks keep BLOCK_K within a 128 group."""
+    block_ks = (64, 128) if kind == "fp8_block" else (64, 128, 256)
+    out = []
+    for bn, bk, warps, stages in itertools.product((32, 64, 128, 256), block_ks, (4, 8), (3, 4)):
+        if bn == 256 and block_m > 64 or block_m * bn * bk > 128 * 256 * 64 or (warps == 8 and block_m * bn < 64 * 128):
+            continue
+        out.append(GemmTiles(block_m, bn, bk, warps, stages, 8))
+    return out
+
+
+class Case:
+    """One (shape, kind, tokens): its operands, and each launch timed for given tiles."""
+
+    def __init__(self, name: str, kind: str, tokens: int, experts: dict) -> None:
+        e, self.top_k, h, i = SHAPES[name]
+        self.e, self.h, self.i, self.kind = e, h, i, kind
+        gen = torch.Generator(device=DEVICE).manual_seed(tokens)
+        self.x = torch.randn(tokens, h, device=DEVICE, generator=gen).to(DTYPE)
+        logits = torch.randn(tokens, e, device=DEVICE, generator=gen).to(DTYPE)
+        self.weights, self.ids = moe_route(logits, self.top_k, True)
+        self.flat_weights = self.weights.reshape(-1)
+        self.w13, self.w2 = experts["w13"], experts["w2"]
+        fp8 = kind == "fp8_block"
+        self.a1, self.s1 = quantize_per_group(self.x, torch.float8_e4m3fn, BLOCK) if fp8 else (self.x, None)
+        self.inter = torch.randn(tokens * self.top_k, i, device=DEVICE, generator=gen).to(DTYPE)
+        self.a2, self.s2 = quantize_per_group(self.inter, torch.float8_e4m3fn, BLOCK) if fp8 else (self.inter, None)
+        self.out1 = torch.empty_like(self.inter)
+        self.out2 = torch.empty(tokens * self.top_k, h, device=DEVICE, dtype=DTYPE)
+        self._aligned: dict = {}
+
+    def align(self, block_m: int):
+        if block_m not in self._aligned:
+            self._aligned[block_m] = moe_align(self.ids, self.e, block_m)
+        return self._aligned[block_m]
+
+    def run(self, which: str, tiles: GemmTiles) -> torch.Tensor:
+        fitted = fit_moe_tiles(MoeTiles(tiles, tiles), self.kind, 2, 2 if SCHEMES[self.kind] is None else 1)
+        align = self.align(tiles.block_m)
+        if which == "w13":
+            moe._launch(self.a1, self.s1, self.w13, self.out1, None, None, align, fitted.w13, n=self.i, k=self.h,
+                        a_row_div=self.top_k, gated=True)  # fmt: skip
+            return self.out1
+        moe._launch(self.a2, self.s2, self.w2, self.out2, None, self.flat_weights, align, fitted.w2, n=self.h,
+                    k=self.i, a_row_div=1, gated=False)  # fmt: skip
+        return self.out2
+
+
+_CASES: dict = {}
+
+
+def _compile(task) -> int:
+    """Worker: run one candidate once (compiles into Triton's on-disk cache) on stand-in weights with
+    the shape's strides (E: 16 if the real count is a multiple of 16, else 2: the same specialisation)."""
+    name, kind, tokens, which, tiles = task
+    if (name, kind, tokens) not in _CASES:
+        _CASES.clear()
+        e, top_k, h, i = SHAPES[name]
+        small = 16 if e % 16 == 0 else 2
+        original = SHAPES[name]
+        SHAPES[name] = (small, min(top_k, small), h, i)
+        try:
+            _CASES[name, kind, tokens] = Case(name, kind, tokens, make_experts(kind, small, h, i))
+        finally:
+            SHAPES[name] = original
+    try:
+        _CASES[name, kind, tokens].run(which, tiles)
+        if DEVICE.type == "cuda":
+            torch.cuda.synchronize()
+        return 0
+    except Exception:  # noqa: BLE001 - a candidate that does not build is reported when timed
+        return 1
+
+
+def _expected(case: Case, which: str) -> torch.Tensor:
+    """float32 of one launch's operands (kernels/reference.py): silu(gate) * up of x's rows (no bias),
+    or the intermediate's rows through w2 times the pairs' weights; row = pair."""
+    from tritonllm.kernels import reference
+
+    w, a = (case.w13, case.x) if which == "w13" else (case.w2, case.inter)
+    flat = case.ids.reshape(-1)
+    out = torch.empty(flat.numel(), case.i if which == "w13" else case.h, device=DEVICE)
+    for e in flat.unique().tolist():
+        pairs = (flat == e).nonzero().squeeze(1)
+        rows = a[pairs // case.top_k if which == "w13" else pairs]
+        weight = reference.expert_weight(w, e)
+        if isinstance(weight, torch.Tensor):
+            y = rows.float() @ weight.float().T
+        else:
+            y = reference.quantized_linear(rows, weight, None).float()
+        out[pairs] = reference.moe_activation(y, "silu") if which == "w13" else y * case.flat_weights[pairs, None]
+    return out
+
+
+def sweep(name: str, kind: str, tokens: int, experts: dict, rep: int) -> list[dict]:
+    case = Case(name, kind, tokens, experts)
+    rows = []
+    for block_m in block_ms(tokens, case.e, case.top_k):
+        for which in ("w13", "w2"):
+            expected = _expected(case, which)
+            for tiles in candidates(kind, block_m):
+                base = dict(shape=name, kind=kind, tokens=tokens, gemm=which, tiles=asdict(tiles))
+                try:
+                    got = case.run(which, tiles).float()
+                    err = float((got - expected).abs().max() / expected.abs().max())
+                    ms = median_ms(lambda: case.run(which, tiles), rep)  # noqa: B023
+                except Exception as error:  # noqa: BLE001
+                    rows.append(dict(base, error=str(error)[:200]))
+                    continue
+                rows.append(dict(base, us=ms * 1e3, rel_error=err))
+    return rows
+
+
+def tuned_table(rows: list[dict]) -> dict:
+    """{kind: {"E,H,I": {tokens: {"w13": tiles, "w2": tiles, "us": total}}}}: per case, the BLOCK_M
+    whose best w13 and best w2 (each within 2e-2 of float32) sum to the least time."""
+    best: dict = {}
+    for r in rows:
+        if "us" not in r or r["rel_error"] > 2e-2:
+            continue
+        key = (r["kind"], r["shape"], r["tokens"], r["tiles"]["block_m"], r["gemm"])
+        if key not in best or r["us"] < best[key]["us"]:
+            best[key] = r
+    table: dict = {}
+    for (kind, shape, tokens, block_m, which), r in sorted(best.items()):
+        if which != "w13" or (kind, shape, tokens, block_m, "w2") not in best:
+            continue
+        w2 = best[kind, shape, tokens, block_m, "w2"]
+        total = r["us"] + w2["us"]
+        e, _, h, i = SHAPES[shape]
+        entries = table.setdefault(kind, {}).setdefault(f"{e},{h},{i}", {})
+        if str(tokens) not in entries or total < entries[str(tokens)]["us"]:
+            entries[str(tokens)] = dict(w13=r["tiles"], w2=w2["tiles"], us=round(total, 2))
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, choices=list(SHAPES))
+    parser.add_argument("--kinds", nargs="+", default=list(SCHEMES), choices=list(SCHEMES))
+    parser.add_argument("--tokens", nargs="+", type=int, default=TOKENS)
+    parser.add_argument("--jobs", type=int, default=16)
+    parser.add_argument("--rep", type=int, default=20, help="ms of runs per timing")
+    parser.add_argument("--write-tuned", type=Path, help="write OUT.json's winners here; no sweep")
+    parser.add_argument("--update", action="store_true", help="with --write-tuned: keep the file's other entries")
+    args = parser.parse_args()
+    if args.write_tuned:
+        sweep_file = json.loads(args.out.read_text())
+        table = tuned_table(sweep_file["rows"])
+        if args.update and args.write_tuned.exists():
+            old = json.loads(args.write_tuned.read_text())
+            for kind, shapes in table.items():
+                old.setdefault(kind, {}).update(shapes)
+            table = old
+        table.update(device=sweep_file["device"], torch=sweep_file["torch"], triton=sweep_file["triton"])
+        args.write_tuned.parent.mkdir(parents=True, exist_ok=True)
+        args.write_tuned.write_text(json.dumps(table, indent=1) + "\n")
+        return
+    import triton
+
+    todo = [(n, k, t) for n in args.shapes for k in args.kinds for t in args.tokens]
+    if args.jobs > 1:
+        tasks, seen = [], set()
+        for name, kind, tokens in todo:
+            e, top_k, _, _ = SHAPES[name]
+            for block_m, which in itertools.product(block_ms(tokens, e, top_k), ("w13", "w2")):
+                for tiles in candidates(kind, block_m):
+                    if (name, kind, which, tiles) not in seen:
+                        seen.add((name, kind, which, tiles))
+                        tasks.append((name, kind, tokens, which, tiles))
+        with mp.get_context("spawn").Pool(args.jobs) as pool:
+            failed = sum(pool.map(_compile, tasks, chunksize=4))
+        print(f"{len(tasks)} kernels compiled by {args.jobs} processes, {failed} failed", flush=True)
+    rows: list[dict] = []
+    for name in args.shapes:
+        e, _, h, i = SHAPES[name]
+        for kind in args.kinds:
+            experts = make_experts(kind, e, h, i)
+            for tokens in args.tokens:
+                rows += sweep(name, kind, tokens, experts, args.rep)
+                entry = tuned_table(rows).get(kind, {}).get(f"{e},{h},{i}", {}).get(str(tokens))
+                if entry:
+                    desc = lambda t: (
+                        f"{t['block_m']}x{t['block_n']}x{t['block_k']} w{t['num_warps']} s{t['num_stages']}"
+                    )  # noqa: E731
+                    print(f"{name:8s} {kind:9s} T={tokens:5d}: {entry['us']:.1f} us  w13 {desc(entry['w13'])}  "
+                          f"w2 {desc(entry['w2'])}", flush=True)  # fmt: skip
+                args.out.write_text(json.dumps(dict(device=device_name(), torch=torch.__version__,
+                                                    triton=triton.__version__, rows=rows), indent=0))  # fmt: skip
+            del experts
+            if DEVICE.type == "cuda":
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,277 @@
+"""The Triton MoE (kernels/moe_route.py, moe_align.py, moe.py) against the torch reference.
+
+Ragged, non-power-of-two shapes (T in {1, 5, 19}, E 6 or 8, H 48, I 40; MXFP4 needs K a multiple
+of 32: H 64, I 96) keep the interpreter's grids to tens of programs. Tolerances are relative to
+the reference output's scale (closeness.py). bfloat16 and model-sized shapes run on the GPU only.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
+
+from tritonllm import platform
+from tritonllm.kernels import gemm as g
+from tritonllm.kernels import reference
+from tritonllm.kernels.moe import fused_experts, fused_moe
+from tritonllm.kernels.moe_align import max_blocks, moe_align
+from tritonllm.kernels.moe_route import moe_route
+from tritonllm.kernels.moe_tiles import MoeTiles
+from tritonllm.kernels.quant_formats import FP4, QuantScheme
+from tritonllm.quantization.quantize import quantize_experts
+
+DEVICE = platform.DEVICE
+DTYPE = platform.DEFAULT_DTYPE
+FP8 = torch.float8_e4m3fnuz if platform.PLATFORM == "rocm" else torch.float8_e4m3fn
+TOL = 2e-5 if DTYPE == torch.float32 else 2e-2
+
+
+def _randn(*shape: int, seed: int, scale: float = 1.0, dtype: torch.dtype = DTYPE) -> torch.Tensor:
+    return (scale * torch.randn(*shape, generator=torch.Generator().manual_seed(seed))).to(DEVICE, dtype)
+
+
+def _problem(t: int, e: int, h: int, i: int, top_k: int, seed: int, dtype: torch.dtype = DTYPE) -> dict:
+    """Random activations, experts (scaled so the outputs stay O(1)), biases and a softmax routing."""
+    weights, ids = reference.moe_route(_randn(t, e, seed=seed, dtype=torch.float32), top_k, True)
+    return dict(
+        x=_randn(t, h, seed=seed + 1, dtype=dtype),
+        w13=_randn(e, 2 * i, h, seed=seed + 2, scale=h**-0.5, dtype=dtype),
+        w2=_randn(e, h, i, seed=seed + 3, scale=i**-0.5, dtype=dtype),
+        topk_weights=weights,
+        topk_ids=ids,
+        w13_bias=_randn(e, 2 * i, seed=seed + 4, dtype=dtype),
+        w2_bias=_randn(e, h, seed=seed + 5, dtype=dtype),
+    )
+
+
+def _args(p: dict, bias: bool) -> tuple[tuple, dict]:
+    biases = dict(w13_bias=p["w13_bias"], w2_bias=p["w2_bias"]) if bias else {}
+    return (p["x"], p["w13"], p["w2"], p["topk_weights"], p["topk_ids"]), biases
+
+
+# ---- routing ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_route_matches_reference(scoring, renormalize) -> None:
+    for t, e, top_k in [(1, 6, 2), (5, 8, 3), (19, 130, 16)]:  # 130 experts: a 256-wide padded row
+        logits = _randn(t, e, seed=t + e, scale=2.0)
+        weights, ids = moe_route(logits, top_k, renormalize, scoring)
+        ref_weights, ref_ids = reference.moe_route(logits, top_k, renormalize, scoring)
+        assert ids.dtype == torch.int32 and weights.dtype == torch.float32 and ids.shape == (t, top_k)
+        assert torch.equal(ids, ref_ids)
+        torch.testing.assert_close(weights, ref_weights, rtol=1e-5, atol=1e-6)
+
+
+def test_route_ties_go_to_the_lower_id() -> None:
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.5, 3.0, 2.0], [0.0] * 6], device=DEVICE)
+    _, ids = moe_route(logits, 4, False, "sigmoid")
+    assert ids.tolist() == [[1, 2, 4, 5], [0, 1, 2, 3]]
+
+
+# ---- alignment -------------------------------------------------------------------------------
+
+
+def _no_host_reads(monkeypatch) -> None:
+    """Make the Python-level ways of reading a device value back to the host raise."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("host synchronisation")
+
+    for name in ("item", "tolist", "nonzero", "__bool__", "__int__", "__float__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+    monkeypatch.setattr(torch, "nonzero", refuse)
+
+
+@pytest.mark.parametrize("t, e, top_k, block_m", [(1, 6, 2, 16), (19, 8, 3, 16), (40, 5, 2, 4)])
+def test_alignment_sorts_pairs_into_expert_blocks_without_host_reads(t, e, top_k, block_m, monkeypatch) -> None:
+    ids = torch.randint(0, e, (t, top_k), generator=torch.Generator().manual_seed(t), dtype=torch.int32).to(DEVICE)
+    with monkeypatch.context() as m:
+        _no_host_reads(m)
+        align = moe_align(ids, e, block_m)
+    num_pairs = t * top_k
+    assert align.num_blocks == max_blocks(num_pairs, e, block_m)
+    assert align.sorted_ids.shape == (align.num_blocks * block_m,) and align.block_expert.shape == (align.num_blocks,)
+    rows = align.sorted_ids.view(align.num_blocks, block_m).cpu()
+    experts, flat = align.block_expert.cpu(), ids.reshape(-1).cpu()
+    real = rows < num_pairs
+    assert sorted(rows[real].tolist()) == list(range(num_pairs))  # every pair once, padding elsewhere
+    for b in range(align.num_blocks):
+        pairs = rows[b][real[b]]
+        assert (flat[pairs.long()] == experts[b]).all()  # a block's pairs all go to its expert
+        assert pairs.tolist() == sorted(pairs.tolist())  # in token order (deterministic)
+        if experts[b] == e:
+            assert not real[b].any()  # blocks past the last segment are empty
+    used = (experts < e).sum().item()
+    assert (experts[:used] < e).all() and used == sum(-(-int((flat == x).sum()) // block_m) for x in range(e))
+
+
+# ---- fused experts -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+@pytest.mark.parametrize("t, e, top_k", [(1, 6, 2), (5, 8, 3), (19, 6, 2)])
+def test_fused_moe_matches_reference(t, e, top_k, activation, bias) -> None:
+    p = _problem(t, e, 48, 40, top_k, seed=10 * t + e)
+    if activation == "swiglu_oai":  # some gate / up values past the clamp
+        p["x"] = 4 * p["x"]
+    args, kwargs = _args(p, bias)
+    got = fused_moe(*args, activation=activation, **kwargs)
+    expected = reference.fused_moe(*args, activation=activation, **kwargs)
+    assert got.shape == expected.shape and got.dtype == DTYPE
+    assert_close_to_scale(got, expected, TOL)
+
+
+@pytest.mark.parametrize(
+    "tiles", [g.GemmTiles(16, 16, 16, 1, 1, 2), g.GemmTiles(32, 32, 16, 1, 1, 1, 1)], ids=["16x16x16", "32x32x16"]
+)
+def test_fused_moe_with_several_tiles_and_k_steps(tiles) -> None:
+    """Small tiles: several column tiles and K steps, K both even (H 48) and ragged (I 40)."""
+    p = _problem(19, 8, 48, 40, 3, seed=3)
+    args, kwargs = _args(p, True)
+    got = fused_experts(*args, tiles=MoeTiles(tiles, tiles), **kwargs)
+    assert_close_to_scale(got, reference.fused_moe(*args, **kwargs), TOL)
+
+
+def test_top_1_writes_out_directly() -> None:
+    p = _problem(5, 6, 48, 40, 1, seed=4)
+    args, kwargs = _args(p, True)
+    out = torch.full_like(p["x"], float("nan"))
+    assert fused_moe(*args, out=out, **kwargs) is out
+    assert_close_to_scale(out, reference.fused_moe(*args, **kwargs), TOL)
+
+
+@pytest.mark.skipif(platform.is_gpu(), reason="the float16 interpreter case; the GPU runs bfloat16 below")
+def test_float16() -> None:
+    p = _problem(5, 6, 48, 40, 2, seed=5, dtype=torch.float16)
+    args, kwargs = _args(p, True)
+    assert_close_to_scale(fused_moe(*args, **kwargs), reference.fused_moe(*args, **kwargs), 1e-2)
+
+
+def test_a_wrong_result_fails_the_tolerance() -> None:
+    """Negative checks: a dropped expert, or top-k weights off by 1%, are caught by the tolerance above."""
+    p = _problem(5, 8, 48, 40, 3, seed=6)
+    args, kwargs = _args(p, True)
+    expected = reference.fused_moe(*args, **kwargs)
+    dropped = p["topk_weights"].clone()
+    dropped[2, 1] = 0.0
+    off = p["topk_weights"] * 1.01
+    for weights in (dropped, off):
+        got = fused_moe(p["x"], p["w13"], p["w2"], weights, p["topk_ids"], **kwargs)
+        with pytest.raises(AssertionError):
+            assert_close_to_scale(got, expected, TOL)
+
+
+# ---- quantized experts -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "scheme, h, i",
+    [(QuantScheme(FP8, "block", "group"), 48, 40), (QuantScheme(FP4, "mx", "none"), 64, 96)],
+    ids=["fp8_block", "mxfp4"],
+)
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+def test_quantized_experts_match_reference(scheme, h, i, activation) -> None:
+    p = _problem(19, 6, h, i, 2, seed=7)
+    w13, w2 = quantize_experts(p["w13"].float(), scheme), quantize_experts(p["w2"].float(), scheme)
+    args = (p["x"], w13, w2, p["topk_weights"], p["topk_ids"])
+    kwargs = dict(activation=activation, w13_bias=p["w13_bias"], w2_bias=p["w2_bias"])
+    got = fused_moe(*args, **kwargs)
+    # FP8: the kernels' activation quantization may round a boundary value the other way
+    tol = 1e-2 if scheme.act == "group" else (4 * TOL if DTYPE == torch.float32 else 2e-2)
+    assert_close_to_scale(got, reference.fused_moe(*args, **kwargs), tol)
+
+
+def test_unserved_formats_are_refused() -> None:
+    p = _problem(1, 6, 48, 40, 2, seed=8)
+    w13 = quantize_experts(p["w13"].float(), QuantScheme(FP8, "channel", "token"))
+    with pytest.raises(ValueError, match="not among"):
+        fused_moe(p["x"], w13, p["w2"], p["topk_weights"], p["topk_ids"])
+
+
+# ---- GPU: bfloat16, model-sized, graph capture ----------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not platform.is_gpu(), reason="bfloat16 tl.dot and CUDA graphs need the GPU")
+@pytest.mark.parametrize("t", [1, 7, 300])
+@pytest.mark.parametrize("e, top_k, h, i", [(128, 8, 2048, 768), (8, 2, 1024, 1408)], ids=["qwen3", "mixtral"])
+def test_bf16_model_shapes(t, e, top_k, h, i) -> None:
+    p = _problem(t, e, h, i, top_k, seed=9, dtype=torch.bfloat16)
+    for bias in (False, True):
+        args, kwargs = _args(p, bias)
+        assert_close_to_scale(fused_moe(*args, **kwargs), reference.fused_moe(*args, **kwargs), 2e-2)
+    for scheme in (QuantScheme(FP8, "block", "group"), QuantScheme(FP4, "mx", "none")):
+        w13, w2 = quantize_experts(p["w13"], scheme), quantize_experts(p["w2"], scheme)
+        args = (p["x"], w13, w2, p["topk_weights"], p["topk_ids"])
+        assert_close_to_scale(fused_moe(*args), reference.fused_moe(*args), 3e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not platform.is_gpu(), reason="CUDA graphs need the GPU")
+def test_decode_step_runs_without_host_syncs_and_replays_from_a_graph() -> None:
+    p = _problem(4, 128, 512, 256, 8, seed=11, dtype=torch.bfloat16)
+    logits = _randn(4, 128, seed=12, dtype=torch.bfloat16)
+
+    def step() -> torch.Tensor:
+        weights, ids = moe_route(logits, 8, True)
+        return fused_moe(p["x"], p["w13"], p["w2"], weights, ids)
+
+    expected = step()  # compiles
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)
+
+
+def test_tile_table_lookup(tmp_path, monkeypatch) -> None:
+    """tune_moe.py's table: the smallest tuned token count >= T, else the largest; None without an entry."""
+    from dataclasses import asdict
+
+    from tritonllm.kernels import moe_tiles
+
+    small, large = g.GemmTiles(16, 64, 128, 4, 4, 8), g.GemmTiles(64, 128, 64, 4, 3, 8)
+    entry = lambda t: dict(w13=asdict(t), w2=asdict(t), us=1.0)  # noqa: E731
+    path = tmp_path / "moe_GPU.json"
+    path.write_text(json.dumps({"bfloat16": {"128,2048,768": {"16": entry(small), "1024": entry(large)}}}))
+    monkeypatch.setattr(moe_tiles, "tuned_file", lambda name: path)
+    moe_tiles._table.cache_clear()
+    try:
+        pick = lambda t: moe_tiles.tuned_moe_tiles("bfloat16", 128, 2048, 768, t, "GPU")  # noqa: E731
+        assert pick(1).w13 == small and pick(16).w2 == small and pick(17).w13 == large and pick(9000).w13 == large
+        assert moe_tiles.tuned_moe_tiles("mxfp4", 128, 2048, 768, 1, "GPU") is None
+    finally:
+        moe_tiles._table.cache_clear()
+    assert moe_tiles.default_moe_tiles(0.1, "hopper").block_m == 16
+    assert moe_tiles.default_moe_tiles(500, "hopper").block_m == 128
+    assert (
+        moe_tiles.fit_moe_tiles(moe_tiles.default_moe_tiles(500, "hopper"), "fp8_block", 1, 1, "hopper").w2.block_k
+        <= 128
+    )
+
+
+def test_fused_moe_layer_takes_the_triton_moe_by_default() -> None:
+    from tritonllm.kernels.registry import default_kernels, select_kernels
+    from tritonllm.layers.moe import FusedMoE
+
+    layer = FusedMoE(6, 2, 48, 40, DTYPE, renormalize=False, scoring="sigmoid", activation="swiglu_oai", bias=True)
+    for seed, param in enumerate(layer.parameters()):
+        param.data = _randn(*param.shape, seed=20 + seed, scale=param.shape[-1] ** -0.5)
+    x, logits = _randn(7, 48, seed=30), _randn(7, 6, seed=31)
+    assert default_kernels().choice["moe"] == "triton"
+    got = layer(x, logits)
+    layer.kernels = select_kernels({"moe": "torch_ref"})
+    assert_close_to_scale(got, layer(x, logits), TOL)

@@ -1,0 +1,290 @@
+"""The fused MoE experts in Triton (the `moe` op's `fused_moe`; kernels/reference.py defines it).
+
+    out[t] = sum_j topk_weights[t, j] * (w2[e] @ act(w13[e] @ x[t] + b13[e]) + b2[e]),  e = topk_ids[t, j]
+
+The T * k (token, slot) pairs are sorted by expert and padded to BLOCK_M-row blocks on the device
+(kernels/moe_align.py), then two launches of one grouped-GEMM kernel run over the blocks, one
+program per (block, BLOCK_N columns), each block's expert read from the alignment:
+
+1. x @ w13[e].T: the block's x rows are gathered in the A-operand load (row = pair // k); each
+   program holds two accumulators, the gate rows n and the up rows I + n of w13, so the epilogue
+   applies the activation (SiLU-mul, or gpt-oss's clamped "swiglu_oai") with w13_bias and writes
+   the intermediate [T * k, I] in x's dtype, row = pair.
+2. intermediate @ w2[e].T: w2_bias and the pair's top-k weight in the epilogue, written per pair
+   into a buffer [T * k, H] in x's dtype, which one torch sum over the k slots (float32
+   accumulation) turns into out [T, H]; with k = 1 the GEMM writes out directly.
+
+The per-slot buffer rather than float32 atomic adds into [T, H]: the result is deterministic (a
+fixed summation order, no atomics, no zero-fill launch), the output is produced in x's dtype with
+no float32 [T, H] buffer and cast, and the extra traffic (T * k * H values written and read once)
+is small beside the GEMMs' (about a tenth at Qwen3-30B-A3B prefill shapes).
+
+Padding rows (pair id T * k) read row 0 and are not stored; blocks past the last expert exit at
+once. The grid is static (moe_align's bound): nothing syncs with the host, decode steps capture.
+
+Quantized experts (w13 / w2 as QuantizedWeight with stacked data and scales, MOE_FORMATS):
+- "fp8:block:group": e4m3 data [E, N, K], float32 scales [E, cdiv(N, 128), cdiv(K, 128)];
+  activations quantized per token and 1 x 128 group (kernels/quant.py) before each GEMM, each
+  K tile's partial product multiplied by its group's activation and weight scales (BLOCK_K <= 128).
+- "mxfp4:mx:none": e2m1 pairs [E, N, K / 2] with e8m0 scales [E, N, K / 32], decoded to the
+  activations' dtype in registers by the GEMM family's helpers (kernels/gemm_scales.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tritonllm import platform
+from tritonllm.kernels.gemm import GemmTiles
+from tritonllm.kernels.gemm_persistent import tile_coords
+from tritonllm.kernels.gemm_scales import DEC_FP4, dequant_values, group_scales, unpack_values
+from tritonllm.kernels.moe_align import MoeAlignment, moe_align
+from tritonllm.kernels.moe_tiles import MoeTiles, moe_kind, pick_moe_tiles
+from tritonllm.kernels.quant import quantize_per_group
+from tritonllm.kernels.quant_formats import BLOCK, MX_GROUP, QuantizedWeight
+from tritonllm.kernels.reference import MOE_ACTIVATIONS
+from tritonllm.kernels.registry import FLOATS, Supports, register
+
+Q_NONE, Q_FP8_BLOCK, Q_MXFP4 = 0, 1, 2
+MOE_FORMATS = {"fp8:block:group": Q_FP8_BLOCK, "mxfp4:mx:none": Q_MXFP4}
+# the quantized expert formats served (the registry's linear_formats: a model quantized otherwise
+# falls back to the torch reference, which serves every format)
+MOE_SUPPORTS = Supports(dtypes=FLOATS, linear_formats=frozenset(MOE_FORMATS))
+
+
+@triton.jit
+def _activation(gate, up, alpha, limit, ACTIVATION: tl.constexpr):
+    """0: silu(gate) * up; 1: gpt-oss's (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)."""
+    if ACTIVATION == 0:
+        out = gate / (1.0 + tl.exp(-gate)) * up
+    else:
+        g = tl.minimum(gate, limit)
+        out = (tl.minimum(tl.maximum(up, -limit), limit) + 1.0) * g / (1.0 + tl.exp(-alpha * g))
+    return out
+
+
+@triton.jit
+def _load_b(b_ptrs, scale_ptr, rn, k, K, offs_kb, stride_sn, stride_sk,
+            QUANT: tl.constexpr, EVEN_K: tl.constexpr, GROUP_K: tl.constexpr,
+            BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """The expert's [BLOCK_K, BLOCK_N] weight tile at K offset k, columns rn: as stored, or MXFP4
+    decoded to float32 (the caller casts it to the activations' dtype)."""
+    PACK: tl.constexpr = 2 if QUANT == 2 else 1
+    if EVEN_K:
+        b = tl.load(b_ptrs)
+    else:
+        b = tl.load(b_ptrs, mask=(k // PACK + offs_kb < K // PACK)[:, None], other=0.0)
+    if QUANT == 2:
+        b = unpack_values(b, DEC_FP4, BLOCK_K, BLOCK_N, 1)
+        b = dequant_values(b, scale_ptr, scale_ptr, rn, k, K, stride_sn, stride_sk,
+                           DEC_FP4, GROUP_K, BLOCK_K, BLOCK_N, 1, 1)  # fmt: skip
+    return b
+
+
+@triton.jit
+def _dot(acc, a, b, IEEE: tl.constexpr):
+    if IEEE:  # float32 operands: full precision, not TF32
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def fused_moe_kernel(
+    a_ptr, b_ptr, c_ptr, bias_ptr, a_scale_ptr, b_scale_ptr, topk_weights_ptr, sorted_ids_ptr, block_expert_ptr,
+    num_pairs, num_blocks, N, K, num_experts, alpha, limit,
+    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn, stride_bias_e,
+    stride_asm, stride_ask, stride_bse, stride_bsn, stride_bsk,
+    A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
+    MUL_WEIGHTS: tl.constexpr, QUANT: tl.constexpr, GROUP_K: tl.constexpr, IEEE: tl.constexpr,
+    EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):  # fmt: skip
+    """c[pair, n] for the pairs of one aligned block and BLOCK_N columns (module docstring): A rows
+    pair // A_ROW_DIV, B the block's expert's [N (x2 when GATED), K] matrix."""
+    pid_m, pid_n = tile_coords(tl.program_id(0), num_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert >= num_experts:  # past the last expert's padded segment
+        return
+    pair = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = pair < num_pairs
+    pair = tl.where(valid, pair, 0)
+    rm = (pair // A_ROW_DIV).to(tl.int64)  # padding rows read row 0; their results are not stored
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = tl.where(offs_n < N, offs_n, 0)
+    e = expert.to(tl.int64)
+    b_ptr += e * stride_be
+    b_scale_ptr += e * stride_bse
+    PACK: tl.constexpr = 2 if QUANT == 2 else 1  # K values per byte of B
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_kb = tl.arange(0, BLOCK_K // PACK)
+    a_ptrs = a_ptr + rm[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + rn[None, :].to(tl.int64) * stride_bn + offs_kb[:, None] * stride_bk
+    up_ptrs = b_ptrs + N * stride_bn  # GATED: w13's up rows, I below the gate rows
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=(k + offs_k < K)[None, :], other=0.0)
+        b = _load_b(b_ptrs, b_scale_ptr, rn, k, K, offs_kb, stride_bsn, stride_bsk,
+                    QUANT, EVEN_K, GROUP_K, BLOCK_K, BLOCK_N).to(a.dtype)  # fmt: skip
+        if GATED:
+            b_up = _load_b(up_ptrs, b_scale_ptr, rn + N, k, K, offs_kb, stride_bsn, stride_bsk,
+                           QUANT, EVEN_K, GROUP_K, BLOCK_K, BLOCK_N).to(a.dtype)  # fmt: skip
+        if QUANT == 1:  # FP8 blocks: the tile's partial products times its K group's scales
+            a_s, b_s = group_scales(a_scale_ptr, b_scale_ptr, rm, rn, k // GROUP_K, stride_asm, stride_ask,
+                                    stride_bsn, stride_bsk, 3, 3, GROUP_K, False)  # fmt: skip
+            acc += tl.dot(a, b) * (a_s[:, None] * b_s[None, :])
+            if GATED:
+                _, b_s_up = group_scales(a_scale_ptr, b_scale_ptr, rm, rn + N, k // GROUP_K, stride_asm,
+                                         stride_ask, stride_bsn, stride_bsk, 0, 3, GROUP_K, False)  # fmt: skip
+                acc_up += tl.dot(a, b_up) * (a_s[:, None] * b_s_up[None, :])
+        else:
+            acc = _dot(acc, a, b, IEEE)
+            if GATED:
+                acc_up = _dot(acc_up, a, b_up, IEEE)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += (BLOCK_K // PACK) * stride_bk
+        up_ptrs += (BLOCK_K // PACK) * stride_bk
+
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + e * stride_bias_e + rn)[None, :].to(tl.float32)
+        if GATED:
+            acc_up += tl.load(bias_ptr + e * stride_bias_e + N + rn)[None, :].to(tl.float32)
+    if GATED:
+        acc = _activation(acc, acc_up, alpha, limit, ACTIVATION)
+    if MUL_WEIGHTS:
+        acc = acc * tl.load(topk_weights_ptr + pair)[:, None]
+    c_ptrs = c_ptr + pair[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & (offs_n < N)[None, :])
+
+
+def _launch(
+    a: torch.Tensor,
+    a_scale: torch.Tensor | None,
+    w: torch.Tensor | QuantizedWeight,
+    c: torch.Tensor,
+    bias: torch.Tensor | None,
+    topk_weights: torch.Tensor | None,
+    align: MoeAlignment,
+    tiles: GemmTiles,
+    *,
+    n: int,
+    k: int,
+    a_row_div: int,
+    gated: bool,
+    activation: int = 0,
+    alpha: float = 0.0,
+    limit: float = 0.0,
+) -> None:
+    """One grouped GEMM over the aligned blocks: c[pair, :n] for B = w[expert] ([E, n, k]; w13: [E, 2n, k])."""
+    quant = Q_NONE if not isinstance(w, QuantizedWeight) else MOE_FORMATS[w.scheme.format_name]
+    data = w.data if isinstance(w, QuantizedWeight) else w
+    b_scale = w.scale if isinstance(w, QuantizedWeight) else None
+    num_experts = data.shape[0]
+    dummy = c  # stands in for absent pointers (never read)
+    a_s_strides = (a_scale.stride(0), a_scale.stride(1)) if a_scale is not None else (0, 0)
+    b_s_strides = b_scale.stride() if b_scale is not None else (0, 0, 0)
+    group_k = {Q_NONE: 1, Q_FP8_BLOCK: BLOCK, Q_MXFP4: MX_GROUP}[quant]
+    grid = (align.num_blocks * triton.cdiv(n, tiles.block_n),)
+    fused_moe_kernel[grid](
+        a, data, c, bias if bias is not None else dummy, a_scale if a_scale is not None else dummy,
+        b_scale if b_scale is not None else dummy, topk_weights if topk_weights is not None else dummy,
+        align.sorted_ids, align.block_expert,
+        align.num_pairs, align.num_blocks, n, k, num_experts, alpha, limit,
+        a.stride(0), a.stride(1), data.stride(0), data.stride(1), data.stride(2), c.stride(0), c.stride(1),
+        bias.stride(0) if bias is not None else 0, *a_s_strides, *b_s_strides,
+        A_ROW_DIV=a_row_div, GATED=gated, ACTIVATION=activation, HAS_BIAS=bias is not None,
+        MUL_WEIGHTS=topk_weights is not None, QUANT=quant, GROUP_K=group_k, IEEE=a.dtype == torch.float32,
+        EVEN_K=k % tiles.block_k == 0, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        GROUP_M=tiles.group_m, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
+
+
+def _expert_shape(w: torch.Tensor | QuantizedWeight) -> tuple[int, int, int]:
+    """(E, N, K) of stacked expert weights (packed MXFP4: two K values a byte)."""
+    if not isinstance(w, QuantizedWeight):
+        return tuple(w.shape)
+    if w.scheme.format_name not in MOE_FORMATS:
+        raise ValueError(f"triton fused_moe: experts in {w.scheme.format_name} are not among {sorted(MOE_FORMATS)}")
+    e, n, k = w.data.shape
+    return e, n, 2 * k if w.scheme.packed else k
+
+
+def fused_experts(
+    x: torch.Tensor,
+    w13: torch.Tensor | QuantizedWeight,
+    w2: torch.Tensor | QuantizedWeight,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "silu",
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    alpha: float = 1.702,
+    limit: float = 7.0,
+    out: torch.Tensor | None = None,
+    tiles: MoeTiles | None = None,
+) -> torch.Tensor:
+    """fused_moe with `tiles` overriding the table (tests, tile sweeps)."""
+    if activation not in MOE_ACTIVATIONS:
+        raise ValueError(f"MoE activation {activation!r} is not one of {MOE_ACTIVATIONS}")
+    (e, two_i, h), (e2, h2, i) = _expert_shape(w13), _expert_shape(w2)
+    if x.dim() != 2 or x.shape[1] != h or (e2, h2, two_i) != (e, h, 2 * i) or topk_ids.shape != topk_weights.shape:
+        raise ValueError(f"fused_moe: x {tuple(x.shape)}, w13 [E, 2I, H] {(e, two_i, h)}, w2 [E, H, I] {(e2, h2, i)}, "
+                         f"topk {tuple(topk_ids.shape)} / {tuple(topk_weights.shape)} do not agree")  # fmt: skip
+    t, top_k = topk_ids.shape
+    out = torch.empty_like(x) if out is None else out
+    if t == 0:
+        return out
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    fmt = w13.scheme.format_name if isinstance(w13, QuantizedWeight) else None
+    fp8 = fmt == "fp8:block:group"
+    if fp8 and not platform.has_fp8():  # Triton cannot compile FP8 dots for it (e.g. sm80)
+        raise ValueError("triton fused_moe: FP8 block experts need FP8 support (NVIDIA sm89+, AMD MI300)")
+    if tiles is None:
+        a_bytes = 1 if fp8 else x.element_size()
+        b_bytes = 1 if fmt is not None else x.element_size()
+        tiles = pick_moe_tiles(moe_kind(x.dtype, fmt), e, h, i, t, top_k, a_bytes, b_bytes)
+    align = moe_align(topk_ids, e, tiles.block_m)
+    weights = topk_weights.reshape(-1)
+    weights = weights if weights.dtype == torch.float32 else weights.float()
+
+    a, a_scale = quantize_per_group(x, w13.data.dtype, BLOCK) if fp8 else (x, None)
+    intermediate = torch.empty((t * top_k, i), dtype=x.dtype, device=x.device)
+    _launch(a, a_scale, w13, intermediate, w13_bias, None, align, tiles.w13, n=i, k=h, a_row_div=top_k,
+            gated=True, activation=MOE_ACTIVATIONS.index(activation), alpha=alpha, limit=limit)  # fmt: skip
+
+    a, a_scale = quantize_per_group(intermediate, w2.data.dtype, BLOCK) if fp8 else (intermediate, None)
+    per_slot = out if top_k == 1 else torch.empty((t * top_k, h), dtype=x.dtype, device=x.device)
+    _launch(a, a_scale, w2, per_slot, w2_bias, weights, align, tiles.w2, n=h, k=i, a_row_div=1, gated=False)
+    if top_k > 1:
+        torch.sum(per_slot.view(t, top_k, h), dim=1, out=out)
+    return out
+
+
+@register("moe", "triton", supports=MOE_SUPPORTS, priority=10)
+def fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor | QuantizedWeight,
+    w2: torch.Tensor | QuantizedWeight,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "silu",
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    alpha: float = 1.702,
+    limit: float = 7.0,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [T, H], w13 [E, 2I, H], w2 [E, H, I] (tensors in x's dtype, or QuantizedWeight in
+    MOE_FORMATS), topk_* [T, k] -> [T, H] in x's dtype (into `out` when given)."""
+    return fused_experts(
+        x, w13, w2, topk_weights, topk_ids, activation=activation, w13_bias=w13_bias, w2_bias=w2_bias,
+        alpha=alpha, limit=limit, out=out,
+    )  # fmt: skip

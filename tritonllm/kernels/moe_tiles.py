@@ -1,0 +1,101 @@
+"""Tiles of the fused-MoE GEMMs (kernels/moe.py): from a per-GPU table, else a default by batch size.
+
+Both GEMMs of a layer share BLOCK_M (one alignment of the pairs serves both); each has its own
+BLOCK_N, BLOCK_K, warps and stages. `scripts/tune_moe.py` writes the table on a GPU,
+kernels/tuned/moe_<device name>.json:
+
+    {"device": ..., KIND: {"E,H,I": {TOKENS: {"w13": GemmTiles fields, "w2": GemmTiles fields, "us": ...}}}}
+
+KIND is the expert weights' kind ("bfloat16", "float16", "float32", "fp8_block", "mxfp4"), E the
+experts, H the hidden size, I the intermediate size, TOKENS the batch's tokens (its M bucket: the
+smallest tuned TOKENS >= T, else the largest). No autotuning in the serving path. Without an entry
+the default depends on the expected rows per expert, T * top_k / E: small blocks when each expert
+sees few rows (decode: the weight read is the cost), larger ones as the rows grow.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from tritonllm import platform
+from tritonllm.kernels.gemm import TUNED_DIR, GemmTiles, fit_shared_memory, gpu_family
+from tritonllm.kernels.quant_formats import BLOCK
+
+
+@dataclass(frozen=True)
+class MoeTiles:
+    w13: GemmTiles  # x @ w13[e].T with the activation (N = I, K = H)
+    w2: GemmTiles  # intermediate @ w2[e].T (N = H, K = I); block_m equal to w13's
+
+    def __post_init__(self) -> None:
+        if self.w13.block_m != self.w2.block_m:
+            raise ValueError(f"MoE tiles: both GEMMs take one BLOCK_M, not {self.w13.block_m} and {self.w2.block_m}")
+
+    @property
+    def block_m(self) -> int:
+        return self.w13.block_m
+
+
+def moe_kind(dtype: torch.dtype, fmt: str | None) -> str:
+    """The table's kind of experts: their quantized format's, or the activations' dtype."""
+    return {None: str(dtype).removeprefix("torch."), "fp8:block:group": "fp8_block", "mxfp4:mx:none": "mxfp4"}[fmt]
+
+
+def tuned_file(device_name: str) -> Path:
+    return TUNED_DIR / f"moe_{device_name.replace(' ', '_')}.json"
+
+
+@functools.cache
+def _table(device_name: str) -> dict:
+    path = tuned_file(device_name)
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def tuned_moe_tiles(kind: str, e: int, h: int, i: int, tokens: int, device_name: str) -> MoeTiles | None:
+    shapes = _table(device_name).get(kind, {}).get(f"{e},{h},{i}")
+    if not shapes:
+        return None
+    buckets = sorted(int(t) for t in shapes)
+    entry = shapes[str(next((t for t in buckets if t >= tokens), buckets[-1]))]
+    return MoeTiles(GemmTiles(**entry["w13"]), GemmTiles(**entry["w2"]))
+
+
+def default_moe_tiles(rows_per_expert: float, family: str) -> MoeTiles:
+    if family == "cpu":  # the interpreter: few, wide programs (tests' shapes are small)
+        t = GemmTiles(16, 64, 64, 1, 1, 4)
+        return MoeTiles(t, t)
+    stages = 2 if family == "cdna" else 4
+    if rows_per_expert <= 8:
+        t = GemmTiles(16, 64, 128, 4, stages, 8)
+    elif rows_per_expert <= 32:
+        t = GemmTiles(32, 64, 128, 4, stages, 8)
+    elif rows_per_expert <= 128:
+        t = GemmTiles(64, 128, 64, 4, min(stages, 3), 8)
+    else:
+        t = GemmTiles(128, 128, 64, 8, min(stages, 3), 8)
+    return MoeTiles(t, t)
+
+
+def pick_moe_tiles(kind: str, e: int, h: int, i: int, tokens: int, top_k: int, a_bytes: int, b_bytes: int) -> MoeTiles:
+    """The table's tiles for this GPU and shape, else the default; fitted to shared memory (w13 holds
+    two B tiles: gate and up) and to the format's scale groups (FP8 block: BLOCK_K <= 128)."""
+    tiles = None
+    if platform.is_gpu():
+        tiles = tuned_moe_tiles(kind, e, h, i, tokens, torch.cuda.get_device_name(platform.DEVICE))
+    family = gpu_family()
+    if tiles is None:
+        tiles = default_moe_tiles(tokens * top_k / e, family)
+    return fit_moe_tiles(tiles, kind, a_bytes, b_bytes, family)
+
+
+def fit_moe_tiles(tiles: MoeTiles, kind: str, a_bytes: int, b_bytes: int, family: str | None = None) -> MoeTiles:
+    w13 = fit_shared_memory(tiles.w13, a_bytes, 2 * b_bytes, family)
+    w2 = fit_shared_memory(tiles.w2, a_bytes, b_bytes, family)
+    if kind == "fp8_block":  # each K tile inside one 128-column scale group
+        w13, w2 = (replace(t, block_k=min(t.block_k, BLOCK)) for t in (w13, w2))
+    return MoeTiles(w13, w2)
