@@ -134,9 +134,9 @@ def test_unknown_rope_type_is_refused() -> None:
         num_hidden_layers=1,
         vocab_size=32,
         max_position_embeddings=64,
-        rope_scaling={"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32},
+        rope_scaling={"rope_type": "proportional", "factor": 2.0},
     )
-    with pytest.raises(ValueError, match="'yarn'"):
+    with pytest.raises(ValueError, match="'proportional' is not supported"):
         LlamaForCausalLM(config, torch.float32, "cpu")
 
 

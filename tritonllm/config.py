@@ -21,7 +21,7 @@ class ModelConfig:
     path: str | None = None  # HF folder; None runs the tiny built-in Llama
     tokenizer: str | None = None  # defaults to `path`
     dtype: str = "auto"  # auto: bfloat16 on a GPU, float32 on CPU
-    max_model_len: int | None = None  # defaults to the model's max_position_embeddings
+    max_model_len: int | None = None  # defaults to the model's max_position_embeddings (or its RoPE-scaled context)
     seed: int = 0
     # online quantization of a float checkpoint: "fp8", "int8", "mxfp8" or "int4" (quantization/config.py); a
     # quantized checkpoint is read as its config.json says (then leave this unset, or give its method)

@@ -32,7 +32,7 @@ from tritonllm.kernels.registry import OPS, KernelContext, select_kernels
 from tritonllm.loader.hf_config import load_eos_token_ids
 from tritonllm.loader.tokenizer import load_tokenizer
 from tritonllm.metrics.stats import EngineStats, StepStats
-from tritonllm.models.loader import layer_features, linear_formats, load_model, used_ops
+from tritonllm.models.loader import fit_rope_tables, layer_features, linear_formats, load_model, model_max_len, used_ops
 from tritonllm.outputs import RequestOutput
 from tritonllm.sampling_params import SamplingParams
 from tritonllm.worker.model_runner import ModelRunner, PendingStep
@@ -68,13 +68,14 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(config.model.tokenizer or path)
         self.eos_token_ids = frozenset(load_eos_token_ids(path, self.hf_config))
 
-        model_max_len = getattr(self.hf_config, "max_position_embeddings", None) or 2048
-        self.max_model_len = config.model.max_model_len or model_max_len
-        if self.max_model_len > model_max_len:
+        longest = model_max_len(self.hf_config)
+        self.max_model_len = config.model.max_model_len or longest
+        if self.max_model_len > longest:
             raise ValueError(
-                f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings ({model_max_len}):"
-                " lower max_model_len"
+                f"max_model_len={self.max_model_len} exceeds the model's maximum length ({longest}: "
+                "max_position_embeddings, extended by its RoPE scaling if any): lower max_model_len"
             )
+        fit_rope_tables(self.model, self.max_model_len)
         sched = config.scheduler
         if not sched.enable_chunked_prefill and sched.max_num_batched_tokens < self.max_model_len:
             # whole-prompt prefills must fit one step

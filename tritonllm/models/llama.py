@@ -20,7 +20,7 @@ from tritonllm.layers.attention import Attention, AttentionMetadata
 from tritonllm.layers.embedding import LMHead, VocabEmbedding
 from tritonllm.layers.linear import Linear, MergedLinear, QKVLinear
 from tritonllm.layers.norm import RMSNorm
-from tritonllm.layers.rotary import RotaryEmbedding, rope_parameters
+from tritonllm.layers.rotary import RotaryEmbedding, rope_max_position, rope_parameters
 from tritonllm.quantization.config import LayerQuant, QuantConfig
 from tritonllm.quantization.methods import copy_weight
 
@@ -204,7 +204,7 @@ class LlamaModel(nn.Module):
         head_dim = model_head_dim(config)
         params = rope_parameters(config)
         rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
-        rotary = RotaryEmbedding(head_dim, rotary_dim, config.max_position_embeddings, params)
+        rotary = RotaryEmbedding(head_dim, rotary_dim, rope_max_position(params), params)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, flags, rotary, dtype, quant, f"model.layers.{i}")
             for i in range(config.num_hidden_layers)

@@ -13,6 +13,7 @@ from tritonllm.kernels.registry import OPS
 from tritonllm.layers.attention import Attention
 from tritonllm.layers.linear import Linear
 from tritonllm.layers.moe import FusedMoE
+from tritonllm.layers.rotary import RotaryEmbedding, rope_max_position, rope_parameters
 from tritonllm.loader.gguf_loader import GGUFCheckpoint, gguf_file
 from tritonllm.loader.hf_config import load_hf_config
 from tritonllm.loader.safetensors_loader import iterate_safetensors
@@ -43,6 +44,23 @@ def load_model(
     if quant is not None:
         logger.info("quantization: %s; linear formats %s", quant.describe(), sorted(linear_formats(model)))
     return model.eval(), config
+
+
+def model_max_len(config: PretrainedConfig) -> int:
+    """The longest sequence the model serves: max_position_embeddings, or longer where its RoPE
+    scaling extends the context past it (yarn, dynamic NTK: layers/rotary.py rope_max_position)."""
+    max_position = getattr(config, "max_position_embeddings", None)
+    if not max_position:
+        return 2048
+    return max(max_position, rope_max_position(rope_parameters(config)))
+
+
+def fit_rope_tables(model: nn.Module, max_model_len: int) -> None:
+    """Size the model's RoPE cos/sin tables to max_model_len (the length-dependent schedules,
+    dynamic NTK and LongRoPE, pick their frequencies from it: layers/rotary.py)."""
+    for module in model.modules():
+        if isinstance(module, RotaryEmbedding):
+            module.fit_to(max_model_len)
 
 
 def linear_formats(model: nn.Module) -> frozenset[str]:
