@@ -15,7 +15,7 @@ from tritonllm.loader.hf_config import load_eos_token_ids, load_hf_config
 from tritonllm.loader.safetensors_loader import iterate_safetensors
 from tritonllm.loader.tokenizer import encode_chat, load_tokenizer, render_chat
 from tritonllm.models.llama import LlamaForCausalLM
-from tritonllm.models.loader import load_model
+from tritonllm.models.loader import layer_features, load_model
 from tritonllm.models.registry import MODEL_REGISTRY, get_model_class
 from tritonllm.models.tiny import tiny_model_path
 
@@ -109,20 +109,30 @@ def test_unknown_architecture_lists_the_supported_ones() -> None:
         assert name in str(error.value)
 
 
-def test_active_sliding_window_is_refused() -> None:
-    config = transformers.MistralConfig(
-        architectures=["MistralForCausalLM"],
-        hidden_size=64,
-        intermediate_size=64,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        num_hidden_layers=1,
-        vocab_size=32,
-        sliding_window=16,
-        max_position_embeddings=64,
-    )
-    with pytest.raises(ValueError, match="sliding_window=16"):
-        LlamaForCausalLM(config, torch.float32, "cpu")
+def _windows(config: transformers.PretrainedConfig) -> list[int | None]:
+    model = LlamaForCausalLM(config, torch.float32, "cpu")
+    return [layer.self_attn.attn.sliding_window for layer in model.model.layers]
+
+
+def test_sliding_windows_per_layer_follow_the_hf_config() -> None:
+    """Mistral windows every layer; Qwen2/Qwen3 from max_window_layers on (via the layer_types
+    transformers derives), or as explicit layer_types lists say; use_sliding_window false or a window
+    as long as max_position_embeddings turns them off. The layers then require the feature."""
+    small = dict(hidden_size=64, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, vocab_size=32)
+    small |= dict(num_hidden_layers=3, max_position_embeddings=64)
+    mistral = transformers.MistralConfig(architectures=["MistralForCausalLM"], sliding_window=16, **small)
+    assert _windows(mistral) == [16, 16, 16]
+    assert layer_features(LlamaForCausalLM(mistral, torch.float32, "cpu")) == {
+        "attention": frozenset({"sliding_window"})
+    }
+    mistral.sliding_window = 64  # as long as any sequence: inactive
+    assert _windows(mistral) == [None, None, None]
+    qwen2 = dict(sliding_window=16, max_window_layers=1, **small)
+    assert _windows(transformers.Qwen2Config(use_sliding_window=True, **qwen2)) == [None, 16, 16]
+    assert _windows(transformers.Qwen2Config(use_sliding_window=False, **qwen2)) == [None, None, None]
+    qwen3 = transformers.Qwen3Config(architectures=["Qwen3ForCausalLM"], use_sliding_window=True, **qwen2)
+    qwen3.layer_types = ["sliding_attention", "full_attention", "sliding_attention"]
+    assert _windows(qwen3) == [16, None, 16]
 
 
 def test_unknown_rope_type_is_refused() -> None:

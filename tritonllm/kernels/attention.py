@@ -29,6 +29,14 @@ query_start_loc and exits if its block is empty. Batches with prefill chunks can
 K/V from the contiguous projections through tensor descriptors (prefill_new_kv_desc), the cached
 prefix still through the block table.
 
+Optional features (kernels/reference.py's paged_attention defines them), constexpr flags of the
+kernels so that steps without them run the kernels compiled as before: `sliding_window` W (a query
+at p sees keys p - W < k <= p; key tiles wholly outside every row's window are skipped, so blocks
+before them are never read), `sinks` (float32 [num_heads]: one logit per head in the softmax
+denominator; on the split path it enters in the merge, once) and `softcap` c (scores become
+c * tanh(scores / c) after scaling, before masking). The plan sizes split-KV on the visible length
+min(max_seq_len, W) when built with the window (plan_attention's sliding_window).
+
 Pure-decode batches with too few (sequence, KV head) pairs to fill the GPU take the split-KV path
 of attention_split.py instead (choose_num_splits). Tiles and split parameters come from a table per
 GPU family (ATTENTION_CONFIGS), picked at run time.
@@ -37,7 +45,9 @@ Two registered implementations of the attention op (kernels/registry.py) share t
 `triton_unified` (the portable kernels above, every GPU) and `triton_fp8_decode_sm90`, which also
 sends pure-decode batches over an FP8 cache on Hopper to the Gluon kernel of
 attention_fp8_decode_sm90.py (split or not; its tiles live there), whose hand-picked layouts avoid
-the FP8 operand costs of tl.dot. The engine's kernel selection picks one (auto: the Gluon one where
+the FP8 operand costs of tl.dot. The Gluon kernel has none of the optional features and its
+implementation does not declare them, so the engine's auto selection takes `triton_unified` for
+models that use them; a call with a feature on a plan of it runs the portable kernels. The engine's kernel selection picks one (auto: the Gluon one where
 it runs); this module does not choose between them.
 """
 
@@ -249,6 +259,59 @@ def check_out(out: torch.Tensor, q: torch.Tensor) -> None:
         )
 
 
+@dataclass(frozen=True)
+class AttentionFeatures:
+    """One layer's optional features as kernel arguments: window (0: none), sinks (None: none) and
+    softcap2 = softcap x log2(e) (0.0: none), with their constexpr flags."""
+
+    window: int = 0
+    sinks: torch.Tensor | None = None
+    softcap2: float = 0.0
+
+    @property
+    def sliding(self) -> bool:
+        return self.window > 0
+
+    @property
+    def has_sinks(self) -> bool:
+        return self.sinks is not None
+
+    @property
+    def softcapped(self) -> bool:
+        return self.softcap2 > 0.0
+
+    @property
+    def any(self) -> bool:
+        return self.sliding or self.has_sinks or self.softcapped
+
+    @staticmethod
+    def of(
+        sliding_window: int | None, sinks: torch.Tensor | None, softcap: float | None, num_heads: int,
+        device: torch.device,
+    ) -> AttentionFeatures:  # fmt: skip
+        """The features of paged_attention's keyword arguments, checked."""
+        if sliding_window is None and sinks is None and softcap is None:
+            return _NO_FEATURES
+        if sliding_window is not None and (int(sliding_window) != sliding_window or sliding_window < 1):
+            raise ValueError(f"paged_attention: sliding_window {sliding_window} must be a positive integer")
+        if sinks is not None and (
+            sinks.shape != (num_heads,) or sinks.dtype != torch.float32 or sinks.device != device
+            or not sinks.is_contiguous()
+        ):  # fmt: skip
+            raise ValueError(
+                f"paged_attention: sinks {tuple(sinks.shape)} {sinks.dtype} on {sinks.device} must be a contiguous "
+                f"float32 [{num_heads}] tensor on {device}"
+            )
+        if softcap is not None and not softcap > 0:
+            raise ValueError(f"paged_attention: softcap {softcap} must be positive")
+        return AttentionFeatures(
+            window=int(sliding_window or 0), sinks=sinks, softcap2=0.0 if softcap is None else float(softcap) * _LOG2_E
+        )
+
+
+_NO_FEATURES = AttentionFeatures()
+
+
 class AttentionPlan:
     """One step's attention set-up, shared by every layer: the metadata checked, the split count,
     tiles, integer arguments and (split-KV) workspace fixed. Built once per step
@@ -275,6 +338,7 @@ class AttentionPlan:
         fp8_gluon: bool | None = False,
         kv_dtype: torch.dtype | None = None,
         reuse_output: bool = False,
+        sliding_window: int | None = None,
     ) -> None:
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
@@ -291,7 +355,9 @@ class AttentionPlan:
         if num_splits is None:
             num_splits = 1
             if max_query_len == 1:
-                num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, _num_multiprocessors())
+                # a window bounds the keys a query reads (the split kernel skips the rest)
+                visible = max_seq_len if sliding_window is None else min(max_seq_len, sliding_window)
+                num_splits = choose_num_splits(num_seqs, num_kv_heads, visible, _num_multiprocessors())
         if num_splits < 1 or (num_splits > 1 and max_query_len > 1):
             raise ValueError(
                 f"num_splits {num_splits} with max_query_len {max_query_len}: split-KV serves pure-decode "
@@ -361,12 +427,16 @@ class AttentionPlan:
         k_new: torch.Tensor | None = None,
         v_new: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
+        sliding_window: int | None = None,
+        sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Attention of one layer: q [num_tokens, num_heads, head_dim] over its caches
         [num_blocks, block_size, num_kv_heads, head_dim]; returns [num_tokens, num_heads, head_dim]
         (`out`, when given: a contiguous tensor of that shape in q's dtype, written in place).
         k_new, v_new [num_tokens, num_kv_heads, head_dim] (optional): this step's keys and values,
-        already written to the cache, which the descriptor path reads contiguously."""
+        already written to the cache, which the descriptor path reads contiguously. sliding_window,
+        sinks, softcap: the optional features (module docstring), off when None."""
         num_tokens = q.shape[0]
         if q.shape[1:] != (self.num_heads, self.head_dim) or k_cache.shape[1:] != (
             self.block_size, self.num_kv_heads, self.head_dim
@@ -394,18 +464,22 @@ class AttentionPlan:
         flags = self._flags.get((q.dtype, k_cache.dtype))
         if flags is None:
             flags = self._flags[q.dtype, k_cache.dtype] = self._dtype_flags(q.dtype, k_cache.dtype, kv_scaled)
+        features = AttentionFeatures.of(sliding_window, sinks, softcap, self.num_heads, q.device)
         strides = (*q_strides[:2], *k_strides[:3], *v_strides[:3])
-        layer_key = (q.dtype, k_cache.dtype, flags, strides, aligned(q, k_cache, v_cache, k_scale, v_scale))
-        if self.fp8_tiles is not None and flags[0] and q.dtype in (torch.bfloat16, torch.float16):
+        layer_key = (
+            q.dtype, k_cache.dtype, flags, strides, aligned(q, k_cache, v_cache, k_scale, v_scale, sinks),
+            *int_spec(features.window),
+        )  # fmt: skip
+        if self.fp8_tiles is not None and not features.any and flags[0] and q.dtype in (torch.bfloat16, torch.float16):
             self._run_fp8_sm90(out, q, k_cache, v_cache, scale, k_scale, v_scale, strides, layer_key)
             return out
         if self.num_splits > 1:
-            self._run_split(out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key)
+            self._run_split(out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key, features)
             return out
         descs = (None, None)
         if self.new_kv_desc and not flags[0] and k_new is not None and v_new is not None:
             descs = self._new_kv_descriptors(k_new, v_new)
-        self._run_unified(out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key, descs)
+        self._run_unified(out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key, descs, features)
         return out
 
     def _new_kv_descriptors(self, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple:
@@ -431,19 +505,22 @@ class AttentionPlan:
         fp8_max = torch.finfo(kv_dtype).max if kv_scaled else 1.0
         return (kv_scaled, kv_scaled and dot_f16, kv_scaled and fp8_qk, fp8_max)
 
-    def _run_unified(self, out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key, descs) -> None:
+    def _run_unified(
+        self, out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key, descs, features,
+    ) -> None:  # fmt: skip
         tiles = self.tiles
         block_q = tiles.block_m // self.group
         num_q_blocks = q.shape[0] // block_q + self.num_seqs
         args = (
             out, q, k_cache, v_cache, self.block_tables, self.seq_lens, self.query_start_loc, k_scale, v_scale,
-            *descs, self.num_seqs, num_q_blocks, scale * _LOG2_E, strides[0], strides[1], self.num_heads * self.head_dim,
-            self.head_dim, self._bt_stride, *strides[2:],
+            features.sinks, *descs, self.num_seqs, num_q_blocks, scale * _LOG2_E, features.window, features.softcap2,
+            strides[0], strides[1], self.num_heads * self.head_dim, self.head_dim, self._bt_stride, *strides[2:],
         )  # fmt: skip
         constexprs = dict(
             NUM_KV_HEADS=self.num_kv_heads, GROUP=self.group, BLOCK_SIZE=self.block_size, HEAD_DIM=self.head_dim,
             BLOCK_M=tiles.block_m, BLOCK_Q=block_q, TILE_N=tiles.tile_n, KV_SCALED=flags[0], FP8_DOT_F16=flags[1],
-            FP8_QK=flags[2], FP8_MAX=flags[3], NEW_KV_DESC=descs[0] is not None,
+            FP8_QK=flags[2], FP8_MAX=flags[3], NEW_KV_DESC=descs[0] is not None, SLIDING=features.sliding,
+            SINKS=features.has_sinks, SOFTCAP=features.softcapped,
         )  # fmt: skip
         # Triton specialises a descriptor on its dtype and block shape (fixed by the constexpr tiles)
         desc_dtype = None if descs[0] is None else (descs[0].base.dtype, descs[1].base.dtype)
@@ -474,39 +551,42 @@ class AttentionPlan:
             num_stages=tiles.num_stages, device_index=self.device_index,
         )  # fmt: skip
         if num_splits > 1:
-            self._merge(out, v_scale, True, key, tiles.tile_n)
+            self._merge(out, v_scale, True, key, tiles.tile_n, _NO_FEATURES)
 
-    def _merge(self, out, v_scale, kv_scaled: bool, key, tile_n: int) -> None:
+    def _merge(self, out, v_scale, kv_scaled: bool, key, tile_n: int, features: AttentionFeatures) -> None:
         """The split-KV partial results merged into out (attention_split.merge_splits_kernel)."""
         merge_args = (
             out, self.partial_out, self.partial_max, self.partial_sum, self.seq_lens, self.query_start_loc, v_scale,
-            self.num_splits, self.num_heads * self.head_dim, self.head_dim,
+            features.sinks, self.num_splits, features.window, self.num_heads * self.head_dim, self.head_dim,
         )  # fmt: skip
         merge_constexprs = dict(
             HEAD_DIM=self.head_dim, SPLITS_PAD=triton.next_power_of_2(self.num_splits), TILE_N=tile_n,
-            KV_SCALED=kv_scaled,
+            KV_SCALED=kv_scaled, SLIDING=features.sliding, SINKS=features.has_sinks,
         )  # fmt: skip
         _MERGE(key, (self.num_seqs, self.num_heads), merge_args, merge_constexprs, num_warps=4, num_stages=1,
                device_index=self.device_index)  # fmt: skip
 
-    def _run_split(self, out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key) -> None:
+    def _run_split(
+        self, out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key, features,
+    ) -> None:  # fmt: skip
         """Split-KV decode (attention_split.py): partial results per segment, then their merge into out."""
         tiles, num_splits = self.tiles, self.num_splits
         args = (
             self.partial_out, self.partial_max, self.partial_sum, q, k_cache, v_cache, self.block_tables,
-            self.seq_lens, self.query_start_loc, k_scale, num_splits, scale * _LOG2_E, strides[0], strides[1],
-            self._bt_stride, *strides[2:],
+            self.seq_lens, self.query_start_loc, k_scale, num_splits, scale * _LOG2_E, features.window,
+            features.softcap2, strides[0], strides[1], self._bt_stride, *strides[2:],
         )  # fmt: skip
         constexprs = dict(
             GROUP=self.group, BLOCK_SIZE=self.block_size, HEAD_DIM=self.head_dim, BLOCK_M=tiles.block_m,
             TILE_N=tiles.tile_n, KV_SCALED=flags[0], FP8_DOT_F16=flags[1], FP8_QK=flags[2], FP8_MAX=flags[3],
+            SLIDING=features.sliding, SOFTCAP=features.softcapped,
         )  # fmt: skip
         key = (self._step_key, layer_key)
         _SPLIT(
             key, (self.num_seqs, self.num_kv_heads, num_splits), args, constexprs, num_warps=tiles.num_warps,
             num_stages=tiles.num_stages, device_index=self.device_index,
         )  # fmt: skip
-        self._merge(out, v_scale, flags[0], key, tiles.tile_n)
+        self._merge(out, v_scale, flags[0], key, tiles.tile_n, features)
 
 
 _UNIFIED = Launcher(unified_attention_kernel)
@@ -519,17 +599,22 @@ _FP8_SM90 = Launcher(fp8_sm90.fp8_decode_sm90_kernel) if fp8_sm90.HAVE_GLUON els
 ATTENTION_SUPPORTS = Supports(
     dtypes=FLOATS,
     kv_dtypes=KV_WRITE_SUPPORTS.kv_dtypes,
-    features=frozenset({"split_kv", "fp8_kv", "prefix", "chunked"}),
+    features=frozenset({"split_kv", "fp8_kv", "prefix", "chunked", "sliding_window", "sinks", "softcap"}),
 )
 
 
 @register("attention", "triton_unified", supports=ATTENTION_SUPPORTS, priority=10)
-def plan_attention(*metadata: object, kv_dtype: torch.dtype | None = None) -> AttentionPlan:
+def plan_attention(
+    *metadata: object, kv_dtype: torch.dtype | None = None, sliding_window: int | None = None
+) -> AttentionPlan:
     """A step's attention set-up for every layer of one shape: AttentionPlan's positional arguments
     (block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, num_heads, num_kv_heads,
-    head_dim, block_size), portable kernels only. Its runs return one shared output buffer: each
-    layer consumes its attention output before the next layer runs."""
-    return AttentionPlan(*metadata, kv_dtype=kv_dtype, fp8_gluon=False, reuse_output=True)
+    head_dim, block_size), portable kernels only; sliding_window: the layers' window, which bounds the
+    keys split-KV divides. Its runs return one shared output buffer: each layer consumes its attention
+    output before the next layer runs."""
+    return AttentionPlan(
+        *metadata, kv_dtype=kv_dtype, fp8_gluon=False, reuse_output=True, sliding_window=sliding_window
+    )
 
 
 @register("attention", "triton_unified")
@@ -550,6 +635,9 @@ def paged_attention(
     k_new: torch.Tensor | None = None,
     v_new: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of a flat ragged batch over the paged KV cache.
 
@@ -564,11 +652,18 @@ def paged_attention(
     contiguously by the descriptor path where the plan takes it.
     Returns [num_tokens, num_heads, head_dim] in q's dtype: `out` when given (contiguous, that shape
     and dtype), written in place, else a new tensor (or the plan's shared output buffer).
+    Optional features, as kernels/reference.py's paged_attention: `sliding_window` W (a query at p
+    sees keys p - W < k <= p), `sinks` float32 [num_heads] (one logit per head in the softmax
+    denominator only), `softcap` c (scores = c * tanh(scores / c) after scaling, before masking).
     """
     if plan is None:
         plan = AttentionPlan(block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, q.shape[1],
-                             k_cache.shape[2], q.shape[2], k_cache.shape[1], kv_dtype=k_cache.dtype)  # fmt: skip
-    return plan.run(q, k_cache, v_cache, scale, k_scale=k_scale, v_scale=v_scale, k_new=k_new, v_new=v_new, out=out)
+                             k_cache.shape[2], q.shape[2], k_cache.shape[1], kv_dtype=k_cache.dtype,
+                             sliding_window=sliding_window)  # fmt: skip
+    return plan.run(
+        q, k_cache, v_cache, scale, k_scale=k_scale, v_scale=v_scale, k_new=k_new, v_new=v_new, out=out,
+        sliding_window=sliding_window, sinks=sinks, softcap=softcap,
+    )  # fmt: skip
 
 
 def _fp8_decode_sm90_available() -> str | None:
@@ -578,21 +673,25 @@ def _fp8_decode_sm90_available() -> str | None:
 
 
 # pure-decode steps over an FP8 cache on sm90: the Gluon kernel (where the shape allows), every other
-# step: the portable kernels. auto prefers it where it runs: 128 x 8192 decode 530 us vs 713 us
+# step: the portable kernels. auto prefers it where it runs: 128 x 8192 decode 530 us vs 713 us. The
+# Gluon kernel has no sliding window, sinks or soft-capping: undeclared, so auto takes triton_unified
+# for models that use them
 FP8_DECODE_SM90_SUPPORTS = Supports(
     dtypes=frozenset({torch.bfloat16, torch.float16}),
     kv_dtypes=frozenset(FP8_KV_DTYPES),
     platforms=frozenset({"cuda"}),
-    features=ATTENTION_SUPPORTS.features | {"fp8_decode_gluon"},
+    features=frozenset({"split_kv", "fp8_kv", "prefix", "chunked", "fp8_decode_gluon"}),
     available=_fp8_decode_sm90_available,
 )
 
 
 @register("attention", "triton_fp8_decode_sm90", entry="plan_attention", supports=FP8_DECODE_SM90_SUPPORTS,
           priority=20)  # fmt: skip
-def plan_attention_fp8_decode_sm90(*metadata: object, kv_dtype: torch.dtype | None = None) -> AttentionPlan:
-    """`plan_attention`, with the sm90 Gluon kernel for pure-decode steps it serves."""
-    return AttentionPlan(*metadata, kv_dtype=kv_dtype, fp8_gluon=None, reuse_output=True)
+def plan_attention_fp8_decode_sm90(
+    *metadata: object, kv_dtype: torch.dtype | None = None, sliding_window: int | None = None
+) -> AttentionPlan:
+    """`plan_attention`, with the sm90 Gluon kernel for pure-decode steps it serves (without features)."""
+    return AttentionPlan(*metadata, kv_dtype=kv_dtype, fp8_gluon=None, reuse_output=True, sliding_window=sliding_window)
 
 
 @register("attention", "triton_fp8_decode_sm90", entry="paged_attention")
@@ -630,6 +729,9 @@ def paged_attention_with_tiles(
     fp8_gluon: bool | None = False,
     k_new: torch.Tensor | None = None,
     v_new: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """`paged_attention` with explicit tiles and split count (tests and sweeps); same contract
     otherwise. num_splits > 1 takes the split-KV path, which serves pure-decode batches only
@@ -640,4 +742,7 @@ def paged_attention_with_tiles(
         q.shape[2], k_cache.shape[1], tiles=tiles, num_splits=num_splits, fp8_dot_f16=fp8_dot_f16, fp8_qk=fp8_qk,
         new_kv_desc=new_kv_desc, fp8_gluon=fp8_gluon,
     )  # fmt: skip
-    return plan.run(q, k_cache, v_cache, scale, k_scale=k_scale, v_scale=v_scale, k_new=k_new, v_new=v_new)
+    return plan.run(
+        q, k_cache, v_cache, scale, k_scale=k_scale, v_scale=v_scale, k_new=k_new, v_new=v_new,
+        sliding_window=sliding_window, sinks=sinks, softcap=softcap,
+    )  # fmt: skip

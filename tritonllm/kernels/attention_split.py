@@ -16,11 +16,17 @@ Layouts (element strides passed in; the last dim of every tensor must be contigu
   partial_max      [num_seqs, num_heads, num_splits] float32: running max of the scores (log2 domain)
   partial_sum      [num_seqs, num_heads, num_splits] float32: sum of 2^(score - max)
 
-Segments: a sequence of seq_len keys uses segments of split_len = cdiv(cdiv(seq_len, num_splits),
-TILE_N) * TILE_N keys (whole tiles, so only the sequence's last tile needs a mask); segment s holds
-keys s * split_len .. min((s + 1) * split_len, seq_len) - 1 and may be empty for short sequences.
+Segments: a sequence's query sees keys key_lo .. seq_len - 1 (key_lo = 0, or seq_len - window
+under a SLIDING window: keys before it are never read), vis_len = seq_len - key_lo of them, cut into
+segments of split_len = cdiv(cdiv(vis_len, num_splits), TILE_N) * TILE_N keys (whole tiles, so only
+the sequence's last tile needs a mask); segment s holds keys key_lo + s * split_len ..
+min(key_lo + (s + 1) * split_len, seq_len) - 1 and may be empty for short sequences.
 Both kernels derive the segments from seq_len on the device, so no host sync sizes them and any
 num_splits is correct (it only changes speed).
+
+Optional features (constexpr flags, off: no code): SLIDING (above), SOFTCAP (scores capped, see
+attention_tile.py) in the split kernel; SINKS (sinks_ptr [num_heads] float32) in the merge, so each
+head's sink logit enters the final denominator once.
 
 Split kernel grid: (num_seqs, num_kv_heads, num_splits). A program holds the query rows of the GROUP
 query heads sharing its KV head (padded to BLOCK_M >= 16 rows for tl.dot), so each K/V tile is read
@@ -43,6 +49,16 @@ def segment_len(seq_len, num_splits, TILE_N: tl.constexpr):
     return tl.cdiv(tl.cdiv(seq_len, num_splits), TILE_N) * TILE_N
 
 
+@triton.jit
+def first_visible_key(seq_len, window, SLIDING: tl.constexpr):
+    """The first key the sequence's decode query (its last position) sees."""
+    if SLIDING:
+        key_lo = tl.maximum(seq_len - window, 0)
+    else:
+        key_lo = 0
+    return key_lo
+
+
 @triton.jit(do_not_specialize=["num_splits"])
 def split_kv_decode_kernel(
     partial_out_ptr,
@@ -57,6 +73,8 @@ def split_kv_decode_kernel(
     k_scale_ptr,
     num_splits,
     qk_scale,
+    window,
+    softcap2,
     stride_q_token,
     stride_q_head,
     stride_bt_seq,
@@ -75,6 +93,8 @@ def split_kv_decode_kernel(
     FP8_DOT_F16: tl.constexpr,
     FP8_QK: tl.constexpr,
     FP8_MAX: tl.constexpr,
+    SLIDING: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -82,8 +102,9 @@ def split_kv_decode_kernel(
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + seq)
-    split_len = segment_len(seq_len, num_splits, TILE_N)
-    key_start = split * split_len
+    key_lo = first_visible_key(seq_len, window, SLIDING)
+    split_len = segment_len(seq_len - key_lo, num_splits, TILE_N)
+    key_start = key_lo + split * split_len
     key_end = tl.minimum(key_start + split_len, seq_len)
     if (q_len == 0) | (key_start >= key_end):
         return  # the merge skips empty segments and sequences without a query
@@ -104,7 +125,8 @@ def split_kv_decode_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
-    # the decode query is the sequence's last position: it sees every key, so only the tail tile masks
+    # the decode query is the sequence's last position: it sees every key of its segments (all within
+    # its window), so only the tail tile masks
     last_pos = seq_len - 1
     q_pos = tl.full([BLOCK_M], 0, dtype=tl.int32) + last_pos
     num_full_tiles = (key_end - key_start) // TILE_N
@@ -112,14 +134,14 @@ def split_kv_decode_kernel(
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, q_pos, key_start + tile * TILE_N, last_pos, qk_scale, block_table_row_ptr,
             k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
-            offs_n, offs_d, BLOCK_SIZE, False,
+            offs_n, offs_d, q_pos, 0, softcap2, BLOCK_SIZE, False, False, SOFTCAP,
         )  # fmt: skip
     tail_start = key_start + num_full_tiles * TILE_N
     if tail_start < key_end:
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, q_pos, tail_start, last_pos, qk_scale, block_table_row_ptr,
             k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
-            offs_n, offs_d, BLOCK_SIZE, True,
+            offs_n, offs_d, q_pos, 0, softcap2, BLOCK_SIZE, True, False, SOFTCAP,
         )  # fmt: skip
 
     # partial rows of (seq, head, split); num_heads = num_kv_heads * GROUP
@@ -138,13 +160,17 @@ def merge_splits_kernel(
     seq_lens_ptr,
     query_start_loc_ptr,
     v_scale_ptr,
+    sinks_ptr,
     num_splits,
+    window,
     stride_o_token,
     stride_o_head,
     HEAD_DIM: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
     TILE_N: tl.constexpr,
     KV_SCALED: tl.constexpr,
+    SLIDING: tl.constexpr,
+    SINKS: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -152,19 +178,27 @@ def merge_splits_kernel(
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     if q_len == 0:
         return
-    seq_len = tl.load(seq_lens_ptr + seq)
-    num_used = tl.cdiv(seq_len, segment_len(seq_len, num_splits, TILE_N))  # non-empty segments
+    vis_len = tl.load(seq_lens_ptr + seq)
+    if SLIDING:
+        vis_len = vis_len - first_visible_key(vis_len, window, SLIDING)
+    num_used = tl.cdiv(vis_len, segment_len(vis_len, num_splits, TILE_N))  # non-empty segments
 
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
     split_ok = offs_s < num_used
     rows = (seq * tl.num_programs(1) + head).to(tl.int64) * num_splits + offs_s
     m_s = tl.load(partial_max_ptr + rows, mask=split_ok, other=float("-inf"))
-    m = tl.max(m_s, 0)  # finite: segment 0 always holds key 0
+    m = tl.max(m_s, 0)  # finite: segment 0 always holds the first visible key
+    if SINKS:  # the head's sink logit (natural log) joins the denominator once, here
+        sink = tl.load(sinks_ptr + head) * 1.4426950408889634
+        m = tl.maximum(m, sink)
     weight = tl.math.exp2(m_s - m)  # 0 for unused segments
     l_s = tl.load(partial_sum_ptr + rows, mask=split_ok, other=0.0)
     acc_s = tl.load(partial_out_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=split_ok[:, None], other=0.0)
-    acc = tl.sum(acc_s * weight[:, None], 0) / tl.sum(l_s * weight, 0)
+    denominator = tl.sum(l_s * weight, 0)
+    if SINKS:
+        denominator += tl.math.exp2(sink - m)
+    acc = tl.sum(acc_s * weight[:, None], 0) / denominator
     if KV_SCALED:
         acc = acc * tl.load(v_scale_ptr)
     o_offs = q_start.to(tl.int64) * stride_o_token + head * stride_o_head + offs_d

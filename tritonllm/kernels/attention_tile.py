@@ -4,6 +4,11 @@ Tensors it touches: K and V caches [num_blocks, block_size, num_kv_heads, head_d
 per-head base pointers and element strides; a block-table row [max_blocks] int32; q [BLOCK_M,
 HEAD_DIM] already in registers; accumulators acc [BLOCK_M, HEAD_DIM], m_i and l_i [BLOCK_M] float32
 in the log2 domain.
+
+Optional features (constexpr flags: off, they generate no code): SLIDING masks keys below each
+row's window start win_lo [BLOCK_M] (= q_pos - window + 1) and keeps masked loads at or above
+first_key (blocks wholly before it may point at a block that holds anything, even NaN); SOFTCAP
+caps the log2-domain scores z to softcap2 * tanh(z / softcap2), softcap2 = softcap x log2(e).
 """
 
 import triton
@@ -32,15 +37,23 @@ def _attend_tile(
     stride_vc_slot,
     offs_n,
     offs_d,
+    win_lo,
+    first_key,
+    softcap2,
     BLOCK_SIZE: tl.constexpr,
     MASKED: tl.constexpr,
+    SLIDING: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """One online-softmax step over keys start_n..start_n+TILE_N-1; MASKED tiles may hold keys past
-    some row's causal limit or past the sequence (last_pos is the tile's last query position).
+    some row's causal limit or past the sequence (last_pos is the tile's last query position), or,
+    SLIDING, before some row's window (first_key: the lowest key any row sees).
     qk_scale [BLOCK_M]: each row's score factor (softmax scale x log2(e) x FP8 scales)."""
     keys = start_n + offs_n
     if MASKED:
         key_ok = keys <= last_pos
+        if SLIDING:
+            key_ok = key_ok & (keys >= first_key)
         blocks = tl.load(block_table_row_ptr + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
     else:
         blocks = tl.load(block_table_row_ptr + keys // BLOCK_SIZE).to(tl.int64)
@@ -55,7 +68,7 @@ def _attend_tile(
         k = tl.load(k_ptrs)
         v = tl.load(v_ptrs)
 
-    return _softmax_step(acc, m_i, l_i, q, k, v, keys, q_pos, qk_scale, MASKED)
+    return _softmax_step(acc, m_i, l_i, q, k, v, keys, q_pos, win_lo, qk_scale, softcap2, MASKED, SLIDING, SOFTCAP)
 
 
 @triton.jit
@@ -72,7 +85,11 @@ def _attend_new_tile(
     start_n,
     qk_scale,
     offs_n,
+    win_lo,
+    softcap2,
     MASKED: tl.constexpr,
+    SLIDING: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """One online-softmax step over keys start_n..start_n+TILE_N-1 (absolute positions) of the
     step's new tokens, read through tensor descriptors (TMA on Hopper) from the contiguous K/V
@@ -82,25 +99,49 @@ def _attend_new_tile(
     keys = start_n + offs_n
     k = tl.trans(k_desc.load([row, col]))
     v = v_desc.load([row, col])
-    return _softmax_step(acc, m_i, l_i, q, k, v, keys, q_pos, qk_scale, MASKED)
+    return _softmax_step(acc, m_i, l_i, q, k, v, keys, q_pos, win_lo, qk_scale, softcap2, MASKED, SLIDING, SOFTCAP)
 
 
 @triton.jit
-def _softmax_step(acc, m_i, l_i, q, k, v, keys, q_pos, qk_scale, MASKED: tl.constexpr):
+def _soft_cap(z, softcap2):
+    """softcap2 * tanh(z / softcap2), through exp2 (no portable tanh): exact limits +-softcap2."""
+    return softcap2 - 2.0 * softcap2 / (tl.math.exp2(z * (2.0 * 1.4426950408889634 / softcap2)) + 1.0)
+
+
+@triton.jit
+def _softmax_step(
+    acc, m_i, l_i, q, k, v, keys, q_pos, win_lo, qk_scale, softcap2,
+    MASKED: tl.constexpr, SLIDING: tl.constexpr, SOFTCAP: tl.constexpr,
+):  # fmt: skip
     """The online-softmax update with k [HEAD_DIM, TILE_N] and v [TILE_N, HEAD_DIM] of keys
-    `keys`; MASKED applies the causal mask keys <= q_pos."""
+    `keys`; MASKED applies the causal mask keys <= q_pos (and, SLIDING, keys >= win_lo)."""
     # FP8 caches are widened to the dot dtype (q's, or float16: see _prepare_q); k_scale and q's row
     # scales are in qk_scale, folded into the exponent's multiply-add
     if q.dtype == tl.float32:
         s = tl.dot(q, k.to(q.dtype), input_precision="ieee")  # [BLOCK_M, TILE_N]
     else:
         s = tl.dot(q, k.to(q.dtype))
+    if SOFTCAP:  # capped before the mask; s is then in the log2 domain already
+        s = _soft_cap(s * qk_scale[:, None], softcap2)
     if MASKED:
-        s = tl.where(keys[None, :] <= q_pos[:, None], s, float("-inf"))
-    # every row sees key 0 in the first tile, so m_new is finite and no exp2(-inf - -inf) occurs
-    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # log2 domain; qk_scale > 0
-    alpha = tl.math.exp2(m_i - m_new)
-    p = tl.math.exp2(s * qk_scale[:, None] - m_new[:, None])
+        visible = keys[None, :] <= q_pos[:, None]
+        if SLIDING:
+            visible = visible & (keys[None, :] >= win_lo[:, None])
+        s = tl.where(visible, s, float("-inf"))
+    # every row sees key 0 in the first tile, so m_new is finite and no exp2(-inf - -inf) occurs;
+    # with a window a row may see nothing in its first tiles: its maximum stays -inf, exp2 gets 0
+    if SOFTCAP:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # log2 domain; qk_scale > 0
+    m_use = m_new
+    if SLIDING:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_use)
+    if SOFTCAP:
+        p = tl.math.exp2(s - m_use[:, None])
+    else:
+        p = tl.math.exp2(s * qk_scale[:, None] - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     if q.dtype.is_fp8():  # FP8 query-key dots; probabilities and values in float16
         acc = tl.dot(p.to(tl.float16), v.to(tl.float16), acc * alpha[:, None])
@@ -109,6 +150,16 @@ def _softmax_step(acc, m_i, l_i, q, k, v, keys, q_pos, qk_scale, MASKED: tl.cons
     else:
         acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None])
     return acc, m_new, l_i
+
+
+@triton.jit
+def _add_sinks(acc, m_i, l_i, sinks_ptr, head):
+    """The final normalisation with one sink logit per head (natural log; sinks_ptr [num_heads]
+    float32) in the denominator: acc / l rescaled to max(m_i, sink). Returns (acc, l)."""
+    sink = tl.load(sinks_ptr + head) * 1.4426950408889634
+    m = tl.maximum(m_i, sink)
+    corr = tl.math.exp2(m_i - m)
+    return acc * corr[:, None], l_i * corr + tl.math.exp2(sink - m)
 
 
 @triton.jit

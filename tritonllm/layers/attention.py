@@ -50,14 +50,16 @@ class AttentionMetadata:
 
     def attention_plan(
         self, kernels: Kernels, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
-        kv_dtype: torch.dtype,
+        kv_dtype: torch.dtype, sliding_window: int | None = None,
     ) -> object:  # fmt: skip
-        """The set-up of `kernels`' attention implementation for layers of this shape, built once."""
-        key = (kernels.choice["attention"], num_heads, num_kv_heads, head_dim, block_size, kv_dtype)
+        """The set-up of `kernels`' attention implementation for layers of this shape (and sliding
+        window, which bounds the keys a split-KV decode divides), built once."""
+        key = (kernels.choice["attention"], num_heads, num_kv_heads, head_dim, block_size, kv_dtype, sliding_window)
         if key not in self._plans:
+            window = {} if sliding_window is None else {"sliding_window": sliding_window}
             self._plans[key] = kernels.plan_attention(
                 self.block_tables, self.seq_lens, self.query_start_loc, self.max_query_len, self.max_seq_len,
-                num_heads, num_kv_heads, head_dim, block_size, kv_dtype=kv_dtype,
+                num_heads, num_kv_heads, head_dim, block_size, kv_dtype=kv_dtype, **window,
             )  # fmt: skip
         return self._plans[key]
 
@@ -152,7 +154,13 @@ class Attention(nn.Module):
             k_scale=self.k_scale,
             v_scale=self.v_scale,
             plan=meta.attention_plan(
-                self.kernels, self.num_heads, self.num_kv_heads, self.head_dim, k_cache.shape[1], k_cache.dtype
+                self.kernels,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+                k_cache.shape[1],
+                k_cache.dtype,
+                self.sliding_window,
             ),
             k_new=k,
             v_new=v,

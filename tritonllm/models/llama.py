@@ -67,14 +67,24 @@ def check_supported(config: PretrainedConfig) -> None:
     name = (config.architectures or [config.model_type])[0]
     if config.hidden_act != "silu":
         raise ValueError(f"{name}: hidden_act {config.hidden_act!r} is not supported (only 'silu')")
+
+
+def layer_sliding_window(config: PretrainedConfig, layer: int) -> int | None:
+    """The sliding window of decoder layer `layer` (None: full attention), as HF applies it:
+    `layer_types` ("sliding_attention" / "full_attention", transformers 5) when the config lists
+    them, else Qwen2/Qwen3's layers from `max_window_layers` on, else (Mistral) every layer;
+    `use_sliding_window` false turns it off. A window at least max_position_embeddings long never
+    drops a token, so it is left off (the kernels need not support it)."""
     window = getattr(config, "sliding_window", None)
-    # a window at least as long as the longest sequence never drops a token, so it is inactive
-    if window is not None and getattr(config, "use_sliding_window", True) and window < config.max_position_embeddings:
-        raise ValueError(
-            f"{name}: sliding-window attention (sliding_window={window} < max_position_embeddings="
-            f"{config.max_position_embeddings}) is not supported: tritonllm attends over the whole context, "
-            "so outputs past the window would differ; use a checkpoint without a sliding window"
-        )
+    if window is None or not getattr(config, "use_sliding_window", True):
+        return None
+    if window >= config.max_position_embeddings:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return window if layer_types[layer] == "sliding_attention" else None
+    first_windowed = getattr(config, "max_window_layers", 0)
+    return window if layer >= first_windowed else None
 
 
 def layer_quant(quant: QuantConfig | None, prefix: str, shards: tuple[str, ...] = ("",)) -> LayerQuant | None:
@@ -99,6 +109,7 @@ class LlamaAttention(nn.Module):
         dtype: torch.dtype,
         quant: QuantConfig | None,
         prefix: str,
+        sliding_window: int | None = None,
     ) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
@@ -117,7 +128,9 @@ class LlamaAttention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype)
         self.rotary_emb = rotary
-        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
+        self.attn = Attention(
+            self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, sliding_window=sliding_window
+        )
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
@@ -166,9 +179,10 @@ class LlamaDecoderLayer(nn.Module):
         dtype: torch.dtype,
         quant: QuantConfig | None,
         prefix: str,
+        sliding_window: int | None = None,
     ) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, flags, rotary, dtype, quant, f"{prefix}.self_attn")
+        self.self_attn = LlamaAttention(config, flags, rotary, dtype, quant, f"{prefix}.self_attn", sliding_window)
         self.mlp = LlamaMLP(config, flags, dtype, quant, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
@@ -206,7 +220,7 @@ class LlamaModel(nn.Module):
         rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
         rotary = RotaryEmbedding(head_dim, rotary_dim, rope_max_position(params), params)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, flags, rotary, dtype, quant, f"model.layers.{i}")
+            LlamaDecoderLayer(config, flags, rotary, dtype, quant, f"model.layers.{i}", layer_sliding_window(config, i))
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)

@@ -144,12 +144,18 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
                 param.copy_(WEIGHT_STD * noise)
 
 
-def make_tiny_model(path: str | Path, architecture: str = "LlamaForCausalLM", seed: int = 0) -> Path:
-    """Write a tiny random HF model folder (float32) for `architecture` at `path`; same seed, same files."""
+def make_tiny_model(
+    path: str | Path, architecture: str = "LlamaForCausalLM", seed: int = 0, **config_overrides: object
+) -> Path:
+    """Write a tiny random HF model folder (float32) for `architecture` at `path`; same seed, same files.
+    config_overrides are set on the config before the model is built (e.g. sliding_window=8; for
+    Qwen2/Qwen3 also layer_types, which their configs derive only at construction)."""
     folder = Path(path)
     tokenizer = make_tiny_tokenizer()
     bos_id, eos_id, pad_id = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
     config = _tiny_config(architecture, len(tokenizer), bos_id, eos_id, pad_id)
+    for name, value in config_overrides.items():
+        setattr(config, name, value)
     model_class = getattr(transformers, architecture)
     # HF initialises weights from the global RNG: keep the caller's RNG state untouched
     with torch.random.fork_rng(devices=[]):
@@ -167,9 +173,11 @@ def tiny_cache_root() -> Path:
     return Path(os.environ.get("TRITONLLM_CACHE", Path.home() / ".cache" / "tritonllm")) / "tiny"
 
 
-def tiny_model_path(architecture: str = "LlamaForCausalLM") -> Path:
-    """The cached tiny folder for `architecture` (seed 0), made on first use."""
-    return _cached_folder(architecture, lambda folder: make_tiny_model(folder, architecture))
+def tiny_model_path(architecture: str = "LlamaForCausalLM", **config_overrides: object) -> Path:
+    """The cached tiny folder for `architecture` (seed 0; config_overrides as make_tiny_model's, e.g.
+    sliding_window=8, name a separate folder), made on first use."""
+    name = architecture + "".join(f"-{key}={value}" for key, value in sorted(config_overrides.items()))
+    return _cached_folder(name, lambda folder: make_tiny_model(folder, architecture, **config_overrides))
 
 
 def _cached_folder(name: str, make) -> Path:
