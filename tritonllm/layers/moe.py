@@ -4,7 +4,8 @@ The experts' weights are stacked: w13 [E, 2I, H] holds each expert's gate rows t
 w2 [E, H, I] its down projection (HF's [out_features, in_features] per expert). Checkpoints store
 them per expert (`experts.{e}.gate_proj.weight`, Mixtral's w1/w3/w2) or already stacked (gpt-oss:
 [E, H, 2I] with gate and up columns interleaved); `load_expert` and `load_stacked` place either.
-The router's linear layer belongs to the model (its name and bias differ per architecture); this
+MXFP4 experts (gpt-oss) keep the published blocks
+and scales as the kernels read them. The router's linear layer belongs to the model (its name and bias differ per architecture); this
 layer takes its logits.
 """
 
@@ -13,8 +14,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tritonllm.kernels.quant_formats import MX_GROUP, QuantizedWeight, QuantScheme
 from tritonllm.kernels.reference import MOE_ACTIVATIONS, MOE_SCORINGS
 from tritonllm.kernels.registry import default_kernels
+from tritonllm.quantization.config import LayerQuant
 
 # a checkpoint's per-expert shard -> (stacked parameter, row block within the expert's rows)
 EXPERT_SHARDS = {"gate": ("w13", 0), "up": ("w13", 1), "down": ("w2", 0)}
@@ -35,10 +38,13 @@ class FusedMoE(nn.Module):
         bias: bool = False,
         alpha: float = 1.702,
         limit: float = 7.0,
+        quant: LayerQuant | None = None,
     ) -> None:
         super().__init__()
         if scoring not in MOE_SCORINGS or activation not in MOE_ACTIVATIONS:
-            raise ValueError(f"MoE scoring {scoring!r} / activation {activation!r}: not {MOE_SCORINGS} / {MOE_ACTIVATIONS}")
+            raise ValueError(
+                f"MoE scoring {scoring!r} / activation {activation!r}: not {MOE_SCORINGS} / {MOE_ACTIVATIONS}"
+            )
         if not 0 < top_k <= num_experts:
             raise ValueError(f"num_experts_per_tok {top_k} must be in 1..{num_experts} (the number of experts)")
         self.num_experts, self.top_k = num_experts, top_k
@@ -50,16 +56,33 @@ class FusedMoE(nn.Module):
         def param(*shape: int) -> nn.Parameter:
             return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
 
-        self.w13 = param(num_experts, 2 * intermediate_size, hidden_size)
-        self.w2 = param(num_experts, hidden_size, intermediate_size)
+        # MXFP4 experts (gpt-oss as published): packed e2m1 bytes [E, N, K / 2] and e8m0 scales [E, N, K / 32]
+        self.scheme = _expert_scheme(quant)
+        if self.scheme is None:
+            self.w13 = param(num_experts, 2 * intermediate_size, hidden_size)
+            self.w2 = param(num_experts, hidden_size, intermediate_size)
+            self.w13_scale = self.w2_scale = None
+        else:
+            for name, (n, k) in {
+                "w13": (2 * intermediate_size, hidden_size),
+                "w2": (hidden_size, intermediate_size),
+            }.items():
+                if k % MX_GROUP:
+                    raise ValueError(f"MXFP4 experts: {name}'s K ({k}) must be a multiple of {MX_GROUP}")
+                setattr(self, name, nn.Parameter(torch.empty(num_experts, n, k // 2, dtype=torch.uint8), False))
+                setattr(self, f"{name}_scale", nn.Parameter(torch.empty(num_experts, n, k // MX_GROUP, dtype=torch.uint8), False))  # fmt: skip
         self.w13_bias = param(num_experts, 2 * intermediate_size) if bias else None
         self.w2_bias = param(num_experts, hidden_size) if bias else None
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """x [T, H], router_logits [T, E] -> the weighted sum of each token's top-k experts [T, H]."""
         weights, ids = self.kernels.moe_route(router_logits, self.top_k, self.renormalize, self.scoring)
+        w13, w2 = self.w13, self.w2
+        if self.scheme is not None:
+            w13 = QuantizedWeight(self.scheme, self.w13, self.w13_scale)
+            w2 = QuantizedWeight(self.scheme, self.w2, self.w2_scale)
         return self.kernels.fused_moe(
-            x, self.w13, self.w2, weights, ids, activation=self.activation, w13_bias=self.w13_bias,
+            x, w13, w2, weights, ids, activation=self.activation, w13_bias=self.w13_bias,
             w2_bias=self.w2_bias, alpha=self.alpha, limit=self.limit,
         )  # fmt: skip
 
@@ -79,15 +102,48 @@ class FusedMoE(nn.Module):
         """Every expert at once: `name` is "gate_up", "down", "gate_up_bias" or "down_bias", as [E, rows,
         cols] (`transposed`: [E, cols, rows], gpt-oss's in x out layout); `interleaved` gate_up
         alternates gate and up rows (gpt-oss) instead of gate rows then up rows."""
-        stacked = {"gate_up": "w13", "down": "w2", "gate_up_bias": "w13_bias", "down_bias": "w2_bias"}.get(name)
-        target = None if stacked is None else getattr(self, stacked)
+        target = _STACKED_TARGETS.get(name)
+        quantized = name.endswith(("_blocks", "_scales"))
+        target = None if target is None or quantized != (self.scheme is not None) else getattr(self, target)
         if target is None:
-            raise ValueError(f"no stacked expert tensor {name!r}")
-        if transposed and tensor.dim() == 3:
+            raise ValueError(
+                f"no stacked expert tensor {name!r} in {'MXFP4' if self.scheme else 'unquantized'} experts"
+            )
+        if quantized:  # [E, N, K / 32, 16] blocks: the rows' bytes, as the kernels read them
+            if tensor.dtype != torch.uint8:
+                raise ValueError(f"{name}: MXFP4 blocks and scales are uint8, not {tensor.dtype}")
+            tensor = tensor.reshape(*tensor.shape[:2], -1)
+        elif transposed and tensor.dim() == 3:
             tensor = tensor.transpose(1, 2)
         if interleaved and name.startswith("gate_up"):  # rows g0 u0 g1 u1 ... -> g0 g1 ... u0 u1 ...
             tensor = torch.cat([tensor[:, 0::2], tensor[:, 1::2]], dim=1)
         _copy(target, tensor, name)
+
+    def stacked_checkpoint_names(self) -> list[str]:
+        """The stacked checkpoint tensors (gpt-oss's names) this layer expects."""
+        weights = ["gate_up_proj", "down_proj"]
+        if self.scheme is not None:
+            weights = [f"{w}_{part}" for w in weights for part in ("blocks", "scales")]
+        return weights + (["gate_up_proj_bias", "down_proj_bias"] if self.w13_bias is not None else [])
+
+
+# load_stacked's names (a checkpoint's gate_up_proj{,_bias,_blocks,_scales} less "_proj") -> our tensor
+_STACKED_TARGETS = {
+    "gate_up": "w13", "down": "w2", "gate_up_bias": "w13_bias", "down_bias": "w2_bias",
+    "gate_up_blocks": "w13", "gate_up_scales": "w13_scale", "down_blocks": "w2", "down_scales": "w2_scale",
+}  # fmt: skip
+
+
+def _expert_scheme(quant: LayerQuant | None) -> QuantScheme | None:
+    """The experts' quantized storage: None (the model's dtype) or MXFP4 as gpt-oss publishes it."""
+    if quant is None:
+        return None
+    if quant.packing != "mxfp4":
+        raise ValueError(
+            f"quantized MoE experts in format {quant.scheme.format_name} ({quant.packing}) are not supported yet "
+            "(MXFP4 experts as gpt-oss ships them are); serve the unquantized checkpoint"
+        )
+    return quant.scheme
 
 
 def _copy(dest: torch.Tensor, tensor: torch.Tensor, what: str) -> None:

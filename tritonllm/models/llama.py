@@ -8,7 +8,7 @@ names mirror HF's, except that q/k/v and gate/up are fused (`load_weights` maps 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +24,8 @@ from tritonllm.layers.rotary import RotaryEmbedding, rope_max_position, rope_par
 from tritonllm.quantization.config import LayerQuant, QuantConfig
 from tritonllm.quantization.methods import copy_weight
 
+# (config, flags, dtype, quant, prefix "model.layers.{i}.mlp") -> the layer's feed-forward block
+MakeMLP = Callable[..., nn.Module]
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim]
 
 # a checkpoint's per-layer FP8 KV-cache scales: compressed-tensors puts them on self_attn, ModelOpt
@@ -47,18 +49,20 @@ class LlamaFamilyFlags:
     mlp_bias: bool
     qk_norm: bool
     tie_word_embeddings: bool
+    attention_sinks: bool = False  # gpt-oss: one learned sink logit per head
 
     @classmethod
     def from_config(cls, config: PretrainedConfig) -> LlamaFamilyFlags:
         attention_bias = bool(getattr(config, "attention_bias", False))
         # HF's Qwen2 hard-codes biases on q/k/v and none on o_proj, whatever the config says
-        is_qwen2 = config.model_type == "qwen2"
+        is_qwen2 = config.model_type in ("qwen2", "qwen2_moe")
         return cls(
             qkv_bias=is_qwen2 or attention_bias,
             o_proj_bias=attention_bias and not is_qwen2,
             mlp_bias=bool(getattr(config, "mlp_bias", False)),
-            qk_norm=config.model_type == "qwen3",
+            qk_norm=config.model_type in ("qwen3", "qwen3_moe"),
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            attention_sinks=config.model_type == "gpt_oss",
         )
 
 
@@ -129,8 +133,10 @@ class LlamaAttention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype)
         self.rotary_emb = rotary
         self.attn = Attention(
-            self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, sliding_window=sliding_window
-        )
+            self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, sliding_window=sliding_window,
+            sinks=flags.attention_sinks,
+        )  # fmt: skip
+        self.sinks = self.attn.sinks  # HF's name for them: self_attn.sinks
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
@@ -153,9 +159,10 @@ class LlamaMLP(nn.Module):
         dtype: torch.dtype,
         quant: QuantConfig | None,
         prefix: str,
+        intermediate_size: int | None = None,
     ) -> None:
         super().__init__()
-        size = config.intermediate_size
+        size = intermediate_size or config.intermediate_size
         self.gate_up_proj = MergedLinear(
             config.hidden_size, {"gate": size, "up": size}, flags.mlp_bias, dtype,
             layer_quant(quant, f"{prefix}.", ("gate_proj", "up_proj")),
@@ -180,15 +187,18 @@ class LlamaDecoderLayer(nn.Module):
         quant: QuantConfig | None,
         prefix: str,
         sliding_window: int | None = None,
+        make_mlp: MakeMLP | None = None,
     ) -> None:
         super().__init__()
+        make_mlp = make_mlp or LlamaMLP
         self.self_attn = LlamaAttention(config, flags, rotary, dtype, quant, f"{prefix}.self_attn", sliding_window)
-        self.mlp = LlamaMLP(config, flags, dtype, quant, f"{prefix}.mlp")
+        self.mlp = make_mlp(config, flags, dtype, quant, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         # W8A8 layers after the norms: the norm kernels quantize their outputs for the GEMMs
         self.input_layernorm.quantize_for(self.self_attn.qkv_proj)
-        self.post_attention_layernorm.quantize_for(self.mlp.gate_up_proj)
+        if isinstance(self.mlp, LlamaMLP):  # a MoE block's router reads the norm's output unquantized
+            self.post_attention_layernorm.quantize_for(self.mlp.gate_up_proj)
 
     def forward(
         self,
@@ -211,7 +221,12 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(
-        self, config: PretrainedConfig, flags: LlamaFamilyFlags, dtype: torch.dtype, quant: QuantConfig | None
+        self,
+        config: PretrainedConfig,
+        flags: LlamaFamilyFlags,
+        dtype: torch.dtype,
+        quant: QuantConfig | None,
+        make_mlp: MakeMLP | None = None,
     ) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype)
@@ -220,7 +235,9 @@ class LlamaModel(nn.Module):
         rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
         rotary = RotaryEmbedding(head_dim, rotary_dim, rope_max_position(params), params)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, flags, rotary, dtype, quant, f"model.layers.{i}", layer_sliding_window(config, i))
+            LlamaDecoderLayer(
+                config, flags, rotary, dtype, quant, f"model.layers.{i}", layer_sliding_window(config, i), make_mlp
+            )
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
@@ -268,9 +285,17 @@ class LlamaForCausalLM(nn.Module):
         self.vocab_size: int = config.vocab_size
         # layers create their parameters with torch.empty: the device context puts them in place
         with torch.device(device):
-            self.model = LlamaModel(config, self.flags, dtype, quant)
+            self.model = LlamaModel(config, self.flags, dtype, quant, self.mlp_factory())
             tied = self.model.embed_tokens if self.flags.tie_word_embeddings else None
             self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype, tied_to=tied)
+
+    def mlp_factory(self) -> MakeMLP | None:
+        """What builds each decoder layer's feed-forward block (None: LlamaMLP); MoE models override it."""
+        return None
+
+    def load_special(self, name: str, tensor: torch.Tensor) -> bool:
+        """Load a checkpoint tensor the generic name mapping does not place (MoE experts); False: not one."""
+        return False
 
     def forward(
         self,
@@ -308,7 +333,9 @@ class LlamaForCausalLM(nn.Module):
             module_name, _, leaf = target.rpartition(".")
             module = _submodule(self, module_name)
             try:
-                if isinstance(module, Linear):  # weights, biases and scales: the layer's method places them
+                if self.load_special(name, tensor):
+                    pass
+                elif isinstance(module, Linear):  # weights, biases and scales: the layer's method places them
                     module.load_param(leaf, tensor, shard_id)
                 elif target in params and shard_id is None:
                     copy_weight(params[target], tensor, name)

@@ -6,12 +6,17 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from tritonllm.models.llama import LlamaForCausalLM
+from tritonllm.models.moe import MoEForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
+    "MixtralForCausalLM": MoEForCausalLM,
+    "Qwen2MoeForCausalLM": MoEForCausalLM,
+    "Qwen3MoeForCausalLM": MoEForCausalLM,
+    "GptOssForCausalLM": MoEForCausalLM,
 }
 
 
