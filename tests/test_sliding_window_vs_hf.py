@@ -1,6 +1,7 @@
 """Sliding-window attention through the whole engine against HF transformers on the same tiny
 Mistral (every layer windowed, 8 keys), with prompts several windows long, prefix caching and
-chunked prefill on: greedy tokens identical and logprobs within 1e-3 of HF's."""
+chunked prefill on: greedy tokens identical and logprobs within 1e-3 of HF's, while the KV cache
+manager gives blocks behind the window back to the pool (their stale table entries never read)."""
 
 from __future__ import annotations
 
@@ -34,9 +35,9 @@ def _check_against_hf(hf: torch.nn.Module, prompt: list[int], out) -> None:
         assert abs(completion.logprobs[step][token_id].logprob - ref[plen - 1 + step, token_id].item()) < TOL
 
 
-def test_sliding_window_engine_matches_hf(windowed_mistral: str) -> None:
+def test_sliding_window_engine_matches_hf(windowed_mistral: str, monkeypatch: pytest.MonkeyPatch) -> None:
     llm = LLM(
-        model=windowed_mistral, block_size=4, max_model_len=128, enable_prefix_caching=True,
+        model=windowed_mistral, block_size=4, max_model_len=64, num_gpu_blocks_override=20, enable_prefix_caching=True,
         enable_chunked_prefill=True, max_num_batched_tokens=16,
     )  # fmt: skip
     layers = [m for m in llm.llm_engine.model.modules() if hasattr(m, "sliding_window")]
@@ -47,14 +48,30 @@ def test_sliding_window_engine_matches_hf(windowed_mistral: str) -> None:
     prompts = [torch.randint(5, 600, (n,), generator=g).tolist() for n in (37, 9)]
     prompts += [shared + [7, 8, 9], shared + torch.randint(5, 600, (12,), generator=g).tolist()]
     params = SamplingParams(temperature=0.0, max_tokens=NUM_STEPS, ignore_eos=True, logprobs=1, prompt_logprobs=1)
-    first = llm.generate([{"prompt_token_ids": p} for p in prompts[:3]], params, use_tqdm=False)
-    # after the first batch finished: the shared prefix comes from the cache
+    # 20 blocks: the first three requests would need 28 at their ends; released blocks are reused at once,
+    # so stale table entries point at other requests' KV and reading one would show
     kv = llm.llm_engine.scheduler.kv_cache
+    assert kv.sliding_window == WINDOW
+    released = []  # the most blocks released out of the window at once, over the run
+    release = kv.release_out_of_window
+
+    def spy(request_id: str, first_position: int) -> None:
+        release(request_id, first_position)
+        released.append(sum(kv._num_released.values()))
+        kv.check_invariant()
+
+    monkeypatch.setattr(kv, "release_out_of_window", spy)
+    first = llm.generate([{"prompt_token_ids": p} for p in prompts[:3]], params, use_tqdm=False)
+    assert max(released) >= 10  # the 37 + 12 token request alone leaves 10 blocks behind its window
+    assert llm.llm_engine.scheduler.num_preemptions == 0  # the released blocks made room
+    # after the first batch finished: the shared prefix comes from the cache
     hits = kv.prefix_cache_hits
     # (prompt logprobs turn the lookup off: they need every prompt position computed)
     cached_params = SamplingParams(temperature=0.0, max_tokens=NUM_STEPS, ignore_eos=True, logprobs=1)
     last = llm.generate([{"prompt_token_ids": prompts[3]}], cached_params, use_tqdm=False)
     assert kv.prefix_cache_hits - hits == 20  # 5 blocks of the shared 21 tokens
+    kv.check_invariant()
+    assert kv.num_used_blocks == 0
     hf = AutoModelForCausalLM.from_pretrained(windowed_mistral, dtype=torch.float32, attn_implementation="eager")
     for prompt, out in zip(prompts, first + last, strict=True):
         _check_against_hf(hf, prompt, out)

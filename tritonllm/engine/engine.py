@@ -32,7 +32,15 @@ from tritonllm.kernels.registry import OPS, KernelContext, select_kernels
 from tritonllm.loader.hf_config import load_eos_token_ids
 from tritonllm.loader.tokenizer import load_tokenizer
 from tritonllm.metrics.stats import EngineStats, StepStats
-from tritonllm.models.loader import fit_rope_tables, layer_features, linear_formats, load_model, model_max_len, used_ops
+from tritonllm.models.loader import (
+    fit_rope_tables,
+    kv_sliding_window,
+    layer_features,
+    linear_formats,
+    load_model,
+    model_max_len,
+    used_ops,
+)
 from tritonllm.outputs import RequestOutput
 from tritonllm.sampling_params import SamplingParams
 from tritonllm.worker.model_runner import ModelRunner, PendingStep
@@ -114,7 +122,10 @@ class LLMEngine:
             self.max_model_len,
             capacity / self.max_model_len,
         )
-        self.kv_cache = KVCacheManager(num_blocks, block_size, config.cache.enable_prefix_caching)
+        # every layer windowed: blocks behind the window go back to the pool as requests advance
+        self.kv_cache = KVCacheManager(
+            num_blocks, block_size, config.cache.enable_prefix_caching, kv_sliding_window(self.model)
+        )
         self.scheduler = Scheduler(sched, self.kv_cache)
         self.async_scheduling = platform.is_gpu() if sched.async_scheduling is None else sched.async_scheduling
         self.stats = EngineStats()

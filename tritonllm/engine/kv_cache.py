@@ -17,6 +17,12 @@ them; those publications stay unconfirmed until the engine has the step's result
 (`confirm_step`). If the step fails instead, `discard_unconfirmed` forgets them, so no later
 request is served KV that was never computed.
 
+Sliding windows (`sliding_window` W, for models whose every attention layer has one, the largest):
+a query at position p reads no key at or before p - W, and the kernels skip such keys' blocks, so
+`release_out_of_window` gives a request's leading blocks wholly before (first position of its step
+- W) back to the pool: their table entries stay (stale, never read). Blocks published to the
+prefix cache are released only once published, so they stay cached (evictable), as vLLM does.
+
 Invariant after every step: free + in use + cached-evictable == num_blocks.
 """
 
@@ -49,10 +55,14 @@ def hash_block(parent: BlockHash | None, token_ids: Sequence[int], extra_keys: t
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, sliding_window: int | None = None
+    ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.sliding_window = sliding_window
+        self._num_released: dict[str, int] = {}  # each request's leading blocks released (out of window)
         self._ref_count = [0] * num_blocks
         self._block_hash: list[BlockHash | None] = [None] * num_blocks
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # LRU: evict from the front
@@ -199,12 +209,35 @@ class KVCacheManager:
         blocks.extend(added)
         return added
 
-    def free(self, request_id: str) -> None:
-        """Release the request's blocks, tail first (evicted first), keeping their hashes for reuse."""
-        for b in reversed(self._blocks.pop(request_id, [])):
+    def release_out_of_window(self, request_id: str, first_position: int) -> None:
+        """With a sliding window W: release the request's leading blocks wholly before position
+        first_position - W (no query at first_position or later reads them), tail first, keeping
+        their hashes. With prefix caching, only blocks already published (their KV is written and
+        they may stay cached). Their entries stay in the block table, stale."""
+        if self.sliding_window is None:
+            return
+        blocks = self._blocks.get(request_id)
+        if not blocks:
+            return
+        num_out = min((first_position - self.sliding_window) // self.block_size, len(blocks))
+        if self.enable_prefix_caching:
+            num_out = min(num_out, self._num_published.get(request_id, 0))
+        released = self._num_released.get(request_id, 0)
+        if num_out <= released:
+            return
+        self._release(blocks[released:num_out])
+        self._num_released[request_id] = num_out
+
+    def _release(self, blocks: list[int]) -> None:
+        """Drop one reference to each block, tail first (evicted first), keeping their hashes for reuse."""
+        for b in reversed(blocks):
             self._ref_count[b] -= 1
             if self._ref_count[b] == 0:
                 self._free[b] = None
+
+    def free(self, request_id: str) -> None:
+        """Release the request's blocks (those not released already), keeping their hashes for reuse."""
+        self._release(self._blocks.pop(request_id, [])[self._num_released.pop(request_id, 0) :])
         self._hashes.pop(request_id, None)
         self._num_published.pop(request_id, None)
 
@@ -212,7 +245,7 @@ class KVCacheManager:
         in_use = self.num_used_blocks
         cached = self.num_cached_free_blocks
         empty = self.num_free_blocks - cached
-        held = [b for blocks in self._blocks.values() for b in blocks]
+        held = [b for r, blocks in self._blocks.items() for b in blocks[self._num_released.get(r, 0) :]]
         if empty + cached + in_use != self.num_blocks or set(held) != {b for b, c in enumerate(self._ref_count) if c}:
             raise AssertionError(
                 f"KV blocks leaked: {empty} free + {cached} cached + {in_use} in use != {self.num_blocks}"

@@ -102,6 +102,8 @@ class Scheduler:
             if not chunked and num_new > budget:
                 continue
             num_new = min(num_new, budget)
+            # sliding windows: blocks this step's queries cannot see go back first
+            self.kv_cache.release_out_of_window(request.request_id, request.num_computed_tokens)
             new_blocks = self._allocate_or_preempt(request, num_new, out)
             if new_blocks is None:
                 break  # the request itself was preempted: what follows it has no blocks either
@@ -130,6 +132,7 @@ class Scheduler:
                 # on the stream) share them: each layer writes the step's KV before any attention
                 # reads it. Unconfirmed until the step's results arrive (kv_cache.confirm_step).
                 self.kv_cache.cache_computed_blocks(request, num_cached_tokens + num_new, out.step_id)
+                self.kv_cache.release_out_of_window(request.request_id, num_cached_tokens)
                 self.waiting.popleft()
                 request.status = RequestStatus.RUNNING
                 if request.times.first_scheduled is None:

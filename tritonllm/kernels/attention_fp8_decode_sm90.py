@@ -24,6 +24,11 @@ Layouts (element strides passed in; the last dim of every tensor must be contigu
   k_scale, v_scale [1] float32
   partial_*        as attention_split.py (used when num_splits > 1; merge_splits_kernel finishes)
 Grid: (num_kv_heads, num_seqs, num_splits); segments of a sequence as attention_split.segment_len.
+
+Optional attention features (sliding window, sinks, soft-capping) are not implemented here: the
+`triton_fp8_decode_sm90` implementation does not declare them, so the engine's auto selection takes
+`triton_unified` for models that use them, and a call with a feature on its plan runs the portable
+kernels (attention.AttentionPlan.run).
 """
 
 from __future__ import annotations

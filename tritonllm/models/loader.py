@@ -74,6 +74,13 @@ def layer_features(model: nn.Module) -> dict[str, frozenset[str]]:
     return {"attention": attention} if attention else {}
 
 
+def kv_sliding_window(model: nn.Module) -> int | None:
+    """The window beyond which no layer reads the KV cache: the largest sliding window when every
+    attention layer has one (Mistral-7B-v0.1), else None (some layer sees the whole context)."""
+    windows = [m.sliding_window for m in model.modules() if isinstance(m, Attention)]
+    return None if not windows or None in windows else max(windows)
+
+
 def used_ops(model: nn.Module) -> frozenset[str]:
     """The kernel ops a forward of the model calls (every op but `moe` for a dense model)."""
     has_moe = any(isinstance(m, FusedMoE) for m in model.modules())
