@@ -6,6 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tritonllm import LLM, SamplingParams
+from tritonllm.models.tiny import TINY_MOE_ARCHITECTURES, tiny_model_path
 
 NUM_STEPS = 32
 TOL = 1e-3
@@ -20,13 +21,35 @@ def prompts() -> list[list[int]]:
 
 @pytest.mark.parametrize("block_size", [16])
 def test_greedy_tokens_and_logprobs_match_hf(tiny_model, prompts, block_size):
-    llm = LLM(model=tiny_model, block_size=block_size, max_model_len=256)
-    params = SamplingParams(temperature=0.0, max_tokens=NUM_STEPS, ignore_eos=True, logprobs=3, prompt_logprobs=3)
+    check_against_hf(tiny_model, prompts, block_size=block_size, max_model_len=256)
+
+
+# the torch reference kernels keep these engine runs short on the CPU (the Triton MoE and attention
+# features are checked against HF in test_models_vs_hf.py); gpt-oss also runs the Triton kernels
+MOE_CASES = [(arch, "torch_ref") for arch in TINY_MOE_ARCHITECTURES] + [("GptOssForCausalLM", "triton")]
+
+
+@pytest.mark.parametrize("architecture, kernels", MOE_CASES)
+def test_moe_models_match_hf_with_chunked_prefill_and_prefix_caching(architecture, kernels, prompts):
+    """Mixtral, Qwen2-MoE (shared expert), Qwen3-MoE (a dense layer) and gpt-oss (sinks, an 8-token
+    window on alternate layers, yarn) through the whole engine: prompts chunked by a 24-token budget,
+    the last prompt sharing the third's first 32 tokens (a prefix-cache hit)."""
+    shared = [*prompts[:3], prompts[2][:32] + prompts[3]]
+    check_against_hf(
+        str(tiny_model_path(architecture)), shared, num_steps=12, block_size=16, max_model_len=256,
+        max_num_batched_tokens=24, enable_chunked_prefill=True, enable_prefix_caching=True, kernel_backend=kernels,
+    )  # fmt: skip
+
+
+def check_against_hf(model_path: str, prompts: list[list[int]], num_steps: int = NUM_STEPS, **llm_args: object) -> None:
+    tiny_model = model_path
+    llm = LLM(model=model_path, **llm_args)
+    params = SamplingParams(temperature=0.0, max_tokens=num_steps, ignore_eos=True, logprobs=3, prompt_logprobs=3)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32, attn_implementation="eager")
     for prompt, out in zip(prompts, outputs, strict=True):
         completion = out.outputs[0]
-        assert len(completion.token_ids) == NUM_STEPS
+        assert len(completion.token_ids) == num_steps
         with torch.no_grad():
             logits = model(torch.tensor([prompt + completion.token_ids[:-1]])).logits[0]
         ref = torch.log_softmax(logits.float(), dim=-1)

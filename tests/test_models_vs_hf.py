@@ -17,7 +17,7 @@ from tritonllm.kernels.registry import bind_kernels, select_kernels
 from tritonllm.layers.attention import AttentionMetadata
 from tritonllm.layers.rotary import build_cos_sin_cache, inverse_frequencies, rope_parameters
 from tritonllm.models.loader import load_model
-from tritonllm.models.tiny import TINY_ARCHITECTURES, tiny_model_path
+from tritonllm.models.tiny import TINY_ARCHITECTURES, TINY_MOE_ARCHITECTURES, tiny_model_path
 
 BLOCK_SIZE = 16
 PROMPT_LENS = (7, 19, 33)
@@ -69,7 +69,7 @@ def _prefill_metadata(prompt_lens: tuple[int, ...]) -> tuple[AttentionMetadata, 
     return meta, next_block
 
 
-@pytest.mark.parametrize("architecture", TINY_ARCHITECTURES)
+@pytest.mark.parametrize("architecture", TINY_ARCHITECTURES + TINY_MOE_ARCHITECTURES)
 def test_batched_prefill_log_probs_match_hf_at_every_position(architecture: str, backend: str) -> None:
     path = tiny_model_path(architecture)
     model, config = load_model(path, torch.float32, "cpu")

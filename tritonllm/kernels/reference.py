@@ -26,6 +26,7 @@ from tritonllm.kernels.registry import Supports, register
 # every reference is the "torch_ref" implementation of its op: any dtype, platform, head size.
 # Those that read sizes back to the host (.tolist(), boolean masks) cannot be captured in graphs.
 HOST_SYNC = Supports(graphs=False)
+ATTENTION_REF = Supports(graphs=False, features=frozenset({"sliding_window", "sinks", "softcap"}))
 
 # ---- norms, rotary embedding, activation ---------------------------------------------------
 
@@ -158,7 +159,7 @@ def write_kv_cache(
         cache[slots // block_size, slots % block_size] = rows.to(cache.dtype)
 
 
-@register("attention", "torch_ref", supports=HOST_SYNC, priority=0)
+@register("attention", "torch_ref", supports=ATTENTION_REF, priority=0)
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,

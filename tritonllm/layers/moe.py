@@ -104,7 +104,9 @@ class FusedMoE(nn.Module):
         alternates gate and up rows (gpt-oss) instead of gate rows then up rows."""
         target = _STACKED_TARGETS.get(name)
         quantized = name.endswith(("_blocks", "_scales"))
-        target = None if target is None or quantized != (self.scheme is not None) else getattr(self, target)
+        if quantized and self.scheme is None or name in ("gate_up", "down") and self.scheme is not None:
+            target = None  # float weights into MXFP4 experts, or blocks into float ones
+        target = None if target is None else getattr(self, target)
         if target is None:
             raise ValueError(
                 f"no stacked expert tensor {name!r} in {'MXFP4' if self.scheme else 'unquantized'} experts"

@@ -19,6 +19,8 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 TINY_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# mixtures of experts (models/moe.py): 8 experts, top-2, small experts, so interpreter runs stay short
+TINY_MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM")
 # bump when the folders' contents change, so stale caches are not reused
 TINY_MODEL_VERSION = 1
 
@@ -126,7 +128,29 @@ def _tiny_config(
         # q/k norm; head_dim 128 with 4 heads != hidden 256 / 4, as in real Qwen3 models
         common["head_dim"] = 128
         return transformers.Qwen3Config(**common, rope_theta=1000000.0, tie_word_embeddings=True)
-    raise ValueError(f"no tiny model for {architecture!r}; choose one of {', '.join(TINY_ARCHITECTURES)}")
+    moe = dict(num_experts_per_tok=2, intermediate_size=96)
+    if architecture == "MixtralForCausalLM":
+        return transformers.MixtralConfig(**{**common, **moe}, num_local_experts=8, rope_theta=1000000.0)
+    if architecture in ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"):
+        # Qwen3: head_dim 128 and a dense first layer (mlp_only_layers), experts renormalised; Qwen2: a
+        # shared expert with its sigmoid gate, experts not renormalised
+        qwen3 = architecture == "Qwen3MoeForCausalLM"
+        extra = dict(head_dim=128, mlp_only_layers=[0], norm_topk_prob=True) if qwen3 else dict(
+            shared_expert_intermediate_size=160, norm_topk_prob=False)  # fmt: skip
+        config_class = transformers.Qwen3MoeConfig if qwen3 else transformers.Qwen2MoeConfig
+        return config_class(**{**common, **extra}, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=96,
+                            rope_theta=1000000.0, tie_word_embeddings=False)  # fmt: skip
+    if architecture == "GptOssForCausalLM":
+        # sinks, an 8-token window on alternate layers, yarn RoPE, biases, clamped SwiGLU; experts of 96
+        # (a multiple of 32: MXFP4 blocks)
+        rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512, "beta_fast": 32.0,
+                "beta_slow": 1.0, "truncate": False, "rope_theta": 150000.0}  # fmt: skip
+        return transformers.GptOssConfig(**{**common, **moe}, num_local_experts=8, sliding_window=8,
+                                         layer_types=["sliding_attention", "full_attention"], rope_parameters=rope,
+                                         attention_bias=True, tie_word_embeddings=False)  # fmt: skip
+    raise ValueError(
+        f"no tiny model for {architecture!r}; choose one of {', '.join(TINY_ARCHITECTURES + TINY_MOE_ARCHITECTURES)}"
+    )
 
 
 def _randomize(model: torch.nn.Module, seed: int) -> None:

@@ -73,7 +73,10 @@ class QuantConfig:
     def for_layer(self, prefix: str) -> LayerQuant | None:
         """The quantization of the linear layer at HF module path `prefix` (e.g.
         "model.layers.0.self_attn.q_proj"), or None for an unquantized one."""
-        if any(p.fullmatch(prefix) or p.fullmatch(prefix.rsplit(".", 1)[-1]) for p in self.ignore):
+        # an ignored module covers its children (gpt-oss ignores "model.layers.*.self_attn")
+        parts = prefix.split(".")
+        scopes = [".".join(parts[:i]) for i in range(1, len(parts) + 1)] + [parts[-1]]
+        if any(p.fullmatch(scope) for p in self.ignore for scope in scopes):
             return None
         for pattern, layer in self.targets:
             if pattern.fullmatch(prefix):
