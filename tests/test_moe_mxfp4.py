@@ -15,9 +15,9 @@ from safetensors.torch import load_file, save_file
 
 from tritonllm.kernels.quant_formats import FP4, QuantizedWeight, QuantScheme
 from tritonllm.kernels.reference import dequantize_weight
-from tritonllm.kernels.registry import bind_kernels, select_kernels
+from tritonllm.kernels.registry import KernelContext, bind_kernels, select_kernels
 from tritonllm.layers.attention import AttentionMetadata
-from tritonllm.models.loader import load_model
+from tritonllm.models.loader import layer_features, linear_formats, load_model
 from tritonllm.models.tiny import tiny_model_path
 from tritonllm.quantization.mxfp4 import mxfp4_tensors
 
@@ -66,7 +66,11 @@ def folders(tmp_path_factory) -> tuple:
 
 def _log_probs(path, backend: str) -> torch.Tensor:
     model, config = load_model(path, torch.float32, "cpu")
-    bind_kernels(model, select_kernels(default=backend))
+    # as the engine selects: the model's quantized formats and attention features constrain "auto"
+    context = KernelContext(
+        "cpu", torch.float32, torch.float32, model.head_dim, linear_formats(model), layer_features(model)
+    )
+    bind_kernels(model, select_kernels(context=context, default=backend))
     n, block = 29, 16
     ids = torch.randint(0, config.vocab_size, (n,), generator=torch.Generator().manual_seed(0))
     blocks = -(-n // block)

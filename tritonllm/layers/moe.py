@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tritonllm.kernels.quant_formats import MX_GROUP, QuantizedWeight, QuantScheme
+from tritonllm.kernels.quant_formats import BLOCK, FP8_DTYPES, MX_GROUP, QuantizedWeight, QuantScheme
 from tritonllm.kernels.reference import MOE_ACTIVATIONS, MOE_SCORINGS
 from tritonllm.kernels.registry import default_kernels
 from tritonllm.quantization.config import LayerQuant
@@ -56,21 +56,16 @@ class FusedMoE(nn.Module):
         def param(*shape: int) -> nn.Parameter:
             return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
 
-        # MXFP4 experts (gpt-oss as published): packed e2m1 bytes [E, N, K / 2] and e8m0 scales [E, N, K / 32]
-        self.scheme = _expert_scheme(quant)
-        if self.scheme is None:
-            self.w13 = param(num_experts, 2 * intermediate_size, hidden_size)
-            self.w2 = param(num_experts, hidden_size, intermediate_size)
-            self.w13_scale = self.w2_scale = None
-        else:
-            for name, (n, k) in {
-                "w13": (2 * intermediate_size, hidden_size),
-                "w2": (hidden_size, intermediate_size),
-            }.items():
-                if k % MX_GROUP:
-                    raise ValueError(f"MXFP4 experts: {name}'s K ({k}) must be a multiple of {MX_GROUP}")
-                setattr(self, name, nn.Parameter(torch.empty(num_experts, n, k // 2, dtype=torch.uint8), False))
-                setattr(self, f"{name}_scale", nn.Parameter(torch.empty(num_experts, n, k // MX_GROUP, dtype=torch.uint8), False))  # fmt: skip
+        # stored as the checkpoint ships them: the model's dtype, MXFP4 (gpt-oss: packed e2m1 bytes
+        # [E, N, K / 2], e8m0 scales [E, N, K / 32]) or FP8 block-128 (Qwen3-FP8: e4m3 [E, N, K], float32
+        # scales [E, N / 128, K / 128])
+        self.scheme = _expert_scheme(quant, intermediate_size)
+        self.scale_name = quant.scale_name if quant is not None else None
+        shapes = {"w13": (2 * intermediate_size, hidden_size), "w2": (hidden_size, intermediate_size)}
+        for name, (n, k) in shapes.items():
+            data, scale = _expert_storage(self.scheme, num_experts, n, k, dtype)
+            setattr(self, name, nn.Parameter(data, requires_grad=False))
+            setattr(self, f"{name}_scale", None if scale is None else nn.Parameter(scale, requires_grad=False))
         self.w13_bias = param(num_experts, 2 * intermediate_size) if bias else None
         self.w2_bias = param(num_experts, hidden_size) if bias else None
 
@@ -88,13 +83,26 @@ class FusedMoE(nn.Module):
 
     def load_expert(self, expert: int, shard: str, name: str, tensor: torch.Tensor) -> None:
         """Expert `expert`'s `shard` ("gate", "up" or "down") tensor `name` ("weight" or "bias")."""
-        if not 0 <= expert < self.num_experts or shard not in EXPERT_SHARDS or name not in ("weight", "bias"):
+        names = (
+            ("weight", "bias", self.scale_name)
+            if self.scheme is not None and self.scheme.is_fp8
+            else ("weight", "bias")
+        )
+        if not 0 <= expert < self.num_experts or shard not in EXPERT_SHARDS or name not in names:
             raise ValueError(f"no expert tensor {expert}.{shard}.{name} ({self.num_experts} experts)")
         stacked, block = EXPERT_SHARDS[shard]
-        target = getattr(self, stacked if name == "weight" else f"{stacked}_bias")
+        suffix = {"weight": "", "bias": "_bias"}.get(name, "_scale")
+        target = getattr(self, stacked + suffix)
         if target is None:
             raise ValueError(f"expert {expert}'s {shard} has no {name}")
         rows = self.intermediate_size if stacked == "w13" else self.hidden_size
+        if suffix == "_scale":  # one row of scales per 128 rows (w13's shards start on a block: I % 128 == 0)
+            rows = -(-rows // BLOCK)
+            tensor = tensor.float()
+        elif tensor.dtype != target.dtype and target.dtype in (torch.uint8, *FP8_DTYPES):
+            raise ValueError(
+                f"expert {expert} {shard}.{name}: the checkpoint stores {tensor.dtype}, expected {target.dtype}"
+            )
         dest = target[expert, block * rows : (block + 1) * rows]
         _copy(dest, tensor, f"expert {expert} {shard}.{name}")
 
@@ -104,7 +112,8 @@ class FusedMoE(nn.Module):
         alternates gate and up rows (gpt-oss) instead of gate rows then up rows."""
         target = _STACKED_TARGETS.get(name)
         quantized = name.endswith(("_blocks", "_scales"))
-        if quantized and self.scheme is None or name in ("gate_up", "down") and self.scheme is not None:
+        mxfp4 = self.scheme is not None and not self.scheme.is_fp8
+        if quantized and not mxfp4 or name in ("gate_up", "down") and self.scheme is not None:
             target = None  # float weights into MXFP4 experts, or blocks into float ones
         target = None if target is None else getattr(self, target)
         if target is None:
@@ -124,7 +133,7 @@ class FusedMoE(nn.Module):
     def stacked_checkpoint_names(self) -> list[str]:
         """The stacked checkpoint tensors (gpt-oss's names) this layer expects."""
         weights = ["gate_up_proj", "down_proj"]
-        if self.scheme is not None:
+        if self.scheme is not None:  # MXFP4 (stacked FP8 experts are no published layout)
             weights = [f"{w}_{part}" for w in weights for part in ("blocks", "scales")]
         return weights + (["gate_up_proj_bias", "down_proj_bias"] if self.w13_bias is not None else [])
 
@@ -136,16 +145,42 @@ _STACKED_TARGETS = {
 }  # fmt: skip
 
 
-def _expert_scheme(quant: LayerQuant | None) -> QuantScheme | None:
-    """The experts' quantized storage: None (the model's dtype) or MXFP4 as gpt-oss publishes it."""
+def _expert_scheme(quant: LayerQuant | None, intermediate_size: int) -> QuantScheme | None:
+    """The experts' quantized storage: None (the model's dtype), MXFP4 as gpt-oss publishes it, or FP8
+    block-128 as Qwen3-FP8 does; other formats are refused by name."""
     if quant is None:
         return None
-    if quant.packing != "mxfp4":
+    scheme = quant.scheme
+    fp8_block = scheme.is_fp8 and scheme.weight_scale == "block" and not quant.online
+    if quant.packing != "mxfp4" and not fp8_block:
         raise ValueError(
-            f"quantized MoE experts in format {quant.scheme.format_name} ({quant.packing}) are not supported yet "
-            "(MXFP4 experts as gpt-oss ships them are); serve the unquantized checkpoint"
+            f"quantized MoE experts in format {scheme.format_name} ({quant.packing or 'online' if quant.online else quant.packing}) "
+            "are not supported yet (MXFP4 experts as gpt-oss ships them and FP8 block-128 experts as Qwen3-FP8 "
+            "does are); serve the unquantized checkpoint"
         )
-    return quant.scheme
+    if fp8_block and (
+        intermediate_size % BLOCK or (quant.checkpoint_dtype or scheme.weight_dtype) != scheme.weight_dtype
+    ):
+        raise ValueError(
+            f"FP8 block experts need an expert intermediate size that is a multiple of {BLOCK} (got "
+            f"{intermediate_size}) and an e4m3 checkpoint this GPU computes in"
+        )
+    return scheme
+
+
+def _expert_storage(
+    scheme: QuantScheme | None, experts: int, n: int, k: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weights, scales) of `experts` [n, k] matrices in `scheme`'s storage (None: `dtype`, no scales)."""
+    if scheme is None:
+        return torch.empty(experts, n, k, dtype=dtype), None
+    if scheme.is_fp8:  # block-128
+        return torch.empty(experts, n, k, dtype=scheme.weight_dtype), torch.empty(
+            experts, -(-n // BLOCK), -(-k // BLOCK), dtype=torch.float32
+        )
+    if k % MX_GROUP:
+        raise ValueError(f"MXFP4 experts: K ({k}) must be a multiple of {MX_GROUP}")
+    return torch.empty(experts, n, k // 2, dtype=torch.uint8), torch.empty(experts, n, k // MX_GROUP, dtype=torch.uint8)
 
 
 def _copy(dest: torch.Tensor, tensor: torch.Tensor, what: str) -> None:

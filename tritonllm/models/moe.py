@@ -29,7 +29,7 @@ from tritonllm.models.llama import LlamaFamilyFlags, LlamaForCausalLM, LlamaMLP,
 from tritonllm.quantization.config import QuantConfig
 
 # HF expert tensor: (layer's mlp prefix, expert, projection, weight|bias)
-_EXPERT = re.compile(r"(model\.layers\.\d+\.mlp)\.experts\.(\d+)\.(\w+)\.(weight|bias)")
+_EXPERT = re.compile(r"(model\.layers\.\d+\.mlp)\.experts\.(\d+)\.(\w+)\.(weight\w*|bias)")
 # stacked (gpt-oss): (layer's mlp prefix, gate_up_proj|down_proj, suffix)
 _STACKED = re.compile(r"(model\.layers\.\d+\.mlp)\.experts\.(gate_up_proj|down_proj)(_bias|_blocks|_scales)?")
 _SHARD = {"w1": "gate", "w3": "up", "w2": "down", "gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
@@ -84,9 +84,8 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         hidden = config.hidden_size
         self.router_name = spec.router_name
-        router = Linear(
-            hidden, spec.num_experts, spec.router_bias, dtype, layer_quant(quant, f"{prefix}.{spec.router_name}")
-        )
+        # the router and the shared expert's gate stay unquantized, as quantized checkpoints ship them
+        router = Linear(hidden, spec.num_experts, spec.router_bias, dtype)
         self.add_module(spec.router_name, router)
         self.experts = FusedMoE(
             spec.num_experts, spec.top_k, hidden, spec.intermediate_size, dtype, renormalize=spec.renormalize,
@@ -98,9 +97,7 @@ class SparseMoeBlock(nn.Module):
         if spec.shared_intermediate_size:
             self.shared_expert = LlamaMLP(config, flags, dtype, quant, f"{prefix}.shared_expert",
                                           spec.shared_intermediate_size)  # fmt: skip
-            self.shared_expert_gate = Linear(
-                hidden, 1, False, dtype, layer_quant(quant, f"{prefix}.shared_expert_gate")
-            )
+            self.shared_expert_gate = Linear(hidden, 1, False, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.experts(x, getattr(self, self.router_name)(x))
@@ -113,6 +110,8 @@ class SparseMoeBlock(nn.Module):
         if self.expert_names is None:
             return {f"{prefix}.experts.{name}" for name in self.experts.stacked_checkpoint_names()}
         leaves = ["weight"] + (["bias"] if self.experts.w13_bias is not None else [])
+        if self.experts.w13_scale is not None:
+            leaves.append(self.experts.scale_name)
         return {
             f"{prefix}.experts.{e}.{proj}.{leaf}"
             for e in range(self.experts.num_experts)
