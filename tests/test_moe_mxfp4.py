@@ -64,8 +64,8 @@ def folders(tmp_path_factory) -> tuple:
     return (*out, source)
 
 
-def _log_probs(path, backend: str) -> torch.Tensor:
-    model, config = load_model(path, torch.float32, "cpu")
+def _log_probs(path, backend: str, quantization: str | None = None) -> torch.Tensor:
+    model, config = load_model(path, torch.float32, "cpu", quantization)
     # as the engine selects: the model's quantized formats and attention features constrain "auto"
     context = KernelContext(
         "cpu", torch.float32, torch.float32, model.head_dim, linear_formats(model), layer_features(model)

@@ -98,3 +98,14 @@ def test_auto_takes_cublas_for_unquantized_models_only() -> None:
     assert select_kernels({"linear": "auto"}, KernelContext()).choice["linear"] == "torch"
     assert select_kernels({"linear": "auto"}, fp8).choice["linear"] == "triton"
     assert select_kernels({"linear": "torch"}, fp8).choice["linear"] == "torch"
+
+
+def test_moe_selection_follows_the_expert_formats_not_the_linear_layers() -> None:
+    """The fused MoE serves float, FP8 block and MXFP4 experts whatever the model's linear layers are
+    (a W8A16 model's bf16 experts still take it); experts in another format take the reference."""
+    w8a16_linears = KernelContext("cpu", torch.float32, linear_formats=frozenset({"fp8:channel:none"}))
+    assert select_kernels({}, w8a16_linears).choice["moe"] == "triton"
+    mxfp4 = KernelContext("cpu", torch.float32, features={"moe": frozenset({"mxfp4:mx:none"})})
+    assert select_kernels({}, mxfp4).choice["moe"] == "triton"
+    other = KernelContext("cpu", torch.float32, features={"moe": frozenset({"fp8:block:none"})})  # W8A16 experts
+    assert select_kernels({}, other).choice["moe"] == "torch_ref"

@@ -49,9 +49,9 @@ from tritonllm.kernels.registry import FLOATS, Supports, register
 
 Q_NONE, Q_FP8_BLOCK, Q_MXFP4 = 0, 1, 2
 MOE_FORMATS = {"fp8:block:group": Q_FP8_BLOCK, "mxfp4:mx:none": Q_MXFP4}
-# the quantized expert formats served (the registry's linear_formats: a model quantized otherwise
-# falls back to the torch reference, which serves every format)
-MOE_SUPPORTS = Supports(dtypes=FLOATS, linear_formats=frozenset(MOE_FORMATS))
+# the quantized expert formats served, declared as features of the moe op: the engine requires those
+# of the model's experts (models/loader.py layer_features), so a model with others takes the reference
+MOE_SUPPORTS = Supports(dtypes=FLOATS, features=frozenset(MOE_FORMATS))
 
 
 @triton.jit

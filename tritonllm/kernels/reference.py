@@ -415,7 +415,11 @@ MOE_SCORINGS = ("softmax", "sigmoid")
 MOE_ACTIVATIONS = ("silu", "swiglu_oai")
 
 
-@register("moe", "torch_ref", supports=HOST_SYNC, priority=0)
+# the expert formats FusedMoE stores (layers/moe.py): the reference serves each of them
+MOE_REF = Supports(graphs=False, features=frozenset({"fp8:block:group", "fp8:block:none", "mxfp4:mx:none"}))
+
+
+@register("moe", "torch_ref", supports=MOE_REF, priority=0)
 def moe_route(
     router_logits: torch.Tensor, top_k: int, renormalize: bool, scoring: str = "softmax"
 ) -> tuple[torch.Tensor, torch.Tensor]:

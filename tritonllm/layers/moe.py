@@ -11,13 +11,18 @@ layer takes its logits.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
-from tritonllm.kernels.quant_formats import BLOCK, FP8_DTYPES, MX_GROUP, QuantizedWeight, QuantScheme
+from tritonllm.kernels.quant_formats import BLOCK, FP4, FP8_DTYPES, MX_GROUP, QuantizedWeight, QuantScheme
 from tritonllm.kernels.reference import MOE_ACTIVATIONS, MOE_SCORINGS
 from tritonllm.kernels.registry import default_kernels
 from tritonllm.quantization.config import LayerQuant
+from tritonllm.quantization.quantize import quantize_experts
+
+logger = logging.getLogger(__name__)
 
 # a checkpoint's per-expert shard -> (stacked parameter, row block within the expert's rows)
 EXPERT_SHARDS = {"gate": ("w13", 0), "up": ("w13", 1), "down": ("w2", 0)}
@@ -59,7 +64,10 @@ class FusedMoE(nn.Module):
         # stored as the checkpoint ships them: the model's dtype, MXFP4 (gpt-oss: packed e2m1 bytes
         # [E, N, K / 2], e8m0 scales [E, N, K / 32]) or FP8 block-128 (Qwen3-FP8: e4m3 [E, N, K], float32
         # scales [E, N / 128, K / 128])
-        self.scheme = _expert_scheme(quant, intermediate_size)
+        # online quantization (quantization="fp8" / "mxfp4" on a float checkpoint): loaded in `dtype`,
+        # quantized in finish_loading to the MoE kernels' FP8 block-128 or MXFP4 layout
+        self.online_scheme = _online_expert_scheme(quant, hidden_size, intermediate_size)
+        self.scheme = None if quant is not None and quant.online else _expert_scheme(quant, intermediate_size)
         self.scale_name = quant.scale_name if quant is not None else None
         shapes = {"w13": (2 * intermediate_size, hidden_size), "w2": (hidden_size, intermediate_size)}
         for name, (n, k) in shapes.items():
@@ -80,6 +88,16 @@ class FusedMoE(nn.Module):
             x, w13, w2, weights, ids, activation=self.activation, w13_bias=self.w13_bias,
             w2_bias=self.w2_bias, alpha=self.alpha, limit=self.limit,
         )  # fmt: skip
+
+    def finish_loading(self) -> None:
+        """After every tensor is in: online quantization of the experts (per expert, stacked)."""
+        if self.online_scheme is None:
+            return
+        for name in ("w13", "w2"):
+            q = quantize_experts(getattr(self, name).data, self.online_scheme)
+            setattr(self, name, nn.Parameter(q.data, requires_grad=False))
+            setattr(self, f"{name}_scale", nn.Parameter(q.scale, requires_grad=False))
+        self.scheme, self.online_scheme = self.online_scheme, None
 
     def load_expert(self, expert: int, shard: str, name: str, tensor: torch.Tensor) -> None:
         """Expert `expert`'s `shard` ("gate", "up" or "down") tensor `name` ("weight" or "bias")."""
@@ -166,6 +184,24 @@ def _expert_scheme(quant: LayerQuant | None, intermediate_size: int) -> QuantSch
             f"{intermediate_size}) and an e4m3 checkpoint this GPU computes in"
         )
     return scheme
+
+
+def _online_expert_scheme(quant: LayerQuant | None, hidden: int, intermediate: int) -> QuantScheme | None:
+    """The experts' layout under online quantization: MXFP4 for quantization="mxfp4", FP8 block-128 for
+    "fp8" (the MoE kernels' FP8 format; needs both sizes multiples of 128); other methods (int8, int4,
+    mxfp8) and sizes leave the experts in the model's dtype, logged."""
+    if quant is None or not quant.online:
+        return None
+    scheme = quant.scheme
+    if scheme.weight_dtype == FP4 and hidden % MX_GROUP == 0 and intermediate % MX_GROUP == 0:
+        return scheme
+    if scheme.is_fp8 and scheme.weight_scale == "channel" and hidden % BLOCK == 0 and intermediate % BLOCK == 0:
+        return QuantScheme(scheme.weight_dtype, "block", "group")
+    logger.warning(
+        "online %s: MoE experts [%d x %d] stay unquantized (the fused MoE quantizes experts online to FP8 "
+        "block-128 or MXFP4 only, at sizes that are multiples of 128 / 32)", scheme.format_name, hidden, intermediate,
+    )  # fmt: skip
+    return None
 
 
 def _expert_storage(

@@ -69,9 +69,11 @@ def linear_formats(model: nn.Module) -> frozenset[str]:
 
 
 def layer_features(model: nn.Module) -> dict[str, frozenset[str]]:
-    """Per op, the optional features the model's layers use (attention: sliding window, sinks, soft-capping)."""
+    """Per op, the optional features the model's layers use (attention: sliding window, sinks, soft-capping;
+    moe: its experts' quantized formats)."""
     attention = frozenset().union(*(m.features for m in model.modules() if isinstance(m, Attention)))
-    return {"attention": attention} if attention else {}
+    experts = frozenset(m.scheme.format_name for m in model.modules() if isinstance(m, FusedMoE) and m.scheme)
+    return {op: used for op, used in (("attention", attention), ("moe", experts)) if used}
 
 
 def kv_sliding_window(model: nn.Module) -> int | None:

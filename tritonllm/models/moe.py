@@ -143,6 +143,9 @@ class MoEForCausalLM(LlamaForCausalLM):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         # Mixtral's block is `block_sparse_moe`, everyone else's `mlp`: ours is `mlp`
         super().load_weights((name.replace(".block_sparse_moe.", ".mlp."), t) for name, t in weights)
+        for module in self.modules():
+            if isinstance(module, FusedMoE):
+                module.finish_loading()
 
     def load_special(self, name: str, tensor: torch.Tensor) -> bool:
         match = _EXPERT.fullmatch(name)
