@@ -168,12 +168,17 @@ def bench_case(name: str, kind: str, experts: dict, tokens: int, torch_ref_max: 
     return row
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out", type=Path)
+def add_problem_args(parser: argparse.ArgumentParser) -> None:
+    """--shapes, --kinds and --tokens: the problems this script and tune_moe.py run."""
     parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, choices=list(SHAPES))
     parser.add_argument("--kinds", nargs="+", default=list(SCHEMES), choices=list(SCHEMES))
     parser.add_argument("--tokens", nargs="+", type=int, default=TOKENS)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path)
+    add_problem_args(parser)
     parser.add_argument("--torch-ref-max-tokens", type=int, default=256, help="time the float32 reference up to here")
     args = parser.parse_args()
     import triton

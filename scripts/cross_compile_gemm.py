@@ -94,8 +94,14 @@ def main() -> int:
                     constexprs, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m
                 )
                 all_types = dict(
-                    dict(c_ptr="*bf16", bias_ptr="*bf16", a_scale_ptr="*fp32", b_scale_ptr="*fp32", b_zero_ptr="*fp32",
-                         ws_ptr="*fp32"),
+                    dict(
+                        c_ptr="*bf16",
+                        bias_ptr="*bf16",
+                        a_scale_ptr="*fp32",
+                        b_scale_ptr="*fp32",
+                        b_zero_ptr="*fp32",
+                        ws_ptr="*fp32",
+                    ),
                     **types,
                 )
                 checks.append((f"gemm {name} M<={max_m} {t.block_m}x{t.block_n}x{t.block_k}", gemm.gemm_kernel, all_types,
@@ -118,8 +124,14 @@ def main() -> int:
         # the GEMV kernel (decode-sized M): float, W8A8 row/column and block scales, weight-only bytes
         gemv_base = dict(A_SCALE=0, B_SCALE=0, GROUP_K=1, GROUP_N=1, INT_ACC=False, HAS_BIAS=True, B_E4M3FN_BITS=False,
                          B_DECODE=0, EVEN_K=True, SPLIT_K=1, BLOCK_N=32, BLOCK_K=256)  # fmt: skip
-        gemv_ptrs = dict(c_ptr="*bf16", bias_ptr="*bf16", a_scale_ptr="*fp32", b_scale_ptr="*fp32", b_zero_ptr="*fp32",
-                         ws_ptr="*fp32")
+        gemv_ptrs = dict(
+            c_ptr="*bf16",
+            bias_ptr="*bf16",
+            a_scale_ptr="*fp32",
+            b_scale_ptr="*fp32",
+            b_zero_ptr="*fp32",
+            ws_ptr="*fp32",
+        )
         for name, types, constexprs, uses_fp8 in (
             ("bf16", dict(a_ptr="*bf16", b_ptr="*bf16"), gemv_base, False),
             ("fp8 w8a8", dict(a_ptr=f"*{fp8}", b_ptr=f"*{fp8}"), dict(gemv_base, A_SCALE=2, B_SCALE=2, BLOCK_K=512), True),
@@ -154,12 +166,20 @@ def main() -> int:
             ]  # fmt: skip
         checks.append(("quant MX", quant._quant_group_kernel, dict(x_ptr="*bf16", q_ptr=f"*{fp8}", s_ptr="*u8"),
                        dict(QMAX=448.0, IS_INT=False, MIN_EXP=-6, MX=True, GROUP=32, GROUPS=32), 4, True))  # fmt: skip
-        for name, fn, types, constexprs, num_warps, uses_fp8 in checks:
-            error = _report(fn, target, types, constexprs, num_warps)
-            expected = error is not None and uses_fp8 and target.arch == 80
-            failures += error is not None and not expected
-            status = "ok" if error is None else ("expected failure (no FP8)" if expected else f"FAILED: {error}")
-            print(f"{target.backend} {target.arch} {name}: {status}", flush=True)
+        failures += run_checks(checks, target)
+    return failures
+
+
+def run_checks(checks: list[tuple], target: GPUTarget) -> int:
+    """Compile each (name, kernel, types, constexprs, num_warps, uses_fp8) check for `target` and print
+    its status; returns the unexpected failures (FP8 variants are expected to fail on sm80)."""
+    failures = 0
+    for name, fn, types, constexprs, num_warps, uses_fp8 in checks:
+        error = _report(fn, target, types, constexprs, num_warps)
+        expected = error is not None and uses_fp8 and target.arch == 80
+        failures += error is not None and not expected
+        status = "ok" if error is None else ("expected failure (no FP8)" if expected else f"FAILED: {error}")
+        print(f"{target.backend} {target.arch} {name}: {status}", flush=True)
     return failures
 
 

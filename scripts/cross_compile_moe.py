@@ -15,20 +15,9 @@ import sys
 os.environ["TRITON_INTERPRET"] = "0"  # before tritonllm.platform, which would switch it on without a GPU
 
 # isort: split
-from cross_compile_attention import compile_kernel  # this folder: sys.path[0] when run as a script
-from cross_compile_gemm import TARGETS
+from cross_compile_gemm import TARGETS, run_checks  # this folder: sys.path[0] when run as a script
 
 from tritonllm.kernels import moe, moe_route, moe_tiles
-
-
-def _report(fn, target, types, constexprs, num_warps) -> str | None:
-    try:
-        kernel = compile_kernel(fn, target, types, constexprs, num_warps=num_warps)
-    except Exception as error:  # noqa: BLE001 - reported, not raised
-        return str(error).splitlines()[0][:200]
-    if target.backend == "cuda" and "ld.local" in kernel.asm.get("ptx", ""):
-        return "spills to local memory"
-    return None
 
 
 def main() -> int:
@@ -59,12 +48,7 @@ def main() -> int:
                                       BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m)  # fmt: skip
                     name = f"moe {kind} {gemm_name} rows/expert {rows} {t.block_m}x{t.block_n}x{t.block_k}"
                     checks.append((name, moe.fused_moe_kernel, all_types, constexprs, t.num_warps, kind == "fp8_block"))
-        for name, fn, types, constexprs, num_warps, uses_fp8 in checks:
-            error = _report(fn, target, types, constexprs, num_warps)
-            expected = error is not None and uses_fp8 and target.arch == 80
-            failures += error is not None and not expected
-            status = "ok" if error is None else ("expected failure (no FP8)" if expected else f"FAILED: {error}")
-            print(f"{target.backend} {target.arch} {name}: {status}", flush=True)
+        failures += run_checks(checks, target)
     return failures
 
 

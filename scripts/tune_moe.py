@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_moe import DEFAULT_SHAPES, DEVICE, DTYPE, SCHEMES, SHAPES, TOKENS, device_name, make_experts, median_ms  # noqa: E402
+from bench_moe import DEVICE, DTYPE, SCHEMES, SHAPES, add_problem_args, device_name, make_experts, median_ms  # noqa: E402
 
 from tritonllm.kernels import moe  # noqa: E402
 from tritonllm.kernels.gemm import GemmTiles  # noqa: E402
@@ -187,9 +187,7 @@ def tuned_table(rows: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
-    parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, choices=list(SHAPES))
-    parser.add_argument("--kinds", nargs="+", default=list(SCHEMES), choices=list(SCHEMES))
-    parser.add_argument("--tokens", nargs="+", type=int, default=TOKENS)
+    add_problem_args(parser)
     parser.add_argument("--jobs", type=int, default=16)
     parser.add_argument("--rep", type=int, default=20, help="ms of runs per timing")
     parser.add_argument("--write-tuned", type=Path, help="write OUT.json's winners here; no sweep")

@@ -16,7 +16,7 @@ from closeness import assert_close_to_scale  # this folder (pytest puts it on sy
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
 from tritonllm.kernels import reference
-from tritonllm.kernels.moe import fused_experts, fused_moe
+from tritonllm.kernels.moe import fused_moe
 from tritonllm.kernels.moe_align import max_blocks, moe_align
 from tritonllm.kernels.moe_route import moe_route
 from tritonllm.kernels.moe_tiles import MoeTiles
@@ -134,7 +134,7 @@ def test_fused_moe_with_several_tiles_and_k_steps(tiles) -> None:
     """Small tiles: several column tiles and K steps, K both even (H 48) and ragged (I 40)."""
     p = _problem(19, 8, 48, 40, 3, seed=3)
     args, kwargs = _args(p, True)
-    got = fused_experts(*args, tiles=MoeTiles(tiles, tiles), **kwargs)
+    got = fused_moe(*args, tiles=MoeTiles(tiles, tiles), **kwargs)
     assert_close_to_scale(got, reference.fused_moe(*args, **kwargs), TOL)
 
 

@@ -215,7 +215,8 @@ def _expert_shape(w: torch.Tensor | QuantizedWeight) -> tuple[int, int, int]:
     return e, n, 2 * k if w.scheme.packed else k
 
 
-def fused_experts(
+@register("moe", "triton", supports=MOE_SUPPORTS, priority=10)
+def fused_moe(
     x: torch.Tensor,
     w13: torch.Tensor | QuantizedWeight,
     w2: torch.Tensor | QuantizedWeight,
@@ -230,7 +231,9 @@ def fused_experts(
     out: torch.Tensor | None = None,
     tiles: MoeTiles | None = None,
 ) -> torch.Tensor:
-    """fused_moe with `tiles` overriding the table (tests, tile sweeps)."""
+    """x [T, H], w13 [E, 2I, H], w2 [E, H, I] (tensors in x's dtype, or
+    QuantizedWeight in MOE_FORMATS), topk_* [T, k] -> [T, H] in x's dtype (into `out` when given).
+    `tiles` overrides the table (tests, tile sweeps)."""
     if activation not in MOE_ACTIVATIONS:
         raise ValueError(f"MoE activation {activation!r} is not one of {MOE_ACTIVATIONS}")
     (e, two_i, h), (e2, h2, i) = _expert_shape(w13), _expert_shape(w2)
@@ -265,26 +268,3 @@ def fused_experts(
     if top_k > 1:
         torch.sum(per_slot.view(t, top_k, h), dim=1, out=out)
     return out
-
-
-@register("moe", "triton", supports=MOE_SUPPORTS, priority=10)
-def fused_moe(
-    x: torch.Tensor,
-    w13: torch.Tensor | QuantizedWeight,
-    w2: torch.Tensor | QuantizedWeight,
-    topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
-    *,
-    activation: str = "silu",
-    w13_bias: torch.Tensor | None = None,
-    w2_bias: torch.Tensor | None = None,
-    alpha: float = 1.702,
-    limit: float = 7.0,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """x [T, H], w13 [E, 2I, H], w2 [E, H, I] (tensors in x's dtype, or QuantizedWeight in
-    MOE_FORMATS), topk_* [T, k] -> [T, H] in x's dtype (into `out` when given)."""
-    return fused_experts(
-        x, w13, w2, topk_weights, topk_ids, activation=activation, w13_bias=w13_bias, w2_bias=w2_bias,
-        alpha=alpha, limit=limit, out=out,
-    )  # fmt: skip

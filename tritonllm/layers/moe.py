@@ -67,7 +67,7 @@ class FusedMoE(nn.Module):
         # online quantization (quantization="fp8" / "mxfp4" on a float checkpoint): loaded in `dtype`,
         # quantized in finish_loading to the MoE kernels' FP8 block-128 or MXFP4 layout
         self.online_scheme = _online_expert_scheme(quant, hidden_size, intermediate_size)
-        self.scheme = None if quant is not None and quant.online else _expert_scheme(quant, intermediate_size)
+        self.scheme = _expert_scheme(quant, intermediate_size)
         self.scale_name = quant.scale_name if quant is not None else None
         shapes = {"w13": (2 * intermediate_size, hidden_size), "w2": (hidden_size, intermediate_size)}
         for name, (n, k) in shapes.items():
@@ -164,17 +164,17 @@ _STACKED_TARGETS = {
 
 
 def _expert_scheme(quant: LayerQuant | None, intermediate_size: int) -> QuantScheme | None:
-    """The experts' quantized storage: None (the model's dtype), MXFP4 as gpt-oss publishes it, or FP8
-    block-128 as Qwen3-FP8 does; other formats are refused by name."""
-    if quant is None:
+    """The experts' storage as the checkpoint ships them: None (the model's dtype; also under online
+    quantization, which finish_loading applies), MXFP4 as gpt-oss publishes it, or FP8 block-128 as
+    Qwen3-FP8 does; other formats are refused by name."""
+    if quant is None or quant.online:
         return None
     scheme = quant.scheme
-    fp8_block = scheme.is_fp8 and scheme.weight_scale == "block" and not quant.online
+    fp8_block = scheme.is_fp8 and scheme.weight_scale == "block"
     if quant.packing != "mxfp4" and not fp8_block:
         raise ValueError(
-            f"quantized MoE experts in format {scheme.format_name} ({quant.packing or 'online' if quant.online else quant.packing}) "
-            "are not supported yet (MXFP4 experts as gpt-oss ships them and FP8 block-128 experts as Qwen3-FP8 "
-            "does are); serve the unquantized checkpoint"
+            f"quantized MoE experts in format {scheme.format_name} are not supported yet (MXFP4 experts as gpt-oss "
+            "ships them and FP8 block-128 experts as Qwen3-FP8 does are); serve the unquantized checkpoint"
         )
     if fp8_block and (
         intermediate_size % BLOCK or (quant.checkpoint_dtype or scheme.weight_dtype) != scheme.weight_dtype
