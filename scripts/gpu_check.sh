@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -184,6 +184,34 @@ for count in map(int, sys.argv[3:]):
 json.dump(rows, open(sys.argv[2], "w"), indent=2)
 PY
       ;;
+    e2e-moe)
+      # issue 16's end-to-end MoE figures on random weights made on the GPU (model.load_format=dummy: the
+      # folders hold config.json and a tokenizer only; Qwen3-30B-A3B's 61 GB would not fit the disk):
+      # Qwen3-30B-A3B 1000 x 1024 + 128; gpt-oss-20b (MXFP4 experts) batch 1 and 256 x 1024 + 1024.
+      # MOE_RUNS="qwen3_throughput gptoss_batch1 gptoss_throughput" picks; MOE_ARGS: extra overrides
+      for run in ${MOE_RUNS:-qwen3_throughput gptoss_batch1 gptoss_throughput}; do
+        case $run in
+          qwen3_throughput) model=qwen3-30b-a3b exp=throughput_1000x1024 ;;
+          gptoss_batch1) model=gpt-oss-20b exp=batch1_1024 ;;
+          gptoss_throughput) model=gpt-oss-20b exp=throughput_256x1024 ;;
+        esac
+        [ -d "$MODELS/$model-config" ] || python3 scripts/make_random_model.py $model "$MODELS/$model-config" --config-only
+        python3 -m tritonllm.run model.path="$MODELS/$model-config" model.load_format=dummy +experiment=$exp \
+          output_json="$OUT/${model}_$exp.json" hydra.run.dir=/tmp/hydra ${MOE_ARGS:-} 2>&1 \
+          | tee "$OUT/${model}_$exp.log" | grep -E "tok/s|Error|error" | tail -4
+      done ;;
+    tune-moe)
+      # the fused-MoE tile sweep, one (shape, kind) per TUNE_MOE entry "shape:kind" (a few minutes each);
+      # the merged table goes to $OUT/moe_tuned.json (copy it to tritonllm/kernels/tuned/moe_NVIDIA_H200.json)
+      for case in ${TUNE_MOE:-qwen3:bfloat16}; do
+        python3 scripts/tune_moe.py "$OUT/tune_moe_${case/:/_}.json" --shapes ${case%%:*} --kinds ${case##*:} \
+          ${TUNE_MOE_TOKENS:+--tokens $TUNE_MOE_TOKENS} 2>&1 | tee "$OUT/tune_moe_${case/:/_}.log" | grep -v "^compile" | tail -12
+        python3 scripts/tune_moe.py "$OUT/tune_moe_${case/:/_}.json" --write-tuned "$OUT/moe_tuned.json" --update
+      done ;;
+    bench-moe)
+      # the fused MoE beside torch at Qwen3-30B-A3B's layer (BENCH_MOE_KINDS="bfloat16 fp8_block mxfp4")
+      python3 scripts/bench_moe.py "$OUT/moe_bench.json" --shapes ${BENCH_MOE_SHAPES:-qwen3} \
+        --kinds ${BENCH_MOE_KINDS:-bfloat16 fp8_block mxfp4} 2>&1 | tee "$OUT/moe_bench.log" | tail -30 ;;
     host-profile)
       # py-spy host profile of nano-vllm's benchmark (overlap on), folded stacks
       ensure_model qwen3-0.6b

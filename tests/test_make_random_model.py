@@ -97,3 +97,25 @@ def test_layers_option_keeps_the_published_config_otherwise() -> None:
     assert shape["num_local_experts"] == 32 and shape["vocab_size"] == 201088
     full = maker.tensor_specs(maker.shrunk_shape("qwen3-30b-a3b"))
     assert sum(spec.nbytes for spec in full) / 1e9 == pytest.approx(61.1, abs=0.5)  # the 30.5B parameters in bf16
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "gpt-oss-20b", "llama3-8b"])
+def test_config_only_folder_runs_with_dummy_weights(name: str, tmp_path: Path) -> None:
+    """--config-only writes no weights; load_format=dummy makes them on the device in the checkpoint's
+    layout (the same names and shapes the written folder has) and the engine generates; without it the
+    engine names the fix."""
+    from tritonllm import LLM, SamplingParams
+    from tritonllm.loader.hf_config import load_hf_config
+    from tritonllm.loader.random_weights import random_weights
+
+    folder = maker.make_random_model(name, tmp_path / "cfg", layers=2, config_only=True, **SHRUNK[name])
+    assert not list(folder.glob("*.safetensors*"))
+    written = maker.make_random_model(name, tmp_path / "full", layers=2, **SHRUNK[name])
+    made = dict(random_weights(load_hf_config(folder, weights=False), "cpu"))
+    assert {k: tuple(v.shape) for k, v in made.items()} == {k: tuple(v.shape) for k, v in _tensors(written).items()}
+    with pytest.raises(FileNotFoundError, match="load_format=dummy"):
+        LLM(model=str(folder), kernel_backend="torch_ref", max_model_len=64, num_gpu_blocks_override=16)
+    llm = LLM(model=str(folder), load_format="dummy", kernel_backend="torch_ref", max_model_len=64,
+              num_gpu_blocks_override=16)  # fmt: skip
+    out = llm.generate(["hello"], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 4

@@ -26,6 +26,9 @@ class ModelConfig:
     # online quantization of a float checkpoint: "fp8", "int8", "mxfp8" or "int4" (quantization/config.py); a
     # quantized checkpoint is read as its config.json says (then leave this unset, or give its method)
     quantization: str | None = None
+    # "auto": the folder's safetensors (or GGUF file); "dummy": random weights made on the device in the
+    # checkpoint's own layout (loader/random_weights.py), for benchmarks of models without their files
+    load_format: str = "auto"
 
     def torch_dtype(self) -> torch.dtype:
         if self.dtype == "auto":

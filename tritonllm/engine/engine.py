@@ -63,7 +63,9 @@ class LLMEngine:
         self.model_path = path
         self.dtype = config.model.torch_dtype()
         self.device = platform.DEVICE
-        self.model, self.hf_config = load_model(path, self.dtype, self.device, config.model.quantization)
+        self.model, self.hf_config = load_model(
+            path, self.dtype, self.device, config.model.quantization, config.model.load_format
+        )
         kv_dtype = config.cache.torch_kv_dtype(self.dtype)
         # this engine's kernels, bound to its model's layers by the runner: another engine in the same
         # process may choose others

@@ -48,6 +48,7 @@ class LLM:
         enforce_eager: bool = False,
         piecewise_graphs: bool = True,
         quantization: str | None = None,
+        load_format: str = "auto",
         kv_cache_dtype: str = "auto",
         calculate_kv_scales: bool = False,
         seed: int = 0,
@@ -67,6 +68,7 @@ class LLM:
                 max_model_len=max_model_len,
                 seed=seed,
                 quantization=quantization,
+                load_format=load_format,
             ),  # fmt: skip
             cache=CacheConfig(
                 block_size=block_size,

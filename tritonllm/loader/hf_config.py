@@ -15,23 +15,26 @@ SINGLE_WEIGHTS_FILE = "model.safetensors"
 SHARDED_WEIGHTS_INDEX = "model.safetensors.index.json"
 
 
-def check_model_folder(path: str | Path) -> Path:
-    """Fail with a message naming the missing file unless `path` holds config.json and safetensors weights."""
+def check_model_folder(path: str | Path, weights: bool = True) -> Path:
+    """Fail with a message naming the missing file unless `path` holds config.json and (with `weights`)
+    safetensors weights."""
     folder = Path(path)
     if not folder.is_dir():
         raise FileNotFoundError(f"model path {str(folder)!r} is not a folder: models are local HuggingFace folders")
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"model folder {str(folder)!r} has no config.json")
-    if not (folder / SINGLE_WEIGHTS_FILE).is_file() and not (folder / SHARDED_WEIGHTS_INDEX).is_file():
+    if weights and not (folder / SINGLE_WEIGHTS_FILE).is_file() and not (folder / SHARDED_WEIGHTS_INDEX).is_file():
         raise FileNotFoundError(
             f"model folder {str(folder)!r} has no weights: expected {SINGLE_WEIGHTS_FILE} or {SHARDED_WEIGHTS_INDEX}"
+            " (or run it with load_format=dummy: random weights)"
         )
     return folder
 
 
-def load_hf_config(path: str | Path) -> PretrainedConfig:
-    """The transformers config of a local model folder (never touches the network)."""
-    folder = check_model_folder(path)
+def load_hf_config(path: str | Path, weights: bool = True) -> PretrainedConfig:
+    """The transformers config of a local model folder (never touches the network); `weights`: the
+    folder must hold them too."""
+    folder = check_model_folder(path, weights)
     return AutoConfig.from_pretrained(folder, local_files_only=True)
 
 

@@ -16,6 +16,7 @@ from tritonllm.layers.moe import FusedMoE
 from tritonllm.layers.rotary import RotaryEmbedding, rope_max_position, rope_parameters
 from tritonllm.loader.gguf_loader import GGUFCheckpoint, gguf_file
 from tritonllm.loader.hf_config import load_hf_config
+from tritonllm.loader.random_weights import random_weights
 from tritonllm.loader.safetensors_loader import iterate_safetensors
 from tritonllm.models.registry import get_model_class
 from tritonllm.quantization.config import quant_config
@@ -23,15 +24,29 @@ from tritonllm.quantization.config import quant_config
 logger = logging.getLogger(__name__)
 
 
+LOAD_FORMATS = ("auto", "dummy")
+
+
 def load_model(
-    path: str | Path, dtype: torch.dtype, device: torch.device | str, quantization: str | None = None
+    path: str | Path,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    quantization: str | None = None,
+    load_format: str = "auto",
 ) -> tuple[nn.Module, PretrainedConfig]:
     """(model in eval mode with its weights on `device`, the folder's HF config). Linear layers are
     quantized as the checkpoint's quantization_config says, or online per `quantization`
     (quantization/config.py), or as a GGUF file's tensors are (loader/gguf_loader.py); the rest is
-    in `dtype`."""
-    gguf = gguf_file(path)
-    if gguf is not None:  # llama.cpp's single-file format (loader/gguf_loader.py)
+    in `dtype`. load_format "dummy": random weights in the checkpoint's layout, made on `device`
+    (loader/random_weights.py); the folder needs only config.json."""
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format={load_format!r} is not one of {LOAD_FORMATS}")
+    gguf = gguf_file(path) if load_format == "auto" else None
+    if load_format == "dummy":
+        config = load_hf_config(path, weights=False)
+        quant = quant_config(config, quantization)
+        weights = random_weights(config, device)
+    elif gguf is not None:  # llama.cpp's single-file format (loader/gguf_loader.py)
         checkpoint = GGUFCheckpoint(gguf)
         config, quant = checkpoint.config, checkpoint.quant_config(quantization)
         weights = checkpoint.weights(dtype, device)
