@@ -26,9 +26,9 @@ Q_LENS, CTX_LENS = [1, 37, 19, 5, 1], [40, 0, 23, 30, 7]
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 4, 2, 32, 8
 
 
-def _sinks(seed: int) -> torch.Tensor:
-    """Sink logits of the scores' magnitude (a few units)."""
-    return 2.0 * torch.randn(NUM_HEADS, generator=torch.Generator().manual_seed(seed))
+def _sinks(seed: int, num_heads: int = NUM_HEADS) -> torch.Tensor:
+    """Sink logits of the scores' magnitude (a few units), one per query head."""
+    return 2.0 * torch.randn(num_heads, generator=torch.Generator().manual_seed(seed))
 
 
 def _scaled_q(batch: PagedBatch, factor: float) -> PagedBatch:
@@ -148,7 +148,7 @@ def test_models_with_features_get_the_portable_kernels() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "features",
-    [dict(sliding_window=4096), dict(sliding_window=128, sinks=_sinks(7)), dict(softcap=30.0), dict(sinks=_sinks(8))],
+    [dict(sliding_window=4096), dict(sliding_window=128, sinks=7), dict(softcap=30.0), dict(sinks=8)],
 )
 @pytest.mark.parametrize("case", ["decode", "split", "mixed", "prefill"])
 def test_gpu_features_bf16(features: dict, case: str) -> None:
@@ -162,8 +162,8 @@ def test_gpu_features_bf16(features: dict, case: str) -> None:
         "prefill": ([4096], [0]),
     }[case]
     batch = make_batch(q_lens, ctx, 32, 8, 128, 16, dtype=torch.bfloat16, device="cuda", seed=31)
-    if "sinks" in features:
-        features = {**features, "sinks": features["sinks"].cuda()}
+    if "sinks" in features:  # the seed of the 32 heads' sink logits
+        features = {**features, "sinks": _sinks(features["sinks"], 32).cuda()}
     as_float = dataclasses.replace(
         batch, q=batch.q.float(), k_cache=batch.k_cache.float(), v_cache=batch.v_cache.float()
     )
