@@ -68,8 +68,9 @@ class MoESpec:
             )  # fmt: skip
         if kind == "gpt_oss":
             return cls(config.num_local_experts, config.num_experts_per_tok, config.intermediate_size, True,
-                       "swiglu_oai", "router", True, True, None, alpha=config.swiglu_alpha,
-                       limit=config.swiglu_limit)  # fmt: skip
+                       "swiglu_oai", "router", True, True, None,
+                       # alpha: a config field in recent transformers, a constant (1.702) in the modeling code before
+                       alpha=getattr(config, "swiglu_alpha", 1.702), limit=config.swiglu_limit)  # fmt: skip
         raise ValueError(f"no mixture-of-experts layout for model_type {kind!r}")
 
     def is_sparse(self, layer: int) -> bool:
