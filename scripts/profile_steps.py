@@ -74,12 +74,14 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=None, help="fixed output length (default 300-1024)")
     parser.add_argument("--temperature", type=float, default=0.6)
     parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--load-format", default="auto", help="dummy: random weights (a folder with config.json)")
     parser.add_argument("--kernel-table", type=int, default=0, help="report the N kernels taking most GPU time")
     parser.add_argument("--output-json", default=None)
     parser.add_argument("--trace", default=None, help="also write the Chrome trace here")
     args = parser.parse_args()
     llm = LLM(
         model=args.model,
+        load_format=args.load_format,
         max_model_len=args.max_model_len,
         async_scheduling=args.async_scheduling,
         piecewise_graphs=args.piecewise_graphs,
