@@ -45,7 +45,12 @@ from tritonllm.kernels.quant_formats import FP4, QuantizedWeight, QuantScheme  #
 from tritonllm.quantization.quantize import quantize_experts  # noqa: E402
 
 # name -> (experts, top_k, hidden, intermediate)
-SHAPES = {"qwen3": (128, 8, 2048, 768), "mixtral": (8, 2, 4096, 14336), "tiny": (6, 2, 64, 96)}
+SHAPES = {
+    "qwen3": (128, 8, 2048, 768),
+    "mixtral": (8, 2, 4096, 14336),
+    "gptoss": (32, 4, 2880, 2880),
+    "tiny": (6, 2, 64, 96),
+}
 DEFAULT_SHAPES = ["qwen3", "mixtral"]  # "tiny": a dry run of the scripts on the CPU (interpreter, float32)
 DEVICE = platform.DEVICE
 DTYPE = torch.bfloat16 if platform.is_gpu() else torch.float32

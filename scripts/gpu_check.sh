@@ -203,6 +203,7 @@ PY
     tune-moe)
       # the fused-MoE tile sweep, one (shape, kind) per TUNE_MOE entry "shape:kind" (a few minutes each);
       # the merged table goes to $OUT/moe_tuned.json (copy it to tritonllm/kernels/tuned/moe_NVIDIA_H200.json)
+      cp tritonllm/kernels/tuned/moe_NVIDIA_H200.json "$OUT/moe_tuned.json" 2>/dev/null  # this sweep's buckets replace its
       for case in ${TUNE_MOE:-qwen3:bfloat16}; do
         python3 scripts/tune_moe.py "$OUT/tune_moe_${case/:/_}.json" --shapes ${case%%:*} --kinds ${case##*:} \
           ${TUNE_MOE_TOKENS:+--tokens $TUNE_MOE_TOKENS} 2>&1 | tee "$OUT/tune_moe_${case/:/_}.log" | grep -v "^compile" | tail -12

@@ -12,7 +12,7 @@ winner is the BLOCK_M whose best w13 plus best w2 is fastest. Compilation is the
 of worker processes first runs every distinct kernel once on small stand-in weights (filling
 Triton's on-disk cache), then the timing process loads compiled kernels. One shape and kind takes a
 few minutes; run them one at a time (`--shapes qwen3 --kinds bfloat16`) and merge the files with
-`--write-tuned ... --update` (each run's (kind, shape) entries replace the file's, the rest stay).
+`--write-tuned ... --update` (each run's (kind, shape, tokens) entries replace the file's, the rest stay).
 No run-time autotuning: fused_moe reads the written table (kernels/moe_tiles.py).
 """
 
@@ -43,13 +43,18 @@ from tritonllm.kernels.quant_formats import BLOCK  # noqa: E402
 
 
 def block_ms(tokens: int, e: int, top_k: int) -> list[int]:
-    """BLOCK_M candidates: 16 up to twice the expected rows per expert (at most 128)."""
+    """BLOCK_M candidates: 16 up to twice the expected rows per expert (at most 128); 1 stands for the
+    GEMV (kernels/moe_gemv.py) while the pairs per expert stay few."""
     rows = tokens * top_k / e
-    return [bm for bm in (16, 32, 64, 128) if bm == 16 or bm <= 2 * rows]
+    return [bm for bm in (1, 16, 32, 64, 128) if (bm == 1 and rows <= 2) or bm == 16 or 1 < bm <= 2 * rows]
 
 
 def candidates(kind: str, block_m: int) -> list[GemmTiles]:
     """(BLOCK_N, BLOCK_K, warps, stages) for one BLOCK_M; FP8 blocks keep BLOCK_K within a 128 group."""
+    if block_m == 1:  # the GEMV: weight rows straight into registers, wide K tiles
+        block_ks = {"fp8_block": (64, 128), "mxfp4": (256, 512, 1024)}.get(kind, (128, 256, 512))
+        return [GemmTiles(1, bn, bk, warps, 2, 1, gemv=True)
+                for bn, bk, warps in itertools.product((8, 16, 32, 64), block_ks, (2, 4, 8))]  # fmt: skip
     block_ks = (64, 128) if kind == "fp8_block" else (64, 128, 256)
     out = []
     for bn, bk, warps, stages in itertools.product((32, 64, 128, 256), block_ks, (4, 8), (3, 4)):
@@ -86,12 +91,12 @@ class Case:
 
     def run(self, which: str, tiles: GemmTiles) -> torch.Tensor:
         fitted = fit_moe_tiles(MoeTiles(tiles, tiles), self.kind, 2, 2 if SCHEMES[self.kind] is None else 1)
-        align = self.align(tiles.block_m)
+        route = self.ids.reshape(-1) if tiles.gemv else self.align(tiles.block_m)
         if which == "w13":
-            moe._launch(self.a1, self.s1, self.w13, self.out1, None, None, align, fitted.w13, n=self.i, k=self.h,
+            moe._launch(self.a1, self.s1, self.w13, self.out1, None, None, route, fitted.w13, n=self.i, k=self.h,
                         a_row_div=self.top_k, gated=True)  # fmt: skip
             return self.out1
-        moe._launch(self.a2, self.s2, self.w2, self.out2, None, self.flat_weights, align, fitted.w2, n=self.h,
+        moe._launch(self.a2, self.s2, self.w2, self.out2, None, self.flat_weights, route, fitted.w2, n=self.h,
                     k=self.i, a_row_div=1, gated=False)  # fmt: skip
         return self.out2
 
@@ -198,8 +203,9 @@ def main() -> None:
         table = tuned_table(sweep_file["rows"])
         if args.update and args.write_tuned.exists():
             old = json.loads(args.write_tuned.read_text())
-            for kind, shapes in table.items():
-                old.setdefault(kind, {}).update(shapes)
+            for kind, shapes in table.items():  # this sweep's token buckets replace the file's, the rest stay
+                for shape, buckets in shapes.items():
+                    old.setdefault(kind, {}).setdefault(shape, {}).update(buckets)
             table = old
         table.update(device=sweep_file["device"], torch=sweep_file["torch"], triton=sweep_file["triton"])
         args.write_tuned.parent.mkdir(parents=True, exist_ok=True)

@@ -127,15 +127,41 @@ def test_fused_moe_matches_reference(t, e, top_k, activation, bias) -> None:
     assert_close_to_scale(got, expected, TOL)
 
 
+GEMV_TILES = {"gemv_16x16": g.GemmTiles(1, 16, 16, 1, 1, 1, gemv=True),
+              "gemv_8x32": g.GemmTiles(1, 8, 32, 1, 1, 1, gemv=True)}  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    "tiles", [g.GemmTiles(16, 16, 16, 1, 1, 2), g.GemmTiles(32, 32, 16, 1, 1, 1, 1)], ids=["16x16x16", "32x32x16"]
+    "tiles",
+    [g.GemmTiles(16, 16, 16, 1, 1, 2), g.GemmTiles(32, 32, 16, 1, 1, 1, 1), *GEMV_TILES.values()],
+    ids=["16x16x16", "32x32x16", *GEMV_TILES],
 )
 def test_fused_moe_with_several_tiles_and_k_steps(tiles) -> None:
-    """Small tiles: several column tiles and K steps, K both even (H 48) and ragged (I 40)."""
+    """Small tiles: several column tiles and K steps, K both even (H 48) and ragged (I 40); the grouped
+    GEMM and the GEMV (kernels/moe_gemv.py: one program per pair, no alignment)."""
     p = _problem(19, 8, 48, 40, 3, seed=3)
     args, kwargs = _args(p, True)
     got = fused_moe(*args, tiles=MoeTiles(tiles, tiles), **kwargs)
     assert_close_to_scale(got, reference.fused_moe(*args, **kwargs), TOL)
+
+
+def test_decode_batches_take_the_gemv_by_default(monkeypatch) -> None:
+    """Few pairs per expert: the GEMV, and no alignment is computed; many: the grouped GEMM."""
+    from tritonllm.kernels import moe
+
+    aligned = []
+    monkeypatch.setattr(moe, "moe_align", lambda *a: aligned.append(a) or moe_align(*a))
+    for t, expect_gemv in ((2, True), (19, False)):
+        p = _problem(t, 8, 48, 40, 2, seed=13)
+        args, kwargs = _args(p, True)
+        aligned.clear()
+        assert_close_to_scale(fused_moe(*args, **kwargs), reference.fused_moe(*args, **kwargs), TOL)
+        assert (not aligned) == expect_gemv
+
+
+def test_mixed_gemv_and_grouped_tiles_are_refused() -> None:
+    with pytest.raises(ValueError, match="GEMV"):
+        MoeTiles(GEMV_TILES["gemv_16x16"], g.GemmTiles(1, 16, 16))
 
 
 def test_top_1_writes_out_directly() -> None:
@@ -175,13 +201,17 @@ def test_a_wrong_result_fails_the_tolerance() -> None:
     [(QuantScheme(FP8, "block", "group"), 48, 40), (QuantScheme(FP4, "mx", "none"), 64, 96)],
     ids=["fp8_block", "mxfp4"],
 )
-@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
-def test_quantized_experts_match_reference(scheme, h, i, activation) -> None:
+@pytest.mark.parametrize(
+    "gemv, activation", [(False, "silu"), (False, "swiglu_oai"), (True, "swiglu_oai")], ids=["silu", "oai", "gemv_oai"]
+)
+def test_quantized_experts_match_reference(scheme, h, i, activation, gemv) -> None:
     p = _problem(19, 6, h, i, 2, seed=7)
     w13, w2 = quantize_experts(p["w13"].float(), scheme), quantize_experts(p["w2"].float(), scheme)
     args = (p["x"], w13, w2, p["topk_weights"], p["topk_ids"])
     kwargs = dict(activation=activation, w13_bias=p["w13_bias"], w2_bias=p["w2_bias"])
-    got = fused_moe(*args, **kwargs)
+    # GEMV K tiles: two MXFP4 scale groups (K 64 even, 96 ragged), within one FP8 128-group
+    tiles = MoeTiles(*[g.GemmTiles(1, 32, 64 if scheme.act == "none" else 32, 1, 1, 1, gemv=True)] * 2)
+    got = fused_moe(*args, tiles=tiles if gemv else None, **kwargs)
     # FP8: the kernels' activation quantization may round a boundary value the other way
     tol = 1e-2 if scheme.act == "group" else (4 * TOL if DTYPE == torch.float32 else 2e-2)
     assert_close_to_scale(got, reference.fused_moe(*args, **kwargs), tol)
@@ -255,7 +285,8 @@ def test_tile_table_lookup(tmp_path, monkeypatch) -> None:
         assert moe_tiles.tuned_moe_tiles("mxfp4", 128, 2048, 768, 1, "GPU") is None
     finally:
         moe_tiles._table.cache_clear()
-    assert moe_tiles.default_moe_tiles(0.1, "hopper").block_m == 16
+    assert moe_tiles.default_moe_tiles(0.1, "hopper").gemv and moe_tiles.default_moe_tiles(0.1, "cpu").gemv
+    assert moe_tiles.default_moe_tiles(2, "hopper").block_m == 16
     assert moe_tiles.default_moe_tiles(500, "hopper").block_m == 128
     assert (
         moe_tiles.fit_moe_tiles(moe_tiles.default_moe_tiles(500, "hopper"), "fp8_block", 1, 1, "hopper").w2.block_k

@@ -19,6 +19,9 @@ fixed summation order, no atomics, no zero-fill launch), the output is produced 
 no float32 [T, H] buffer and cast, and the extra traffic (T * k * H values written and read once)
 is small beside the GEMMs' (about a tenth at Qwen3-30B-A3B prefill shapes).
 
+Decode-sized batches (few pairs per expert: the tile table's or default tiles say `gemv`) take
+kernels/moe_gemv.py instead: one program per (pair, BLOCK_N columns), no alignment, same epilogue.
+
 Padding rows (pair id T * k) read row 0 and are not stored; blocks past the last expert exit at
 once. The grid is static (moe_align's bound): nothing syncs with the host, decode steps capture.
 
@@ -41,6 +44,8 @@ from tritonllm.kernels.gemm import GemmTiles
 from tritonllm.kernels.gemm_persistent import tile_coords
 from tritonllm.kernels.gemm_scales import DEC_FP4, dequant_values, group_scales, unpack_values
 from tritonllm.kernels.moe_align import MoeAlignment, moe_align
+from tritonllm.kernels.moe_epilogue import moe_store
+from tritonllm.kernels.moe_gemv import moe_gemv_kernel
 from tritonllm.kernels.moe_tiles import MoeTiles, moe_kind, pick_moe_tiles
 from tritonllm.kernels.quant import quantize_per_group
 from tritonllm.kernels.quant_formats import BLOCK, MX_GROUP, QuantizedWeight
@@ -52,17 +57,6 @@ MOE_FORMATS = {"fp8:block:group": Q_FP8_BLOCK, "mxfp4:mx:none": Q_MXFP4}
 # the quantized expert formats served, declared as features of the moe op: the engine requires those
 # of the model's experts (models/loader.py layer_features), so a model with others takes the reference
 MOE_SUPPORTS = Supports(dtypes=FLOATS, features=frozenset(MOE_FORMATS))
-
-
-@triton.jit
-def _activation(gate, up, alpha, limit, ACTIVATION: tl.constexpr):
-    """0: silu(gate) * up; 1: gpt-oss's (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)."""
-    if ACTIVATION == 0:
-        out = gate / (1.0 + tl.exp(-gate)) * up
-    else:
-        g = tl.minimum(gate, limit)
-        out = (tl.minimum(tl.maximum(up, -limit), limit) + 1.0) * g / (1.0 + tl.exp(-alpha * g))
-    return out
 
 
 @triton.jit
@@ -151,16 +145,8 @@ def fused_moe_kernel(
         b_ptrs += (BLOCK_K // PACK) * stride_bk
         up_ptrs += (BLOCK_K // PACK) * stride_bk
 
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + e * stride_bias_e + rn)[None, :].to(tl.float32)
-        if GATED:
-            acc_up += tl.load(bias_ptr + e * stride_bias_e + N + rn)[None, :].to(tl.float32)
-    if GATED:
-        acc = _activation(acc, acc_up, alpha, limit, ACTIVATION)
-    if MUL_WEIGHTS:
-        acc = acc * tl.load(topk_weights_ptr + pair)[:, None]
-    c_ptrs = c_ptr + pair[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & (offs_n < N)[None, :])
+    moe_store(acc, acc_up, c_ptr, bias_ptr, topk_weights_ptr, pair, valid, e, rn, offs_n, N, alpha, limit,
+              stride_cm, stride_cn, stride_bias_e, GATED, ACTIVATION, HAS_BIAS, MUL_WEIGHTS)  # fmt: skip
 
 
 def _launch(
@@ -170,7 +156,7 @@ def _launch(
     c: torch.Tensor,
     bias: torch.Tensor | None,
     topk_weights: torch.Tensor | None,
-    align: MoeAlignment,
+    route: MoeAlignment | torch.Tensor,
     tiles: GemmTiles,
     *,
     n: int,
@@ -181,27 +167,58 @@ def _launch(
     alpha: float = 0.0,
     limit: float = 0.0,
 ) -> None:
-    """One grouped GEMM over the aligned blocks: c[pair, :n] for B = w[expert] ([E, n, k]; w13: [E, 2n, k])."""
+    """One launch over the pairs: c[pair, :n] for B = w[expert] ([E, n, k]; w13: [E, 2n, k]). `route`:
+    the alignment for the grouped GEMM, or (tiles.gemv) the topk_ids for the GEMV (kernels/moe_gemv.py)."""
     quant = Q_NONE if not isinstance(w, QuantizedWeight) else MOE_FORMATS[w.scheme.format_name]
     data = w.data if isinstance(w, QuantizedWeight) else w
     b_scale = w.scale if isinstance(w, QuantizedWeight) else None
-    num_experts = data.shape[0]
     dummy = c  # stands in for absent pointers (never read)
     a_s_strides = (a_scale.stride(0), a_scale.stride(1)) if a_scale is not None else (0, 0)
     b_s_strides = b_scale.stride() if b_scale is not None else (0, 0, 0)
     group_k = {Q_NONE: 1, Q_FP8_BLOCK: BLOCK, Q_MXFP4: MX_GROUP}[quant]
-    grid = (align.num_blocks * triton.cdiv(n, tiles.block_n),)
+    pointers = (
+        a,
+        data,
+        c,
+        bias if bias is not None else dummy,
+        a_scale if a_scale is not None else dummy,
+        b_scale if b_scale is not None else dummy,
+        topk_weights if topk_weights is not None else dummy,
+    )
+    strides = (
+        a.stride(0),
+        a.stride(1),
+        data.stride(0),
+        data.stride(1),
+        data.stride(2),
+        c.stride(0),
+        c.stride(1),
+        bias.stride(0) if bias is not None else 0,
+        *a_s_strides,
+        *b_s_strides,
+    )
+    flags = dict(
+        A_ROW_DIV=a_row_div,
+        GATED=gated,
+        ACTIVATION=activation,
+        HAS_BIAS=bias is not None,
+        MUL_WEIGHTS=topk_weights is not None,
+        QUANT=quant,
+        GROUP_K=group_k,
+        EVEN_K=k % tiles.block_k == 0,
+        BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+    )
+    if tiles.gemv:
+        grid = (triton.cdiv(n, tiles.block_n), route.numel())
+        moe_gemv_kernel[grid](*pointers, route, n, k, alpha, limit, *strides, **flags)
+        return
+    grid = (route.num_blocks * triton.cdiv(n, tiles.block_n),)
     fused_moe_kernel[grid](
-        a, data, c, bias if bias is not None else dummy, a_scale if a_scale is not None else dummy,
-        b_scale if b_scale is not None else dummy, topk_weights if topk_weights is not None else dummy,
-        align.sorted_ids, align.block_expert,
-        align.num_pairs, align.num_blocks, n, k, num_experts, alpha, limit,
-        a.stride(0), a.stride(1), data.stride(0), data.stride(1), data.stride(2), c.stride(0), c.stride(1),
-        bias.stride(0) if bias is not None else 0, *a_s_strides, *b_s_strides,
-        A_ROW_DIV=a_row_div, GATED=gated, ACTIVATION=activation, HAS_BIAS=bias is not None,
-        MUL_WEIGHTS=topk_weights is not None, QUANT=quant, GROUP_K=group_k, IEEE=a.dtype == torch.float32,
-        EVEN_K=k % tiles.block_k == 0, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-        GROUP_M=tiles.group_m, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        *pointers, route.sorted_ids, route.block_expert, route.num_pairs, route.num_blocks, n, k, data.shape[0],
+        alpha, limit, *strides, IEEE=a.dtype == torch.float32, BLOCK_M=tiles.block_m, GROUP_M=tiles.group_m, **flags,
     )  # fmt: skip
 
 
@@ -253,18 +270,19 @@ def fused_moe(
         a_bytes = 1 if fp8 else x.element_size()
         b_bytes = 1 if fmt is not None else x.element_size()
         tiles = pick_moe_tiles(moe_kind(x.dtype, fmt), e, h, i, t, top_k, a_bytes, b_bytes)
-    align = moe_align(topk_ids, e, tiles.block_m)
+    # the grouped GEMM's alignment of the pairs to row blocks; the GEMV reads each pair's expert itself
+    route = topk_ids.reshape(-1) if tiles.gemv else moe_align(topk_ids, e, tiles.block_m)
     weights = topk_weights.reshape(-1)
     weights = weights if weights.dtype == torch.float32 else weights.float()
 
     a, a_scale = quantize_per_group(x, w13.data.dtype, BLOCK) if fp8 else (x, None)
     intermediate = torch.empty((t * top_k, i), dtype=x.dtype, device=x.device)
-    _launch(a, a_scale, w13, intermediate, w13_bias, None, align, tiles.w13, n=i, k=h, a_row_div=top_k,
+    _launch(a, a_scale, w13, intermediate, w13_bias, None, route, tiles.w13, n=i, k=h, a_row_div=top_k,
             gated=True, activation=MOE_ACTIVATIONS.index(activation), alpha=alpha, limit=limit)  # fmt: skip
 
     a, a_scale = quantize_per_group(intermediate, w2.data.dtype, BLOCK) if fp8 else (intermediate, None)
     per_slot = out if top_k == 1 else torch.empty((t * top_k, h), dtype=x.dtype, device=x.device)
-    _launch(a, a_scale, w2, per_slot, w2_bias, weights, align, tiles.w2, n=h, k=i, a_row_div=1, gated=False)
+    _launch(a, a_scale, w2, per_slot, w2_bias, weights, route, tiles.w2, n=h, k=i, a_row_div=1, gated=False)
     if top_k > 1:
         torch.sum(per_slot.view(t, top_k, h), dim=1, out=out)
     return out

@@ -33,12 +33,19 @@ class MoeTiles:
     w2: GemmTiles  # intermediate @ w2[e].T (N = H, K = I); block_m equal to w13's
 
     def __post_init__(self) -> None:
+        if self.w13.gemv != self.w2.gemv:
+            raise ValueError("MoE tiles: both launches are GEMVs (kernels/moe_gemv.py) or neither")
         if self.w13.block_m != self.w2.block_m:
             raise ValueError(f"MoE tiles: both GEMMs take one BLOCK_M, not {self.w13.block_m} and {self.w2.block_m}")
 
     @property
     def block_m(self) -> int:
         return self.w13.block_m
+
+    @property
+    def gemv(self) -> bool:
+        """Decode-sized batches: one program per (pair, BLOCK_N columns), no alignment (kernels/moe_gemv.py)."""
+        return self.w13.gemv
 
 
 def moe_kind(dtype: torch.dtype, fmt: str | None) -> str:
@@ -65,7 +72,15 @@ def tuned_moe_tiles(kind: str, e: int, h: int, i: int, tokens: int, device_name:
     return MoeTiles(GemmTiles(**entry["w13"]), GemmTiles(**entry["w2"]))
 
 
-def default_moe_tiles(rows_per_expert: float, family: str) -> MoeTiles:
+# up to this many expected pairs per expert the GEMV (no alignment, no row padding) is the default:
+# pairs of one expert each read its weight, which pays while they are about one per expert touched
+GEMV_ROWS_PER_EXPERT = 0.5
+
+
+def default_moe_tiles(rows_per_expert: float, family: str, kind: str = "bfloat16") -> MoeTiles:
+    if rows_per_expert <= GEMV_ROWS_PER_EXPERT:  # wide K tiles: 512 B of weight per row and step
+        t = GemmTiles(1, 16, 512 if kind == "mxfp4" else 256, 4, 2, 1, gemv=True)
+        return MoeTiles(t, t)
     if family == "cpu":  # the interpreter: few, wide programs (tests' shapes are small)
         t = GemmTiles(16, 64, 64, 1, 1, 4)
         return MoeTiles(t, t)
@@ -89,13 +104,15 @@ def pick_moe_tiles(kind: str, e: int, h: int, i: int, tokens: int, top_k: int, a
         tiles = tuned_moe_tiles(kind, e, h, i, tokens, torch.cuda.get_device_name(platform.DEVICE))
     family = gpu_family()
     if tiles is None:
-        tiles = default_moe_tiles(tokens * top_k / e, family)
+        tiles = default_moe_tiles(tokens * top_k / e, family, kind)
     return fit_moe_tiles(tiles, kind, a_bytes, b_bytes, family)
 
 
 def fit_moe_tiles(tiles: MoeTiles, kind: str, a_bytes: int, b_bytes: int, family: str | None = None) -> MoeTiles:
-    w13 = fit_shared_memory(tiles.w13, a_bytes, 2 * b_bytes, family)
-    w2 = fit_shared_memory(tiles.w2, a_bytes, b_bytes, family)
+    w13, w2 = tiles.w13, tiles.w2
+    if not tiles.gemv:  # the GEMV stages nothing through shared memory
+        w13 = fit_shared_memory(w13, a_bytes, 2 * b_bytes, family)
+        w2 = fit_shared_memory(w2, a_bytes, b_bytes, family)
     if kind == "fp8_block":  # each K tile inside one 128-column scale group
         w13, w2 = (replace(t, block_k=min(t.block_k, BLOCK)) for t in (w13, w2))
     return MoeTiles(w13, w2)

@@ -1,0 +1,39 @@
+"""The fused-MoE kernels' shared epilogue (kernels/moe.py's grouped GEMM, kernels/moe_gemv.py's GEMV):
+expert bias, the gated activation, the pair's top-k weight, and the store of each pair's row."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from tritonllm import platform  # noqa: F401  (switches on the interpreter on CPU first)
+
+
+@triton.jit
+def moe_activation(gate, up, alpha, limit, ACTIVATION: tl.constexpr):
+    """0: silu(gate) * up; 1: gpt-oss's (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)."""
+    if ACTIVATION == 0:
+        out = gate / (1.0 + tl.exp(-gate)) * up
+    else:
+        g = tl.minimum(gate, limit)
+        out = (tl.minimum(tl.maximum(up, -limit), limit) + 1.0) * g / (1.0 + tl.exp(-alpha * g))
+    return out
+
+
+@triton.jit
+def moe_store(acc, acc_up, c_ptr, bias_ptr, topk_weights_ptr, pair, valid, e, rn, offs_n, N, alpha, limit,
+              stride_cm, stride_cn, stride_bias_e, GATED: tl.constexpr, ACTIVATION: tl.constexpr,
+              HAS_BIAS: tl.constexpr, MUL_WEIGHTS: tl.constexpr):  # fmt: skip
+    """c[pair, offs_n] for the [rows, BLOCK_N] float32 accumulators of rows `pair` (those `valid`):
+    + the expert's bias (gate and up rows: N apart), the activation when GATED, x the pair's top-k
+    weight when MUL_WEIGHTS; stored in c's dtype."""
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + e * stride_bias_e + rn)[None, :].to(tl.float32)
+        if GATED:
+            acc_up += tl.load(bias_ptr + e * stride_bias_e + N + rn)[None, :].to(tl.float32)
+    if GATED:
+        acc = moe_activation(acc, acc_up, alpha, limit, ACTIVATION)
+    if MUL_WEIGHTS:
+        acc = acc * tl.load(topk_weights_ptr + pair)[:, None]
+    c_ptrs = c_ptr + pair[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & (offs_n < N)[None, :])

@@ -1,0 +1,92 @@
+"""The fused MoE's GEMV kernel, for decode-sized batches (a few (token, expert) pairs per expert).
+
+At decode the experts' weight read is the whole cost, and the grouped GEMM (kernels/moe.py) spends
+launches on the alignment (the pairs sorted and padded per expert), pads every expert's rows to a
+16-row tensor-core tile and stages the weight through shared memory. Here each program takes one
+pair (token t, slot j, expert e = topk_ids[t, j]) and BLOCK_N output columns: the expert's weight
+rows are loaded straight into registers (K contiguous, wide loads), widened to float32, multiplied
+by the pair's activation row and summed along K, as in the dense GEMV (kernels/gemm_gemv.py, whose
+MXFP4 decoding it shares). No alignment at all: the expert comes from topk_ids, so a decode step is
+router + two GEMV launches + the sum over slots. Pairs that share an expert read its weight once
+each (from L2 when close in time), so the path pays while pairs per expert stay near one; the tile
+table (or the default by rows per expert, kernels/moe_tiles.py) decides, `GemmTiles.gemv`.
+
+The epilogue is the grouped GEMM's (kernels/moe_epilogue.py): bias, gated activation (w13 holds the
+gate rows and, I below, the up rows: two accumulators), top-k weight, store per pair. Formats:
+float weights; FP8 block-128 (e4m3 weights and per-token-group e4m3 activations, each K tile within
+one 128 group, times its activation and weight scales); MXFP4 (e2m1 pairs, e8m0 scale per 32).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from tritonllm.kernels.gemm_scales import DEC_FP4, gemv_decoded_part
+from tritonllm.kernels.moe_epilogue import moe_store
+
+
+@triton.jit
+def _row_dot(a_row_ptr, a_scale_row_ptr, b_ptr, b_scale_ptr, rn, K, stride_ak, stride_ask, stride_bn, stride_bk,
+             stride_bsn, stride_bsk, QUANT: tl.constexpr, GROUP_K: tl.constexpr, EVEN_K: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """sum over K of w[rn, k] * a[k] in float32 for one activation row and the weight rows rn."""
+    PACK: tl.constexpr = 2 if QUANT == 2 else 1  # K values per byte of B
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_kb = tl.arange(0, BLOCK_K // PACK)
+    b_ptrs = b_ptr + rn[:, None] * stride_bn + offs_kb[None, :] * stride_bk
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        if EVEN_K:
+            b = tl.load(b_ptrs)
+        else:
+            b = tl.load(b_ptrs, mask=(k // PACK + offs_kb < K // PACK)[None, :], other=0.0)
+        if QUANT == 2:
+            acc += gemv_decoded_part(b, a_row_ptr, b_scale_ptr, b_scale_ptr, rn, k, K, stride_ak, stride_bsn,
+                                     stride_bsk, DEC_FP4, GROUP_K, BLOCK_K, BLOCK_N)  # fmt: skip
+        else:
+            if EVEN_K:
+                a = tl.load(a_row_ptr + (k + offs_k) * stride_ak)
+            else:
+                a = tl.load(a_row_ptr + (k + offs_k) * stride_ak, mask=k + offs_k < K, other=0.0)
+            part = tl.sum(b.to(tl.float32) * a.to(tl.float32)[None, :], axis=1)
+            if QUANT == 1:  # FP8 block: the tile lies in one K group
+                a_s = tl.load(a_scale_row_ptr + (k // GROUP_K) * stride_ask)
+                b_s = tl.load(b_scale_ptr + (rn // GROUP_K) * stride_bsn + (k // GROUP_K) * stride_bsk)
+                part = part * a_s * b_s
+            acc += part
+        b_ptrs += (BLOCK_K // PACK) * stride_bk
+    return acc
+
+
+@triton.jit
+def moe_gemv_kernel(
+    a_ptr, b_ptr, c_ptr, bias_ptr, a_scale_ptr, b_scale_ptr, topk_weights_ptr, topk_ids_ptr,
+    N, K, alpha, limit,
+    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn, stride_bias_e,
+    stride_asm, stride_ask, stride_bse, stride_bsn, stride_bsk,
+    A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
+    MUL_WEIGHTS: tl.constexpr, QUANT: tl.constexpr, GROUP_K: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """c[pair, n] for one pair (program axis 1) and BLOCK_N columns (axis 0): A row pair // A_ROW_DIV,
+    B the pair's expert's [N (x2 when GATED), K] matrix."""
+    pid_n = tl.program_id(0)
+    pair = tl.program_id(1)
+    e = tl.load(topk_ids_ptr + pair).to(tl.int64)
+    row = (pair // A_ROW_DIV).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
+    a_row_ptr = a_ptr + row * stride_am
+    a_scale_row_ptr = a_scale_ptr + row * stride_asm
+    b_ptr += e * stride_be
+    b_scale_ptr += e * stride_bse
+    acc = _row_dot(a_row_ptr, a_scale_row_ptr, b_ptr, b_scale_ptr, rn, K, stride_ak, stride_ask, stride_bn, stride_bk,
+                   stride_bsn, stride_bsk, QUANT, GROUP_K, EVEN_K, BLOCK_N, BLOCK_K)  # fmt: skip
+    acc_up = acc
+    if GATED:  # w13's up rows, N below the gate rows
+        acc_up = _row_dot(a_row_ptr, a_scale_row_ptr, b_ptr, b_scale_ptr, rn + N, K, stride_ak, stride_ask, stride_bn,
+                          stride_bk, stride_bsn, stride_bsk, QUANT, GROUP_K, EVEN_K, BLOCK_N, BLOCK_K)  # fmt: skip
+    pairs = tl.full([1], 0, tl.int32) + pair
+    moe_store(acc[None, :], acc_up[None, :], c_ptr, bias_ptr, topk_weights_ptr, pairs, pairs >= 0, e, rn, offs_n, N,
+              alpha, limit, stride_cm, stride_cn, stride_bias_e, GATED, ACTIVATION, HAS_BIAS, MUL_WEIGHTS)  # fmt: skip
