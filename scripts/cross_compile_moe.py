@@ -1,5 +1,6 @@
-"""Compile the MoE kernels (kernels/moe_route.py, kernels/moe.py) for NVIDIA sm90 / sm80 and AMD
-gfx942 without any GPU: the router at Qwen3 / DeepSeek / gpt-oss expert counts, and the grouped
+"""Compile the MoE kernels (kernels/moe_route.py, moe_align.py, moe.py) for NVIDIA sm90 / sm80 and AMD
+gfx942 without any GPU: the router at Qwen3 / DeepSeek / gpt-oss expert counts, the alignment (one
+program counting itself, and the counted multi-program path) at those counts, and the grouped
 GEMM's w13 (gated, with the activation) and w2 launches for bf16, FP8 block-128 and MXFP4 experts at
 every default tile bucket of that GPU family (kernels/moe_tiles.py). sm80 has no FP8: its FP8
 variants are expected to fail. Reports spills (local memory in the PTX) on NVIDIA.
@@ -17,7 +18,7 @@ os.environ["TRITON_INTERPRET"] = "0"  # before tritonllm.platform, which would s
 # isort: split
 from cross_compile_gemm import TARGETS, run_checks  # this folder: sys.path[0] when run as a script
 
-from tritonllm.kernels import moe, moe_route, moe_tiles
+from tritonllm.kernels import moe, moe_align, moe_route, moe_tiles
 
 
 def main() -> int:
@@ -28,6 +29,14 @@ def main() -> int:
         for e, top_k, scoring in ((128, 8, 0), (256, 8, 1), (32, 4, 0)):
             checks.append((f"route E={e} top-{top_k}", moe_route.moe_route_kernel, dict(logits_ptr="*bf16", weights_ptr="*fp32", ids_ptr="*i32"),
                            dict(TOP_K=top_k, SCORING=scoring, RENORMALIZE=True, ROWS=4096 // e, BLOCK_E=e, BLOCK_K=top_k), 4, False))  # fmt: skip
+            align_types = dict(ids_ptr="*i32", counts_ptr="*i32", sorted_ids_ptr="*i32", block_expert_ptr="*i32")
+            steps = dict(STEP=moe_align.STEP, COUNT_STEP=moe_align.COUNT_STEP, TILE=moe_align.TILE)
+            checks.append((f"align counts E={e}", moe_align.moe_count_kernel, align_types,
+                           dict(BLOCK_E=e, STEP=moe_align.COUNT_STEP), moe_align.RANGE_WARPS, False))  # fmt: skip
+            for counted, block_m in ((False, 16), (True, 64), (True, 128)):
+                checks.append((f"align E={e} BLOCK_M={block_m}{' counted' if counted else ''}", moe_align.moe_align_kernel,
+                               align_types, dict(steps, COUNTED=counted, BLOCK_E=e, BLOCK_M=block_m),
+                               moe_align.RANGE_WARPS if counted else moe_align.SINGLE_WARPS, False))  # fmt: skip
         kinds = [
             ("bfloat16", dict(a_ptr="*bf16", b_ptr="*bf16"), dict(QUANT=moe.Q_NONE, GROUP_K=1), 2, 2),
             ("fp8_block", dict(a_ptr=f"*{fp8}", b_ptr=f"*{fp8}", a_scale_ptr="*fp32", b_scale_ptr="*fp32"),

@@ -1,4 +1,5 @@
-"""The Triton MoE (kernels/moe_route.py, moe_align.py, moe.py) against the torch reference.
+"""The Triton MoE (kernels/moe_route.py, moe.py) against the torch reference (the alignment,
+kernels/moe_align.py: test_moe_align.py).
 
 Ragged, non-power-of-two shapes (T in {1, 5, 19}, E 6 or 8, H 48, I 40; MXFP4 needs K a multiple
 of 32: H 64, I 96) keep the interpreter's grids to tens of programs. Tolerances are relative to
@@ -17,7 +18,6 @@ from tritonllm import platform
 from tritonllm.kernels import gemm as g
 from tritonllm.kernels import reference
 from tritonllm.kernels.moe import fused_moe
-from tritonllm.kernels.moe_align import max_blocks, moe_align
 from tritonllm.kernels.moe_route import moe_route
 from tritonllm.kernels.moe_tiles import MoeTiles
 from tritonllm.kernels.quant_formats import FP4, QuantScheme
@@ -71,43 +71,6 @@ def test_route_ties_go_to_the_lower_id() -> None:
     logits = torch.tensor([[1.0, 3.0, 3.0, 0.5, 3.0, 2.0], [0.0] * 6], device=DEVICE)
     _, ids = moe_route(logits, 4, False, "sigmoid")
     assert ids.tolist() == [[1, 2, 4, 5], [0, 1, 2, 3]]
-
-
-# ---- alignment -------------------------------------------------------------------------------
-
-
-def _no_host_reads(monkeypatch) -> None:
-    """Make the Python-level ways of reading a device value back to the host raise."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("host synchronisation")
-
-    for name in ("item", "tolist", "nonzero", "__bool__", "__int__", "__float__", "__index__"):
-        monkeypatch.setattr(torch.Tensor, name, refuse)
-    monkeypatch.setattr(torch, "nonzero", refuse)
-
-
-@pytest.mark.parametrize("t, e, top_k, block_m", [(1, 6, 2, 16), (19, 8, 3, 16), (40, 5, 2, 4)])
-def test_alignment_sorts_pairs_into_expert_blocks_without_host_reads(t, e, top_k, block_m, monkeypatch) -> None:
-    ids = torch.randint(0, e, (t, top_k), generator=torch.Generator().manual_seed(t), dtype=torch.int32).to(DEVICE)
-    with monkeypatch.context() as m:
-        _no_host_reads(m)
-        align = moe_align(ids, e, block_m)
-    num_pairs = t * top_k
-    assert align.num_blocks == max_blocks(num_pairs, e, block_m)
-    assert align.sorted_ids.shape == (align.num_blocks * block_m,) and align.block_expert.shape == (align.num_blocks,)
-    rows = align.sorted_ids.view(align.num_blocks, block_m).cpu()
-    experts, flat = align.block_expert.cpu(), ids.reshape(-1).cpu()
-    real = rows < num_pairs
-    assert sorted(rows[real].tolist()) == list(range(num_pairs))  # every pair once, padding elsewhere
-    for b in range(align.num_blocks):
-        pairs = rows[b][real[b]]
-        assert (flat[pairs.long()] == experts[b]).all()  # a block's pairs all go to its expert
-        assert pairs.tolist() == sorted(pairs.tolist())  # in token order (deterministic)
-        if experts[b] == e:
-            assert not real[b].any()  # blocks past the last segment are empty
-    used = (experts < e).sum().item()
-    assert (experts[:used] < e).all() and used == sum(-(-int((flat == x).sum()) // block_m) for x in range(e))
 
 
 # ---- fused experts -----------------------------------------------------------------------------

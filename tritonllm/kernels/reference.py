@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tritonllm.kernels.moe_align import MoeAlignment, max_blocks
 from tritonllm.kernels.quant import E4M3_EMAX, EPS
 from tritonllm.kernels.quant_formats import (
     BLOCK,
@@ -437,9 +438,31 @@ def moe_route(
     return weights, ids.to(torch.int32)
 
 
-def moe_activation(
-    gate_up: torch.Tensor, activation: str, alpha: float = 1.702, limit: float = 7.0
-) -> torch.Tensor:
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeAlignment:
+    """topk_ids [T, k] -> the pairs (p = t * k + j) sorted by expert, each expert's segment padded to
+    a multiple of block_m with T * k, blocks past the last segment marked expert E; each expert's pairs
+    in pair order (kernels/moe_align.py's contract). Torch ops that read no size back to the host: a
+    scatter-add histogram, cumsums, a stable sort, searchsorted."""
+    device = topk_ids.device
+    experts = topk_ids.reshape(-1).long()
+    num_pairs = experts.numel()
+    num_blocks = max_blocks(num_pairs, num_experts, block_m)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
+    counts.scatter_add_(0, experts, torch.ones_like(experts))
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_end = torch.cumsum(padded, 0)
+    first_of_expert = torch.cumsum(counts, 0) - counts  # where each expert's pairs start once sorted
+    sorted_experts, order = torch.sort(experts, stable=True)
+    rank = torch.arange(num_pairs, device=device) - first_of_expert[sorted_experts]
+    dest = padded_end[sorted_experts] - padded[sorted_experts] + rank
+    sorted_ids = torch.full((num_blocks * block_m,), num_pairs, dtype=torch.int32, device=device)
+    sorted_ids.scatter_(0, dest, order.to(torch.int32))
+    block_start = torch.arange(num_blocks, device=device) * block_m
+    block_expert = torch.searchsorted(padded_end, block_start, right=True).to(torch.int32)
+    return MoeAlignment(sorted_ids, block_expert, num_pairs, num_blocks)
+
+
+def moe_activation(gate_up: torch.Tensor, activation: str, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
     """[T, 2I] (gate columns, then up columns) -> [T, I]. "silu": silu(gate) * up (Mixtral, Qwen);
     "swiglu_oai": gpt-oss's clamped SwiGLU, (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)
     with g = clamp(gate, max=limit)."""
