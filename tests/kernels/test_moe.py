@@ -112,8 +112,8 @@ def test_decode_batches_take_the_gemv_by_default(monkeypatch) -> None:
     """Few pairs per expert: the GEMV, and no alignment is computed; many: the grouped GEMM."""
     from tritonllm.kernels import moe
 
-    aligned = []
-    monkeypatch.setattr(moe, "moe_align", lambda *a: aligned.append(a) or moe_align(*a))
+    aligned, align = [], moe.moe_align
+    monkeypatch.setattr(moe, "moe_align", lambda *a: aligned.append(a) or align(*a))
     for t, expect_gemv in ((2, True), (19, False)):
         p = _problem(t, 8, 48, 40, 2, seed=13)
         args, kwargs = _args(p, True)
