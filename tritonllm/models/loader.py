@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from tritonllm.distributed.parallel_state import SINGLE, TensorParallel
 from tritonllm.kernels.registry import OPS
 from tritonllm.layers.attention import Attention
 from tritonllm.layers.linear import Linear
@@ -24,22 +25,25 @@ logger = logging.getLogger(__name__)
 
 
 def load_model(
-    path: str | Path, dtype: torch.dtype, device: torch.device | str, quantization: str | None = None
-) -> tuple[nn.Module, PretrainedConfig]:
+    path: str | Path, dtype: torch.dtype, device: torch.device | str, quantization: str | None = None,
+    tp: TensorParallel = SINGLE,
+) -> tuple[nn.Module, PretrainedConfig]:  # fmt: skip
     """(model in eval mode with its weights on `device`, the folder's HF config). Linear layers are
     quantized as the checkpoint's quantization_config says, or online per `quantization`
     (quantization/config.py), or as a GGUF file's tensors are (loader/gguf_loader.py); the rest is
-    in `dtype`."""
+    in `dtype`. With tensor parallelism, this rank's shard, read from its slices of the tensors."""
     gguf = gguf_file(path)
     if gguf is not None:  # llama.cpp's single-file format (loader/gguf_loader.py)
+        if tp.size > 1:
+            raise ValueError("GGUF files cannot be split across tensor-parallel ranks: use tensor_parallel_size=1")
         checkpoint = GGUFCheckpoint(gguf)
         config, quant = checkpoint.config, checkpoint.quant_config(quantization)
         weights = checkpoint.weights(dtype, device)
     else:
         config = load_hf_config(path)
         quant = quant_config(config, quantization)
-        weights = iterate_safetensors(path)
-    model = get_model_class(config)(config, dtype, device, quant)
+        weights = iterate_safetensors(path, lazy=tp.size > 1)
+    model = get_model_class(config)(config, dtype, device, quant, tp)
     model.load_weights(weights)
     if quant is not None:
         logger.info("quantization: %s; linear formats %s", quant.describe(), sorted(linear_formats(model)))

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from tritonllm.distributed.parallel_state import SINGLE, TensorParallel
 from tritonllm.layers.linear import Linear
 from tritonllm.layers.moe import FusedMoE
 from tritonllm.models.llama import LlamaFamilyFlags, LlamaForCausalLM, LlamaMLP, MakeMLP, layer_quant
@@ -96,7 +97,7 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert = self.shared_expert_gate = None
         if spec.shared_intermediate_size:
             self.shared_expert = LlamaMLP(config, flags, dtype, quant, f"{prefix}.shared_expert",
-                                          spec.shared_intermediate_size)  # fmt: skip
+                                          intermediate_size=spec.shared_intermediate_size)  # fmt: skip
             self.shared_expert_gate = Linear(hidden, 1, False, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -124,19 +125,25 @@ class MoEForCausalLM(LlamaForCausalLM):
     """Serves MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM and GptOssForCausalLM."""
 
     def __init__(
-        self, config: PretrainedConfig, dtype: torch.dtype, device: torch.device | str, quant: QuantConfig | None = None
-    ) -> None:
+        self, config: PretrainedConfig, dtype: torch.dtype, device: torch.device | str, quant: QuantConfig | None = None,
+        tp: TensorParallel = SINGLE,
+    ) -> None:  # fmt: skip
+        if tp.size > 1:
+            raise ValueError(
+                f"{config.architectures[0]}: tensor parallelism of mixture-of-experts models is not supported yet "
+                "(the fused MoE layer's experts are not split): use tensor_parallel_size=1"
+            )
         self.spec = MoESpec.from_config(config)
         super().__init__(config, dtype, device, quant)
 
     def mlp_factory(self) -> MakeMLP:
         spec = self.spec
 
-        def make(config, flags, dtype, quant, prefix):  # noqa: ANN001, ANN202
+        def make(config, flags, dtype, quant, prefix, tp):  # noqa: ANN001, ANN202
             layer = int(prefix.split(".")[2])
             if spec.is_sparse(layer):
                 return SparseMoeBlock(config, spec, flags, dtype, quant, prefix)
-            return LlamaMLP(config, flags, dtype, quant, prefix)
+            return LlamaMLP(config, flags, dtype, quant, prefix, tp)
 
         return make
 
