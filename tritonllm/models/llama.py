@@ -27,8 +27,8 @@ from tritonllm.layers.embedding import LMHead, VocabEmbedding
 from tritonllm.layers.linear import Linear, MergedLinear, QKVLinear, RowParallelLinear
 from tritonllm.layers.norm import RMSNorm
 from tritonllm.layers.rotary import RotaryEmbedding, rope_max_position, rope_parameters
-from tritonllm.quantization.config import LayerQuant, QuantConfig
 from tritonllm.loader.safetensors_loader import CheckpointSlice, materialize
+from tritonllm.quantization.config import LayerQuant, QuantConfig
 from tritonllm.quantization.methods import copy_weight
 
 # (config, flags, dtype, quant, prefix "model.layers.{i}.mlp", tp) -> the layer's feed-forward block
@@ -202,9 +202,7 @@ class LlamaDecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         make_mlp = make_mlp or LlamaMLP
-        self.self_attn = LlamaAttention(
-            config, flags, rotary, dtype, quant, f"{prefix}.self_attn", sliding_window, tp
-        )
+        self.self_attn = LlamaAttention(config, flags, rotary, dtype, quant, f"{prefix}.self_attn", sliding_window, tp)
         self.mlp = make_mlp(config, flags, dtype, quant, f"{prefix}.mlp", tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)

@@ -24,9 +24,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tritonllm.distributed.shard import WHOLE, RankSlice, TensorDims, narrow_to_rank
 from tritonllm.kernels.quant_formats import INT4, UINT8, QuantizedWeight, QuantScheme, pack_int4
 from tritonllm.quantization.config import LayerQuant
-from tritonllm.distributed.shard import WHOLE, RankSlice, TensorDims, narrow_to_rank
 from tritonllm.quantization.methods import LinearMethod, copy_weight
 
 BITS = 4
