@@ -64,6 +64,15 @@ class TensorParallel:
         dist.all_gather(parts, x, group=self.group)
         return torch.cat(parts, dim=-1)
 
+    def min_over_ranks(self, value: int) -> int:
+        """The smallest of every rank's `value` (e.g. the KV blocks each rank's memory holds)."""
+        if self.size == 1:
+            return value
+        device = "cpu" if dist.get_backend(self.group) == "gloo" else torch.cuda.current_device()
+        t = torch.tensor([value], dtype=torch.int64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        return int(t.item())
+
     def broadcast(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:
         """x from rank `src` into every rank's x, in place."""
         if self.size > 1:
