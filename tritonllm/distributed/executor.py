@@ -101,8 +101,10 @@ class TensorParallelExecutor:
 
     def _dead_workers(self, wait_s: float) -> str | None:
         """A message naming the workers that have exited (waiting up to wait_s for one to), or None."""
-        if wait_s and self.processes:
-            wait([p.sentinel for p in self.processes.values()], wait_s)
+        ended = wait([p.sentinel for p in self.processes.values()], wait_s) if self.processes else []
+        for process in self.processes.values():
+            if process.sentinel in ended:  # exiting: its files are closed, its exit status comes a moment later
+                process.join(5.0)
         dead = [(rank, p) for rank, p in self.processes.items() if p.exitcode is not None]
         if not dead:
             return None

@@ -5,8 +5,10 @@ each step rank 0 broadcasts until rank 0 stops it."""
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 from multiprocessing.connection import Connection
+from typing import NoReturn
 
 import torch
 
@@ -19,16 +21,16 @@ READY = "ready"
 
 def run_worker(
     rank: int, size: int, init_method: str, config: EngineConfig, path: str, status: Connection | None
-) -> None:
+) -> NoReturn:
     """A worker's main: join the group at `init_method`, set up, report READY (or the error) on
-    `status`, follow rank 0's steps."""
+    `status`, follow rank 0's steps until it stops them."""
     if platform.DEVICE.type == "cpu":  # share the cores with the other ranks instead of oversubscribing them
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
     tp = init_tensor_parallel(rank, size, init_method, platform.DEVICE, config.parallel.timeout_s)
     follow(config, path, tp, status)
 
 
-def follow(config: EngineConfig, path: str, tp: TensorParallel, status: Connection | None = None) -> None:
+def follow(config: EngineConfig, path: str, tp: TensorParallel, status: Connection | None = None) -> NoReturn:
     from tritonllm.worker.setup import set_up_rank  # the model code: not needed to import this module
 
     try:
@@ -43,11 +45,17 @@ def follow(config: EngineConfig, path: str, tp: TensorParallel, status: Connecti
     while runner.follow_step():
         pass
     destroy_tensor_parallel(tp)
+    # Exit now, as a forked multiprocessing child does: the layers still hold the process group, whose
+    # destruction at interpreter shutdown can abort the process ("terminate called without an active
+    # exception", seen on gloo) after a clean stop.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
-def serve_torchrun_worker(config: EngineConfig, path: str) -> None:
+def serve_torchrun_worker(config: EngineConfig, path: str) -> NoReturn:
     """A rank > 0 started by torchrun (RANK, WORLD_SIZE, MASTER_ADDR / MASTER_PORT in the environment):
-    follow rank 0's steps until it shuts down."""
+    follow rank 0's steps until it shuts down, then exit the process."""
     size = int(os.environ["WORLD_SIZE"])
     if size != config.parallel.tensor_parallel_size:
         raise ValueError(

@@ -54,9 +54,8 @@ class LLMEngine:
             path = str(tiny_model_path("LlamaForCausalLM"))
         self.model_path = path
         if config.parallel.launcher == "torchrun" and int(os.environ.get("RANK", "0")) > 0:
-            # the same program on every rank: ranks > 0 serve as workers until rank 0 shuts down
+            # the same program on every rank: ranks > 0 serve as workers until rank 0 shuts down, then exit
             serve_torchrun_worker(config, path)
-            raise SystemExit(0)
         self.dtype = config.model.torch_dtype()
         self.device = platform.DEVICE
         # tensor parallelism: this process is rank 0; the executor starts ranks 1..N-1, which set
