@@ -21,6 +21,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from tritonllm.distributed.parallel_state import SINGLE, TensorParallel
+from tritonllm.distributed.shard import RankSlice, TensorDims, narrow_to_rank
 from tritonllm.layers.activation import SiluAndMul
 from tritonllm.layers.attention import Attention, AttentionMetadata
 from tritonllm.layers.embedding import LMHead, VocabEmbedding
@@ -125,7 +126,8 @@ class LlamaAttention(nn.Module):
     ) -> None:
         super().__init__()
         # this rank's heads
-        self.num_heads = tp.share(config.num_attention_heads, "num_attention_heads")[1]
+        first_head, self.num_heads = tp.share(config.num_attention_heads, "num_attention_heads")
+        self.rank_heads = RankSlice(first_head, self.num_heads, config.num_attention_heads)
         self.num_kv_heads = tp.kv_head_share(config.num_key_value_heads)[1]
         self.head_dim = model_head_dim(config)
         self.qkv_proj = QKVLinear(
@@ -146,6 +148,12 @@ class LlamaAttention(nn.Module):
             sinks=flags.attention_sinks,
         )  # fmt: skip
         self.sinks = self.attn.sinks  # HF's name for them: self_attn.sinks
+
+    def load_param(self, name: str, loaded: torch.Tensor | CheckpointSlice, shard_id: str | None = None) -> None:
+        """The checkpoint's per-head sinks [num_attention_heads]: this rank's heads' (the only tensor
+        of the block outside its layers)."""
+        part = narrow_to_rank(loaded, name, TensorDims(0, None), self.rank_heads, None)
+        copy_weight(self.sinks.data, part, name)
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
@@ -349,8 +357,10 @@ class LlamaForCausalLM(nn.Module):
             module_name, _, leaf = target.rpartition(".")
             module = _submodule(self, module_name)
             try:
-                if isinstance(module, (Linear, VocabEmbedding, LMHead)):
-                    # weights, biases and scales: the layer (and its method) places its part of them
+                if isinstance(module, (Linear, VocabEmbedding, LMHead)) or (
+                    isinstance(module, LlamaAttention) and leaf == "sinks" and module.sinks is not None
+                ):
+                    # weights, biases, scales and sinks: the layer (and its method) places its part of them
                     module.load_param(leaf, tensor, shard_id)
                 elif self.load_special(name, materialize(tensor)):
                     pass
