@@ -15,13 +15,14 @@ import signal
 import socket
 from multiprocessing.connection import Connection, wait
 
+import torch
 import torch.distributed as dist
 
 from tritonllm import platform
 from tritonllm.config import EngineConfig
-from tritonllm.distributed.parallel_state import destroy_tensor_parallel, init_tensor_parallel
+from tritonllm.distributed.parallel_state import TensorParallel, destroy_tensor_parallel, init_tensor_parallel
 from tritonllm.distributed.step_channel import StepChannel
-from tritonllm.distributed.worker import READY, run_worker
+from tritonllm.distributed.worker import READY, cpu_threads_per_rank, run_worker
 
 _STOP_TIMEOUT_S = 30.0  # how long workers get to exit after the stop message before they are killed
 
@@ -50,7 +51,21 @@ class TensorParallelExecutor:
         self._status: dict[int, Connection] = {}
         self.failed: WorkerFailedError | None = None
         self._stopped = False
-        if parallel.launcher == "torchrun":  # the other ranks run the same program (entrypoints/llm.py)
+        self.tp: TensorParallel | None = None  # set once this process has joined the group
+        # On CPU the ranks share the cores: each takes its share of threads (rank 0, this process, until
+        # shutdown). Idle OpenMP threads spin, so one rank with all cores starves the others' collectives
+        # (a 0.4 s tiny-model workload took 8.6 s on 2 cores).
+        self._threads_before = torch.get_num_threads()
+        if platform.DEVICE.type == "cpu":
+            torch.set_num_threads(cpu_threads_per_rank(self.size))
+        try:
+            self._start(config, path)
+        except BaseException:
+            self.abort()
+            raise
+
+    def _start(self, config: EngineConfig, path: str) -> None:
+        if config.parallel.launcher == "torchrun":  # the other ranks run the same program (engine/engine.py)
             self.tp = init_tensor_parallel(0, self.size, "env://", platform.DEVICE, self.timeout_s)
             return
         init_method = f"tcp://127.0.0.1:{_free_port()}"
@@ -78,6 +93,22 @@ class TensorParallelExecutor:
             if message != READY:
                 reason = message or f"its process exited with code {process.exitcode}"
                 raise self._fail(f"tensor-parallel rank {rank} failed to start: {reason}")
+
+    def startup_failed(self, error: BaseException) -> WorkerFailedError | None:
+        """Rank 0's set-up raised: often because a worker failed first and broke a collective. Returns
+        the worker's error to raise instead (naming it, with its own error), or None: none failed.
+        The workers are stopped either way."""
+        for rank, status in self._status.items():
+            process = self.processes[rank]
+            wait([status, process.sentinel], 1.0 if isinstance(error, RuntimeError) else 0.0)
+            message = status.recv() if status.poll() else None
+            if message not in (None, READY):
+                return self._fail(f"tensor-parallel rank {rank} failed to start: {message}", error)
+        dead = self._dead_workers(0.0)
+        if dead:
+            return self._fail(dead, error)
+        self.abort()
+        return None
 
     def check_workers(self) -> None:
         """Before a step: raise WorkerFailedError if a worker has died (or the engine failed before)."""
@@ -131,7 +162,9 @@ class TensorParallelExecutor:
             if process.exitcode is None:
                 process.kill()
                 process.join()
-        destroy_tensor_parallel(self.tp)
+        if self.tp is not None:
+            destroy_tensor_parallel(self.tp)
+        torch.set_num_threads(self._threads_before)
 
     def shutdown(self, channel: StepChannel) -> None:
         """Tell the workers to stop, wait for them (killing those that do not exit), leave the group."""

@@ -19,13 +19,17 @@ from tritonllm.distributed.parallel_state import TensorParallel, destroy_tensor_
 READY = "ready"
 
 
+def cpu_threads_per_rank(size: int) -> int:
+    return max(1, (os.cpu_count() or 1) // size)
+
+
 def run_worker(
     rank: int, size: int, init_method: str, config: EngineConfig, path: str, status: Connection | None
 ) -> NoReturn:
     """A worker's main: join the group at `init_method`, set up, report READY (or the error) on
     `status`, follow rank 0's steps until it stops them."""
-    if platform.DEVICE.type == "cpu":  # share the cores with the other ranks instead of oversubscribing them
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+    if platform.DEVICE.type == "cpu":  # share the cores with the other ranks (executor.py says why)
+        torch.set_num_threads(cpu_threads_per_rank(size))
     tp = init_tensor_parallel(rank, size, init_method, platform.DEVICE, config.parallel.timeout_s)
     follow(config, path, tp, status)
 
@@ -61,5 +65,7 @@ def serve_torchrun_worker(config: EngineConfig, path: str) -> NoReturn:
         raise ValueError(
             f"torchrun started {size} processes for tensor_parallel_size {config.parallel.tensor_parallel_size}"
         )
+    if platform.DEVICE.type == "cpu":
+        torch.set_num_threads(cpu_threads_per_rank(size))
     tp = init_tensor_parallel(int(os.environ["RANK"]), size, "env://", platform.DEVICE, config.parallel.timeout_s)
     follow(config, path, tp)

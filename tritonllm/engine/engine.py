@@ -19,6 +19,7 @@ import logging
 import os
 import random
 import time
+import weakref
 
 from tritonllm import platform
 from tritonllm.config import EngineConfig
@@ -53,7 +54,12 @@ class LLMEngine:
 
             path = str(tiny_model_path("LlamaForCausalLM"))
         self.model_path = path
-        if config.parallel.launcher == "torchrun" and int(os.environ.get("RANK", "0")) > 0:
+        parallel = config.parallel
+        if (
+            parallel.tensor_parallel_size > 1
+            and parallel.launcher == "torchrun"
+            and int(os.environ.get("RANK", "0")) > 0
+        ):
             # the same program on every rank: ranks > 0 serve as workers until rank 0 shuts down, then exit
             serve_torchrun_worker(config, path)
         self.dtype = config.model.torch_dtype()
@@ -61,18 +67,19 @@ class LLMEngine:
         # tensor parallelism: this process is rank 0; the executor starts ranks 1..N-1, which set
         # themselves up from the same config and then follow this runner's steps
         self.executor: TensorParallelExecutor | None = None
-        tp = SINGLE
         if config.parallel.tensor_parallel_size > 1:
-            self.executor = TensorParallelExecutor(config, path)
-            tp = self.executor.tp
+            self.executor = TensorParallelExecutor(config, path)  # stops what it started if it fails
         try:
-            rank = set_up_rank(config, path, tp)
+            rank = set_up_rank(config, path, SINGLE if self.executor is None else self.executor.tp)
             if self.executor is not None:
                 self.executor.wait_until_ready()
-        except BaseException:
-            if self.executor is not None:
-                self.executor.abort()
-            raise
+        except BaseException as error:
+            if self.executor is None:
+                raise
+            worker_error = self.executor.startup_failed(error)  # a worker that failed first is the one to name
+            if worker_error is None:
+                raise
+            raise worker_error from error
         self.model, self.hf_config, self.kernels = rank.model, rank.hf_config, rank.kernels
         self.runner, self.max_model_len = rank.runner, rank.max_model_len
         self.tokenizer = load_tokenizer(config.model.tokenizer or path)
@@ -88,11 +95,15 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len, self.scheduler, self.stats)
         self._in_flight: tuple[SchedulerOutput, PendingStep] | None = None  # overlap: launched, not processed
         self._rng = random.Random(config.model.seed)
+        # the workers stop when the engine is shut down, collected, or at interpreter exit
+        self._stop_workers = (
+            weakref.finalize(self, self.executor.shutdown, self.runner.channel) if self.executor else None
+        )
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel worker processes (nothing to do with one rank); idempotent."""
-        if self.executor is not None:
-            self.executor.shutdown(self.runner.channel)
+        if self._stop_workers is not None:
+            self._stop_workers()
 
     # ---- requests ------------------------------------------------------------------------
 
