@@ -1,6 +1,6 @@
 """Tensor parallelism end to end on CPU: gloo, worker processes, the tiny models.
 
-Each architecture runs the same workload with tensor_parallel_size 1 and 2 (Qwen3 also 4: one KV
+Each architecture (the mixtures of experts too) runs the same workload with tensor_parallel_size 1 and 2 (Qwen3 also 4: one KV
 head per two ranks, replicated): chunked prefill (32-token steps), prefix caching (prompts share
 two blocks) and preemption (a KV cache of 12 blocks) all happen, and the split model must give the
 same greedy tokens and the same logprobs (sampled and prompt) within float32 rounding. The torch
@@ -9,15 +9,19 @@ reference kernels serve (the kernels are not under test; the interpreter would b
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from tritonllm import LLM, SamplingParams
 from tritonllm.distributed.executor import WorkerFailedError
-from tritonllm.models.tiny import TINY_ARCHITECTURES, tiny_model_path
+from tritonllm.models.tiny import TINY_ARCHITECTURES, TINY_MOE_ARCHITECTURES, tiny_model_path
 
 PREFIX = list(range(40, 56))  # two 8-token blocks every prompt shares
 PROMPTS = [PREFIX + [(97 * i + 13 * j) % 600 + 7 for j in range(3 + 5 * i)] for i in range(6)]
@@ -72,6 +76,13 @@ def test_two_ranks_give_the_tokens_and_logprobs_of_one(architecture):
     _split_matches_whole(str(tiny_model_path(architecture)), 2)
 
 
+@pytest.mark.parametrize("moe_architecture", TINY_MOE_ARCHITECTURES)
+def test_mixture_of_experts_split_by_expert_intermediate_size_gives_the_tokens_and_logprobs_of_one(moe_architecture):
+    """Each rank holds every expert's slice of the intermediate size (gpt-oss: stacked experts with
+    biases, attention sinks split by head; Qwen2-MoE: a shared expert too)."""
+    _split_matches_whole(str(tiny_model_path(moe_architecture)), 2)
+
+
 def test_four_ranks_with_replicated_kv_heads_give_the_tokens_and_logprobs_of_one():
     """Qwen3's tiny model has 2 KV heads: with 4 ranks each KV head lives on two of them."""
     _split_matches_whole(str(tiny_model_path("Qwen3ForCausalLM")), 4)
@@ -93,3 +104,15 @@ def test_a_dead_worker_fails_the_engine_with_its_rank_instead_of_hanging():
         assert not llm.llm_engine.has_unfinished_requests()
     finally:
         llm.shutdown()
+
+
+def test_ranks_started_by_torchrun_serve_rank_0s_engine():
+    """distributed_launcher="torchrun": the same program on every rank (tp_torchrun_program.py)."""
+    program = Path(__file__).with_name("tp_torchrun_program.py")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(program),
+               str(tiny_model_path("Qwen2ForCausalLM"))]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("{")]  # rank 0's only
+    result = json.loads(line)
+    assert result["split"] == result["whole"]

@@ -10,19 +10,19 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
+
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch import nn
+from tp_layer_checks import check_layers_on_rank, load  # this folder (pytest puts it on sys.path)
 
 from tritonllm.distributed.executor import _free_port
-from tritonllm.distributed.parallel_state import SINGLE, TensorParallel, init_tensor_parallel
+from tritonllm.distributed.parallel_state import SINGLE, TensorParallel, destroy_tensor_parallel
 from tritonllm.distributed.shard import RankSlice
 from tritonllm.kernels.quant_formats import QuantizedWeight, QuantScheme
 from tritonllm.kernels.reference import dequantize_weight
-from tritonllm.kernels.registry import bind_kernels, select_kernels
-from tritonllm.layers.embedding import LMHead, VocabEmbedding
-from tritonllm.layers.linear import ColumnParallelLinear, Linear, MergedLinear, QKVLinear, RowParallelLinear
+from tritonllm.layers.linear import ColumnParallelLinear, Linear, QKVLinear, RowParallelLinear
 from tritonllm.models.loader import load_model
 from tritonllm.models.tiny import tiny_model_path
 from tritonllm.quantization.config import LayerQuant
@@ -32,58 +32,19 @@ from tritonllm.quantization.quantize import quantize_weight
 # ---- collectives: 2 gloo ranks -------------------------------------------------------------
 
 
-def _load(layer: nn.Module, tensors: dict[str, torch.Tensor], shards: dict[str, str] | None = None) -> nn.Module:
-    bind_kernels(layer, select_kernels(default="torch_ref"))
-    for name, t in tensors.items():
-        shard_id = (shards or {}).get(name)
-        layer.load_param(name.split(".")[-1], t, shard_id)
-    if isinstance(layer, Linear):
-        layer.finish_loading()
-    return layer
-
-
-def _check_layers_on_rank(rank: int, init_method: str) -> None:
-    tp = init_tensor_parallel(rank, 2, init_method, torch.device("cpu"), timeout_s=60)
-    gen = torch.Generator().manual_seed(0)
-    rand = lambda *shape: torch.randn(*shape, generator=gen)  # the same on every rank
-    x = rand(5, 32)
-    with torch.inference_mode():
-        # q/k/v: 4 heads of 8, one KV head (replicated: both ranks hold it)
-        qkv = {"q.weight": rand(32, 32), "k.weight": rand(8, 32), "v.weight": rand(8, 32), "q.bias": rand(32),
-               "k.bias": rand(8), "v.bias": rand(8)}  # fmt: skip
-        shards = {name: name[0] for name in qkv}
-        whole = _load(QKVLinear(32, 8, 4, 1, True, torch.float32), qkv, shards)
-        part = _load(QKVLinear(32, 8, 4, 1, True, torch.float32, tp=tp), qkv, shards)
-        q, k, v = whole.split(whole(x))
-        want = torch.cat([q[:, 16 * rank : 16 * rank + 16], k, v], dim=1)
-        torch.testing.assert_close(part(x), want)
-
-        gate_up = {"gate.weight": rand(48, 32), "up.weight": rand(48, 32)}
-        shards = {"gate.weight": "gate", "up.weight": "up"}
-        whole = _load(MergedLinear(32, {"gate": 48, "up": 48}, False, torch.float32), gate_up, shards)
-        part = _load(MergedLinear(32, {"gate": 48, "up": 48}, False, torch.float32, tp=tp), gate_up, shards)
-        gate, up = whole.split(whole(x))
-        torch.testing.assert_close(
-            part(x), torch.cat([gate[:, 24 * rank : 24 * (rank + 1)], up[:, 24 * rank : 24 * (rank + 1)]], 1)
-        )
-
-        down = {"weight": rand(32, 48), "bias": rand(32)}
-        h = rand(5, 48)
-        whole = _load(Linear(48, 32, True, torch.float32), down)
-        part = _load(RowParallelLinear(48, 32, True, torch.float32, tp=tp), down)
-        assert (part.bias is None) == (rank == 1)  # added once, by rank 0
-        torch.testing.assert_close(part(h[:, 24 * rank : 24 * (rank + 1)]), whole(h))
-
-        vocab = {"weight": rand(37, 16)}  # 37 rows: 19 and 18 (+ a zero row) per rank
-        ids = torch.tensor([0, 18, 19, 36, 5, 30])
-        torch.testing.assert_close(_load(VocabEmbedding(37, 16, torch.float32, tp), vocab)(ids), vocab["weight"][ids])
-        hidden = rand(3, 16)
-        logits = _load(LMHead(37, 16, torch.float32, tp=tp), vocab)(hidden)
-        torch.testing.assert_close(logits, hidden @ vocab["weight"].T)
-
-
 def test_split_layers_on_two_gloo_ranks_compute_what_the_whole_layers_do():
-    mp.spawn(_check_layers_on_rank, args=(f"tcp://127.0.0.1:{_free_port()}",), nprocs=2, join=True)
+    """This process is rank 0, a spawned process rank 1 (tp_layer_checks.py)."""
+    init_method = f"tcp://127.0.0.1:{_free_port()}"
+    rank1 = mp.get_context("spawn").Process(target=check_layers_on_rank, args=(1, init_method), daemon=True)
+    rank1.start()
+    try:
+        check_layers_on_rank(0, init_method)
+    finally:
+        rank1.join(30)
+        if rank1.exitcode is None:
+            rank1.kill()
+            destroy_tensor_parallel(TensorParallel(0, 2))
+    assert rank1.exitcode == 0
 
 
 # ---- quantized checkpoints: each rank's shard, in one process --------------------------------
@@ -151,9 +112,9 @@ def test_block_fp8_layers_split_on_block_boundaries_keep_their_scale_blocks():
     w = dequantize_weight(q)
     for rank in range(2):
         tp = TensorParallel(rank, 2)
-        column = _load(ColumnParallelLinear(512, 256, False, torch.float32, quant, tp), tensors)
+        column = load(ColumnParallelLinear(512, 256, False, torch.float32, quant, tp), tensors)
         assert torch.equal(_dense(column), w[128 * rank : 128 * (rank + 1)])
-        row = _load(RowParallelLinear(512, 256, False, torch.float32, quant, tp), tensors)
+        row = load(RowParallelLinear(512, 256, False, torch.float32, quant, tp), tensors)
         assert torch.equal(_dense(row), w[:, 256 * rank : 256 * (rank + 1)])
     assert column.rank_rows[None] == RankSlice(128, 128, 256)
 
