@@ -60,10 +60,11 @@ def architecture(request) -> str:
     return request.param
 
 
-def _split_matches_whole(path: str, tensor_parallel_size: int) -> None:
-    whole, preemptions, hits = _run(LLM(model=path, **ENGINE_ARGS))
+def _split_matches_whole(path: str, tensor_parallel_size: int, async_scheduling: bool = False) -> None:
+    args = dict(ENGINE_ARGS, async_scheduling=async_scheduling)
+    whole, preemptions, hits = _run(LLM(model=path, **args))
     assert preemptions > 0 and hits > 0  # the workload exercises what it claims
-    llm = LLM(model=path, tensor_parallel_size=tensor_parallel_size, **ENGINE_ARGS)
+    llm = LLM(model=path, tensor_parallel_size=tensor_parallel_size, **args)
     try:
         split, split_preemptions, split_hits = _run(llm)
     finally:
@@ -83,9 +84,10 @@ def test_mixture_of_experts_split_by_expert_intermediate_size_gives_the_tokens_a
     _split_matches_whole(str(tiny_model_path(moe_architecture)), 2)
 
 
-def test_four_ranks_with_replicated_kv_heads_give_the_tokens_and_logprobs_of_one():
-    """Qwen3's tiny model has 2 KV heads: with 4 ranks each KV head lives on two of them."""
-    _split_matches_whole(str(tiny_model_path("Qwen3ForCausalLM")), 4)
+def test_four_ranks_with_replicated_kv_heads_and_overlap_scheduling_give_the_tokens_and_logprobs_of_one():
+    """Qwen3's tiny model has 2 KV heads: with 4 ranks each KV head lives on two of them. Overlap
+    scheduling: decodes read the token still in flight on the device, which rank 0 broadcasts."""
+    _split_matches_whole(str(tiny_model_path("Qwen3ForCausalLM")), 4, async_scheduling=True)
 
 
 def test_a_dead_worker_fails_the_engine_with_its_rank_instead_of_hanging():
