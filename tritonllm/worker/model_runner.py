@@ -417,9 +417,8 @@ class ModelRunner:
         updates, then the forward. Returns (hidden states, the step's named input views)."""
         self._apply_batch_updates(views[len(names) :], (header.has_entries, header.has_rows))
         v = dict(zip(names, views))
-        if (
-            header.calibrating
-        ):  # the first step after start-up (its prompts) sets the FP8 KV scales (calculate_kv_scales)
+        # the first step after start-up (its prompts) sets the FP8 KV scales (calculate_kv_scales)
+        if header.calibrating:
             self._set_kv_calibration(True)
         hidden = self._forward(
             v["input_ids"], v["positions"], v["slot_mapping"], v.get("prev_src"), v["rows"], v["seq_lens"],
