@@ -81,6 +81,10 @@ def test_flags_map_to_llm_kwargs():
             "--no-async-scheduling",
             "--kernels",
             "attention=torch_ref,rms_norm=triton",
+            "--tensor-parallel-size",
+            "4",
+            "--distributed-launcher",
+            "torchrun",
         ]
     )
     assert args.port == 9001
@@ -107,6 +111,8 @@ def test_flags_map_to_llm_kwargs():
         "kernel_backend": "torch_ref",
         "async_scheduling": False,
         "kernels": {"attention": "torch_ref", "rms_norm": "triton"},
+        "tensor_parallel_size": 4,
+        "distributed_launcher": "torchrun",
     }
 
 

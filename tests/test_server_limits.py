@@ -366,6 +366,8 @@ def test_a_profiling_step_that_does_not_fit_is_refused_naming_memory_and_fix(tin
     the step's size, the free memory and the fix, not a raw CUDA out-of-memory error."""
     import torch
 
+    from tritonllm.worker.setup import profile_peak_bytes
+
     core = LLM(model=tiny_llama, max_model_len=128, kernel_backend=REF).llm_engine
 
     def out_of_memory(*args):
@@ -375,7 +377,7 @@ def test_a_profiling_step_that_does_not_fit_is_refused_naming_memory_and_fix(tin
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (3 << 30, 24 << 30))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     with pytest.raises(ValueError) as refused:
-        core._profile_peak_bytes()
+        profile_peak_bytes(core.runner, core.config.scheduler)
     message = str(refused.value)
     assert (
         "max_num_batched_tokens=" in message

@@ -129,6 +129,31 @@ class KernelConfig:
         }
 
 
+LAUNCHERS = ("spawn", "torchrun")
+
+
+@dataclass
+class ParallelConfig:
+    """Tensor parallelism (distributed/): the model split across `tensor_parallel_size` GPUs (CPU
+    processes in tests), one process each. Rank 0 runs the engine; the others are spawned by it
+    ("spawn"), or started by torchrun with the same program ("torchrun": every rank builds the LLM,
+    ranks > 0 serve as workers until rank 0 shuts down; multi-host)."""
+
+    tensor_parallel_size: int = 1
+    launcher: str = "spawn"
+    # a collective waiting longer than this fails (a stuck rank) instead of hanging; also the wait
+    # for the workers to start
+    timeout_s: float = 600.0
+
+    def validate(self) -> None:
+        if self.tensor_parallel_size <= 0:
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} must be positive")
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(f"launcher={self.launcher!r} is not one of {list(LAUNCHERS)}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s={self.timeout_s} must be positive")
+
+
 _ENGINE_FLAGS = ("enforce_eager", "piecewise_graphs")  # EngineConfig's booleans outside the groups
 
 
@@ -138,6 +163,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     kernels: KernelConfig = field(default_factory=KernelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     enforce_eager: bool = False  # on a GPU, decode steps replay CUDA/HIP graphs (worker/cuda_graph.py)
     # on a GPU without enforce_eager, prefill and mixed steps replay piecewise graphs: everything but
     # attention (worker/piecewise_graph.py); false: those steps run eagerly (ablation)
@@ -146,7 +172,10 @@ class EngineConfig:
     @staticmethod
     def from_dict(values: dict[str, Any]) -> EngineConfig:
         """Build from a nested mapping (e.g. a Hydra config's `engine` node); unknown keys are refused."""
-        groups = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "kernels": KernelConfig}
+        groups = {
+            "model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "kernels": KernelConfig,
+            "parallel": ParallelConfig,
+        }  # fmt: skip
         kwargs: dict[str, Any] = {}
         for key, value in values.items():
             if key in groups:

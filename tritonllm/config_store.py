@@ -15,7 +15,7 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
-from tritonllm.config import CacheConfig, KernelConfig, ModelConfig, SchedulerConfig
+from tritonllm.config import CacheConfig, KernelConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from tritonllm.metrics.logger import LOGGER_TYPES
 from tritonllm.workload_config import WORKLOAD_TYPES
 
@@ -29,6 +29,7 @@ class RunConfig:
     cache: Any = None
     scheduler: Any = None
     kernels: Any = None
+    parallel: Any = None
     workload: Any = None
     logger: Any = None
     enforce_eager: bool = False  # true: no CUDA/HIP graphs at all, decode or piecewise (ablation)
@@ -40,7 +41,7 @@ def register_schemas() -> None:
     store = ConfigStore.instance()
     store.store(name="schema", node=RunConfig)
     for group, node in (("model", ModelConfig), ("cache", CacheConfig), ("scheduler", SchedulerConfig),
-                        ("kernels", KernelConfig)):  # fmt: skip
+                        ("kernels", KernelConfig), ("parallel", ParallelConfig)):  # fmt: skip
         store.store(group=group, name="schema", node=node)
     for kind, node in WORKLOAD_TYPES.items():
         store.store(group="workload", name=f"schema_{kind}", node=node)

@@ -50,6 +50,7 @@ def main(cfg: DictConfig) -> None:
             "cache": OmegaConf.to_container(cfg.cache),
             "scheduler": OmegaConf.to_container(cfg.scheduler),
             "kernels": OmegaConf.to_container(cfg.kernels),
+            "parallel": OmegaConf.to_container(cfg.parallel),
             "enforce_eager": cfg.enforce_eager,
             "piecewise_graphs": cfg.piecewise_graphs,
         }

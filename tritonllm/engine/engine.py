@@ -15,38 +15,30 @@ step later than in the synchronous loop; tokens, logprobs and texts are the same
 
 from __future__ import annotations
 
-import gc
 import logging
+import os
 import random
 import time
-
-import torch
+import weakref
 
 from tritonllm import platform
-from tritonllm.config import EngineConfig, SchedulerConfig
-from tritonllm.engine.kv_cache import KVCacheManager, cdiv
+from tritonllm.config import EngineConfig
+from tritonllm.distributed.executor import TensorParallelExecutor
+from tritonllm.distributed.parallel_state import SINGLE
+from tritonllm.distributed.worker import serve_torchrun_worker
+from tritonllm.engine.kv_cache import KVCacheManager
 from tritonllm.engine.output_processor import OutputProcessor
 from tritonllm.engine.request import Request, RequestStatus
 from tritonllm.engine.scheduler import Scheduler, SchedulerOutput
-from tritonllm.kernels.registry import OPS, KernelContext, select_kernels
 from tritonllm.loader.hf_config import load_eos_token_ids
 from tritonllm.loader.tokenizer import load_tokenizer
 from tritonllm.metrics.stats import EngineStats, StepStats
-from tritonllm.models.loader import (
-    fit_rope_tables,
-    kv_sliding_window,
-    layer_features,
-    linear_formats,
-    load_model,
-    model_max_len,
-    used_ops,
-)
+from tritonllm.models.loader import kv_sliding_window
 from tritonllm.outputs import RequestOutput
 from tritonllm.sampling_params import SamplingParams
-from tritonllm.worker.model_runner import ModelRunner, PendingStep
+from tritonllm.worker.model_runner import PendingStep
+from tritonllm.worker.setup import set_up_rank
 
-# the ops a piecewise graph's pieces hold (attention and the KV write run eagerly between them)
-PIECEWISE_OPS = ("rms_norm", "rotary", "activation", "linear", "moe")
 logger = logging.getLogger(__name__)
 
 
@@ -55,148 +47,63 @@ class LLMEngine:
         self.config = config
         config.cache.validate()
         config.scheduler.validate()
+        config.parallel.validate()
         path = config.model.path
         if path is None:
             from tritonllm.models.tiny import tiny_model_path
 
             path = str(tiny_model_path("LlamaForCausalLM"))
         self.model_path = path
+        parallel = config.parallel
+        if (
+            parallel.tensor_parallel_size > 1
+            and parallel.launcher == "torchrun"
+            and int(os.environ.get("RANK", "0")) > 0
+        ):
+            # the same program on every rank: ranks > 0 serve as workers until rank 0 shuts down, then exit
+            serve_torchrun_worker(config, path)
         self.dtype = config.model.torch_dtype()
         self.device = platform.DEVICE
-        self.model, self.hf_config = load_model(
-            path, self.dtype, self.device, config.model.quantization, config.model.load_format
-        )
-        kv_dtype = config.cache.torch_kv_dtype(self.dtype)
-        # this engine's kernels, bound to its model's layers by the runner: another engine in the same
-        # process may choose others
-        context = KernelContext(
-            platform.PLATFORM, self.dtype, kv_dtype, getattr(self.model, "head_dim", None), linear_formats(self.model),
-            layer_features(self.model),
-        )  # fmt: skip
-        self.kernels = select_kernels(config.kernels.choices(), context, default=config.kernels.default())
-        logger.info("kernels: %s", self.kernels.choice)
+        # tensor parallelism: this process is rank 0; the executor starts ranks 1..N-1, which set
+        # themselves up from the same config and then follow this runner's steps
+        self.executor: TensorParallelExecutor | None = None
+        if config.parallel.tensor_parallel_size > 1:
+            self.executor = TensorParallelExecutor(config, path)  # stops what it started if it fails
+        try:
+            rank = set_up_rank(config, path, SINGLE if self.executor is None else self.executor.tp)
+            if self.executor is not None:
+                self.executor.wait_until_ready()
+        except BaseException as error:
+            if self.executor is None:
+                raise
+            worker_error = self.executor.startup_failed(error)  # a worker that failed first is the one to name
+            if worker_error is None:
+                raise
+            raise worker_error from error
+        self.model, self.hf_config, self.kernels = rank.model, rank.hf_config, rank.kernels
+        self.runner, self.max_model_len = rank.runner, rank.max_model_len
         self.tokenizer = load_tokenizer(config.model.tokenizer or path)
         self.eos_token_ids = frozenset(load_eos_token_ids(path, self.hf_config))
-
-        longest = model_max_len(self.hf_config)
-        self.max_model_len = config.model.max_model_len or longest
-        if self.max_model_len > longest:
-            raise ValueError(
-                f"max_model_len={self.max_model_len} exceeds the model's maximum length ({longest}: "
-                "max_position_embeddings, extended by its RoPE scaling if any): lower max_model_len"
-            )
-        fit_rope_tables(self.model, self.max_model_len)
-        sched = config.scheduler
-        if not sched.enable_chunked_prefill and sched.max_num_batched_tokens < self.max_model_len:
-            # whole-prompt prefills must fit one step
-            logger.info(
-                "chunked prefill off: max_num_batched_tokens raised from %d to max_model_len %d",
-                sched.max_num_batched_tokens, self.max_model_len,
-            )  # fmt: skip
-            sched.max_num_batched_tokens = self.max_model_len
-
-        block_size = config.cache.block_size
-        self.runner = ModelRunner(
-            self.model, self.dtype, self.device, block_size, kv_dtype,
-            max_num_seqs=sched.max_num_seqs, max_model_len=self.max_model_len,
-            max_num_batched_tokens=sched.max_num_batched_tokens, kernels=self.kernels,
-        )  # fmt: skip
-        num_blocks = self._num_kv_blocks()
-        capacity = num_blocks * block_size
-        if self.max_model_len > capacity:
-            raise ValueError(
-                f"max_model_len {self.max_model_len} exceeds the KV cache ({capacity:,} tokens): lower max_model_len"
-                " or raise gpu_memory_utilization / num_gpu_blocks_override"
-            )
-        self.runner.allocate_kv_cache(num_blocks)
-        if not config.enforce_eager and platform.is_gpu():
-            self._enable_graphs(config, sched)
-        if platform.is_gpu():
-            self.runner.warm_up()  # Triton compiles prefill kernels now, not in the first generate
-        if config.cache.calculate_kv_scales:
-            self.runner.calibrate_kv_scales()
-        logger.info(
-            "KV cache (%s): %d blocks x %d = %s tokens; max concurrency at max_model_len %d: %.1fx",
-            self.runner.kv_dtype,
-            num_blocks,
-            block_size,
-            f"{capacity:,}",
-            self.max_model_len,
-            capacity / self.max_model_len,
-        )
         # every layer windowed: blocks behind the window go back to the pool as requests advance
         self.kv_cache = KVCacheManager(
-            num_blocks, block_size, config.cache.enable_prefix_caching, kv_sliding_window(self.model)
+            rank.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching, kv_sliding_window(self.model)
         )
-        self.scheduler = Scheduler(sched, self.kv_cache)
+        self.scheduler = Scheduler(config.scheduler, self.kv_cache)
+        sched = config.scheduler
         self.async_scheduling = platform.is_gpu() if sched.async_scheduling is None else sched.async_scheduling
         self.stats = EngineStats()
         self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len, self.scheduler, self.stats)
         self._in_flight: tuple[SchedulerOutput, PendingStep] | None = None  # overlap: launched, not processed
         self._rng = random.Random(config.model.seed)
+        # the workers stop when the engine is shut down, collected, or at interpreter exit
+        self._stop_workers = (
+            weakref.finalize(self, self.executor.shutdown, self.runner.channel) if self.executor else None
+        )
 
-    def _enable_graphs(self, config: EngineConfig, sched: SchedulerConfig) -> None:
-        """Decode graphs hold the whole step; piecewise graphs everything of a forward but attention
-        and the KV write. A chosen implementation that cannot be captured turns off the graphs that
-        would hold it (logged), so e.g. kernels.attention=torch_ref runs decode steps eagerly."""
-        used = used_ops(self.model)
-        no_decode = self.kernels.uncapturable(op for op in OPS if op in used)
-        no_piecewise = self.kernels.uncapturable(op for op in PIECEWISE_OPS if op in used)
-        if no_decode:
-            logger.info("decode graphs off: kernels %s cannot be captured (they sync with the host)", no_decode)
-        else:
-            self.runner.enable_decode_graphs(sched.max_num_seqs, self.max_model_len)
-        if not config.piecewise_graphs:
-            return
-        if no_piecewise:
-            logger.info("piecewise graphs off: kernels %s cannot be captured (they sync with the host)", no_piecewise)
-            return
-        # Their pool holds about one max_num_batched_tokens forward's activations for good. The
-        # KV cache was sized to leave the profiled peak of such a step (weights, activations,
-        # logits, sampling) free, so capture fits; the logits and sampling of later steps then
-        # come on top of the pool, out of the 1 - gpu_memory_utilization share.
-        self.runner.enable_piecewise_graphs(sched.max_num_batched_tokens)
-
-    def _profile_peak_bytes(self) -> int:
-        """The profiling step's peak; one that does not fit the GPU is refused with what it needed and
-        the fix, instead of a raw CUDA out-of-memory error."""
-        sched = self.config.scheduler
-        free_before, total = torch.cuda.mem_get_info(self.device)
-        try:
-            return self.runner.profile_peak_bytes(sched.max_num_batched_tokens, sched.max_num_seqs)
-        except torch.OutOfMemoryError as e:
-            gc.collect()
-            torch.cuda.empty_cache()
-            raise ValueError(
-                f"the profiling step (one forward of max_num_batched_tokens={sched.max_num_batched_tokens} tokens in up "
-                f"to max_num_seqs={sched.max_num_seqs} sequences, with its logits) does not fit in GPU memory: "
-                f"{free_before / 2**30:.1f} of {total / 2**30:.1f} GiB were free after loading the weights "
-                f"({str(e).splitlines()[0]}). Lower max_num_batched_tokens (enable chunked prefill so it need not "
-                "cover max_model_len), lower max_num_seqs or max_model_len, or use a GPU with more memory"
-            ) from e
-
-    def _num_kv_blocks(self) -> int:
-        cache = self.config.cache
-        if cache.num_gpu_blocks_override is not None:
-            return cache.num_gpu_blocks_override
-        if not platform.is_gpu():
-            return cdiv(cache.cpu_kv_cache_tokens, cache.block_size)
-        # As vLLM: the utilization share of the card, less the peak of a profiling step at the
-        # largest batch (weights + activations), and less what other processes and the CUDA context hold.
-        gc.collect()  # engines dropped before this one (reference cycles) give their memory back first
-        torch.cuda.empty_cache()
-        peak = self._profile_peak_bytes()
-        free, total = torch.cuda.mem_get_info(self.device)
-        others = max(0, (total - free) - torch.cuda.memory_reserved(self.device))
-        available = total * cache.gpu_memory_utilization - peak - others
-        num_blocks = int(available // self.runner.kv_bytes_per_block())
-        if num_blocks <= 0:
-            raise ValueError(
-                f"no GPU memory left for the KV cache: the profiling step peaked at {peak / 2**30:.1f} GiB of"
-                f" {total / 2**30:.1f} GiB x gpu_memory_utilization {cache.gpu_memory_utilization}:"
-                " raise gpu_memory_utilization or lower max_num_batched_tokens / max_num_seqs"
-            )
-        return num_blocks
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel worker processes (nothing to do with one rank); idempotent."""
+        if self._stop_workers is not None:
+            self._stop_workers()
 
     # ---- requests ------------------------------------------------------------------------
 
@@ -278,9 +185,11 @@ class LLMEngine:
         and their blocks freed, the error is raised, and the engine keeps serving: requests still
         waiting to start are kept and run in later steps."""
         try:
+            if self.executor is not None:
+                self.executor.check_workers()
             sched = self.scheduler.schedule()
             self._record_step(sched)
-            launched = None if sched.is_empty else (sched, self.runner.execute(sched))
+            launched = None if sched.is_empty else (sched, self._execute(sched))
             if self.async_scheduling:
                 previous, self._in_flight = self._in_flight, launched
             else:
@@ -289,6 +198,14 @@ class LLMEngine:
         except BaseException:
             self._abort_failed_step()
             raise
+
+    def _execute(self, sched: SchedulerOutput) -> PendingStep:
+        if self.executor is None:
+            return self.runner.execute(sched)
+        try:
+            return self.runner.execute(sched)
+        except BaseException as error:  # the ranks may be midway through the step: the engine stops
+            raise self.executor.step_failed(error) from error
 
     def _record_step(self, sched: SchedulerOutput) -> None:
         self.stats.steps.append(

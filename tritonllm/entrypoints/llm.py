@@ -10,7 +10,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from tritonllm.config import CacheConfig, EngineConfig, KernelConfig, ModelConfig, SchedulerConfig
+from tritonllm.config import CacheConfig, EngineConfig, KernelConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from tritonllm.engine.engine import LLMEngine
 from tritonllm.outputs import RequestOutput
 from tritonllm.sampling_params import RequestOutputKind, SamplingParams
@@ -57,9 +57,14 @@ class LLM:
         kernel_backend: str = "triton",
         async_scheduling: bool | None = None,
         kernels: dict[str, str] | None = None,
+        tensor_parallel_size: int = 1,
+        distributed_launcher: str = "spawn",
     ) -> None:
         """`kernels`: per op, a registered implementation (kernels/registry.py), e.g.
-        {"attention": "torch_ref"}; ops left out take `kernel_backend` ("triton": the best one)."""
+        {"attention": "torch_ref"}; ops left out take `kernel_backend` ("triton": the best one).
+        `tensor_parallel_size`: split the model across that many GPUs, one process each (config.py's
+        ParallelConfig; `distributed_launcher` "torchrun": the processes are torchrun's). Call
+        `shutdown()` to stop the worker processes before starting another such LLM in this process."""
         config = EngineConfig(
             model=ModelConfig(
                 path=model,
@@ -86,6 +91,7 @@ class LLM:
                 async_scheduling=async_scheduling,
             ),
             kernels=KernelConfig.from_choices(kernel_backend, kernels or {}),
+            parallel=ParallelConfig(tensor_parallel_size=tensor_parallel_size, launcher=distributed_launcher),
             enforce_eager=enforce_eager,
             piecewise_graphs=piecewise_graphs,
         )
@@ -100,6 +106,10 @@ class LLM:
     def _start(self, config: EngineConfig) -> None:
         self.llm_engine = LLMEngine(config)
         self._counter = itertools.count()
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel worker processes (nothing to do with tensor_parallel_size 1)."""
+        self.llm_engine.shutdown()
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer

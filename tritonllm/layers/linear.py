@@ -6,6 +6,13 @@ weight, bias or scale shard) into its rows of the fused layer. What a layer stor
 it calls is its linear method's (quantization/methods.py): unquantized, quantized in the
 checkpoint, or quantized online. Parameters are allocated uninitialised with torch.empty on the
 current default device: models build their layers under `with torch.device(device)`.
+
+Tensor parallelism (distributed/): a column-parallel layer holds 1/tp of the output rows (a fused
+layer 1/tp of each part's rows, so a rank's q/k/v or gate/up are its heads' and its intermediate
+slice), a row-parallel one 1/tp of the input columns and all-reduces its partial outputs, its
+bias added on rank 0 only. Each loads only its rows or columns of the checkpoint tensors
+(`rank_part`; the layer's method says how each tensor runs along them). With one rank they are
+the plain layers: no collective, no slicing.
 """
 
 from __future__ import annotations
@@ -13,7 +20,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tritonllm.distributed.parallel_state import SINGLE, TensorParallel
+from tritonllm.distributed.shard import RankSlice
 from tritonllm.kernels.registry import default_kernels
+from tritonllm.loader.safetensors_loader import CheckpointSlice, materialize
 from tritonllm.quantization.config import LayerQuant
 from tritonllm.quantization.methods import Shard, make_method
 
@@ -47,19 +57,73 @@ class Linear(nn.Module):
             raise ValueError(f"shard {shard_id!r} of an unfused layer")
         return 0, self.out_features, 0
 
-    def load_param(self, name: str, loaded: torch.Tensor, shard_id: str | None = None) -> None:
-        """Copy the checkpoint tensor `name` (weight, bias, weight_scale, ...) of shard `shard_id`."""
-        self.method.load(self, name, loaded, self.shard(shard_id))
+    def load_param(self, name: str, loaded: torch.Tensor | CheckpointSlice, shard_id: str | None = None) -> None:
+        """Copy the checkpoint tensor `name` (weight, bias, weight_scale, ...) of shard `shard_id`
+        (this rank's part of it, with tensor parallelism)."""
+        self.method.load(self, name, self.rank_part(name, loaded, shard_id), self.shard(shard_id))
+
+    def rank_part(self, name: str, loaded: torch.Tensor | CheckpointSlice, shard_id: str | None) -> torch.Tensor:
+        """What this rank holds of checkpoint tensor `name`: all of it, the layer being whole."""
+        return materialize(loaded)
 
     def finish_loading(self) -> None:
         """After every tensor is in: an online method quantizes, a checkpoint one assembles its weight."""
         self.method.finish_loading(self)
 
 
-class MergedLinear(Linear):
+class ColumnParallelLinear(Linear):
+    """A linear layer whose output rows are split across the tensor-parallel ranks: each computes its
+    rows' outputs (no collective); out_features is the whole layer's."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype, quant: LayerQuant | None = None,
+        tp: TensorParallel = SINGLE,
+    ) -> None:  # fmt: skip
+        self.tp = tp
+        first, count = tp.share(out_features, "output rows")
+        self.rank_rows = {None: RankSlice(first, count, out_features)}
+        super().__init__(in_features, count, bias, dtype, quant)
+
+    def rank_part(self, name: str, loaded: torch.Tensor | CheckpointSlice, shard_id: str | None) -> torch.Tensor:
+        if self.tp.size == 1:
+            return materialize(loaded)
+        return self.method.rank_part(self, name, loaded, self.rank_rows[shard_id], None)
+
+
+class RowParallelLinear(Linear):
+    """A linear layer whose input columns are split across the tensor-parallel ranks: each multiplies
+    its columns (of an input split the same way: a column-parallel layer's output) and the partial
+    outputs are summed by an all-reduce; the bias lives on rank 0 only, so it is added once."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype, quant: LayerQuant | None = None,
+        tp: TensorParallel = SINGLE,
+    ) -> None:  # fmt: skip
+        self.tp = tp
+        first, count = tp.share(in_features, "input columns")
+        self.rank_cols = RankSlice(first, count, in_features)
+        super().__init__(count, out_features, bias and tp.rank == 0, dtype, quant)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(self.method.apply(self, x))
+
+    def load_param(self, name: str, loaded: torch.Tensor | CheckpointSlice, shard_id: str | None = None) -> None:
+        if name == "bias" and self.bias is None:  # rank 0's
+            return
+        super().load_param(name, loaded, shard_id)
+
+    def rank_part(self, name: str, loaded: torch.Tensor | CheckpointSlice, shard_id: str | None) -> torch.Tensor:
+        if self.tp.size == 1:
+            return materialize(loaded)
+        return self.method.rank_part(self, name, loaded, None, self.rank_cols)
+
+
+class MergedLinear(ColumnParallelLinear):
     """Several linear maps of the same input in one weight: rows are the shards, in order.
 
-    shard_sizes maps each shard id (e.g. "gate", "up") to its number of output rows.
+    shard_sizes maps each shard id (e.g. "gate", "up") to its number of output rows. Split across
+    tensor-parallel ranks, each shard is split (a rank holds its rows of every shard, in order);
+    `rank_rows` may say which rows of each shard a rank holds (default: an even split).
     """
 
     def __init__(
@@ -69,15 +133,21 @@ class MergedLinear(Linear):
         bias: bool,
         dtype: torch.dtype,
         quant: LayerQuant | None = None,
+        tp: TensorParallel = SINGLE,
+        rank_rows: dict[str, RankSlice] | None = None,
     ) -> None:
+        if rank_rows is None:
+            rank_rows = {s: RankSlice(*tp.share(size, f"{s} rows"), size) for s, size in shard_sizes.items()}
         # set before Linear.__init__: the linear method's create_weights reads it (a plain dict
         # attribute needs no nn.Module state)
         self.shard_offsets: dict[str, tuple[int, int]] = {}
         offset = 0
-        for shard_id, size in shard_sizes.items():
-            self.shard_offsets[shard_id] = (offset, size)
-            offset += size
-        super().__init__(in_features, offset, bias, dtype, quant)
+        for shard_id, part in rank_rows.items():
+            self.shard_offsets[shard_id] = (offset, part.count)
+            offset += part.count
+        self.tp = tp
+        self.rank_rows = rank_rows
+        Linear.__init__(self, in_features, offset, bias, dtype, quant)
 
     def shard(self, shard_id: str | None) -> Shard:
         if shard_id is None:
@@ -91,7 +161,8 @@ class MergedLinear(Linear):
 
 
 class QKVLinear(MergedLinear):
-    """q, k and v projections fused: rows [q (num_heads * head_dim) | k | v (num_kv_heads * head_dim each)]."""
+    """q, k and v projections fused: rows [q (num_heads * head_dim) | k | v (num_kv_heads * head_dim each)];
+    split across ranks by heads (TensorParallel.kv_head_share: KV heads replicated when fewer than ranks)."""
 
     def __init__(
         self,
@@ -102,6 +173,11 @@ class QKVLinear(MergedLinear):
         bias: bool,
         dtype: torch.dtype,
         quant: LayerQuant | None = None,
+        tp: TensorParallel = SINGLE,
     ) -> None:
-        shard_sizes = {"q": num_heads * head_dim, "k": num_kv_heads * head_dim, "v": num_kv_heads * head_dim}
-        super().__init__(hidden_size, shard_sizes, bias, dtype, quant)
+        q_first, q_heads = tp.share(num_heads, "num_attention_heads")
+        kv_first, kv_heads = tp.kv_head_share(num_kv_heads)
+        q = RankSlice(q_first * head_dim, q_heads * head_dim, num_heads * head_dim)
+        kv = RankSlice(kv_first * head_dim, kv_heads * head_dim, num_kv_heads * head_dim)
+        shard_sizes = {"q": q.total, "k": kv.total, "v": kv.total}
+        super().__init__(hidden_size, shard_sizes, bias, dtype, quant, tp, {"q": q, "k": kv, "v": kv})

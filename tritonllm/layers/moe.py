@@ -7,6 +7,10 @@ them per expert (`experts.{e}.gate_proj.weight`, Mixtral's w1/w3/w2) or already 
 MXFP4 experts (gpt-oss) keep the published blocks
 and scales as the kernels read them. The router's linear layer belongs to the model (its name and bias differ per architecture); this
 layer takes its logits.
+
+Tensor parallelism splits every expert's intermediate size: a rank holds its slice of each expert's
+gate and up rows and the same columns of its down projection, and the ranks' outputs are summed by
+an all-reduce (the down bias lives on rank 0 only). Routing is replicated: every rank computes it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import logging
 import torch
 from torch import nn
 
+from tritonllm.distributed.parallel_state import SINGLE, TensorParallel
+from tritonllm.distributed.shard import RankSlice, TensorDims, narrow_to_rank
 from tritonllm.kernels.quant_formats import BLOCK, FP4, FP8_DTYPES, MX_GROUP, QuantizedWeight, QuantScheme
 from tritonllm.kernels.reference import MOE_ACTIVATIONS, MOE_SCORINGS
 from tritonllm.kernels.registry import default_kernels
@@ -44,8 +50,12 @@ class FusedMoE(nn.Module):
         alpha: float = 1.702,
         limit: float = 7.0,
         quant: LayerQuant | None = None,
+        tp: TensorParallel = SINGLE,
     ) -> None:
         super().__init__()
+        self.tp = tp
+        first, intermediate_size = tp.share(intermediate_size, "the experts' intermediate size")
+        self.rank_cols = RankSlice(first, intermediate_size, intermediate_size * tp.size)
         if scoring not in MOE_SCORINGS or activation not in MOE_ACTIVATIONS:
             raise ValueError(
                 f"MoE scoring {scoring!r} / activation {activation!r}: not {MOE_SCORINGS} / {MOE_ACTIVATIONS}"
@@ -66,7 +76,7 @@ class FusedMoE(nn.Module):
         # scales [E, N / 128, K / 128])
         # online quantization (quantization="fp8" / "mxfp4" on a float checkpoint): loaded in `dtype`,
         # quantized in finish_loading to the MoE kernels' FP8 block-128 or MXFP4 layout
-        self.online_scheme = _online_expert_scheme(quant, hidden_size, intermediate_size)
+        self.online_scheme = _online_expert_scheme(quant, hidden_size, intermediate_size)  # this rank's sizes
         self.scheme = _expert_scheme(quant, intermediate_size)
         self.scale_name = quant.scale_name if quant is not None else None
         shapes = {"w13": (2 * intermediate_size, hidden_size), "w2": (hidden_size, intermediate_size)}
@@ -75,7 +85,7 @@ class FusedMoE(nn.Module):
             setattr(self, name, nn.Parameter(data, requires_grad=False))
             setattr(self, f"{name}_scale", None if scale is None else nn.Parameter(scale, requires_grad=False))
         self.w13_bias = param(num_experts, 2 * intermediate_size) if bias else None
-        self.w2_bias = param(num_experts, hidden_size) if bias else None
+        self.w2_bias = param(num_experts, hidden_size) if bias and tp.rank == 0 else None  # added once
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """x [T, H], router_logits [T, E] -> the weighted sum of each token's top-k experts [T, H]."""
@@ -84,10 +94,11 @@ class FusedMoE(nn.Module):
         if self.scheme is not None:
             w13 = QuantizedWeight(self.scheme, self.w13, self.w13_scale)
             w2 = QuantizedWeight(self.scheme, self.w2, self.w2_scale)
-        return self.kernels.fused_moe(
+        out = self.kernels.fused_moe(
             x, w13, w2, weights, ids, activation=self.activation, w13_bias=self.w13_bias,
             w2_bias=self.w2_bias, alpha=self.alpha, limit=self.limit,
         )  # fmt: skip
+        return self.tp.all_reduce(out)
 
     def finish_loading(self) -> None:
         """After every tensor is in: online quantization of the experts (per expert, stacked)."""
@@ -110,9 +121,16 @@ class FusedMoE(nn.Module):
             raise ValueError(f"no expert tensor {expert}.{shard}.{name} ({self.num_experts} experts)")
         stacked, block = EXPERT_SHARDS[shard]
         suffix = {"weight": "", "bias": "_bias"}.get(name, "_scale")
+        if (stacked, suffix) == ("w2", "_bias") and self.tp.rank > 0:  # rank 0's
+            return
         target = getattr(self, stacked + suffix)
         if target is None:
             raise ValueError(f"expert {expert}'s {shard} has no {name}")
+        if self.tp.size > 1:  # this rank's intermediate rows (gate, up) or columns (down); scales per 128
+            unit = BLOCK if suffix == "_scale" else 1
+            dims = TensorDims(0, None, unit) if stacked == "w13" else TensorDims(None, 1, 1, unit)
+            rows, cols = (self.rank_cols, None) if stacked == "w13" else (None, self.rank_cols)
+            tensor = narrow_to_rank(tensor, f"expert {expert} {shard}.{name}", dims, rows, cols)
         rows = self.intermediate_size if stacked == "w13" else self.hidden_size
         if suffix == "_scale":  # one row of scales per 128 rows (w13's shards start on a block: I % 128 == 0)
             rows = -(-rows // BLOCK)
@@ -128,6 +146,8 @@ class FusedMoE(nn.Module):
         """Every expert at once: `name` is "gate_up", "down", "gate_up_bias" or "down_bias", as [E, rows,
         cols] (`transposed`: [E, cols, rows], gpt-oss's in x out layout); `interleaved` gate_up
         alternates gate and up rows (gpt-oss) instead of gate rows then up rows."""
+        if name == "down_bias" and self.tp.rank > 0:  # rank 0's
+            return
         target = _STACKED_TARGETS.get(name)
         quantized = name.endswith(("_blocks", "_scales"))
         mxfp4 = self.scheme is not None and not self.scheme.is_fp8
@@ -146,7 +166,22 @@ class FusedMoE(nn.Module):
             tensor = tensor.transpose(1, 2)
         if interleaved and name.startswith("gate_up"):  # rows g0 u0 g1 u1 ... -> g0 g1 ... u0 u1 ...
             tensor = torch.cat([tensor[:, 0::2], tensor[:, 1::2]], dim=1)
+        if self.tp.size > 1:
+            tensor = self._rank_part_stacked(name, tensor)
         _copy(target, tensor, name)
+
+    def _rank_part_stacked(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """This rank's part of stacked tensor `name` laid out as the layer stores it ([E, 2I, ...] gate
+        then up rows, [E, H, I (in bytes or scale groups)] down; the down bias whole)."""
+        cols = self.rank_cols
+        if name == "down_bias":
+            return tensor
+        if name.startswith("gate_up"):  # the rank's rows of the gate half and of the up half
+            return torch.cat([half.narrow(1, cols.first, cols.count) for half in tensor.chunk(2, dim=1)], dim=1)
+        # down's columns: bytes of packed pairs (MXFP4 blocks) or e8m0 scales per 32 (a rank's count of
+        # columns is a multiple of 32 there: _expert_storage refuses others)
+        unit = {"down_blocks": 2, "down_scales": MX_GROUP}.get(name, 1)
+        return tensor.narrow(2, cols.first // unit, cols.count // unit)
 
     def stacked_checkpoint_names(self) -> list[str]:
         """The stacked checkpoint tensors (gpt-oss's names) this layer expects."""

@@ -3,6 +3,11 @@
 They differ only by flags read from the HF config (`LlamaFamilyFlags`): biases on q/k/v (Qwen2),
 RMSNorm of each q/k head before RoPE (Qwen3), tied embeddings, an explicit head_dim. Module
 names mirror HF's, except that q/k/v and gate/up are fused (`load_weights` maps them).
+
+Tensor parallelism (`tp`, distributed/): attention heads and the MLP's intermediate columns are
+split across ranks (qkv_proj and gate_up_proj column-parallel, o_proj and down_proj row-parallel
+with an all-reduce), the embedding and LM head by vocabulary; each rank's KV cache holds its KV
+heads. Norms, RoPE and the residual stream are replicated.
 """
 
 from __future__ import annotations
@@ -15,16 +20,19 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from tritonllm.distributed.parallel_state import SINGLE, TensorParallel
+from tritonllm.distributed.shard import RankSlice, TensorDims, narrow_to_rank
 from tritonllm.layers.activation import SiluAndMul
 from tritonllm.layers.attention import Attention, AttentionMetadata
 from tritonllm.layers.embedding import LMHead, VocabEmbedding
-from tritonllm.layers.linear import Linear, MergedLinear, QKVLinear
+from tritonllm.layers.linear import Linear, MergedLinear, QKVLinear, RowParallelLinear
 from tritonllm.layers.norm import RMSNorm
 from tritonllm.layers.rotary import RotaryEmbedding, rope_max_position, rope_parameters
+from tritonllm.loader.safetensors_loader import CheckpointSlice, materialize
 from tritonllm.quantization.config import LayerQuant, QuantConfig
 from tritonllm.quantization.methods import copy_weight
 
-# (config, flags, dtype, quant, prefix "model.layers.{i}.mlp") -> the layer's feed-forward block
+# (config, flags, dtype, quant, prefix "model.layers.{i}.mlp", tp) -> the layer's feed-forward block
 MakeMLP = Callable[..., nn.Module]
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim]
 
@@ -114,18 +122,21 @@ class LlamaAttention(nn.Module):
         quant: QuantConfig | None,
         prefix: str,
         sliding_window: int | None = None,
+        tp: TensorParallel = SINGLE,
     ) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        # this rank's heads
+        first_head, self.num_heads = tp.share(config.num_attention_heads, "num_attention_heads")
+        self.rank_heads = RankSlice(first_head, self.num_heads, config.num_attention_heads)
+        self.num_kv_heads = tp.kv_head_share(config.num_key_value_heads)[1]
         self.head_dim = model_head_dim(config)
         self.qkv_proj = QKVLinear(
-            config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, flags.qkv_bias, dtype,
-            layer_quant(quant, f"{prefix}.", ("q_proj", "k_proj", "v_proj")),
+            config.hidden_size, self.head_dim, config.num_attention_heads, config.num_key_value_heads,
+            flags.qkv_bias, dtype, layer_quant(quant, f"{prefix}.", ("q_proj", "k_proj", "v_proj")), tp,
         )  # fmt: skip
-        self.o_proj = Linear(
-            self.num_heads * self.head_dim, config.hidden_size, flags.o_proj_bias, dtype,
-            layer_quant(quant, f"{prefix}.o_proj"),
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * self.head_dim, config.hidden_size, flags.o_proj_bias, dtype,
+            layer_quant(quant, f"{prefix}.o_proj"), tp,
         )  # fmt: skip
         self.qk_norm = flags.qk_norm
         if self.qk_norm:
@@ -137,6 +148,12 @@ class LlamaAttention(nn.Module):
             sinks=flags.attention_sinks,
         )  # fmt: skip
         self.sinks = self.attn.sinks  # HF's name for them: self_attn.sinks
+
+    def load_param(self, name: str, loaded: torch.Tensor | CheckpointSlice, shard_id: str | None = None) -> None:
+        """The checkpoint's per-head sinks [num_attention_heads]: this rank's heads' (the only tensor
+        of the block outside its layers)."""
+        part = narrow_to_rank(loaded, name, TensorDims(0, None), self.rank_heads, None)
+        copy_weight(self.sinks.data, part, name)
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
@@ -159,16 +176,17 @@ class LlamaMLP(nn.Module):
         dtype: torch.dtype,
         quant: QuantConfig | None,
         prefix: str,
+        tp: TensorParallel = SINGLE,
         intermediate_size: int | None = None,
     ) -> None:
         super().__init__()
         size = intermediate_size or config.intermediate_size
         self.gate_up_proj = MergedLinear(
             config.hidden_size, {"gate": size, "up": size}, flags.mlp_bias, dtype,
-            layer_quant(quant, f"{prefix}.", ("gate_proj", "up_proj")),
+            layer_quant(quant, f"{prefix}.", ("gate_proj", "up_proj")), tp,
         )  # fmt: skip
-        self.down_proj = Linear(
-            size, config.hidden_size, flags.mlp_bias, dtype, layer_quant(quant, f"{prefix}.down_proj")
+        self.down_proj = RowParallelLinear(
+            size, config.hidden_size, flags.mlp_bias, dtype, layer_quant(quant, f"{prefix}.down_proj"), tp
         )
         self.act_fn = SiluAndMul()
         self.act_fn.quantize_for(self.down_proj)  # W8A8: the activation kernel quantizes for the GEMM
@@ -188,11 +206,12 @@ class LlamaDecoderLayer(nn.Module):
         prefix: str,
         sliding_window: int | None = None,
         make_mlp: MakeMLP | None = None,
+        tp: TensorParallel = SINGLE,
     ) -> None:
         super().__init__()
         make_mlp = make_mlp or LlamaMLP
-        self.self_attn = LlamaAttention(config, flags, rotary, dtype, quant, f"{prefix}.self_attn", sliding_window)
-        self.mlp = make_mlp(config, flags, dtype, quant, f"{prefix}.mlp")
+        self.self_attn = LlamaAttention(config, flags, rotary, dtype, quant, f"{prefix}.self_attn", sliding_window, tp)
+        self.mlp = make_mlp(config, flags, dtype, quant, f"{prefix}.mlp", tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         # W8A8 layers after the norms: the norm kernels quantize their outputs for the GEMMs
@@ -227,16 +246,17 @@ class LlamaModel(nn.Module):
         dtype: torch.dtype,
         quant: QuantConfig | None,
         make_mlp: MakeMLP | None = None,
+        tp: TensorParallel = SINGLE,
     ) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype)
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype, tp)
         head_dim = model_head_dim(config)
         params = rope_parameters(config)
         rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
         rotary = RotaryEmbedding(head_dim, rotary_dim, rope_max_position(params), params)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(
-                config, flags, rotary, dtype, quant, f"model.layers.{i}", layer_sliding_window(config, i), make_mlp
+                config, flags, rotary, dtype, quant, f"model.layers.{i}", layer_sliding_window(config, i), make_mlp, tp
             )
             for i in range(config.num_hidden_layers)
         )
@@ -265,7 +285,8 @@ class LlamaForCausalLM(nn.Module):
     """Serves LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM checkpoints.
 
     Parameters are allocated once, uninitialised, in `dtype` on `device` (quantized linear layers
-    per `quant`, quantization/config.py); `load_weights` fills them.
+    per `quant`, quantization/config.py); `load_weights` fills them. With tensor parallelism (`tp`)
+    the model is this rank's shard of it.
     """
 
     def __init__(
@@ -274,20 +295,21 @@ class LlamaForCausalLM(nn.Module):
         dtype: torch.dtype,
         device: torch.device | str,
         quant: QuantConfig | None = None,
+        tp: TensorParallel = SINGLE,
     ) -> None:
         super().__init__()
         check_supported(config)
         self.config = config
         self.flags = LlamaFamilyFlags.from_config(config)
         self.num_layers: int = config.num_hidden_layers
-        self.num_kv_heads: int = config.num_key_value_heads
+        self.num_kv_heads: int = tp.kv_head_share(config.num_key_value_heads)[1]  # this rank's KV cache
         self.head_dim: int = model_head_dim(config)
         self.vocab_size: int = config.vocab_size
         # layers create their parameters with torch.empty: the device context puts them in place
         with torch.device(device):
-            self.model = LlamaModel(config, self.flags, dtype, quant, self.mlp_factory())
+            self.model = LlamaModel(config, self.flags, dtype, quant, self.mlp_factory(), tp)
             tied = self.model.embed_tokens if self.flags.tie_word_embeddings else None
-            self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype, tied_to=tied)
+            self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype, tied_to=tied, tp=tp)
 
     def mlp_factory(self) -> MakeMLP | None:
         """What builds each decoder layer's feed-forward block (None: LlamaMLP); MoE models override it."""
@@ -311,8 +333,9 @@ class LlamaForCausalLM(nn.Module):
         """hidden [n, hidden] -> logits [n, vocab], in the model's dtype."""
         return self.lm_head(hidden)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named checkpoint tensors into our parameters (fusing q/k/v and gate/up).
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | CheckpointSlice]]) -> None:
+        """Copy HF-named checkpoint tensors into our parameters (fusing q/k/v and gate/up). Split
+        layers read their rank's part of a tensor given as a CheckpointSlice; the others all of it.
 
         Raises ValueError naming every missing and every unexpected tensor, after reading them all.
         """
@@ -327,18 +350,22 @@ class LlamaForCausalLM(nn.Module):
                 continue
             kv_scale = _KV_SCALE.fullmatch(name)
             if kv_scale is not None:
-                self.get_submodule(f"{kv_scale.group(1)}.attn").checkpoint_kv_scales[kv_scale.group(2)] = float(tensor)
+                scale = float(materialize(tensor))
+                self.get_submodule(f"{kv_scale.group(1)}.attn").checkpoint_kv_scales[kv_scale.group(2)] = scale
                 continue
             target, shard_id = _our_name(name)
             module_name, _, leaf = target.rpartition(".")
             module = _submodule(self, module_name)
             try:
-                if self.load_special(name, tensor):
-                    pass
-                elif isinstance(module, Linear):  # weights, biases and scales: the layer's method places them
+                if isinstance(module, (Linear, VocabEmbedding, LMHead)) or (
+                    isinstance(module, LlamaAttention) and leaf == "sinks" and module.sinks is not None
+                ):
+                    # weights, biases, scales and sinks: the layer (and its method) places its part of them
                     module.load_param(leaf, tensor, shard_id)
+                elif self.load_special(name, materialize(tensor)):
+                    pass
                 elif target in params and shard_id is None:
-                    copy_weight(params[target], tensor, name)
+                    copy_weight(params[target], materialize(tensor), name)
                 else:
                     unexpected.append(name)
                     continue

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from tritonllm.distributed.parallel_state import SINGLE, TensorParallel
 from tritonllm.kernels.registry import OPS
 from tritonllm.layers.attention import Attention
 from tritonllm.layers.linear import Linear
@@ -33,12 +34,14 @@ def load_model(
     device: torch.device | str,
     quantization: str | None = None,
     load_format: str = "auto",
+    tp: TensorParallel = SINGLE,
 ) -> tuple[nn.Module, PretrainedConfig]:
     """(model in eval mode with its weights on `device`, the folder's HF config). Linear layers are
     quantized as the checkpoint's quantization_config says, or online per `quantization`
     (quantization/config.py), or as a GGUF file's tensors are (loader/gguf_loader.py); the rest is
     in `dtype`. load_format "dummy": random weights in the checkpoint's layout, made on `device`
-    (loader/random_weights.py); the folder needs only config.json."""
+    (loader/random_weights.py; every rank makes the same, from one seed); the folder needs only
+    config.json. With tensor parallelism, this rank's shard, read from its slices of the tensors."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format={load_format!r} is not one of {LOAD_FORMATS}")
     gguf = gguf_file(path) if load_format == "auto" else None
@@ -47,14 +50,16 @@ def load_model(
         quant = quant_config(config, quantization)
         weights = random_weights(config, device)
     elif gguf is not None:  # llama.cpp's single-file format (loader/gguf_loader.py)
+        if tp.size > 1:
+            raise ValueError("GGUF files cannot be split across tensor-parallel ranks: use tensor_parallel_size=1")
         checkpoint = GGUFCheckpoint(gguf)
         config, quant = checkpoint.config, checkpoint.quant_config(quantization)
         weights = checkpoint.weights(dtype, device)
     else:
         config = load_hf_config(path)
         quant = quant_config(config, quantization)
-        weights = iterate_safetensors(path)
-    model = get_model_class(config)(config, dtype, device, quant)
+        weights = iterate_safetensors(path, lazy=tp.size > 1)
+    model = get_model_class(config)(config, dtype, device, quant, tp)
     model.load_weights(weights)
     if quant is not None:
         logger.info("quantization: %s; linear formats %s", quant.describe(), sorted(linear_formats(model)))

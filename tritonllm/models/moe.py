@@ -5,7 +5,9 @@ sliding windows and gpt-oss's sinks, all read from the config) with a sparse MoE
 of the dense MLP, on the layers the config makes sparse. The block: a router (a linear layer; HF's
 `gate`, gpt-oss's `router` with a bias) scoring every expert, the FusedMoE layer (layers/moe.py:
 top-k routing and the experts, one `moe` kernel op), and Qwen2-MoE's shared expert with its
-sigmoid gate. What differs per architecture is read from the config into `MoESpec`.
+sigmoid gate. What differs per architecture is read from the config into `MoESpec`. With tensor
+parallelism the router is replicated and the experts (and the shared expert) split their
+intermediate size across the ranks.
 
 Checkpoint names: per expert (`experts.{e}.w1|w3|w2` in Mixtral's `block_sparse_moe`,
 `experts.{e}.gate_proj|up_proj|down_proj` in Qwen's `mlp`) or stacked (gpt-oss:
@@ -23,6 +25,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from tritonllm.distributed.parallel_state import SINGLE, TensorParallel
 from tritonllm.layers.linear import Linear
 from tritonllm.layers.moe import FusedMoE
 from tritonllm.models.llama import LlamaFamilyFlags, LlamaForCausalLM, LlamaMLP, MakeMLP, layer_quant
@@ -80,7 +83,7 @@ class MoESpec:
 class SparseMoeBlock(nn.Module):
     def __init__(
         self, config: PretrainedConfig, spec: MoESpec, flags: LlamaFamilyFlags, dtype: torch.dtype,
-        quant: QuantConfig | None, prefix: str,
+        quant: QuantConfig | None, prefix: str, tp: TensorParallel = SINGLE,
     ) -> None:  # fmt: skip
         super().__init__()
         hidden = config.hidden_size
@@ -91,12 +94,12 @@ class SparseMoeBlock(nn.Module):
         self.experts = FusedMoE(
             spec.num_experts, spec.top_k, hidden, spec.intermediate_size, dtype, renormalize=spec.renormalize,
             activation=spec.activation, bias=spec.expert_bias, alpha=spec.alpha, limit=spec.limit,
-            quant=layer_quant(quant, f"{prefix}.experts"),
+            quant=layer_quant(quant, f"{prefix}.experts"), tp=tp,
         )  # fmt: skip
         self.expert_names = spec.expert_names
         self.shared_expert = self.shared_expert_gate = None
         if spec.shared_intermediate_size:
-            self.shared_expert = LlamaMLP(config, flags, dtype, quant, f"{prefix}.shared_expert",
+            self.shared_expert = LlamaMLP(config, flags, dtype, quant, f"{prefix}.shared_expert", tp,
                                           spec.shared_intermediate_size)  # fmt: skip
             self.shared_expert_gate = Linear(hidden, 1, False, dtype)
 
@@ -125,19 +128,20 @@ class MoEForCausalLM(LlamaForCausalLM):
     """Serves MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM and GptOssForCausalLM."""
 
     def __init__(
-        self, config: PretrainedConfig, dtype: torch.dtype, device: torch.device | str, quant: QuantConfig | None = None
-    ) -> None:
+        self, config: PretrainedConfig, dtype: torch.dtype, device: torch.device | str, quant: QuantConfig | None = None,
+        tp: TensorParallel = SINGLE,
+    ) -> None:  # fmt: skip
         self.spec = MoESpec.from_config(config)
-        super().__init__(config, dtype, device, quant)
+        super().__init__(config, dtype, device, quant, tp)
 
     def mlp_factory(self) -> MakeMLP:
         spec = self.spec
 
-        def make(config, flags, dtype, quant, prefix):  # noqa: ANN001, ANN202
+        def make(config, flags, dtype, quant, prefix, tp):  # noqa: ANN001, ANN202
             layer = int(prefix.split(".")[2])
             if spec.is_sparse(layer):
-                return SparseMoeBlock(config, spec, flags, dtype, quant, prefix)
-            return LlamaMLP(config, flags, dtype, quant, prefix)
+                return SparseMoeBlock(config, spec, flags, dtype, quant, prefix, tp)
+            return LlamaMLP(config, flags, dtype, quant, prefix, tp)
 
         return make
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tritonllm.distributed.shard import TensorDims
 from tritonllm.quantization.gptq import (
     PER_INT32,
     SCALE_DTYPE,
@@ -48,6 +49,11 @@ class AWQMethod(GPTQMethod):
         layer.qweight = int32_param(in_features, out_features // PER_INT32)
         layer.qzeros = int32_param(groups, out_features // PER_INT32)
         layer.scales = nn.Parameter(torch.empty(groups, out_features, dtype=SCALE_DTYPE), False)
+
+    def shard_dims(self, name: str, shape: torch.Size) -> TensorDims:
+        if name == "qweight":  # [K, N / 8]
+            return TensorDims(1, 0, PER_INT32, 1)
+        return super().shard_dims(name, shape)
 
     def load(self, layer: nn.Module, name: str, loaded: torch.Tensor, shard: tuple[int, int, int]) -> None:
         first, rows, _ = shard

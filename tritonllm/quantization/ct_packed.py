@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tritonllm.distributed.shard import RankSlice, TensorDims
+from tritonllm.loader.safetensors_loader import materialize
 from tritonllm.quantization.gptq import (
     PER_INT32,
     SCALE_DTYPE,
@@ -32,6 +34,27 @@ class PackQuantizedMethod(GPTQMethod):
     """A layer stored as compressed-tensors pack-quantized tensors (symmetric, optional act order)."""
 
     TENSORS = ("weight_packed", "weight_scale", "weight_shape", "weight_g_idx")
+    ACT_ORDER = "weight_g_idx"
+
+    def shard_dims(self, name: str, shape: torch.Size) -> TensorDims:
+        group = self.scheme.group_size
+        dims = {
+            "weight_packed": TensorDims(0, 1, 1, PER_INT32),
+            "weight_scale": TensorDims(0, 1 if group > 0 else None, 1, group),
+        }
+        return dims.get(name) or super().shard_dims(name, shape)
+
+    def rank_part(
+        self, layer: nn.Module, name: str, loaded: torch.Tensor, rows: RankSlice | None, cols: RankSlice | None
+    ) -> torch.Tensor:
+        if name != "weight_shape":
+            return super().rank_part(layer, name, loaded, rows, cols)
+        # the checkpoint's [N, K] of the whole shard; the rank checks its own part's against its layer
+        shape = [int(v) for v in materialize(loaded).reshape(-1)]
+        whole = [part.total if part is not None else size for part, size in zip((rows, cols), shape)]
+        if shape != whole:
+            raise ValueError(f"{name}: {shape} is not the checkpoint layer's {whole}")
+        return torch.tensor([part.count if part is not None else size for part, size in zip((rows, cols), shape)])
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
         group = self.group_of(layer, in_features, out_features, packed_k=True, packed_n=False)

@@ -24,7 +24,7 @@ from torch import nn
 from tritonllm.kernels.gguf_dequant import DECODED_TYPES, decode_gguf_planes
 from tritonllm.kernels.quant_formats import FP4, INT4, MX_GROUP, UINT8, QuantizedWeight, QuantScheme
 from tritonllm.quantization.config import LayerQuant
-from tritonllm.quantization.methods import copy_weight
+from tritonllm.quantization.methods import LinearMethod, copy_weight
 
 FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 SUPPORTED_TYPES = (*FLOAT_TYPES, *DECODED_TYPES)
@@ -58,7 +58,7 @@ def layer_quant_for(types: tuple[GGMLQuantizationType, ...]) -> LayerQuant | Non
     return LayerQuant(scheme, False, packing="gguf")
 
 
-class GGUFMethod:
+class GGUFMethod(LinearMethod):
     """A linear layer loaded from GGUF blocks: each shard's `weight` arrives as a GGUFWeight, and
     once all are in they are decoded into one QuantizedWeight (shards stacked along N)."""
 

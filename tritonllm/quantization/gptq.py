@@ -24,9 +24,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tritonllm.distributed.shard import WHOLE, RankSlice, TensorDims, narrow_to_rank
 from tritonllm.kernels.quant_formats import INT4, UINT8, QuantizedWeight, QuantScheme, pack_int4
 from tritonllm.quantization.config import LayerQuant
-from tritonllm.quantization.methods import copy_weight
+from tritonllm.quantization.methods import LinearMethod, copy_weight
 
 BITS = 4
 PER_INT32 = 32 // BITS  # 4-bit values per int32 (AWQ and pack-quantized are 4-bit only)
@@ -58,11 +59,39 @@ def pack_int32(values: torch.Tensor, dim: int, bits: int = BITS) -> torch.Tensor
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)  # the same 32 bits, signed
 
 
-class GPTQMethod:
+class GPTQMethod(LinearMethod):
     """A layer stored as GPTQ tensors; assembled into a QuantizedWeight (int4 or uint8, per-group
     scales and zero points, optional input-column permutation) once every shard is in."""
 
     input_quant_fusable = False
+    ACT_ORDER = "g_idx"  # the tensor of each input column's group
+
+    def shard_dims(self, name: str, shape: torch.Size) -> TensorDims:
+        group = self.scheme.group_size
+        k_dim = 0 if group > 0 else None  # group -1: one group of all K, each rank needs all of it
+        dims = {
+            "qweight": TensorDims(1, 0, 1, self.per_int32),
+            "qzeros": TensorDims(1, k_dim, self.per_int32, group),
+            "scales": TensorDims(1, k_dim, 1, group),
+            "bias": TensorDims(0, None),
+        }
+        return dims.get(name, WHOLE)
+
+    def rank_part(
+        self, layer: nn.Module, name: str, loaded: torch.Tensor, rows: RankSlice | None, cols: RankSlice | None
+    ) -> torch.Tensor:
+        if name != self.ACT_ORDER or cols is None or not cols.is_split:
+            return super().rank_part(layer, name, loaded, rows, cols)
+        # a row-parallel rank's columns: their groups must be its own contiguous run (no act order)
+        group = self.scheme.group_size if self.scheme.group_size > 0 else cols.total
+        g_idx = narrow_to_rank(loaded, name, TensorDims(None, 0), None, cols)
+        plain = torch.arange(cols.first, cols.first + cols.count, dtype=g_idx.dtype) // group
+        if cols.first % group and group < cols.total or not torch.equal(g_idx, plain):
+            raise ValueError(
+                f"{name}: act order (desc_act) groups cannot be split across tensor-parallel ranks along the "
+                "input: use tensor_parallel_size=1 or a checkpoint without act order"
+            )
+        return torch.arange(cols.count, dtype=g_idx.dtype) // layer.gptq_group
 
     def __init__(self, layer_quant: LayerQuant) -> None:
         self.layer_quant = layer_quant

@@ -12,6 +12,9 @@ different per-tensor scales, so scales are kept per output row: a per-tensor sca
 shard's rows, a per-channel one is copied, a 128 x 128 block grid is placed at its shard's block
 rows (shards must start on a multiple of 128 rows). Static input scales of a fused layer's shards
 (one input, several calibrations) are combined by their maximum, as vLLM does.
+
+With tensor parallelism a layer holds some of its rows or columns: each method says along which
+dims its checkpoint tensors run (`shard_dims`, distributed/shard.py), and a rank reads its part.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tritonllm.distributed.shard import WHOLE, RankSlice, TensorDims, narrow_to_rank
 from tritonllm.kernels.quant_formats import BLOCK, QuantizedWeight
 from tritonllm.quantization.config import LayerQuant
 from tritonllm.quantization.quantize import quantize_weight
@@ -41,7 +45,27 @@ def copy_weight(param: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
     param.copy_(loaded)
 
 
-class UnquantizedMethod:
+class LinearMethod:
+    """What every linear method shares: reading a tensor-parallel rank's part of a checkpoint tensor."""
+
+    format_name: str
+
+    def shard_dims(self, name: str, shape: torch.Size) -> TensorDims:
+        """Along which dims checkpoint tensor `name` runs over the layer's rows and columns."""
+        raise ValueError(
+            f"{name}: {self.format_name} layers cannot be split across tensor-parallel ranks: use "
+            "tensor_parallel_size=1 or a checkpoint in another format"
+        )
+
+    def rank_part(
+        self, layer: nn.Module, name: str, loaded: torch.Tensor, rows: RankSlice | None, cols: RankSlice | None
+    ) -> torch.Tensor:
+        """This rank's part of checkpoint tensor `name`: output `rows` (column-parallel) or input `cols`
+        (row-parallel) of the layer."""
+        return narrow_to_rank(loaded, name, self.shard_dims(name, loaded.shape), rows, cols)
+
+
+class UnquantizedMethod(LinearMethod):
     format_name = "float"
     # whether the op before the layer may quantize its input (per token, or with the static
     # input_scale) in its own kernel: RMSNorm / SiLU-mul with quantization fused in
@@ -49,6 +73,9 @@ class UnquantizedMethod:
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
         layer.weight = _param((out_features, in_features), dtype)
+
+    def shard_dims(self, name: str, shape: torch.Size) -> TensorDims:
+        return TensorDims(0, 1 if len(shape) == 2 else None)  # weight [N, K], bias [N]
 
     def load(self, layer: nn.Module, name: str, loaded: torch.Tensor, shard: Shard) -> None:
         first, rows, _ = shard
@@ -77,7 +104,7 @@ class OnlineQuantMethod(UnquantizedMethod):
         return layer.kernels.quantized_linear(x, layer.qweight, layer.bias)
 
 
-class CheckpointQuantMethod:
+class CheckpointQuantMethod(LinearMethod):
     """A layer quantized in the checkpoint (quantization/config.py lists the published layouts)."""
 
     def __init__(self, layer_quant: LayerQuant) -> None:
@@ -97,6 +124,15 @@ class CheckpointQuantMethod:
         if lq.static_input:
             num_shards = len(getattr(layer, "shard_offsets", None) or [None])
             layer.input_scale = _param((num_shards,), torch.float32, fill=0.0)
+
+    def shard_dims(self, name: str, shape: torch.Size) -> TensorDims:
+        if name == "weight":
+            return TensorDims(0, 1)
+        if name == self.layer_quant.scale_name and self.scheme.weight_scale == "block":
+            return TensorDims(0, 1, BLOCK, BLOCK)
+        if name in ("input_scale", "bias") or name.endswith("zero_point") or shape.numel() == 1:
+            return TensorDims(0, None) if name == "bias" else WHOLE  # per-tensor scales: every rank's
+        return TensorDims(0, None)  # per-channel scales [N]
 
     def load(self, layer: nn.Module, name: str, loaded: torch.Tensor, shard: Shard) -> None:
         first, rows, index = shard

@@ -17,14 +17,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tritonllm.distributed.shard import TensorDims
 from tritonllm.kernels.quant_formats import MX_GROUP, QuantizedWeight
 from tritonllm.quantization.config import LayerQuant
-from tritonllm.quantization.methods import copy_weight
+from tritonllm.quantization.methods import LinearMethod, copy_weight
 
 BYTES_PER_BLOCK = MX_GROUP // 2
 
 
-class Mxfp4Method:
+class Mxfp4Method(LinearMethod):
     """A linear layer stored as `weight_blocks` / `weight_scales` (fused shards stacked along N)."""
 
     input_quant_fusable = False
@@ -41,6 +42,10 @@ class Mxfp4Method:
         blocks = in_features // MX_GROUP
         layer.weight_blocks = nn.Parameter(torch.empty(out_features, blocks, BYTES_PER_BLOCK, dtype=torch.uint8), False)
         layer.weight_scales = nn.Parameter(torch.empty(out_features, blocks, dtype=torch.uint8), False)
+
+    def shard_dims(self, name: str, shape: torch.Size) -> TensorDims:
+        # weight_blocks [N, K / 32, 16], weight_scales [N, K / 32], bias [N]
+        return TensorDims(0, None) if name == "bias" else TensorDims(0, 1, 1, MX_GROUP)
 
     def load(self, layer: nn.Module, name: str, loaded: torch.Tensor, shard: tuple[int, int, int]) -> None:
         first, rows, _ = shard

@@ -15,6 +15,13 @@ On a GPU, pure-decode steps replay whole-step graphs (cuda_graph.py), prefill an
 piecewise graphs with attention eager between the pieces (piecewise_graph.py).
 
 Owns the KV cache tensors: per layer K and V, each [num_blocks, block_size, num_kv_heads, head_dim].
+
+Tensor parallelism: every rank has a runner over its shard of the model and its KV heads' cache
+(the block tables are the same on all ranks). Rank 0's runner, the driver, turns the scheduler's
+output into staged arrays and broadcasts them (distributed/step_channel.py); the followers run
+the same device work from them (`follow_step`): the forward, and the logits wherever the driver
+computes them (the LM head's all-gather is a collective). Only the driver samples; the tokens a
+step's inputs read from the step before are broadcast to the followers first.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tritonllm.distributed.parallel_state import SINGLE, TensorParallel
+from tritonllm.distributed.step_channel import StepChannel, StepHeader
 from tritonllm.engine.kv_cache import cdiv
 from tritonllm.engine.output_processor import SampledLogprobs, StepResult
 from tritonllm.engine.request import Request
@@ -40,6 +49,12 @@ from tritonllm.worker.staging import StagingBuffer
 
 _DECODE_ROWS = [name for name, _, _ in DECODE_LAYOUT].index("rows")
 PROMPT_LOGPROBS_ROWS = 1024  # prompt positions whose [rows, vocab] logits are alive at once
+
+
+def eager_slot_names(has_prev_src: bool) -> list[str]:
+    """The arrays an eager step stages, in order (then the batch updates: _put_batch_updates)."""
+    names = ["input_ids", "positions", "slot_mapping", "prev_src", "rows", "sample_idx", "sample_rows", "seq_lens"]
+    return [name for name in names if has_prev_src or name != "prev_src"] + ["query_start_loc"]
 
 
 @dataclass
@@ -80,8 +95,13 @@ class ModelRunner:
         max_model_len: int = 2048,
         max_num_batched_tokens: int = 8192,
         kernels: Kernels | None = None,
+        tp: TensorParallel = SINGLE,
     ) -> None:
         self.model = model
+        self.tp = tp
+        self.is_driver = tp.rank == 0  # samples; with tensor parallelism, hands each step to the others
+        self.channel = StepChannel(tp, device) if tp.size > 1 else None
+        self._num_last_sampled = 0  # tokens the last step sampled (into last_sampled)
         # the engine's kernel choice, bound to every layer of its model (kernels/registry.py)
         self.kernels = kernels or default_kernels()
         bind_kernels(model, self.kernels)
@@ -290,6 +310,10 @@ class ModelRunner:
         seq_lens = (starts + num_new).astype(np.int32)
         sample_rows = rows[samples]
         batch.sample_pos[sample_rows] = np.arange(num_sampled)
+        # the prompt log-probs each request's rows give: (request, first position, last, first hidden row)
+        spans = [(r, *self._prompt_span(r, int(query_start[i]), int(starts[i]), int(num_new[i]))) for i, r in prompt]
+        prev_tokens = self._num_last_sampled if from_prev.any() else 0
+        self._num_last_sampled = num_sampled
 
         staging = self.staging
         staging.begin()
@@ -322,6 +346,9 @@ class ModelRunner:
                 staging.put(values[name])
             extra = self._put_batch_updates(None if in_graph is not None else entries)
             views = staging.send()
+            header = StepHeader(graph_size=size, num_seqs=n, num_sampled=n, relogits=bool(special),
+                                prev_tokens=prev_tokens, has_entries=extra[0], has_rows=extra[1])  # fmt: skip
+            self._share_step(header, [])
             self._apply_batch_updates(views[len(DECODE_LAYOUT) :], extra)
             hidden = graphs.run(size, self._decode_body)
             tokens, lp = None, None
@@ -329,37 +356,35 @@ class ModelRunner:
                 logits = self.model.compute_logits(hidden[:n])
                 tokens, lp = self._sample(logits, views[_DECODE_ROWS][:n], sampled, special, advance=False)
         else:
-            slot = {}
-            slot["input_ids"] = staging.put(np.asarray(ids, dtype=np.int64))
-            slot["positions"] = staging.put(positions)
-            slot["slot_mapping"] = staging.put(slots)
-            if from_prev.any():
-                slot["prev_src"] = staging.put(prev_src)
-            slot["rows"] = staging.put(rows)
-            slot["sample_idx"] = staging.put((query_start[1:][samples] - 1).astype(np.int64))
-            slot["sample_rows"] = staging.put(sample_rows)
-            slot["seq_lens"] = staging.put(seq_lens)
-            slot["query_start_loc"] = staging.put(query_start)
+            arrays = {
+                "input_ids": np.asarray(ids, dtype=np.int64),
+                "positions": positions,
+                "slot_mapping": slots,
+                "prev_src": prev_src,
+                "rows": rows,
+                "sample_idx": (query_start[1:][samples] - 1).astype(np.int64),
+                "sample_rows": sample_rows,
+                "seq_lens": seq_lens,
+                "query_start_loc": query_start,
+            }
+            names = eager_slot_names(bool(from_prev.any()))
+            for name in names:
+                staging.put(arrays[name])
             extra = self._put_batch_updates(entries)
             views = staging.send()
-            self._apply_batch_updates(views[len(slot) :], extra)
-            v = {name: views[i] for name, i in slot.items()}
-            calibrating = self.kv_scale_calibration and num_tokens > 0
-            if calibrating:  # the first step after start-up (its prompts) sets the FP8 KV scales (calculate_kv_scales)
-                self._set_kv_calibration(True)
-            hidden = self._forward(
-                v["input_ids"], v["positions"], v["slot_mapping"], v.get("prev_src"), v["rows"], v["seq_lens"],
-                v["query_start_loc"], int(num_new.max()) if n else 0, int(seq_lens.max()) if n else 0,
-                piecewise=self._fits_piecewise(num_tokens),
+            header = StepHeader(
+                num_seqs=n, num_sampled=num_sampled, max_query_len=int(num_new.max()) if n else 0,
+                max_seq_len=int(seq_lens.max()) if n else 0, piecewise=self._fits_piecewise(num_tokens),
+                calibrating=self.kv_scale_calibration and num_tokens > 0, prev_tokens=prev_tokens,
+                has_prev_src=bool(from_prev.any()), has_entries=extra[0], has_rows=extra[1],
             )  # fmt: skip
-            if calibrating:
-                self._set_kv_calibration(False)
-                self.kv_scale_calibration = False
+            self._share_step(header, spans)
+            hidden, v = self._eager_step(header, views, names)
             tokens, lp = None, None
             if num_sampled:
                 logits = self.model.compute_logits(hidden[v["sample_idx"]])
                 tokens, lp = self._sample(logits, v["sample_rows"], sampled, special, advance=True)
-            prompt_lp = [self._prompt_logprobs(hidden, r, int(query_start[i]), int(starts[i]), int(num_new[i])) for i, r in prompt]  # fmt: skip
+            prompt_lp = [self._prompt_logprobs(hidden, *span) for span in spans]
         if tokens is not None:
             self.last_sampled[:num_sampled].copy_(tokens)
         host_tokens = to_host(self.last_sampled[:num_sampled])
@@ -373,6 +398,60 @@ class ModelRunner:
             done = torch.cuda.Event()
             done.record()
         return PendingStep(sampled, host_tokens, ks, lp, prompt_host, done)
+
+    def _share_step(self, header: StepHeader, spans: list[tuple[Request, int, int, int]]) -> None:
+        """Tensor parallelism, the driver: hand the staged step to the followers (with the hidden rows
+        of its prompt log-probs, `spans` as _prompt_span's), then the tokens of the step before that
+        its inputs read (the followers do not sample)."""
+        if self.channel is None:
+            return
+        rows = [(row, row + last - first) for _, first, last, row in spans if last > first]
+        self.channel.send(header, self.staging, np.array(rows, dtype=np.int64).reshape(-1, 2))
+        if header.prev_tokens:
+            self.tp.broadcast(self.last_sampled[: header.prev_tokens])
+
+    def _eager_step(
+        self, header: StepHeader, views: list[torch.Tensor], names: list[str]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """An eager step's device work up to the hidden states, on every rank: the batch's pending
+        updates, then the forward. Returns (hidden states, the step's named input views)."""
+        self._apply_batch_updates(views[len(names) :], (header.has_entries, header.has_rows))
+        v = dict(zip(names, views))
+        # the first step after start-up (its prompts) sets the FP8 KV scales (calculate_kv_scales)
+        if header.calibrating:
+            self._set_kv_calibration(True)
+        hidden = self._forward(
+            v["input_ids"], v["positions"], v["slot_mapping"], v.get("prev_src"), v["rows"], v["seq_lens"],
+            v["query_start_loc"], header.max_query_len, header.max_seq_len, piecewise=header.piecewise,
+        )  # fmt: skip
+        if header.calibrating:
+            self._set_kv_calibration(False)
+            self.kv_scale_calibration = False
+        return hidden, v
+
+    @torch.inference_mode()
+    def follow_step(self) -> bool:
+        """A follower (tensor-parallel rank > 0): run the next step the driver broadcasts, computing
+        logits wherever it does (their all-gather needs every rank); False when the driver stops."""
+        received = self.channel.receive(self.staging)
+        if received is None:
+            return False
+        header, views, row_spans = received
+        if header.prev_tokens:
+            self.tp.broadcast(self.last_sampled[: header.prev_tokens])
+        if header.graph_size:
+            self._apply_batch_updates(views[len(DECODE_LAYOUT) :], (header.has_entries, header.has_rows))
+            hidden = self.decode_graphs.run(header.graph_size, self._decode_body)
+            if header.relogits:
+                self.model.compute_logits(hidden[: header.num_seqs])
+            return True
+        hidden, v = self._eager_step(header, views, eager_slot_names(header.has_prev_src))
+        if header.num_sampled:
+            self.model.compute_logits(hidden[v["sample_idx"]])
+        for lo, hi in row_spans.tolist():
+            for first in range(lo, hi, PROMPT_LOGPROBS_ROWS):
+                self.model.compute_logits(hidden[first : min(first + PROMPT_LOGPROBS_ROWS, hi)])
+        return True
 
     def _put_batch_updates(self, entries) -> tuple[bool, bool]:
         """Stage the persistent batch's pending changes: block-table entries (unless a graph applies
@@ -434,8 +513,10 @@ class ModelRunner:
         self.batch.apply_entries(v["entry_rows"], v["entry_cols"], v["entry_vals"])
         hidden = self._forward(v["input_ids"], v["positions"], v["slot_mapping"], v["prev_src"], v["rows"],
                                v["seq_lens"], v["query_start_loc"], 1, self.max_model_len)  # fmt: skip
-        tokens, _ = self.sampler(self.model.compute_logits(hidden), self.batch.sampling_tensors(v["rows"]))
-        self.last_sampled[:size].copy_(tokens)
+        logits = self.model.compute_logits(hidden)
+        if self.is_driver:  # followers compute the logits (a collective) but do not sample
+            tokens, _ = self.sampler(logits, self.batch.sampling_tensors(v["rows"]))
+            self.last_sampled[:size].copy_(tokens)
         return hidden
 
     def _sample(
@@ -457,13 +538,19 @@ class ModelRunner:
             st.banned_tokens = torch.tensor(banned_tokens, dtype=torch.int64).to(self.device, non_blocking=True)
         return self.sampler(logits, st)
 
-    def _prompt_logprobs(
-        self, hidden: torch.Tensor, r: Request, row0: int, start: int, count: int
-    ) -> tuple[Request, int, LogprobTensors | None]:
-        """Logprobs of the prompt tokens this chunk predicts (row of position p predicts token p + 1),
-        skipping those delivered before a preemption."""
+    @staticmethod
+    def _prompt_span(r: Request, row0: int, start: int, count: int) -> tuple[int, int, int]:
+        """(first, last, first hidden row) of the prompt positions a chunk of `count` tokens from
+        position `start` (hidden rows from row0) gives log-probs for: position p predicts token p + 1;
+        those delivered before a preemption are skipped."""
         first = max(start, len(r.prompt_logprobs) - 1)  # prompt_logprobs starts as [None]
         last = min(start + count, r.num_prompt_tokens - 1)
+        return first, last, row0 + first - start
+
+    def _prompt_logprobs(
+        self, hidden: torch.Tensor, r: Request, first: int, last: int, row: int
+    ) -> tuple[Request, int, LogprobTensors | None]:
+        """Logprobs of the prompt tokens at positions first + 1..last (hidden rows from `row`)."""
         if last <= first:
             return r, first + 1, None
         targets = torch.tensor(r.prompt_token_ids[first + 1 : last + 1], device=self.device)
@@ -472,7 +559,7 @@ class ModelRunner:
         parts = []
         for lo in range(first, last, PROMPT_LOGPROBS_ROWS):
             hi = min(lo + PROMPT_LOGPROBS_ROWS, last)
-            logits = self.model.compute_logits(hidden[row0 + lo - start : row0 + hi - start])
+            logits = self.model.compute_logits(hidden[row + lo - first : row + hi - first])
             parts.append(top_logprobs(self.kernels.log_softmax(logits), targets[lo - first : hi - first],
                                       r.params.prompt_logprobs))  # fmt: skip
             del logits

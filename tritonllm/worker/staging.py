@@ -69,6 +69,15 @@ class StagingBuffer:
                 self._copied[self._turn] = event
         return [self.view(start, size, dtype) for start, size, dtype in self._slots]
 
+    @property
+    def packed_slots(self) -> list[tuple[int, int, torch.dtype]]:
+        """(offset, length, dtype) of each array packed since `begin`."""
+        return self._slots
+
+    @property
+    def packed_bytes(self) -> int:
+        return self._offset
+
     def view(self, start: int, size: int, dtype: torch.dtype) -> torch.Tensor:
         return self.device_buffer[start : start + size * dtype.itemsize].view(dtype)
 
