@@ -29,6 +29,11 @@ TARGETS = [
     (GPUTarget("hip", "gfx942", 64), "cdna"),
 ]
 
+# the pointer-kernel GEMM's and the GEMV's output, bias and scale pointers (their A / B types vary per case)
+OUT_AND_SCALE_PTRS = dict(
+    c_ptr="*bf16", bias_ptr="*bf16", a_scale_ptr="*fp32", b_scale_ptr="*fp32", b_zero_ptr="*fp32", ws_ptr="*fp32"
+)
+
 
 def _gemm_variants(fp8: str) -> list[tuple[str, str, dict, dict]]:
     """(name, table kind, pointer types, constexprs) of each GEMM kind the linear implementations launch."""
@@ -93,17 +98,7 @@ def main() -> int:
                 tile_constexprs = dict(
                     constexprs, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m
                 )
-                all_types = dict(
-                    dict(
-                        c_ptr="*bf16",
-                        bias_ptr="*bf16",
-                        a_scale_ptr="*fp32",
-                        b_scale_ptr="*fp32",
-                        b_zero_ptr="*fp32",
-                        ws_ptr="*fp32",
-                    ),
-                    **types,
-                )
+                all_types = dict(OUT_AND_SCALE_PTRS, **types)
                 checks.append((f"gemm {name} M<={max_m} {t.block_m}x{t.block_n}x{t.block_k}", gemm.gemm_kernel, all_types,
                                tile_constexprs, t.num_warps, "fp8" in name))  # fmt: skip
         for name, a_t, acc_int in (("bf16", "bf16", False), ("fp8", fp8, False), ("int8", "i8", True)):
@@ -124,14 +119,6 @@ def main() -> int:
         # the GEMV kernel (decode-sized M): float, W8A8 row/column and block scales, weight-only bytes
         gemv_base = dict(A_SCALE=0, B_SCALE=0, GROUP_K=1, GROUP_N=1, INT_ACC=False, HAS_BIAS=True, B_E4M3FN_BITS=False,
                          B_DECODE=0, EVEN_K=True, SPLIT_K=1, BLOCK_N=32, BLOCK_K=256)  # fmt: skip
-        gemv_ptrs = dict(
-            c_ptr="*bf16",
-            bias_ptr="*bf16",
-            a_scale_ptr="*fp32",
-            b_scale_ptr="*fp32",
-            b_zero_ptr="*fp32",
-            ws_ptr="*fp32",
-        )
         for name, types, constexprs, uses_fp8 in (
             ("bf16", dict(a_ptr="*bf16", b_ptr="*bf16"), gemv_base, False),
             ("fp8 w8a8", dict(a_ptr=f"*{fp8}", b_ptr=f"*{fp8}"), dict(gemv_base, A_SCALE=2, B_SCALE=2, BLOCK_K=512), True),
@@ -145,7 +132,9 @@ def main() -> int:
              dict(gemv_base, B_SCALE=3, GROUP_K=32, B_DECODE=3), False),
             ("uint8 g32 weight-only", dict(a_ptr="*bf16", b_ptr="*u8"), dict(gemv_base, B_SCALE=3, GROUP_K=32, B_DECODE=2), False),
         ):  # fmt: skip
-            checks.append((f"gemv {name}", gemm_gemv.gemv_kernel, dict(gemv_ptrs, **types), constexprs, 4, uses_fp8))
+            checks.append(
+                (f"gemv {name}", gemm_gemv.gemv_kernel, dict(OUT_AND_SCALE_PTRS, **types), constexprs, 4, uses_fp8)
+            )
         checks.append(("split-K reduce", gemm.split_k_reduce_kernel, dict(ws_ptr="*fp32", c_ptr="*bf16", bias_ptr="*bf16"),
                        dict(SPLIT_K=4, HAS_BIAS=True, BLOCK=1024), 4, False))  # fmt: skip
         for q, qmax in ((fp8, 448.0 if target.backend == "cuda" else 240.0), ("i8", 127.0)):
