@@ -108,6 +108,10 @@ def cases(suites: list[str]) -> list[tuple[str, int, int, int, list[tuple[T, int
             for m in (256, 1024):
                 big = [T(128, 128, 64, 8, 3), T(128, 128, 64, 8, 3, dequant=True)]
                 out.append((fmt, n, k, m, [(t, 1) for t in big]))
+    if "w4a16_decode" in suites:  # the 4-bit GEMV (kernels/gemv_w4.py) at M = 1 and 4, beside the M = 16 tiles at 4
+        for fmt, (n, k) in itertools.product(("int4", "mxfp4"), LLAMA):
+            out.append((fmt, n, k, 1, _gemv((128, 256, 512, 1024), (1, 2, 4, 8, 16))))
+            out.append((fmt, n, k, 4, _gemv((128, 256, 512), (1, 2, 4, 8)) + _skinny(16, (128, 256))))
     if "m4" in suites:  # a few decode rows: the M = 16 tiles and the GEMV (which reads the weight from L2 per row)
         for n, k in LLAMA:
             out.append(("float", n, k, 4, _skinny(16, (128, 256)) + _gemv((128, 256, 512))))
@@ -195,7 +199,7 @@ def tuned_table(rows: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
-    parser.add_argument("--suites", nargs="+", default=["large", "block", "skinny"], help="also: m4, w4a16")
+    parser.add_argument("--suites", nargs="+", default=["large", "block", "skinny"], help="also: m4, w4a16, w4a16_decode")
     parser.add_argument("--jobs", type=int, default=16)
     parser.add_argument("--rep", type=int, default=5, help="ms of replays per timing")
     parser.add_argument("--write-tuned", type=Path, help="write OUT.json's skinny winners here; no sweep")

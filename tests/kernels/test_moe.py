@@ -180,6 +180,30 @@ def test_quantized_experts_match_reference(scheme, h, i, activation, gemv) -> No
     assert_close_to_scale(got, reference.fused_moe(*args, **kwargs), tol)
 
 
+def test_mxfp4_gemv_reads_the_experts_as_words(monkeypatch) -> None:
+    """The GEMV path's MXFP4 experts go through the word decode (kernels/gemv_w4.py), and its result
+    matches the reference; experts at an odd byte offset fall back to the byte decode."""
+    from tritonllm.kernels import moe as moe_module
+
+    seen = []
+    real = moe_module.as_words
+    monkeypatch.setattr(moe_module, "as_words", lambda t: seen.append(real(t) is not None) or real(t))
+    scheme = QuantScheme(FP4, "mx", "none")
+    p = _problem(3, 6, 64, 96, 2, seed=9)
+    w13, w2 = quantize_experts(p["w13"].float(), scheme), quantize_experts(p["w2"].float(), scheme)
+    args = (p["x"], w13, w2, p["topk_weights"], p["topk_ids"])
+    tiles = MoeTiles(*[g.GemmTiles(1, 16, 64, 1, 1, 1, gemv=True)] * 2)
+    expected = reference.fused_moe(*args, activation="swiglu_oai")
+    assert_close_to_scale(fused_moe(*args, tiles=tiles, activation="swiglu_oai"), expected, 4 * TOL)
+    assert seen == [True, True]
+    odd = torch.empty(w2.data.numel() + 1, dtype=torch.uint8, device=w2.data.device)[1:].view_as(w2.data)
+    odd.copy_(w2.data)
+    w2.data = odd
+    got = fused_moe(*args, tiles=tiles, activation="swiglu_oai")
+    assert seen[2:] == [True, False]
+    assert_close_to_scale(got, expected, 4 * TOL)
+
+
 def test_unserved_formats_are_refused() -> None:
     p = _problem(1, 6, 48, 40, 2, seed=8)
     w13 = quantize_experts(p["w13"].float(), QuantScheme(FP8, "channel", "token"))

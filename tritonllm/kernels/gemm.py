@@ -56,6 +56,7 @@ from tritonllm.kernels.gemm_scales import (
     group_scales,
     unpack_values,
 )
+from tritonllm.kernels.gemv_w4 import FP4_BITS, as_words, w4_gemv_fits, w4_gemv_kernel
 from tritonllm.kernels.quant_formats import BLOCK, FP4, FP8_DTYPES, INT4, MX_GROUP, QuantScheme
 
 try:  # triton >= 3.4: host-side tensor descriptors (TMA on Hopper)
@@ -473,6 +474,16 @@ def gemm(
     a_s_strides = _scale_strides(a_scale, a_scale_kind >= A_ROW)
     b_s_strides = _scale_strides(b_scale, b_scale_kind != B_NONE)
     even_k = k % tiles.block_k == 0 and k_per_split % tiles.block_k == 0
+    words = as_words(b) if tiles.gemv and packed and w4_gemv_fits(k, group_k, tiles.block_k) else None
+    if words is not None:  # 4-bit weights read as words of eight nibbles (kernels/gemv_w4.py)
+        w4_gemv_kernel[(m * triton.cdiv(n, tiles.block_n), split)](
+            a, words, c, bias if bias is not None else dummy, b_scale, b_zero if zeros else b_scale, ws,
+            m, n, k, k_per_split, a.stride(0), a.stride(1), words.stride(0), c.stride(0), c.stride(1), *b_s_strides,
+            FP4=b_decode == DEC_FP4, FP4_BITS=FP4_BITS, GROUP_K=group_k, HAS_BIAS=bias is not None,
+            EVEN=even_k, SPLIT_K=split, BLOCK_N=tiles.block_n, BLOCK_W=tiles.block_k // 8,
+            num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        )  # fmt: skip
+        return _reduce_splits(ws, c, bias, split)
     if tiles.gemv and not operand_scales:
         gemv_kernel[(m * triton.cdiv(n, tiles.block_n), split)](
             a, b, c, bias if bias is not None else dummy, a_s, b_s, b_zero if zeros else dummy, ws,

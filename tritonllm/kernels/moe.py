@@ -43,6 +43,7 @@ from tritonllm import platform
 from tritonllm.kernels.gemm import GemmTiles
 from tritonllm.kernels.gemm_persistent import tile_coords
 from tritonllm.kernels.gemm_scales import DEC_FP4, dequant_values, group_scales, unpack_values
+from tritonllm.kernels.gemv_w4 import FP4_BITS, as_words, w4_gemv_fits
 from tritonllm.kernels.moe_align import MoeAlignment, moe_align
 from tritonllm.kernels.moe_epilogue import moe_store
 from tritonllm.kernels.moe_gemv import moe_gemv_kernel
@@ -213,7 +214,12 @@ def _launch(
     )
     if tiles.gemv:
         grid = (triton.cdiv(n, tiles.block_n), route.numel())
-        moe_gemv_kernel[grid](*pointers, route, n, k, alpha, limit, *strides, **flags)
+        words = as_words(data) if quant == Q_MXFP4 and w4_gemv_fits(k, MX_GROUP, tiles.block_k) else None
+        if words is not None:  # MXFP4 read as words of eight nibbles (kernels/gemv_w4.py)
+            pointers = (pointers[0], words, *pointers[2:])
+            strides = (*strides[:2], *words.stride(), *strides[5:])
+        moe_gemv_kernel[grid](*pointers, route, n, k, alpha, limit, *strides, **flags, WORDS=words is not None,
+                              FP4_BITS=FP4_BITS)  # fmt: skip
         return
     grid = (route.num_blocks * triton.cdiv(n, tiles.block_n),)
     fused_moe_kernel[grid](

@@ -23,14 +23,19 @@ import triton
 import triton.language as tl
 
 from tritonllm.kernels.gemm_scales import DEC_FP4, gemv_decoded_part
+from tritonllm.kernels.gemv_w4 import w4_row_dot
 from tritonllm.kernels.moe_epilogue import moe_store
 
 
 @triton.jit
 def _row_dot(a_row_ptr, a_scale_row_ptr, b_ptr, b_scale_ptr, rn, K, stride_ak, stride_ask, stride_bn, stride_bk,
              stride_bsn, stride_bsk, QUANT: tl.constexpr, GROUP_K: tl.constexpr, EVEN_K: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
-    """sum over K of w[rn, k] * a[k] in float32 for one activation row and the weight rows rn."""
+             WORDS: tl.constexpr, FP4_BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """sum over K of w[rn, k] * a[k] in float32 for one activation row and the weight rows rn (MXFP4
+    read as int32 words, WORDS: kernels/gemv_w4.py; b_ptr then points at words, stride_bn in words)."""
+    if QUANT == 2 and WORDS:
+        return w4_row_dot(a_row_ptr, b_ptr, b_scale_ptr, b_scale_ptr, rn, 0, K, stride_ak, stride_bn, stride_bsn,
+                          stride_bsk, True, FP4_BITS, GROUP_K, EVEN_K, BLOCK_N, BLOCK_K // 8)  # fmt: skip
     PACK: tl.constexpr = 2 if QUANT == 2 else 1  # K values per byte of B
     offs_k = tl.arange(0, BLOCK_K)
     offs_kb = tl.arange(0, BLOCK_K // PACK)
@@ -67,7 +72,7 @@ def moe_gemv_kernel(
     stride_asm, stride_ask, stride_bse, stride_bsn, stride_bsk,
     A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
     MUL_WEIGHTS: tl.constexpr, QUANT: tl.constexpr, GROUP_K: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WORDS: tl.constexpr = False, FP4_BITS: tl.constexpr = True,
 ):  # fmt: skip
     """c[pair, n] for one pair (program axis 1) and BLOCK_N columns (axis 0): A row pair // A_ROW_DIV,
     B the pair's expert's [N (x2 when GATED), K] matrix."""
@@ -82,11 +87,12 @@ def moe_gemv_kernel(
     b_ptr += e * stride_be
     b_scale_ptr += e * stride_bse
     acc = _row_dot(a_row_ptr, a_scale_row_ptr, b_ptr, b_scale_ptr, rn, K, stride_ak, stride_ask, stride_bn, stride_bk,
-                   stride_bsn, stride_bsk, QUANT, GROUP_K, EVEN_K, BLOCK_N, BLOCK_K)  # fmt: skip
+                   stride_bsn, stride_bsk, QUANT, GROUP_K, EVEN_K, WORDS, FP4_BITS, BLOCK_N, BLOCK_K)  # fmt: skip
     acc_up = acc
     if GATED:  # w13's up rows, N below the gate rows
         acc_up = _row_dot(a_row_ptr, a_scale_row_ptr, b_ptr, b_scale_ptr, rn + N, K, stride_ak, stride_ask, stride_bn,
-                          stride_bk, stride_bsn, stride_bsk, QUANT, GROUP_K, EVEN_K, BLOCK_N, BLOCK_K)  # fmt: skip
+                          stride_bk, stride_bsn, stride_bsk, QUANT, GROUP_K, EVEN_K, WORDS, FP4_BITS, BLOCK_N,
+                          BLOCK_K)  # fmt: skip
     pairs = tl.full([1], 0, tl.int32) + pair
     moe_store(acc[None, :], acc_up[None, :], c_ptr, bias_ptr, topk_weights_ptr, pairs, pairs >= 0, e, rn, offs_n, N,
               alpha, limit, stride_cm, stride_cn, stride_bias_e, GATED, ACTIVATION, HAS_BIAS, MUL_WEIGHTS)  # fmt: skip

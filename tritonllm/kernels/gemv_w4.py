@@ -1,0 +1,171 @@
+"""The 4-bit GEMV (int4 with group scales and zero points; MXFP4), for decode-sized M.
+
+At M = 1 a 4-bit weight's read is a quarter of bf16's, and decoding it is the cost: the first GEMV
+(kernels/gemm_gemv.py, byte tiles, nibbles widened one by one, activations loaded per nibble half)
+ran 11 or more instructions a weight and moved 0.7-1.3 TB/s of the H200's 4.8. Here the packed
+uint8 [N, K / 2] weight is read as int32 words of eight nibbles (nibble j of word w is column 8w + j:
+the same bytes, viewed), and each nibble becomes a float32 with one shift and one masked OR (a
+single LOP3), no int-to-float conversion:
+
+- int4 code q -> the float 1 + q / 16 (q in mantissa bits 19..22 under the exponent of 1.0); per
+  group, sum_k (q_k - z) s a_k = s (16 sum_k f_k a_k - (16 + z) sum_k a_k), so the scale, the zero
+  point and the bias of the code are applied once per group and row;
+- e2m1 code (sign, two exponent bits, one mantissa bit) -> its value times 2**-126: the magnitude
+  bits go to float bits 22..24, the sign to bit 31; codes 0 and 1 land on 0 and the denormal
+  2**-127, exactly (FMA keeps denormals on NVIDIA GPUs and in the interpreter; ROCm takes the exact
+  where-based decode, FP4_BITS off). The activation is pre-scaled by 2**100 so that every product
+  is a normal float, and the e8m0 group scale and 2**26 finish the sum.
+
+The activation's [BLOCK_W, 8] tile is loaded contiguously and split into its eight nibble columns.
+Programs of one weight tile and different rows are adjacent (the weight comes from HBM once, from
+L2 for the other rows); K splits write float32 partials that gemm.py's reduce kernel sums. The MoE
+GEMV (kernels/moe_gemv.py) calls `w4_row_dot` for its MXFP4 experts.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tritonllm import platform
+from tritonllm.kernels.gemm_scales import e2m1_to_float, epilogue
+
+# the 2**-126 e2m1 decode needs denormal float32 FMAs (NVIDIA GPUs, the interpreter's numpy)
+FP4_BITS = platform.PLATFORM != "rocm"
+FP4_ACT_SCALE = tl.constexpr(2.0**100)  # activations x this, so that products with 2**-126-scaled values stay normal
+FP4_OUT_SCALE = tl.constexpr(2.0**26)  # = 2**126 / 2**100
+
+
+@triton.jit
+def _nibble_int4(words, J: tl.constexpr):
+    """Nibble J of each int32 word (an int4 code q) -> the float32 1 + q / 16."""
+    if J * 4 <= 19:
+        x = words << (19 - 4 * J)
+    else:
+        x = words >> (4 * J - 19)
+    return ((x & 0x00780000) | 0x3F800000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _nibble_fp4(words, J: tl.constexpr, FP4_BITS: tl.constexpr):
+    """Nibble J of each int32 word (an e2m1 code) -> its value x 2**-126 (FP4_BITS), or its value."""
+    if FP4_BITS:
+        if J * 4 <= 22:
+            mag = words << (22 - 4 * J)
+        else:
+            mag = words >> (4 * J - 22)
+        sign = words << (28 - 4 * J)
+        v = ((mag & 0x01C00000) | (sign & -2147483648)).to(tl.float32, bitcast=True)
+    else:
+        v = e2m1_to_float((words >> (4 * J)) & 0xF)
+    return v
+
+
+@triton.jit
+def _nibble(words, J: tl.constexpr, FP4: tl.constexpr, FP4_BITS: tl.constexpr):
+    if FP4:
+        v = _nibble_fp4(words, J, FP4_BITS)
+    else:
+        v = _nibble_int4(words, J)
+    return v
+
+
+@triton.jit
+def w4_row_dot(a_row_ptr, w_ptr, s_ptr, z_ptr, rn, k_start, k_end, stride_ak, stride_wn, stride_sn, stride_sk,
+               FP4: tl.constexpr, FP4_BITS: tl.constexpr, GROUP_K: tl.constexpr, EVEN: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):  # fmt: skip
+    """sum over k in [k_start, k_end) of w[rn, k] * a[k] in float32, for one activation row and the
+    weight rows rn; w_ptr the int32 view of the packed weight (stride_wn words a row), k_start a
+    multiple of 8 * BLOCK_W and of the group, k_end a multiple of 8 (EVEN: of 8 * BLOCK_W)."""
+    offs_w = tl.arange(0, BLOCK_W)
+    WPG: tl.constexpr = GROUP_K // 8  # words a scale group
+    GPI: tl.constexpr = BLOCK_W // WPG if BLOCK_W > WPG else 1  # groups a tile (a tile within one group: 1)
+    offs_g = tl.arange(0, GPI)
+    offs_j = tl.arange(0, 8)
+    kw_end = k_end // 8
+    w_ptrs = w_ptr + rn[:, None] * stride_wn + (k_start // 8 + offs_w)[None, :]
+    acc = tl.zeros((BLOCK_N, GPI), tl.float32)
+    for kw in range(k_start // 8, kw_end, BLOCK_W):
+        if EVEN:
+            words = tl.load(w_ptrs)
+            a8 = tl.load(a_row_ptr + ((kw + offs_w)[:, None] * 8 + offs_j[None, :]) * stride_ak)
+        else:
+            in_k = kw + offs_w < kw_end
+            words = tl.load(w_ptrs, mask=in_k[None, :], other=0)
+            a8 = tl.load(a_row_ptr + ((kw + offs_w)[:, None] * 8 + offs_j[None, :]) * stride_ak,
+                         mask=in_k[:, None], other=0.0)  # fmt: skip
+        a8 = a8.to(tl.float32)
+        if FP4 and FP4_BITS:
+            a8 = a8 * FP4_ACT_SCALE
+        # the eight nibble columns: a_j[w] = a[8 (kw + w) + j]
+        even, odd = tl.split(tl.reshape(a8, (BLOCK_W, 4, 2)))
+        e0, e1 = tl.split(tl.reshape(even, (BLOCK_W, 2, 2)))
+        o0, o1 = tl.split(tl.reshape(odd, (BLOCK_W, 2, 2)))
+        a0, a4 = tl.split(e0)
+        a2, a6 = tl.split(e1)
+        a1, a5 = tl.split(o0)
+        a3, a7 = tl.split(o1)
+        part = _nibble(words, 0, FP4, FP4_BITS) * a0[None, :]
+        part += _nibble(words, 1, FP4, FP4_BITS) * a1[None, :]
+        part += _nibble(words, 2, FP4, FP4_BITS) * a2[None, :]
+        part += _nibble(words, 3, FP4, FP4_BITS) * a3[None, :]
+        part += _nibble(words, 4, FP4, FP4_BITS) * a4[None, :]
+        part += _nibble(words, 5, FP4, FP4_BITS) * a5[None, :]
+        part += _nibble(words, 6, FP4, FP4_BITS) * a6[None, :]
+        part += _nibble(words, 7, FP4, FP4_BITS) * a7[None, :]
+        part_g = tl.sum(tl.reshape(part, (BLOCK_N, GPI, BLOCK_W // GPI)), axis=2)
+        g = kw // WPG + offs_g
+        s_ptrs = s_ptr + rn[:, None] * stride_sn + g[None, :] * stride_sk
+        g_in = (g * WPG < kw_end)[None, :]
+        if FP4:  # e8m0: the float with exponent bits e
+            e = tl.load(s_ptrs, mask=g_in, other=0).to(tl.int32)
+            acc += part_g * (e << 23).to(tl.float32, bitcast=True)
+        else:
+            a_sum = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+            a_sum_g = tl.sum(tl.reshape(a_sum, (GPI, BLOCK_W // GPI)), axis=1)
+            s = tl.load(s_ptrs, mask=g_in, other=0).to(tl.float32)
+            z = tl.load(z_ptr + rn[:, None] * stride_sn + g[None, :] * stride_sk, mask=g_in, other=0).to(tl.float32)
+            acc += s * (16.0 * part_g - (16.0 + z) * a_sum_g[None, :])
+        w_ptrs += BLOCK_W
+    out = tl.sum(acc, axis=1)
+    if FP4 and FP4_BITS:
+        out = out * FP4_OUT_SCALE
+    return out
+
+
+@triton.jit
+def w4_gemv_kernel(
+    a_ptr, w_ptr, c_ptr, bias_ptr, s_ptr, z_ptr, ws_ptr,
+    M, N, K, K_PER_SPLIT,
+    stride_am, stride_ak, stride_wn, stride_cm, stride_cn, stride_sn, stride_sk,
+    FP4: tl.constexpr, FP4_BITS: tl.constexpr, GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
+    SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
+):  # fmt: skip
+    """c[row, n] = sum_k a[row, k] w[n, k] (+ bias) for one row (program axis 0 modulo M), BLOCK_N
+    columns and one K split (axis 1); the epilogue is the GEMM family's (gemm_scales.epilogue)."""
+    pid = tl.program_id(0)
+    row = pid % M
+    offs_n = (pid // M) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
+    rm = tl.full([1], row, tl.int64)
+    k_start = tl.program_id(1) * K_PER_SPLIT
+    k_end = tl.minimum(K, k_start + K_PER_SPLIT)
+    acc = w4_row_dot(a_ptr + row.to(tl.int64) * stride_am, w_ptr, s_ptr, z_ptr, rn, k_start, k_end, stride_ak,
+                     stride_wn, stride_sn, stride_sk, FP4, FP4_BITS, GROUP_K, EVEN, BLOCK_N, BLOCK_W)  # fmt: skip
+    epilogue(acc[None, :], c_ptr, bias_ptr, s_ptr, s_ptr, ws_ptr, rm, offs_n, rm, rn, M, N, tl.program_id(1),
+             stride_cm, stride_cn, 0, 0, 0, 0, HAS_BIAS, SPLIT_K)  # fmt: skip
+
+
+def as_words(b: torch.Tensor) -> torch.Tensor | None:
+    """The int32 view of packed 4-bit weights (uint8 [..., N, K / 2], rows contiguous), or None where
+    the bytes cannot be read as words (row length or offsets not a multiple of 4 bytes)."""
+    if b.stride(-1) != 1 or b.shape[-1] % 4 or any(s % 4 for s in b.stride()[:-1]) or b.storage_offset() % 4:
+        return None
+    return b.view(torch.int32)
+
+
+def w4_gemv_fits(k: int, group_k: int, block_k: int) -> bool:
+    """Whether the word GEMV takes this shape: K and the group whole words, BLOCK_K (8 x BLOCK_W) and
+    the group dividing one another."""
+    return k % 8 == 0 and group_k % 8 == 0 and block_k % 8 == 0 and (block_k % group_k == 0 or group_k % block_k == 0)
