@@ -196,6 +196,18 @@ def tuned_table(rows: list[dict]) -> dict:
     return table
 
 
+def merge_tuned(old: dict, new: dict) -> dict:
+    """The tuned file `old` with `new`'s entries put in per (kind, N x K shape, M bucket): a sweep of
+    some buckets (say M = 1 and 4) keeps the file's other buckets of the same shape."""
+    merged = {**old, **{key: value for key, value in new.items() if not isinstance(value, dict)}}
+    for kind, shapes in new.items():
+        if isinstance(shapes, dict):
+            merged[kind] = {shape: dict(buckets) for shape, buckets in old.get(kind, {}).items()}
+            for shape, buckets in shapes.items():
+                merged[kind].setdefault(shape, {}).update(buckets)
+    return merged
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
@@ -204,14 +216,14 @@ def main() -> None:
     parser.add_argument("--rep", type=int, default=5, help="ms of replays per timing")
     parser.add_argument("--write-tuned", type=Path, help="write OUT.json's skinny winners here; no sweep")
     parser.add_argument("--merge", nargs="*", type=Path, default=[], help="with --write-tuned: more sweeps' rows")
-    parser.add_argument("--update", action="store_true", help="with --write-tuned: keep the file's other kinds")
+    parser.add_argument("--update", action="store_true", help="with --write-tuned: keep the file's other entries")
     args = parser.parse_args()
     if args.write_tuned:
         sweep = json.loads(args.out.read_text())
         rows = sweep["rows"] + [r for path in args.merge for r in json.loads(path.read_text())["rows"]]
         table = dict(device=sweep["device"], torch=sweep["torch"], triton=sweep["triton"], **tuned_table(rows))
-        if args.update and args.write_tuned.exists():  # the sweep's kinds replace the file's, the rest stay
-            table = {**json.loads(args.write_tuned.read_text()), **table}
+        if args.update and args.write_tuned.exists():  # the sweep's (kind, shape, M bucket) entries replace
+            table = merge_tuned(json.loads(args.write_tuned.read_text()), table)  # the file's, the rest stay
         args.write_tuned.parent.mkdir(parents=True, exist_ok=True)
         args.write_tuned.write_text(json.dumps(table, indent=1) + "\n")
         return

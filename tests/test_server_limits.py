@@ -387,6 +387,21 @@ def test_a_profiling_step_that_does_not_fit_is_refused_naming_memory_and_fix(tin
     assert "enable chunked prefill" in message
 
 
+@pytest.mark.parametrize(
+    "budget, seqs, max_len", [(8192, 12, 256), (8192, 256, 4096), (20, 6, 128), (8192, 2, 100), (5, 12, 64)]
+)
+def test_the_profiling_step_keeps_every_prompt_within_max_model_len(budget, seqs, max_len):
+    """The profiling step's prompts: at most max_num_seqs of them, none longer than max_model_len (the
+    rotary tables end there: a longer prompt read past them, an illegal address on the H200 with a
+    8,192-token budget and max_model_len 256), the whole budget where the prompts can hold it."""
+    from tritonllm.worker.model_runner import profile_lens
+
+    lens = profile_lens(budget, seqs, max_len)
+    assert 1 <= len(lens) <= seqs and max(lens) <= max_len and min(lens) >= 1
+    assert sum(lens) == min(budget, seqs * max_len)
+    assert max(lens) - min(lens) <= 1
+
+
 def test_delta_outputs_join_to_the_cumulative_ones_and_a_slow_reader_gets_them_merged(engine):
     """RequestOutputKind.DELTA (what streams use): the deltas of a request with n=2, logprobs and a
     stop string concatenate to exactly the cumulative outputs; a consumer that reads only after the

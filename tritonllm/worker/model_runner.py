@@ -82,6 +82,17 @@ class PendingStep:
         return StepResult(self.sampled, self.tokens.tolist(), logprobs, prompt)
 
 
+def profile_lens(max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int) -> list[int]:
+    """Prompt lengths of the profiling step: the step's token budget over up to max_num_seqs prompts,
+    none longer than max_model_len (the rotary tables hold max_model_len positions: a longer prompt
+    read past them, an illegal address on the GPU when the budget exceeded max_model_len) and no more
+    tokens than max_num_seqs prompts of max_model_len can hold (more could never be scheduled)."""
+    num_tokens = max(1, min(max_num_batched_tokens, max_num_seqs * max_model_len))
+    num_seqs = max(1, min(max_num_seqs, num_tokens))
+    base, extra = divmod(num_tokens, num_seqs)
+    return [base + (i < extra) for i in range(num_seqs)]
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -180,9 +191,8 @@ class ModelRunner:
         `max_num_batched_tokens` tokens split into up to `max_num_seqs` prompts, plus their logits and
         sampling, against a scratch KV cache just big enough for it (freed afterwards)."""
         bs = self.block_size
-        num_seqs = max(1, min(max_num_seqs, max_num_batched_tokens))
-        lens = [max_num_batched_tokens // num_seqs] * num_seqs
-        lens[-1] += max_num_batched_tokens - sum(lens)
+        lens = profile_lens(max_num_batched_tokens, max_num_seqs, self.max_model_len)
+        num_seqs, max_num_batched_tokens = len(lens), sum(lens)
         blocks_per_seq = [cdiv(n, bs) for n in lens]
         scratch = self.kv_caches
         self.allocate_kv_cache(sum(blocks_per_seq))
