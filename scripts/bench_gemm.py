@@ -136,7 +136,14 @@ def run_case(model: str, layer: str, n: int, k: int, m: int, formats: list[str])
                 continue
             layer_fn = lambda impl=impl, weight=weight: impl.entries["quantized_linear"](x, weight, None)  # noqa: E731
             rows.append(
-                dict(base, format=fmt, impl=f"linear:{impl.name}", us=bench_us(layer_fn), a_bytes=a_bytes, w_bytes=w_bytes)
+                dict(
+                    base,
+                    format=fmt,
+                    impl=f"linear:{impl.name}",
+                    us=bench_us(layer_fn),
+                    a_bytes=a_bytes,
+                    w_bytes=w_bytes,
+                )
             )
     for r in rows:
         r["tflops"] = round(flops / r["us"] / 1e6, 2)

@@ -211,7 +211,9 @@ def merge_tuned(old: dict, new: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
-    parser.add_argument("--suites", nargs="+", default=["large", "block", "skinny"], help="also: m4, w4a16, w4a16_decode")
+    parser.add_argument(
+        "--suites", nargs="+", default=["large", "block", "skinny"], help="also: m4, w4a16, w4a16_decode"
+    )
     parser.add_argument("--jobs", type=int, default=16)
     parser.add_argument("--rep", type=int, default=5, help="ms of replays per timing")
     parser.add_argument("--write-tuned", type=Path, help="write OUT.json's skinny winners here; no sweep")
