@@ -9,7 +9,8 @@ from L2 by the others. Same operands and scales as `gemm_kernel`: row/column sca
 K-grouped float32 scales (block-FP8) per K tile (BLOCK_K divides the group), weight-only,
 e4m3fn-bytes and decoded (int4, 8-bit grouped, MXFP4) weights; the epilogue is the GEMM kernel's
 (gemm_scales.epilogue), K splits writing float32 partials that gemm.py's reduce kernel sums. A tile
-table entry asks for it with `GemmTiles(gemv=True)` (block_m unused).
+table entry asks for it with `GemmTiles(gemv=True)` (block_m unused). Packed 4-bit weights (int4, MXFP4)
+that can be read as int32 words take kernels/gemv_w4.py instead; this kernel keeps the rest.
 """
 
 from __future__ import annotations
