@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 
 @dataclass
@@ -84,6 +85,27 @@ async def _one(client: httpx.AsyncClient, model: str, prompt: list[int], output_
     return result
 
 
+async def _device_mallocs(client: httpx.AsyncClient) -> float | None:
+    """The server's `tritonllm:device_malloc_calls` counter from GET /metrics (None if absent)."""
+    try:
+        response = await client.get("/metrics")
+        response.raise_for_status()
+    except httpx.HTTPError:
+        return None
+    return device_mallocs_in(response.text)
+
+
+def device_mallocs_in(text: str) -> float | None:
+    """The device allocation count in a Prometheus exposition (summed over label sets), or None."""
+    values = [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "tritonllm:device_malloc_calls_total"
+    ]
+    return sum(values) if values else None
+
+
 async def run(args: argparse.Namespace) -> dict:
     rng = random.Random(args.seed)
     low_in = max(1, int(args.random_input_len * (1 - args.random_range_ratio)))
@@ -106,6 +128,7 @@ async def run(args: argparse.Namespace) -> dict:
             async with gate:
                 return await _one(client, args.model, prompt, output_len)
 
+        mallocs_before = await _device_mallocs(client)
         tasks = []
         start = time.perf_counter()
         for prompt, output_len in requests:
@@ -114,6 +137,7 @@ async def run(args: argparse.Namespace) -> dict:
                 await asyncio.sleep(rng.expovariate(args.request_rate))
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
+        mallocs_after = await _device_mallocs(client)
     done = [r for r in results if r.ok]
     output_tokens = sum(r.output_tokens for r in done)
     tpots = [(r.latency_s - r.ttft_s) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
@@ -128,6 +152,8 @@ async def run(args: argparse.Namespace) -> dict:
         "itl_ms": _percentiles([g for r in done for g in r.itl_s]),
         "e2e_latency_ms": _percentiles([r.latency_s for r in done]),
         "errors": sorted({r.error for r in results if not r.ok})[:5],
+        # the server's device allocations during the run (None: no such metric, e.g. a CPU server)
+        "device_malloc_calls": None if None in (mallocs_before, mallocs_after) else mallocs_after - mallocs_before,
     }  # fmt: skip
     if args.save_detailed:
         summary["requests"] = [asdict(r) for r in results]
@@ -170,6 +196,8 @@ def main(argv: list[str] | None = None) -> dict:
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_ms"):
         stats = summary[key]
         print(f"{key:24s} mean {stats['mean']:.2f}  median {stats['median']:.2f}  p99 {stats['p99']:.2f}")
+    if summary["device_malloc_calls"] is not None:
+        print(f"{'device_malloc_calls':24s} {summary['device_malloc_calls']:.0f}")
     if summary["errors"]:
         print("errors:", summary["errors"])
     if args.save_result:

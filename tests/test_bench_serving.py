@@ -49,7 +49,27 @@ def test_bench_serving_reports_every_request(server, tmp_path):
     assert {r["requested_tokens"] for r in summary["requests"]} <= {2, 3, 4, 5}
     assert all(r["ttft_s"] > 0 and r["latency_s"] >= r["ttft_s"] for r in summary["requests"])
     assert summary["ttft_ms"]["p99"] >= summary["ttft_ms"]["median"] > 0 and summary["itl_ms"]["mean"] > 0
+    assert summary["device_malloc_calls"] is None  # a CPU server exports no device allocator metrics
     assert out.exists()
+
+
+def test_the_device_allocation_count_is_read_from_the_metrics_exposition():
+    """The CUDA allocator's counters as the engine reports them (a fake CUDA device's stats), through
+    the server's Prometheus text, back into bench_serving's delta."""
+    from types import SimpleNamespace
+
+    from tritonllm.entrypoints.openai.metrics import prometheus_text
+    from tritonllm.metrics.stats import device_memory_metrics
+
+    stats = {"num_device_alloc": 17, "reserved_bytes.all.current": 3 << 30, "allocated_bytes.all.current": 1 << 30}
+    metrics = device_memory_metrics(SimpleNamespace(type="cuda"), memory_stats=lambda device: stats)
+    assert {m.name: m.value for m in metrics}["tritonllm:device_malloc_calls"] == 17
+    assert device_memory_metrics(SimpleNamespace(type="cpu")) == []
+    text = prometheus_text(metrics, "tiny").decode()
+    assert "tritonllm:device_memory_reserved_bytes" in text
+    bench = _load_script()
+    assert bench.device_mallocs_in(text) == 17
+    assert bench.device_mallocs_in(prometheus_text([], "tiny").decode()) is None
 
 
 def test_bench_serving_counts_refused_requests(server):

@@ -32,7 +32,7 @@ from tritonllm.engine.request import Request, RequestStatus
 from tritonllm.engine.scheduler import Scheduler, SchedulerOutput
 from tritonllm.loader.hf_config import load_eos_token_ids
 from tritonllm.loader.tokenizer import load_tokenizer
-from tritonllm.metrics.stats import EngineStats, StepStats
+from tritonllm.metrics.stats import EngineStats, StepStats, device_memory_metrics
 from tritonllm.models.loader import kv_sliding_window
 from tritonllm.outputs import RequestOutput
 from tritonllm.sampling_params import SamplingParams
@@ -167,7 +167,7 @@ class LLMEngine:
             self.scheduler.num_preemptions,
             kv.prefix_cache_queries,
             kv.prefix_cache_hits,
-        )
+        ) + device_memory_metrics(self.device)
 
     def reset_prefix_cache(self) -> bool:
         return self.kv_cache.reset_prefix_cache()

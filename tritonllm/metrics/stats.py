@@ -148,3 +148,22 @@ class EngineStats:
             self.tpot_s.copy(),
             self.e2e_s.copy(),
         ]
+
+
+def device_memory_metrics(device, memory_stats=None) -> list[Gauge | Counter]:
+    """The CUDA caching allocator's state on `device` (nothing on other devices): the device
+    allocations it has made (cudaMalloc / cuMemMap calls: a step that makes one waits for it, so a
+    count that still grows under steady load says the pool is still filling) and the bytes it
+    reserves and hands out. `memory_stats` stands in for torch.cuda.memory_stats (tests)."""
+    if getattr(device, "type", None) != "cuda":
+        return []
+    if memory_stats is None:
+        import torch
+
+        memory_stats = torch.cuda.memory_stats
+    stats = memory_stats(device)
+    return [
+        Counter(PREFIX + "device_malloc_calls", int(stats.get("num_device_alloc", 0))),
+        Gauge(PREFIX + "device_memory_reserved_bytes", float(stats.get("reserved_bytes.all.current", 0))),
+        Gauge(PREFIX + "device_memory_allocated_bytes", float(stats.get("allocated_bytes.all.current", 0))),
+    ]
