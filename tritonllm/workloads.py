@@ -112,6 +112,12 @@ def peak_memory_gib() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
 
 
+def device_mallocs(llm: LLM) -> int | None:
+    """The engine's CUDA allocation count (tritonllm:device_malloc_calls), None off CUDA."""
+    values = [m.value for m in llm.get_metrics() if m.name == "tritonllm:device_malloc_calls"]
+    return values[0] if values else None
+
+
 def run_random(llm: LLM, workload: dict[str, Any]) -> dict[str, Any]:
     """Random-token prompts with random lengths, EOS ignored. Throughput counts the requested
     output tokens over the wall time of the timed `generate` (nano-vllm's and vLLM's measure); each
@@ -150,10 +156,13 @@ def run_random(llm: LLM, workload: dict[str, Any]) -> dict[str, Any]:
         torch.cuda.reset_peak_memory_stats()
     passes, first = [], None
     for _ in range(workload.get("passes", 1)):
+        mallocs = device_mallocs(llm)
         outputs, elapsed, per_level = generate(requests)
         first = first or outputs
         summary = WorkloadResult.of(outputs, elapsed).summary()
         summary["output_tok_per_s"] = round(sum(n for _, n in requests) / elapsed, 2)  # requested tokens
+        if mallocs is not None:  # CUDA allocations during the pass (the first pass's show a pool still filling)
+            summary["device_malloc_calls"] = device_mallocs(llm) - mallocs
         passes.append({**summary, **latency_summary(outputs), **per_level})
     result = {**passes[0], "peak_memory_gib": peak_memory_gib(), "detokenize": detokenize, **sampling}
     result["requests"] = request_rows(first)  # the first pass's (the headline figures')
