@@ -21,7 +21,7 @@ import triton.language as tl
 from cross_compile_attention import compile_kernel  # this folder: sys.path[0] when run as a script
 from triton.backends.compiler import GPUTarget
 
-from tritonllm.kernels import activation, gemm, gemm_gemv, gemm_persistent, quant, rmsnorm
+from tritonllm.kernels import activation, gemm, gemm_gemv, gemm_persistent, gemv_w4, quant, rmsnorm
 
 TARGETS = [
     (GPUTarget("cuda", 90, 32), "hopper"),
@@ -135,6 +135,19 @@ def main() -> int:
             checks.append(
                 (f"gemv {name}", gemm_gemv.gemv_kernel, dict(OUT_AND_SCALE_PTRS, **types), constexprs, 4, uses_fp8)
             )
+        # the word GEMV of packed 4-bit weights (kernels/gemv_w4.py): one row and four rows a program; ROCm
+        # takes the where-based e2m1 decode (FP4_BITS off)
+        w4_base = dict(FP4=False, FP4_BITS=target.backend == "cuda", GROUP_K=128, HAS_BIAS=True, EVEN=True, SPLIT_K=1,
+                       BLOCK_M=1, BLOCK_N=16, BLOCK_W=128)  # fmt: skip
+        w4_types = dict(a_ptr="*bf16", w_ptr="*i32", c_ptr="*bf16", bias_ptr="*bf16", s_ptr="*fp16", z_ptr="*fp16",
+                        ws_ptr="*fp32")  # fmt: skip
+        for name, types, constexprs in (
+            ("int4", w4_types, w4_base),
+            ("int4 4 rows split-K", w4_types, dict(w4_base, BLOCK_M=4, SPLIT_K=4, EVEN=False)),
+            ("mxfp4", dict(w4_types, s_ptr="*u8", z_ptr="*u8"), dict(w4_base, FP4=True, GROUP_K=32)),
+            ("mxfp4 4 rows", dict(w4_types, s_ptr="*u8", z_ptr="*u8"), dict(w4_base, FP4=True, GROUP_K=32, BLOCK_M=4)),
+        ):
+            checks.append((f"gemv words {name}", gemv_w4.w4_gemv_kernel, types, constexprs, 4, False))
         checks.append(("split-K reduce", gemm.split_k_reduce_kernel, dict(ws_ptr="*fp32", c_ptr="*bf16", bias_ptr="*bf16"),
                        dict(SPLIT_K=4, HAS_BIAS=True, BLOCK=1024), 4, False))  # fmt: skip
         for q, qmax in ((fp8, 448.0 if target.backend == "cuda" else 240.0), ("i8", 127.0)):

@@ -18,7 +18,7 @@ os.environ["TRITON_INTERPRET"] = "0"  # before tritonllm.platform, which would s
 # isort: split
 from cross_compile_gemm import TARGETS, run_checks  # this folder: sys.path[0] when run as a script
 
-from tritonllm.kernels import moe, moe_align, moe_route, moe_tiles
+from tritonllm.kernels import moe, moe_align, moe_gemv, moe_route, moe_tiles
 
 
 def main() -> int:
@@ -57,6 +57,19 @@ def main() -> int:
                                       BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m)  # fmt: skip
                     name = f"moe {kind} {gemm_name} rows/expert {rows} {t.block_m}x{t.block_n}x{t.block_k}"
                     checks.append((name, moe.fused_moe_kernel, all_types, constexprs, t.num_warps, kind == "fp8_block"))
+            # the GEMV path (kernels/moe_gemv.py) at decode sizes; MXFP4 also read as int32 words (gemv_w4.py)
+            for words in (False, True) if kind == "mxfp4" else (False,):
+                gemv_types = dict(
+                    dict(c_ptr="*bf16", bias_ptr="*bf16", a_scale_ptr="*fp32", b_scale_ptr="*fp32",
+                         topk_weights_ptr="*fp32", topk_ids_ptr="*i32", alpha="fp32", limit="fp32"),
+                    **dict(types, **(dict(b_ptr="*i32") if words else {})),
+                )  # fmt: skip
+                for gemm_name, gated in (("w13", True), ("w2", False)):
+                    constexprs = dict(quant, A_ROW_DIV=8 if gated else 1, GATED=gated, ACTIVATION=1, HAS_BIAS=True,
+                                      MUL_WEIGHTS=not gated, EVEN_K=False, BLOCK_N=16, BLOCK_K=512 if a_bytes == 2 else 128,
+                                      WORDS=words, FP4_BITS=target.backend == "cuda")  # fmt: skip
+                    name = f"moe gemv {kind}{' words' if words else ''} {gemm_name}"
+                    checks.append((name, moe_gemv.moe_gemv_kernel, gemv_types, constexprs, 4, kind == "fp8_block"))
         failures += run_checks(checks, target)
     return failures
 

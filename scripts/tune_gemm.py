@@ -73,12 +73,13 @@ def _skinny(block_m: int, block_ks: tuple[int, ...]) -> list[tuple[T, int]]:
     ]
 
 
-def _gemv(block_ks: tuple[int, ...], splits: tuple[int, ...] = (1, 2, 4)) -> list[tuple[T, int]]:
-    """GEMV candidates (kernels/gemm_gemv.py): weight tiles of at most 16K elements in registers."""
+def _gemv(block_ks: tuple[int, ...], splits: tuple[int, ...] = (1, 2, 4), rows: int = 1) -> list[tuple[T, int]]:
+    """GEMV candidates (kernels/gemm_gemv.py; packed 4-bit: kernels/gemv_w4.py, which also takes `rows`
+    activation rows a program): weight tiles of at most 16K elements in registers."""
     return [
-        (T(1, bn, bk, 4, 2, 1, split, gemv=True), split)
+        (T(rows, bn, bk, 4, 2, 1, split, gemv=True), split)
         for bn, bk, split in itertools.product((16, 32, 64), block_ks, splits)
-        if bn * bk <= 16384
+        if bn * bk <= 16384 // rows
     ]
 
 
@@ -111,7 +112,29 @@ def cases(suites: list[str]) -> list[tuple[str, int, int, int, list[tuple[T, int
     if "w4a16_decode" in suites:  # the 4-bit GEMV (kernels/gemv_w4.py) at M = 1 and 4, beside the M = 16 tiles at 4
         for fmt, (n, k) in itertools.product(("int4", "mxfp4"), LLAMA):
             out.append((fmt, n, k, 1, _gemv((128, 256, 512, 1024), (1, 2, 4, 8, 16))))
-            out.append((fmt, n, k, 4, _gemv((128, 256, 512), (1, 2, 4, 8)) + _skinny(16, (128, 256))))
+            out.append(
+                (
+                    fmt,
+                    n,
+                    k,
+                    4,
+                    _gemv((128, 256, 512), (1, 2, 4, 8))
+                    + _skinny(16, (128, 256))
+                    + _gemv((128, 256, 512), (1, 2, 4, 8), rows=2)
+                    + _gemv((128, 256, 512), (1, 2, 4), rows=4),
+                )
+            )
+            out.append(
+                (
+                    fmt,
+                    n,
+                    k,
+                    16,
+                    _skinny(16, (64, 128, 256))
+                    + _gemv((128, 256, 512), (1, 2, 4), rows=4)
+                    + _gemv((128, 256), (1, 2, 4), rows=8),
+                )
+            )
     if "m4" in suites:  # a few decode rows: the M = 16 tiles and the GEMV (which reads the weight from L2 per row)
         for n, k in LLAMA:
             out.append(("float", n, k, 4, _skinny(16, (128, 256)) + _gemv((128, 256, 512))))

@@ -40,8 +40,8 @@ def spy(monkeypatch) -> _Spy:
     return spy
 
 
-def _gemv(x, weight, bias, block_k, split_k, block_n=32):
-    tiles = g.GemmTiles(1, block_n, block_k, 4, 2, 1, 1, gemv=True)
+def _gemv(x, weight, bias, block_k, split_k, block_n=32, block_m=1):
+    tiles = g.GemmTiles(block_m, block_n, block_k, 4, 2, 1, 1, gemv=True)
     return g.gemm(x, weight.data, bias, b_scale=weight.scale, b_zero=weight.zeros, tiles=tiles, split_k=split_k,
                   **g.scale_args(weight.scheme))  # fmt: skip
 
@@ -69,6 +69,20 @@ def test_word_gemv_matches_the_dequantized_weight(scheme, m, n, k, block_k, spli
     expected = x.float() @ reference.dequantize_weight(weight).T + bias.float()
     assert_close_to_scale(got, expected, TOL)
     assert spy.launches == 1, "the word GEMV did not run"
+
+
+@pytest.mark.parametrize("scheme", SCHEMES[::2], ids=lambda s: f"{s.format_name}-g{s.group_size}")
+@pytest.mark.parametrize("m, block_m", [(5, 4), (2, 4), (3, 2)])
+@pytest.mark.parametrize("block_k, split_k", [(256, 1), (128, 3)])
+def test_several_rows_a_program_share_the_decoded_tile(scheme, m, block_m, block_k, split_k, spy) -> None:
+    """BLOCK_M rows a program (each weight tile decoded once for all of them): rows beyond M masked,
+    several row blocks, K splits, a masked K tail (K 640 with 256-column tiles)."""
+    n, k = 45, 640
+    x, bias = _randn(m, k, seed=39, dtype=MODEL_DTYPE), _randn(n, seed=40, dtype=MODEL_DTYPE)
+    weight = quantize_weight(_randn(n, k, seed=41), scheme)
+    got = _gemv(x, weight, bias, block_k, split_k, block_m=block_m)
+    assert_close_to_scale(got, x.float() @ reference.dequantize_weight(weight).T + bias.float(), TOL)
+    assert spy.launches == 1
 
 
 def test_word_gemv_with_one_group_over_all_of_k(spy) -> None:

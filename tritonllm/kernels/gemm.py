@@ -476,11 +476,11 @@ def gemm(
     even_k = k % tiles.block_k == 0 and k_per_split % tiles.block_k == 0
     words = as_words(b) if tiles.gemv and packed and w4_gemv_fits(k, group_k, tiles.block_k) else None
     if words is not None:  # 4-bit weights read as words of eight nibbles (kernels/gemv_w4.py)
-        w4_gemv_kernel[(m * triton.cdiv(n, tiles.block_n), split)](
+        w4_gemv_kernel[(triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n), split)](
             a, words, c, bias if bias is not None else dummy, b_scale, b_zero if zeros else b_scale, ws,
             m, n, k, k_per_split, a.stride(0), a.stride(1), words.stride(0), c.stride(0), c.stride(1), *b_s_strides,
             FP4=b_decode == DEC_FP4, FP4_BITS=FP4_BITS, GROUP_K=group_k, HAS_BIAS=bias is not None,
-            EVEN=even_k, SPLIT_K=split, BLOCK_N=tiles.block_n, BLOCK_W=tiles.block_k // 8,
+            EVEN=even_k, SPLIT_K=split, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_W=tiles.block_k // 8,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         )  # fmt: skip
         return _reduce_splits(ws, c, bias, split)

@@ -72,12 +72,60 @@ def _nibble(words, J: tl.constexpr, FP4: tl.constexpr, FP4_BITS: tl.constexpr):
 
 
 @triton.jit
-def w4_row_dot(a_row_ptr, w_ptr, s_ptr, z_ptr, rn, k_start, k_end, stride_ak, stride_wn, stride_sn, stride_sk,
-               FP4: tl.constexpr, FP4_BITS: tl.constexpr, GROUP_K: tl.constexpr, EVEN: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):  # fmt: skip
-    """sum over k in [k_start, k_end) of w[rn, k] * a[k] in float32, for one activation row and the
-    weight rows rn; w_ptr the int32 view of the packed weight (stride_wn words a row), k_start a
-    multiple of 8 * BLOCK_W and of the group, k_end a multiple of 8 (EVEN: of 8 * BLOCK_W)."""
+def _eight_columns(a8):
+    """[..., 8] -> the eight [...] columns, in-register splits."""
+    even, odd = tl.split(tl.reshape(a8, a8.shape[:-1] + [4, 2]))
+    e0, e1 = tl.split(tl.reshape(even, even.shape[:-1] + [2, 2]))
+    o0, o1 = tl.split(tl.reshape(odd, odd.shape[:-1] + [2, 2]))
+    a0, a4 = tl.split(e0)
+    a2, a6 = tl.split(e1)
+    a1, a5 = tl.split(o0)
+    a3, a7 = tl.split(o1)
+    return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@triton.jit
+def _tile_groups(words, a8, s_ptrs, z_ptrs, g_in, FP4: tl.constexpr, FP4_BITS: tl.constexpr, GPI: tl.constexpr,
+                 BLOCK_W: tl.constexpr):  # fmt: skip
+    """One K tile's contribution to the per-group accumulator: words [BLOCK_N, BLOCK_W] (or [1, ...]
+    for several rows), a8 the activation tile broadcastable against them ([1, BLOCK_W, 8] for one
+    row, [ROWS, 1, BLOCK_W, 8] for several: a_j[w] = a[8 (kw + w) + j]), s_ptrs / z_ptrs / g_in the
+    tile's groups' scales, zero points and mask ([BLOCK_N, GPI]). Returns [BLOCK_N, GPI] (or
+    [ROWS, BLOCK_N, GPI]): each group's s (16 sum f a - (16 + z) sum a), or e8m0-scaled sum f a."""
+    a8 = a8.to(tl.float32)
+    if FP4 and FP4_BITS:
+        a8 = a8 * FP4_ACT_SCALE
+    a0, a1, a2, a3, a4, a5, a6, a7 = _eight_columns(a8)
+    part = _nibble(words, 0, FP4, FP4_BITS) * a0
+    part += _nibble(words, 1, FP4, FP4_BITS) * a1
+    part += _nibble(words, 2, FP4, FP4_BITS) * a2
+    part += _nibble(words, 3, FP4, FP4_BITS) * a3
+    part += _nibble(words, 4, FP4, FP4_BITS) * a4
+    part += _nibble(words, 5, FP4, FP4_BITS) * a5
+    part += _nibble(words, 6, FP4, FP4_BITS) * a6
+    part += _nibble(words, 7, FP4, FP4_BITS) * a7
+    part_g = tl.sum(tl.reshape(part, part.shape[:-1] + [GPI, BLOCK_W // GPI]), axis=len(part.shape))
+    if FP4:  # e8m0: the float with exponent bits e
+        e = tl.load(s_ptrs, mask=g_in, other=0).to(tl.int32)
+        out = part_g * (e << 23).to(tl.float32, bitcast=True)
+    else:
+        a_sum = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+        a_sum_g = tl.sum(tl.reshape(a_sum, a_sum.shape[:-1] + [GPI, BLOCK_W // GPI]), axis=len(a_sum.shape))
+        s = tl.load(s_ptrs, mask=g_in, other=0).to(tl.float32)
+        z = tl.load(z_ptrs, mask=g_in, other=0).to(tl.float32)
+        out = s * (16.0 * part_g - (16.0 + z) * a_sum_g)
+    return out
+
+
+@triton.jit
+def w4_row_dot(a_ptr, rows, rows_in, w_ptr, s_ptr, z_ptr, rn, k_start, k_end, stride_am, stride_ak, stride_wn,
+               stride_sn, stride_sk, FP4: tl.constexpr, FP4_BITS: tl.constexpr, GROUP_K: tl.constexpr,
+               EVEN: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):  # fmt: skip
+    """sum over k in [k_start, k_end) of w[rn, k] * a[row, k] in float32 for the activation rows
+    `rows` ([ROWS] int64, those not `rows_in` read as zeros) and the weight rows rn: [BLOCK_N] for
+    ROWS 1, [ROWS, BLOCK_N] above (each weight tile decoded once for all rows). w_ptr is the int32
+    view of the packed weight (stride_wn words a row); k_start a multiple of 8 * BLOCK_W and of the
+    group, k_end a multiple of 8 (EVEN: of 8 * BLOCK_W)."""
     offs_w = tl.arange(0, BLOCK_W)
     WPG: tl.constexpr = GROUP_K // 8  # words a scale group
     GPI: tl.constexpr = BLOCK_W // WPG if BLOCK_W > WPG else 1  # groups a tile (a tile within one group: 1)
@@ -85,50 +133,36 @@ def w4_row_dot(a_row_ptr, w_ptr, s_ptr, z_ptr, rn, k_start, k_end, stride_ak, st
     offs_j = tl.arange(0, 8)
     kw_end = k_end // 8
     w_ptrs = w_ptr + rn[:, None] * stride_wn + (k_start // 8 + offs_w)[None, :]
-    acc = tl.zeros((BLOCK_N, GPI), tl.float32)
+    cols = ((k_start // 8 + offs_w)[:, None] * 8 + offs_j[None, :]) * stride_ak  # [BLOCK_W, 8]
+    if ROWS == 1:
+        a_ptrs = a_ptr + rows * stride_am + cols
+        acc = tl.zeros((BLOCK_N, GPI), tl.float32)
+    else:
+        a_ptrs = a_ptr + rows[:, None, None] * stride_am + cols[None, :, :]
+        acc = tl.zeros((ROWS, BLOCK_N, GPI), tl.float32)
     for kw in range(k_start // 8, kw_end, BLOCK_W):
+        in_k = kw + offs_w < kw_end
         if EVEN:
             words = tl.load(w_ptrs)
-            a8 = tl.load(a_row_ptr + ((kw + offs_w)[:, None] * 8 + offs_j[None, :]) * stride_ak)
         else:
-            in_k = kw + offs_w < kw_end
             words = tl.load(w_ptrs, mask=in_k[None, :], other=0)
-            a8 = tl.load(a_row_ptr + ((kw + offs_w)[:, None] * 8 + offs_j[None, :]) * stride_ak,
-                         mask=in_k[:, None], other=0.0)  # fmt: skip
-        a8 = a8.to(tl.float32)
-        if FP4 and FP4_BITS:
-            a8 = a8 * FP4_ACT_SCALE
-        # the eight nibble columns: a_j[w] = a[8 (kw + w) + j]
-        even, odd = tl.split(tl.reshape(a8, (BLOCK_W, 4, 2)))
-        e0, e1 = tl.split(tl.reshape(even, (BLOCK_W, 2, 2)))
-        o0, o1 = tl.split(tl.reshape(odd, (BLOCK_W, 2, 2)))
-        a0, a4 = tl.split(e0)
-        a2, a6 = tl.split(e1)
-        a1, a5 = tl.split(o0)
-        a3, a7 = tl.split(o1)
-        part = _nibble(words, 0, FP4, FP4_BITS) * a0[None, :]
-        part += _nibble(words, 1, FP4, FP4_BITS) * a1[None, :]
-        part += _nibble(words, 2, FP4, FP4_BITS) * a2[None, :]
-        part += _nibble(words, 3, FP4, FP4_BITS) * a3[None, :]
-        part += _nibble(words, 4, FP4, FP4_BITS) * a4[None, :]
-        part += _nibble(words, 5, FP4, FP4_BITS) * a5[None, :]
-        part += _nibble(words, 6, FP4, FP4_BITS) * a6[None, :]
-        part += _nibble(words, 7, FP4, FP4_BITS) * a7[None, :]
-        part_g = tl.sum(tl.reshape(part, (BLOCK_N, GPI, BLOCK_W // GPI)), axis=2)
         g = kw // WPG + offs_g
         s_ptrs = s_ptr + rn[:, None] * stride_sn + g[None, :] * stride_sk
+        z_ptrs = z_ptr + rn[:, None] * stride_sn + g[None, :] * stride_sk
         g_in = (g * WPG < kw_end)[None, :]
-        if FP4:  # e8m0: the float with exponent bits e
-            e = tl.load(s_ptrs, mask=g_in, other=0).to(tl.int32)
-            acc += part_g * (e << 23).to(tl.float32, bitcast=True)
+        if ROWS == 1:
+            if EVEN:
+                a8 = tl.load(a_ptrs)
+            else:
+                a8 = tl.load(a_ptrs, mask=in_k[:, None], other=0.0)
+            acc += _tile_groups(words, a8[None, :, :], s_ptrs, z_ptrs, g_in, FP4, FP4_BITS, GPI, BLOCK_W)
         else:
-            a_sum = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
-            a_sum_g = tl.sum(tl.reshape(a_sum, (GPI, BLOCK_W // GPI)), axis=1)
-            s = tl.load(s_ptrs, mask=g_in, other=0).to(tl.float32)
-            z = tl.load(z_ptr + rn[:, None] * stride_sn + g[None, :] * stride_sk, mask=g_in, other=0).to(tl.float32)
-            acc += s * (16.0 * part_g - (16.0 + z) * a_sum_g[None, :])
+            a8 = tl.load(a_ptrs, mask=rows_in[:, None, None] & in_k[None, :, None], other=0.0)
+            acc += _tile_groups(words[None, :, :], a8[:, None, :, :], s_ptrs, z_ptrs, g_in, FP4, FP4_BITS, GPI,
+                                BLOCK_W)  # fmt: skip
         w_ptrs += BLOCK_W
-    out = tl.sum(acc, axis=1)
+        a_ptrs += 8 * BLOCK_W * stride_ak
+    out = tl.sum(acc, axis=len(acc.shape) - 1)
     if FP4 and FP4_BITS:
         out = out * FP4_OUT_SCALE
     return out
@@ -140,20 +174,28 @@ def w4_gemv_kernel(
     M, N, K, K_PER_SPLIT,
     stride_am, stride_ak, stride_wn, stride_cm, stride_cn, stride_sn, stride_sk,
     FP4: tl.constexpr, FP4_BITS: tl.constexpr, GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
-    SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
+    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
-    """c[row, n] = sum_k a[row, k] w[n, k] (+ bias) for one row (program axis 0 modulo M), BLOCK_N
-    columns and one K split (axis 1); the epilogue is the GEMM family's (gemm_scales.epilogue)."""
+    """c[rows, n] = sum_k a[rows, k] w[n, k] (+ bias) for BLOCK_M rows (program axis 0 modulo the row
+    blocks: the programs of one weight tile are neighbours), BLOCK_N columns and one K split (axis 1);
+    the epilogue is the GEMM family's (gemm_scales.epilogue)."""
     pid = tl.program_id(0)
-    row = pid % M
-    offs_n = (pid // M) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_blocks = tl.cdiv(M, BLOCK_M)
+    offs_m = (pid % row_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rm = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
+    offs_n = (pid // row_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
     rn = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
-    rm = tl.full([1], row, tl.int64)
     k_start = tl.program_id(1) * K_PER_SPLIT
     k_end = tl.minimum(K, k_start + K_PER_SPLIT)
-    acc = w4_row_dot(a_ptr + row.to(tl.int64) * stride_am, w_ptr, s_ptr, z_ptr, rn, k_start, k_end, stride_ak,
-                     stride_wn, stride_sn, stride_sk, FP4, FP4_BITS, GROUP_K, EVEN, BLOCK_N, BLOCK_W)  # fmt: skip
-    epilogue(acc[None, :], c_ptr, bias_ptr, s_ptr, s_ptr, ws_ptr, rm, offs_n, rm, rn, M, N, tl.program_id(1),
+    if BLOCK_M == 1:
+        acc = w4_row_dot(a_ptr, (pid % M).to(tl.int64), None, w_ptr, s_ptr, z_ptr, rn, k_start, k_end, stride_am,
+                         stride_ak, stride_wn, stride_sn, stride_sk, FP4, FP4_BITS, GROUP_K, EVEN, 1, BLOCK_N,
+                         BLOCK_W)[None, :]  # fmt: skip
+    else:
+        acc = w4_row_dot(a_ptr, rm, offs_m < M, w_ptr, s_ptr, z_ptr, rn, k_start, k_end, stride_am, stride_ak,
+                         stride_wn, stride_sn, stride_sk, FP4, FP4_BITS, GROUP_K, EVEN, BLOCK_M, BLOCK_N,
+                         BLOCK_W)  # fmt: skip
+    epilogue(acc, c_ptr, bias_ptr, s_ptr, s_ptr, ws_ptr, offs_m, offs_n, rm, rn, M, N, tl.program_id(1),
              stride_cm, stride_cn, 0, 0, 0, 0, HAS_BIAS, SPLIT_K)  # fmt: skip
 
 

@@ -34,8 +34,8 @@ def _row_dot(a_row_ptr, a_scale_row_ptr, b_ptr, b_scale_ptr, rn, K, stride_ak, s
     """sum over K of w[rn, k] * a[k] in float32 for one activation row and the weight rows rn (MXFP4
     read as int32 words, WORDS: kernels/gemv_w4.py; b_ptr then points at words, stride_bn in words)."""
     if QUANT == 2 and WORDS:
-        return w4_row_dot(a_row_ptr, b_ptr, b_scale_ptr, b_scale_ptr, rn, 0, K, stride_ak, stride_bn, stride_bsn,
-                          stride_bsk, True, FP4_BITS, GROUP_K, EVEN_K, BLOCK_N, BLOCK_K // 8)  # fmt: skip
+        return w4_row_dot(a_row_ptr, 0, None, b_ptr, b_scale_ptr, b_scale_ptr, rn, 0, K, 0, stride_ak, stride_bn,
+                          stride_bsn, stride_bsk, True, FP4_BITS, GROUP_K, EVEN_K, 1, BLOCK_N, BLOCK_K // 8)  # fmt: skip
     PACK: tl.constexpr = 2 if QUANT == 2 else 1  # K values per byte of B
     offs_k = tl.arange(0, BLOCK_K)
     offs_kb = tl.arange(0, BLOCK_K // PACK)
