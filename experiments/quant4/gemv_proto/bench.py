@@ -12,7 +12,7 @@ import triton
 
 sys.path.insert(0, os.path.dirname(__file__))
 from check_cpu import make  # noqa: E402
-from kernels import w4_gemv_split, w4_gemv_strided  # noqa: E402
+from kernels import VARIANTS, w4_gemv_proto  # noqa: E402
 
 from tritonllm.kernels import gemm as g  # noqa: E402
 from tritonllm.kernels.quant_formats import FP4, INT4, QuantizedWeight, QuantScheme  # noqa: E402
@@ -57,22 +57,22 @@ def main():
         rows.append(dict(base, impl="gemm_current", us=us(cur), err=err))
         words = packed.view(torch.int32)
         c = torch.zeros(n, dtype=torch.float32, device=DEV)
-        for fn, (bn, bw, nw), split, pf in itertools.product((w4_gemv_strided, w4_gemv_split), CONFIGS, SPLITS, (False, True)):
+        for (name, split_act), (bn, bw, nw), split, pf in itertools.product(VARIANTS.items(), CONFIGS, SPLITS, (False, True)):
             if (k // 8) % (bw * split) or bw * 8 < group:
                 continue
-            def call(fn=fn, bn=bn, bw=bw, nw=nw, split=split, pf=pf):
+            def call(split_act=split_act, bn=bn, bw=bw, nw=nw, split=split, pf=pf):
                 c.zero_()
-                fn[(triton.cdiv(n, bn), split)](x, words, s, z if z is not None else s, c, n, k, k // split,
+                w4_gemv_proto[(triton.cdiv(n, bn), split)](x, words, s, z if z is not None else s, c, n, k, k // split,
                                                 words.stride(0), s.stride(0), FP4=fp4, GROUP=group, BLOCK_N=bn,
-                                                BLOCK_W=bw, PREFETCH=pf, num_warps=nw, num_stages=2)
+                                                BLOCK_W=bw, SPLIT_ACT=split_act, PREFETCH=pf, num_warps=nw, num_stages=2)
             try:
                 call()
                 err = float((c - ref).abs().max() / scale)
                 t = us(call)
             except Exception as e:  # noqa: BLE001
-                print("fail", fn.__name__, bn, bw, nw, split, str(e)[:100])
+                print("fail", name, bn, bw, nw, split, str(e)[:100])
                 continue
-            rows.append(dict(base, impl=fn.__name__ + ("_pf" if pf else ""), bn=bn, bw=bw, warps=nw, split=split, us=t, err=err))
+            rows.append(dict(base, impl=name + ("_pf" if pf else ""), bn=bn, bw=bw, warps=nw, split=split, us=t, err=err))
         mine = [r for r in rows if r["layer"] == layer and r["fmt"] == base["fmt"]]
         for impl in ("gemm_current", "w4_gemv_strided", "w4_gemv_strided_pf", "w4_gemv_split", "w4_gemv_split_pf"):
             cand = [r for r in mine if r["impl"] == impl]

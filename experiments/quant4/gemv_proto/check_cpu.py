@@ -5,8 +5,10 @@ import sys
 if __name__ == "__main__":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch
+
 sys.path.insert(0, os.path.dirname(__file__))
-from kernels import w4_gemv_split, w4_gemv_strided
+from kernels import VARIANTS, w4_gemv_proto
+
 from tritonllm.kernels.quant_formats import E2M1_VALUES
 
 
@@ -23,11 +25,11 @@ def make(n, k, fp4, group, gen):
     return packed, s, z, w
 
 
-def run(fn, a, packed, s, z, n, k, fp4, group, bn, bw, split, pf=False):
+def run(split_act, a, packed, s, z, n, k, fp4, group, bn, bw, split, pf=False):
     out = torch.zeros(n, dtype=torch.float32, device=a.device)
     words = packed.view(torch.int32)
-    fn[(triton_cdiv(n, bn), split)](a, words, s, z if z is not None else s, out, n, k, k // split,
-                                     words.stride(0), s.stride(0), FP4=fp4, GROUP=group, BLOCK_N=bn, BLOCK_W=bw, PREFETCH=pf)
+    w4_gemv_proto[(triton_cdiv(n, bn), split)](a, words, s, z if z is not None else s, out, n, k, k // split,
+                                     words.stride(0), s.stride(0), FP4=fp4, GROUP=group, BLOCK_N=bn, BLOCK_W=bw, SPLIT_ACT=split_act, PREFETCH=pf)
     return out
 
 
@@ -42,10 +44,10 @@ if __name__ == "__main__":
         packed, s, z, w = make(n, k, fp4, group, gen)
         a = torch.randn(k, generator=gen).to(torch.float16)
         ref = w @ a.float()
-        for fn in (w4_gemv_strided, w4_gemv_split):
+        for name, split_act in VARIANTS.items():
             for bn, bw, split in ((16, 16, 1), (32, 32, 2), (8, 64, 1), (16, 16, 4)):
-                got = run(fn, a, packed, s, z, n, k, fp4, group, bn, bw, split, pf=split > 1)
+                got = run(split_act, a, packed, s, z, n, k, fp4, group, bn, bw, split, pf=split > 1)
                 err = float((got - ref).abs().max() / ref.abs().max())
-                print("fp4" if fp4 else "int4", fn.__name__, bn, bw, split, f"rel err {err:.2e}")
+                print("fp4" if fp4 else "int4", name, bn, bw, split, f"rel err {err:.2e}")
                 assert err < 1e-5, err
     print("ok")
