@@ -13,6 +13,7 @@ import json
 import pytest
 import torch
 from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
+from launch_spy import LaunchSpy  # this folder
 
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
@@ -223,17 +224,6 @@ def test_tuned_tiles_come_from_the_gpus_file_by_shape_and_m_bucket() -> None:
     assert g.tuned_tiles("float", 1, 4096, 14336, "Some Other GPU") is None
 
 
-class _Spy:
-    """Wraps a Triton kernel: counts its launches."""
-
-    def __init__(self, kernel) -> None:
-        self.kernel, self.launches = kernel, 0
-
-    def __getitem__(self, grid):
-        self.launches += 1
-        return self.kernel[grid]
-
-
 @pytest.mark.parametrize(
     "scheme, m, n, k",
     [
@@ -249,7 +239,7 @@ def test_the_gemv_kernel_matches_its_operands(scheme, m, n, k, split_k, monkeypa
     """GemmTiles(gemv=True) at decode-sized M: one program per (activation row, weight tile), the
     weight tile in registers; every scheme but MX (whose operand scales keep the tile kernel), ragged
     N, K not a multiple of the K tile where no 128-group needs it, with and without K splits."""
-    spy = _Spy(g.gemv_kernel)
+    spy = LaunchSpy(g.gemv_kernel)
     monkeypatch.setattr(g, "gemv_kernel", spy)
     tiles = g.GemmTiles(1, 32, 64, 4, 2, 1, 1, gemv=True)
     x, bias = _randn(m, k, seed=17, dtype=MODEL_DTYPE), _randn(n, seed=18, dtype=MODEL_DTYPE)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
+from launch_spy import LaunchSpy  # this folder
 
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
@@ -22,20 +23,9 @@ def _randn(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE, dtype)
 
 
-class _Spy:
-    """Wraps a Triton kernel: counts its launches."""
-
-    def __init__(self, kernel) -> None:
-        self.kernel, self.launches = kernel, 0
-
-    def __getitem__(self, grid):
-        self.launches += 1
-        return self.kernel[grid]
-
-
 @pytest.fixture
-def spy(monkeypatch) -> _Spy:
-    spy = _Spy(g.w4_gemv_kernel)
+def spy(monkeypatch) -> LaunchSpy:
+    spy = LaunchSpy(g.w4_gemv_kernel)
     monkeypatch.setattr(g, "w4_gemv_kernel", spy)
     return spy
 
