@@ -2,7 +2,7 @@
 # On the lent GPU: the GPU test suite, then end-to-end benchmarks on random-weight models of real
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
-#   [profile-llama-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
+#   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
 #   [bench-serving] [e2e-moe] [tune-moe] [bench-moe]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
@@ -88,6 +88,24 @@ for step in $STEPS; do
       python3 scripts/profile_steps.py --model "$MODELS/llama3-8b" --num-requests 1 --prompt-len 512 \
         --output-len 1024 --temperature 0 --steps 100 --kernel-table 20 --output-json "$OUT/profile_llama_b1.json" \
         2>&1 | tail -40 ;;
+    profile-b1)
+      # batch-1 decode profiles on config-only models (dummy weights), one per PROFILE_VARIANTS entry:
+      # Llama-3-8B with bf16_torch / bf16_triton linears or fp8 / int4 / mxfp4 quantized online (Triton
+      # GEMMs), 512-token prompt; gptoss: gpt-oss-20b (MXFP4 experts), 1024-token prompt
+      for variant in ${PROFILE_VARIANTS:-bf16_torch fp8 int4 mxfp4 gptoss}; do
+        model=llama3-8b len=512
+        case $variant in
+          bf16_torch) args="--kernel linear=torch" ;;
+          bf16_triton) args="--kernel linear=triton" ;;
+          gptoss) args="" model=gpt-oss-20b len=1024 ;;
+          *) args="--quantization $variant --kernel linear=triton" ;;
+        esac
+        args="$args ${PROFILE_ARGS:-}"  # e.g. --no-pdl
+        [ -d "$MODELS/$model-config" ] || python3 scripts/make_random_model.py $model "$MODELS/$model-config" --config-only
+        python3 scripts/profile_steps.py --model "$MODELS/$model-config" --load-format dummy $args --num-requests 1 \
+          --prompt-len $len --output-len 1024 --temperature 0 --steps 100 --kernel-table 30 \
+          --output-json "$OUT/profile_b1_$variant${PROFILE_TAG:-}.json" 2>&1 | grep -v '^compile' | tail -75
+      done ;;
     profile-prefill)
       # prefill and mixed steps of nano-vllm's workload, forward from piecewise graphs and eager
       ensure_model qwen3-0.6b

@@ -45,12 +45,17 @@ def busy_fraction(intervals: list[tuple[float, float]]) -> tuple[float, float]:
     return busy / window, window
 
 
-def kernel_table(events: list, steps: int, top: int) -> dict[str, float]:
-    """GPU time per step of each kernel name (summed over its launches), the `top` largest."""
+def kernel_table(events: list, steps: int, top: int, count: bool = False) -> dict[str, float]:
+    """GPU time per step of each kernel name (summed over its launches), the `top` largest; with
+    `count`, the launches per step of those same kernels instead."""
     totals: dict[str, float] = {}
+    launches: dict[str, int] = {}
     for e in events:
         totals[e.name] = totals.get(e.name, 0.0) + (e.time_range.end - e.time_range.start)
+        launches[e.name] = launches.get(e.name, 0) + 1
     ranked = sorted(totals.items(), key=lambda item: -item[1])[:top]
+    if count:
+        return {name[:120]: round(launches[name] / steps, 1) for name, _ in ranked}
     return {name[:120]: round(total / steps, 1) for name, total in ranked}
 
 
@@ -75,6 +80,17 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.6)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--load-format", default="auto", help="dummy: random weights (a folder with config.json)")
+    parser.add_argument(
+        "--pdl", action=argparse.BooleanOptionalAction, default=True, help="programmatic dependent launch"
+    )
+    parser.add_argument("--quantization", default=None, help="e.g. fp8, int4, mxfp4 (online from bf16 weights)")
+    parser.add_argument(
+        "--kernel",
+        action="append",
+        default=[],
+        metavar="OP=IMPL",
+        help="a registered kernel for an op, e.g. linear=triton",
+    )
     parser.add_argument("--kernel-table", type=int, default=0, help="report the N kernels taking most GPU time")
     parser.add_argument("--output-json", default=None)
     parser.add_argument("--trace", default=None, help="also write the Chrome trace here")
@@ -85,6 +101,9 @@ def main() -> None:
         max_model_len=args.max_model_len,
         async_scheduling=args.async_scheduling,
         piecewise_graphs=args.piecewise_graphs,
+        quantization=args.quantization,
+        pdl=args.pdl,
+        kernels=dict(choice.split("=", 1) for choice in args.kernel) or None,
     )
     engine = llm.llm_engine
     rng = random.Random(0)
@@ -115,6 +134,9 @@ def main() -> None:
     fraction, window_us = busy_fraction(intervals)
     results = {
         "model": args.model,
+        "quantization": args.quantization,
+        "kernels": args.kernel,
+        "pdl": args.pdl,
         "phase": args.phase,
         "async_scheduling": engine.async_scheduling,
         "streaming": args.streaming,
@@ -127,8 +149,10 @@ def main() -> None:
         "gpu_busy_ms_per_step": round(fraction * window_us / 1000 / args.steps, 3),
         "device": torch.cuda.get_device_name(),
     }
+    results["kernel_launches_per_step"] = round(len(gpu_events) / args.steps, 1)
     if args.kernel_table:
         results["kernels_us_per_step"] = kernel_table(gpu_events, args.steps, args.kernel_table)
+        results["launches_per_step"] = kernel_table(gpu_events, args.steps, args.kernel_table, count=True)
     print(json.dumps(results, indent=2))
     if args.output_json:
         with open(args.output_json, "w") as f:

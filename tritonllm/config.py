@@ -154,7 +154,7 @@ class ParallelConfig:
             raise ValueError(f"timeout_s={self.timeout_s} must be positive")
 
 
-_ENGINE_FLAGS = ("enforce_eager", "piecewise_graphs")  # EngineConfig's booleans outside the groups
+_ENGINE_FLAGS = ("enforce_eager", "piecewise_graphs", "pdl")  # EngineConfig's booleans outside the groups
 
 
 @dataclass
@@ -168,6 +168,9 @@ class EngineConfig:
     # on a GPU without enforce_eager, prefill and mixed steps replay piecewise graphs: everything but
     # attention (worker/piecewise_graph.py); false: those steps run eagerly (ablation)
     piecewise_graphs: bool = True
+    # on NVIDIA sm90+, the hot-path Triton kernels launch with programmatic dependent launch: each may
+    # start while the one before it finishes (kernels/launch.py); false: plain launches (ablation)
+    pdl: bool = True
 
     @staticmethod
     def from_dict(values: dict[str, Any]) -> EngineConfig:

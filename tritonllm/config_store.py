@@ -34,6 +34,7 @@ class RunConfig:
     logger: Any = None
     enforce_eager: bool = False  # true: no CUDA/HIP graphs at all, decode or piecewise (ablation)
     piecewise_graphs: bool = True  # false: prefill and mixed steps run eagerly (ablation)
+    pdl: bool = True  # false: no programmatic dependent launch (ablation; NVIDIA sm90+ only)
     output_json: str | None = None  # a path: also write the results there as JSON
 
 

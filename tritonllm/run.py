@@ -23,6 +23,7 @@ from tritonllm import platform
 from tritonllm.config import EngineConfig
 from tritonllm.config_store import register_schemas
 from tritonllm.entrypoints.llm import LLM
+from tritonllm.kernels.launch import pdl_on
 from tritonllm.metrics.logger import make_logger
 from tritonllm.workload_config import parse_workload
 from tritonllm.workloads import run_kernel_bench, run_workload
@@ -53,6 +54,7 @@ def main(cfg: DictConfig) -> None:
             "parallel": OmegaConf.to_container(cfg.parallel),
             "enforce_eager": cfg.enforce_eager,
             "piecewise_graphs": cfg.piecewise_graphs,
+            "pdl": cfg.pdl,
         }
     )
     hydra_cfg = HydraConfig.get()
@@ -106,6 +108,7 @@ def effective_settings(llm: LLM) -> dict:
         "max_num_batched_tokens": engine.config.scheduler.max_num_batched_tokens,
         "decode_graphs": engine.runner.decode_graphs is not None,
         "piecewise_graphs": engine.runner.piecewise_graphs is not None,
+        "pdl": pdl_on(),
         "kv_cache_tokens": engine.kv_cache.num_blocks * engine.kv_cache.block_size,
     }
 

@@ -47,6 +47,7 @@ class LLM:
         enable_chunked_prefill: bool = True,
         enforce_eager: bool = False,
         piecewise_graphs: bool = True,
+        pdl: bool = True,
         quantization: str | None = None,
         load_format: str = "auto",
         kv_cache_dtype: str = "auto",
@@ -94,6 +95,7 @@ class LLM:
             parallel=ParallelConfig(tensor_parallel_size=tensor_parallel_size, launcher=distributed_launcher),
             enforce_eager=enforce_eager,
             piecewise_graphs=piecewise_graphs,
+            pdl=pdl,
         )
         self._start(config)
 

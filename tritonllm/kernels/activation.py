@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec
+from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec, pdl_wait
 from tritonllm.kernels.quant import min_exponent, quantize_rows_and_store
 from tritonllm.kernels.quant_formats import QuantizedActivation, qmax
 from tritonllm.kernels.registry import FLOATS, Supports, register
@@ -27,7 +27,9 @@ def _silu_and_mul_kernel(
     x_row_stride,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     mask = (rows < num_rows)[:, None] & (cols < d)[None, :]
@@ -56,9 +58,11 @@ def _silu_and_mul_quant_kernel(
     MIN_EXP: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """silu(gate) * up, rounded to x's dtype as the unfused kernel stores it, then quantized per row
     for the quantized down projection: a program holds BLOCK_ROWS whole rows (the row's amax)."""
+    pdl_wait(PDL)
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < num_rows)[:, None] & (cols < d)[None, :]

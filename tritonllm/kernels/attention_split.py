@@ -41,6 +41,7 @@ import triton.language as tl
 # platform switches on the interpreter on CPU; triton reads that when a kernel is defined, below
 from tritonllm import platform  # noqa: F401
 from tritonllm.kernels.attention_tile import _attend_tile, _prepare_q
+from tritonllm.kernels.launch import pdl_wait
 
 
 @triton.jit
@@ -95,7 +96,9 @@ def split_kv_decode_kernel(
     FP8_MAX: tl.constexpr,
     SLIDING: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -171,7 +174,9 @@ def merge_splits_kernel(
     KV_SCALED: tl.constexpr,
     SLIDING: tl.constexpr,
     SINKS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)
     seq = tl.program_id(0)
     head = tl.program_id(1)
     q_start = tl.load(query_start_loc_ptr + seq)

@@ -13,6 +13,7 @@ import triton.language as tl
 # platform switches on the interpreter on CPU; triton reads that when a kernel is defined, below
 from tritonllm import platform  # noqa: F401
 from tritonllm.kernels.attention_tile import _add_sinks, _attend_new_tile, _attend_tile, _prepare_q
+from tritonllm.kernels.launch import pdl_wait
 
 
 @triton.jit
@@ -84,7 +85,9 @@ def unified_attention_kernel(
     SLIDING: tl.constexpr,
     SINKS: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)
     # the KV heads of a query block run side by side (they read neighbouring cache rows: a 512 chunk
     # after 3584 cached took 102 us against 115 us with heads outermost on the H200); highest global
     # blocks first: within a prefill they hold the most keys (shorter tail)

@@ -57,6 +57,7 @@ from tritonllm.kernels.gemm_scales import (
     unpack_values,
 )
 from tritonllm.kernels.gemv_w4 import FP4_BITS, as_words, w4_gemv_fits, w4_gemv_kernel
+from tritonllm.kernels.launch import pdl_launch, pdl_wait
 from tritonllm.kernels.quant_formats import BLOCK, FP4, FP8_DTYPES, INT4, MX_GROUP, QuantScheme
 
 try:  # triton >= 3.4: host-side tensor descriptors (TMA on Hopper)
@@ -99,7 +100,9 @@ def gemm_kernel(
     OPERAND_SCALES: tl.constexpr, DOT_DTYPE: tl.constexpr, B_E4M3FN_BITS: tl.constexpr, B_DECODE: tl.constexpr,
     EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_wait(PDL)
     pid_k = tl.program_id(1)
     # grouped order: GROUP_M consecutive tile rows sweep the tile columns together (B reuse in L2)
     pid_m, pid_n = tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
@@ -190,8 +193,10 @@ def gemm_kernel(
 def split_k_reduce_kernel(
     ws_ptr, c_ptr, bias_ptr, M, N, stride_cm, stride_cn,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """c[m, n] = sum over splits of ws[s, m, n] (+ bias[n]), in c's dtype."""
+    pdl_wait(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < M * N
     total = tl.zeros([BLOCK], dtype=tl.float32)
@@ -481,7 +486,7 @@ def gemm(
             m, n, k, k_per_split, a.stride(0), a.stride(1), words.stride(0), c.stride(0), c.stride(1), *b_s_strides,
             FP4=b_decode == DEC_FP4, FP4_BITS=FP4_BITS, GROUP_K=group_k, HAS_BIAS=bias is not None,
             EVEN=even_k, SPLIT_K=split, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_W=tiles.block_k // 8,
-            num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+            num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_launch(),
         )  # fmt: skip
         return _reduce_splits(ws, c, bias, split)
     if tiles.gemv and not operand_scales:
@@ -494,7 +499,7 @@ def gemm(
             INT_ACC=int_acc, HAS_BIAS=bias is not None, B_E4M3FN_BITS=b.dtype == torch.uint8 and b_decode == DEC_NONE,
             B_DECODE=b_decode,
             EVEN_K=even_k, SPLIT_K=split, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-            num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+            num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_launch(),
         )  # fmt: skip
         return _reduce_splits(ws, c, bias, split)
     grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n), split)
@@ -509,7 +514,7 @@ def gemm(
         B_E4M3FN_BITS=b.dtype == torch.uint8 and b_decode == DEC_NONE,
         EVEN_K=even_k, SPLIT_K=split,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_launch(),
     )  # fmt: skip
     return _reduce_splits(ws, c, bias, split)
 
@@ -520,7 +525,7 @@ def _reduce_splits(ws: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
         (m, n), block = c.shape, 1024 if platform.is_gpu() else 256
         split_k_reduce_kernel[(triton.cdiv(m * n, block),)](
             ws, c, bias if bias is not None else c, m, n, c.stride(0), c.stride(1),
-            SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=block,
+            SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=block, **pdl_launch(),
         )  # fmt: skip
     return c
 

@@ -27,6 +27,7 @@ from tritonllm.kernels.gemm_scales import (
     gemv_decoded_part,
     group_scales,
 )
+from tritonllm.kernels.launch import pdl_wait
 
 
 @triton.jit
@@ -38,7 +39,9 @@ def gemv_kernel(
     A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
     INT_ACC: tl.constexpr, HAS_BIAS: tl.constexpr, B_E4M3FN_BITS: tl.constexpr, B_DECODE: tl.constexpr,
     EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_wait(PDL)
     pid = tl.program_id(0)
     row = pid % M  # rows of one weight tile are neighbours: one HBM read, the rest from L2
     pid_n = pid // M

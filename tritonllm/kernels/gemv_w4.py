@@ -30,6 +30,7 @@ import triton.language as tl
 
 from tritonllm import platform
 from tritonllm.kernels.gemm_scales import e2m1_to_float, epilogue
+from tritonllm.kernels.launch import pdl_wait
 
 # the 2**-126 e2m1 decode needs denormal float32 FMAs (NVIDIA GPUs, the interpreter's numpy)
 FP4_BITS = platform.PLATFORM != "rocm"
@@ -175,10 +176,12 @@ def w4_gemv_kernel(
     stride_am, stride_ak, stride_wn, stride_cm, stride_cn, stride_sn, stride_sk,
     FP4: tl.constexpr, FP4_BITS: tl.constexpr, GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """c[rows, n] = sum_k a[rows, k] w[n, k] (+ bias) for BLOCK_M rows (program axis 0 modulo the row
     blocks: the programs of one weight tile are neighbours), BLOCK_N columns and one K split (axis 1);
     the epilogue is the GEMM family's (gemm_scales.epilogue)."""
+    pdl_wait(PDL)
     pid = tl.program_id(0)
     row_blocks = tl.cdiv(M, BLOCK_M)
     offs_m = (pid % row_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -21,7 +21,7 @@ import triton.language as tl
 
 # platform switches on the interpreter on CPU; triton reads that when a kernel is defined, below
 from tritonllm import platform
-from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec
+from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec, pdl_wait
 from tritonllm.kernels.registry import FLOATS, Supports, register
 
 # FP8 cache flavours: e4m3fn (NVIDIA, AMD CDNA4) and e4m3fnuz (AMD CDNA3, see platform.fp8_e4m3_dtype)
@@ -113,7 +113,9 @@ def _write_kv_cache_kernel(
     FP8_MAX: tl.constexpr,
     MANTISSA_BITS: tl.constexpr,
     MIN_NORMAL_EXP: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)
     tokens = tl.program_id(0) * TOKENS_PER_PROGRAM + tl.arange(0, TOKENS_PER_PROGRAM)
     token_ok = tokens < num_tokens
     slots = tl.load(slot_mapping_ptr + tokens, mask=token_ok, other=-1).to(tl.int64)

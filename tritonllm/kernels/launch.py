@@ -13,6 +13,16 @@ stages, device). A key that is finer than Triton's only costs an extra slow laun
 
 On the interpreter (CPU), with a launch hook installed (profilers), or for a kernel whose
 constexprs are not its last parameters, every launch takes the ordinary path.
+
+Programmatic dependent launch (PDL, NVIDIA Hopper and newer): a kernel launched with it may start
+while the kernel before it in the stream is still running, so the launch and the ramp-up of each of
+a decode step's ~300 small kernels overlap the tail of the one before instead of following it (also
+inside CUDA graphs, which record the launch attribute). A kernel opts in with a last parameter
+`PDL: tl.constexpr` and `pdl_wait(PDL)` before its first global memory access: it waits there until
+the previous kernel has finished and its writes are visible, then lets the next kernel launch.
+`Launcher` passes PDL itself; direct `fn[grid](...)` launches add `**pdl_launch()`. The engine
+switches it with `EngineConfig.pdl` (`set_pdl`); elsewhere (ROCm, older GPUs, the interpreter)
+PDL is False and the kernels compile without it.
 """
 
 from __future__ import annotations
@@ -20,9 +30,11 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-import torch
+from tritonllm import platform  # isort: skip  (on CPU it switches on the interpreter before triton loads)
 
-from tritonllm import platform
+import torch
+import triton
+import triton.language as tl
 
 try:  # triton >= 3.4
     from triton import knobs
@@ -32,6 +44,46 @@ except ImportError:  # pragma: no cover - older triton: always the ordinary path
 _FAST = platform.is_gpu() and knobs is not None
 # the backends' own default pipelining depth (the AMD backend takes no num_stages=None)
 DEFAULT_NUM_STAGES = 2 if platform.PLATFORM == "rocm" else 3
+
+
+def pdl_supported() -> bool:
+    """NVIDIA compute capability 9.0+ and a Triton that launches with the PDL attribute."""
+    if platform.PLATFORM != "cuda" or platform.is_interpreter():
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:  # pragma: no cover
+        return False
+    return "launch_pdl" in CUDAOptions.__dataclass_fields__ and torch.cuda.get_device_capability() >= (9, 0)
+
+
+_PDL = [False]  # set by the engine (set_pdl); a list so that kernel modules see the change
+
+
+def set_pdl(enabled: bool) -> bool:
+    """Launch PDL-aware kernels with programmatic dependent launch from now on (where supported);
+    returns whether it is on."""
+    _PDL[0] = bool(enabled) and pdl_supported()
+    return _PDL[0]
+
+
+def pdl_on() -> bool:
+    return _PDL[0]
+
+
+def pdl_launch() -> dict[str, bool]:
+    """Keyword arguments of a direct launch of a PDL-aware kernel: its PDL constexpr and, when on,
+    Triton's launch option."""
+    return {"PDL": True, "launch_pdl": True} if _PDL[0] else {"PDL": False}
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """With PDL: wait until the previous kernel in the stream has finished (its writes visible),
+    then allow the next one to launch. Call before the kernel's first global load or store."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 def _hooked() -> bool:
@@ -63,6 +115,7 @@ class Launcher:
     def __init__(self, fn: Any) -> None:
         self.fn = fn
         self._compiled: dict[Hashable, tuple[Any, tuple]] = {}
+        self.pdl_aware = "PDL" in fn.arg_names  # a last constexpr PDL (module docstring)
 
     def __call__(
         self,
@@ -75,11 +128,16 @@ class Launcher:
         num_stages: int,
         device_index: int = 0,
     ) -> None:
+        options = {}
+        if self.pdl_aware:
+            constexprs = {**constexprs, "PDL": _PDL[0]}
+            if _PDL[0]:
+                options["launch_pdl"] = True
         if key is not None:
             key = (key, tuple(constexprs.values()), num_warps, num_stages, device_index)
         entry = self._compiled.get(key) if _FAST and key is not None else None
         if entry is None or _hooked():
-            compiled = self.fn[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+            compiled = self.fn[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages, **options)
             if _FAST and key is not None and list(constexprs) == self.fn.arg_names[len(args) :]:
                 self._compiled[key] = (compiled, tuple(constexprs.values()))
             return

@@ -44,6 +44,7 @@ from tritonllm.kernels.gemm import GemmTiles
 from tritonllm.kernels.gemm_persistent import tile_coords
 from tritonllm.kernels.gemm_scales import DEC_FP4, dequant_values, group_scales, unpack_values
 from tritonllm.kernels.gemv_w4 import FP4_BITS, as_words, w4_gemv_fits
+from tritonllm.kernels.launch import pdl_launch, pdl_wait
 from tritonllm.kernels.moe_align import MoeAlignment, moe_align
 from tritonllm.kernels.moe_epilogue import moe_store
 from tritonllm.kernels.moe_gemv import moe_gemv_kernel
@@ -96,9 +97,11 @@ def fused_moe_kernel(
     A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
     MUL_WEIGHTS: tl.constexpr, QUANT: tl.constexpr, GROUP_K: tl.constexpr, IEEE: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """c[pair, n] for the pairs of one aligned block and BLOCK_N columns (module docstring): A rows
     pair // A_ROW_DIV, B the block's expert's [N (x2 when GATED), K] matrix."""
+    pdl_wait(PDL)
     pid_m, pid_n = tile_coords(tl.program_id(0), num_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
     if expert >= num_experts:  # past the last expert's padded segment
@@ -219,12 +222,13 @@ def _launch(
             pointers = (pointers[0], words, *pointers[2:])
             strides = (*strides[:2], *words.stride(), *strides[5:])
         moe_gemv_kernel[grid](*pointers, route, n, k, alpha, limit, *strides, **flags, WORDS=words is not None,
-                              FP4_BITS=FP4_BITS)  # fmt: skip
+                              FP4_BITS=FP4_BITS, **pdl_launch())  # fmt: skip
         return
     grid = (route.num_blocks * triton.cdiv(n, tiles.block_n),)
     fused_moe_kernel[grid](
         *pointers, route.sorted_ids, route.block_expert, route.num_pairs, route.num_blocks, n, k, data.shape[0],
         alpha, limit, *strides, IEEE=a.dtype == torch.float32, BLOCK_M=tiles.block_m, GROUP_M=tiles.group_m, **flags,
+        **pdl_launch(),
     )  # fmt: skip
 
 

@@ -48,6 +48,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tritonllm.kernels.launch import pdl_launch, pdl_wait
+
 STEP = 64  # pairs a program places at once: a [STEP, STEP] comparison ranks each pair within its expert
 COUNT_STEP = 1024  # pairs a program counts at once (one tl.histogram)
 TILE = 8192  # elements of the [rows, BLOCK_E] and [blocks, BLOCK_E] tiles a program reduces at once
@@ -81,8 +83,12 @@ def _histogram(ids_ptr, lo, hi, BLOCK_E: tl.constexpr, STEP: tl.constexpr):
 
 
 @triton.jit
-def moe_count_kernel(ids_ptr, counts_ptr, num_pairs, pairs_per_program, BLOCK_E: tl.constexpr, STEP: tl.constexpr):
+def moe_count_kernel(
+    ids_ptr, counts_ptr, num_pairs, pairs_per_program, BLOCK_E: tl.constexpr, STEP: tl.constexpr,
+    PDL: tl.constexpr = False,
+):  # fmt: skip
     """counts [programs, BLOCK_E] int32: row i holds the per-expert counts of pairs range i."""
+    pdl_wait(PDL)
     pid = tl.program_id(0)
     lo = pid * pairs_per_program
     counts = _histogram(ids_ptr, lo, tl.minimum(lo + pairs_per_program, num_pairs), BLOCK_E, STEP)
@@ -95,12 +101,14 @@ def moe_align_kernel(
     num_pairs, num_experts, num_blocks, pairs_per_program, blocks_per_program, num_programs,
     COUNTED: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, STEP: tl.constexpr,
     COUNT_STEP: tl.constexpr, TILE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Place pairs range program_id (module docstring, steps 1-3) and write its share of the blocks.
 
     ids [num_pairs] (any integer type): each pair's expert. counts [num_programs, BLOCK_E] int32:
     per-range counts (COUNTED; else one program counts all pairs itself). sorted_ids
     [num_blocks * BLOCK_M] and block_expert [num_blocks] int32, every entry written once."""
+    pdl_wait(PDL)
     pid = tl.program_id(0)
     experts = tl.arange(0, BLOCK_E)
     if COUNTED:
@@ -180,12 +188,19 @@ def moe_align(
     if num_programs > 1:
         counts = torch.empty((num_programs, block_e), dtype=torch.int32, device=device)
         moe_count_kernel[(num_programs,)](
-            flat, counts, num_pairs, per_program, BLOCK_E=block_e, STEP=COUNT_STEP, num_warps=RANGE_WARPS
+            flat,
+            counts,
+            num_pairs,
+            per_program,
+            BLOCK_E=block_e,
+            STEP=COUNT_STEP,
+            num_warps=RANGE_WARPS,
+            **pdl_launch(),
         )
     moe_align_kernel[(num_programs,)](
         flat, counts, sorted_ids, block_expert,
         num_pairs, num_experts, num_blocks, per_program, triton.cdiv(num_blocks, num_programs), num_programs,
         COUNTED=num_programs > 1, BLOCK_E=block_e, BLOCK_M=block_m, STEP=STEP, COUNT_STEP=COUNT_STEP, TILE=TILE,
-        num_warps=SINGLE_WARPS if num_programs == 1 else RANGE_WARPS,
+        num_warps=SINGLE_WARPS if num_programs == 1 else RANGE_WARPS, **pdl_launch(),
     )  # fmt: skip
     return MoeAlignment(sorted_ids, block_expert, num_pairs, num_blocks)

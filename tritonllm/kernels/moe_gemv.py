@@ -24,6 +24,7 @@ import triton.language as tl
 
 from tritonllm.kernels.gemm_scales import DEC_FP4, gemv_decoded_part
 from tritonllm.kernels.gemv_w4 import w4_row_dot
+from tritonllm.kernels.launch import pdl_wait
 from tritonllm.kernels.moe_epilogue import moe_store
 
 
@@ -73,9 +74,11 @@ def moe_gemv_kernel(
     A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
     MUL_WEIGHTS: tl.constexpr, QUANT: tl.constexpr, GROUP_K: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WORDS: tl.constexpr = False, FP4_BITS: tl.constexpr = True,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """c[pair, n] for one pair (program axis 1) and BLOCK_N columns (axis 0): A row pair // A_ROW_DIV,
     B the pair's expert's [N (x2 when GATED), K] matrix."""
+    pdl_wait(PDL)
     pid_n = tl.program_id(0)
     pair = tl.program_id(1)
     e = tl.load(topk_ids_ptr + pair).to(tl.int64)

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from tritonllm import platform
+from tritonllm.kernels.launch import pdl_launch, pdl_wait
 from tritonllm.kernels.reference import MOE_SCORINGS
 from tritonllm.kernels.registry import register
 
@@ -26,7 +27,9 @@ def moe_route_kernel(
     logits_ptr, weights_ptr, ids_ptr, T, E, stride_lt, stride_le,
     TOP_K: tl.constexpr, SCORING: tl.constexpr, RENORMALIZE: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_wait(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     experts = tl.arange(0, BLOCK_E)
     in_rows = rows < T
@@ -78,6 +81,6 @@ def moe_route(
     moe_route_kernel[(triton.cdiv(t, rows),)](
         router_logits, weights, ids, t, e, router_logits.stride(0), router_logits.stride(1),
         TOP_K=top_k, SCORING=MOE_SCORINGS.index(scoring), RENORMALIZE=renormalize,
-        ROWS=rows, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k), num_warps=4,
+        ROWS=rows, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k), num_warps=4, **pdl_launch(),
     )  # fmt: skip
     return weights, ids

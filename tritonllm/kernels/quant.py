@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from tritonllm import platform  # noqa: F401  (switches on the interpreter on CPU first)
+from tritonllm.kernels.launch import pdl_launch, pdl_wait
 from tritonllm.kernels.quant_formats import MX_GROUP, qmax
 
 EPS = 1e-12  # an all-zero row quantizes to zeros with a tiny (not zero) scale (the kernels' literal)
@@ -69,8 +70,10 @@ def quantize_rows_and_store(
 def _quant_token_kernel(
     x_ptr, q_ptr, s_ptr, K, stride_x, stride_q,
     QMAX: tl.constexpr, IS_INT: tl.constexpr, MIN_EXP: tl.constexpr, STATIC: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """One program per row: its amax (unless STATIC: s_ptr holds the scale), then the values."""
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     if STATIC:
@@ -93,8 +96,10 @@ def _quant_group_kernel(
     x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s, stride_sg,
     QMAX: tl.constexpr, IS_INT: tl.constexpr, MIN_EXP: tl.constexpr, MX: tl.constexpr, GROUP: tl.constexpr,
     GROUPS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Program (row, j) quantizes GROUPS consecutive groups of GROUP columns of one row."""
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     g0 = tl.program_id(1) * GROUPS
     cols = (g0 + tl.arange(0, GROUPS))[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
@@ -141,7 +146,7 @@ def quantize_per_token(
         _quant_token_kernel[(m,)](
             x, q, scale, k, x.stride(0), q.stride(0),
             QMAX=qmax(dtype), IS_INT=dtype == torch.int8, MIN_EXP=min_exponent(dtype), STATIC=static_scale is not None, BLOCK=block,
-            num_warps=4 if block <= 1024 else 8,
+            num_warps=4 if block <= 1024 else 8, **pdl_launch(),
         )  # fmt: skip
     return q, scale
 
@@ -168,5 +173,6 @@ def quantize_per_group(
         _quant_group_kernel[grid](
             x, q, scale, k, x.stride(0), q.stride(0), scale.stride(0), scale.stride(1),
             QMAX=qmax(dtype), IS_INT=dtype == torch.int8, MIN_EXP=min_exponent(dtype), MX=mx, GROUP=group, GROUPS=groups_per_program,
+            **pdl_launch(),
         )  # fmt: skip
     return q, scale

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec
+from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec, pdl_wait
 from tritonllm.kernels.quant import min_exponent, quantize_rows_and_store
 from tritonllm.kernels.quant_formats import QuantizedActivation, qmax
 from tritonllm.kernels.registry import FLOATS, Supports, register
@@ -45,7 +45,9 @@ def _rms_norm_kernel(
     QMAX: tl.constexpr = 448.0,
     IS_INT: tl.constexpr = False,
     MIN_EXP: tl.constexpr = -6,
+    PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     cols = tl.arange(0, BLOCK_H)
     mask = (rows < num_rows)[:, None] & (cols < hidden)[None, :]

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec
+from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec, pdl_wait
 from tritonllm.kernels.registry import FLOATS, Supports, register
 
 
@@ -79,7 +79,9 @@ def _rotary_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_HEADS: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)
     # out[d] = x[d] * cos[f(d)] + sign(d) * x[partner(d)] * sin[f(d)] for d < ROT_DIM, out[d] = x[d] after:
     # one contiguous tile per head for both layouts (a stride-2 GPT-J gather ran ~10x slower)
     HALF: tl.constexpr = ROT_DIM // 2

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec
+from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec, pdl_wait
 from tritonllm.kernels.registry import FLOATS, Supports, register
 from tritonllm.kernels.sampling_candidates import (
     CANDIDATE_PIVOTS,
@@ -125,7 +125,9 @@ def _sampling_mask_kernel(
     BLOCK_ROWS: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_W: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     row_mask = rows < num_rows
     temperature, top_k, use_top_k, top_p, use_top_p, min_p, use_min_p = _load_row_params(
@@ -190,7 +192,9 @@ def _sample_kernel(
     BLOCK_ROWS: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_W: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     row_mask = rows < num_rows
     temperature, top_k, use_top_k, top_p, use_top_p, min_p, use_min_p = _load_row_params(
@@ -227,7 +231,9 @@ def _log_softmax_kernel(
     row_stride,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     row_mask = rows < num_rows
     in_offs = (rows.to(tl.int64) * row_stride)[:, None]

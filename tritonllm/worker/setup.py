@@ -20,6 +20,7 @@ from tritonllm import platform
 from tritonllm.config import EngineConfig, SchedulerConfig
 from tritonllm.distributed.parallel_state import TensorParallel
 from tritonllm.engine.kv_cache import cdiv
+from tritonllm.kernels.launch import set_pdl
 from tritonllm.kernels.registry import OPS, KernelContext, Kernels, select_kernels
 from tritonllm.models.loader import fit_rope_tables, layer_features, linear_formats, load_model, model_max_len, used_ops
 from tritonllm.worker.model_runner import ModelRunner
@@ -55,6 +56,10 @@ def set_up_rank(config: EngineConfig, path: str, tp: TensorParallel) -> RankSetu
     )  # fmt: skip
     kernels = select_kernels(config.kernels.choices(), context, default=config.kernels.default())
     logger.info("kernels: %s", kernels.choice)
+    if config.pdl and not set_pdl(True):
+        logger.info("programmatic dependent launch off: it needs an NVIDIA GPU of compute capability 9.0+")
+    elif not config.pdl:
+        set_pdl(False)
 
     longest = model_max_len(hf_config)
     max_model_len = config.model.max_model_len or longest

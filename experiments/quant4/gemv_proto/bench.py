@@ -20,6 +20,11 @@ from tritonllm.kernels.quant_formats import FP4, INT4, QuantizedWeight, QuantSch
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 CONFIGS = [(16, 64, 4), (32, 64, 4), (32, 32, 4), (64, 32, 4), (16, 128, 4), (32, 128, 8), (64, 64, 8), (128, 32, 8), (64, 32, 8)]
 SPLITS = (2, 4, 8, 16)
+# a shorter run: GEMV_PROTO_CONFIGS="16,128,4 32,64,4" GEMV_PROTO_SPLITS="1 2"
+if os.environ.get("GEMV_PROTO_CONFIGS"):
+    CONFIGS = [tuple(int(v) for v in c.split(",")) for c in os.environ["GEMV_PROTO_CONFIGS"].split()]
+if os.environ.get("GEMV_PROTO_SPLITS"):
+    SPLITS = tuple(int(v) for v in os.environ["GEMV_PROTO_SPLITS"].split())
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 if DEV == "cpu":  # a dry run of the script under the interpreter
     SHAPES = {"small": (48, 1024)}

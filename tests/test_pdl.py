@@ -1,0 +1,123 @@
+"""Programmatic dependent launch (kernels/launch.py): every PDL-aware kernel waits for the previous
+kernel before touching memory, the switch is off where the hardware lacks it, and on the GPU the
+same steps give the same results with and without it."""
+
+import ast
+import importlib
+import inspect
+import pkgutil
+import textwrap
+
+import pytest
+import torch
+
+import tritonllm.kernels
+from tritonllm import LLM, SamplingParams, platform
+from tritonllm.config import EngineConfig
+from tritonllm.kernels import launch
+from tritonllm.models.tiny import fitted_tiny_model_path
+
+
+def _jit_kernels():
+    """Every @triton.jit function of tritonllm.kernels, by qualified name."""
+    found = {}
+    for info in pkgutil.iter_modules(tritonllm.kernels.__path__):
+        module = importlib.import_module(f"tritonllm.kernels.{info.name}")
+        for name, obj in vars(module).items():
+            if hasattr(obj, "arg_names") and getattr(getattr(obj, "fn", None), "__module__", None) == module.__name__:
+                found[f"{info.name}.{name}"] = obj
+    return found
+
+
+def _first_statement(fn) -> ast.stmt:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn.fn)))
+    body = tree.body[0].body
+    if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):  # the docstring
+        body = body[1:]
+    return body[0]
+
+
+def _is_pdl_wait(stmt: ast.stmt) -> bool:
+    return (
+        isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Call)
+        and getattr(stmt.value.func, "id", None) == "pdl_wait"
+        and [getattr(a, "id", None) for a in stmt.value.args] == ["PDL"]
+    )
+
+
+# the kernels of a decode step (dense and MoE models, quantized or not): all must take part, or
+# the launch before and after them serialises again
+DECODE_KERNELS = {
+    "rmsnorm._rms_norm_kernel", "rotary._rotary_kernel", "kv_cache_write._write_kv_cache_kernel",
+    "attention_split.split_kv_decode_kernel", "attention_split.merge_splits_kernel",
+    "attention_unified.unified_attention_kernel", "activation._silu_and_mul_kernel",
+    "activation._silu_and_mul_quant_kernel", "gemm_gemv.gemv_kernel", "gemv_w4.w4_gemv_kernel", "gemm.gemm_kernel",
+    "gemm.split_k_reduce_kernel", "quant._quant_token_kernel", "quant._quant_group_kernel",
+    "moe_gemv.moe_gemv_kernel", "moe.fused_moe_kernel", "moe_route.moe_route_kernel", "sampling._sample_kernel",
+    "sampling._sampling_mask_kernel", "sampling._log_softmax_kernel",
+}  # fmt: skip
+
+
+def test_every_pdl_aware_kernel_waits_before_its_first_memory_access():
+    kernels = _jit_kernels()
+    aware = {name for name, fn in kernels.items() if "PDL" in fn.arg_names} - {"launch.pdl_wait"}
+    assert DECODE_KERNELS <= aware, sorted(DECODE_KERNELS - aware)
+    for name in aware:
+        fn = kernels[name]
+        assert fn.arg_names[-1] == "PDL", f"{name}: PDL must be the last parameter (Launcher's fast path)"
+        assert _is_pdl_wait(_first_statement(fn)), f"{name}: the first statement must be pdl_wait(PDL)"
+
+
+def test_the_static_check_catches_a_kernel_that_touches_memory_first():
+    src = "def k(x_ptr, PDL):\n    x = tl.load(x_ptr)\n    pdl_wait(PDL)\n"
+    assert not _is_pdl_wait(ast.parse(src).body[0].body[0])
+    src = 'def k(x_ptr, PDL):\n    """doc"""\n    pdl_wait(PDL)\n'
+    body = ast.parse(src).body[0].body[1:]
+    assert _is_pdl_wait(body[0])
+
+
+@pytest.mark.skipif(platform.is_gpu(), reason="the CPU's answer")
+def test_pdl_stays_off_without_a_hopper_gpu():
+    assert launch.set_pdl(True) is False
+    assert launch.pdl_launch() == {"PDL": False} and not launch.pdl_on()
+
+
+def test_the_engine_config_switch():
+    assert EngineConfig().pdl is True
+    assert EngineConfig.from_dict({"pdl": False}).pdl is False
+
+
+@pytest.mark.gpu
+def test_a_pdl_kernel_compiles_the_wait_and_launches_with_the_attribute():
+    from tritonllm.kernels.rmsnorm import _RMS_NORM, rms_norm
+
+    if not launch.pdl_supported():
+        pytest.skip("PDL needs NVIDIA compute capability 9.0+")
+    before = launch.pdl_on()
+    try:
+        launch.set_pdl(True)
+        x = torch.randn(3, 200, device="cuda", dtype=torch.bfloat16)
+        rms_norm(x, torch.ones(200, device="cuda", dtype=torch.bfloat16), 1e-6)
+        torch.cuda.synchronize()
+        compiled = [c for c, _ in _RMS_NORM._compiled.values() if c.metadata.launch_pdl]
+        assert compiled and "griddepcontrol.wait" in compiled[0].asm["ptx"]
+    finally:
+        launch.set_pdl(before)
+
+
+@pytest.mark.gpu
+def test_graph_replayed_steps_give_the_same_tokens_with_and_without_pdl():
+    if not launch.pdl_supported():
+        pytest.skip("PDL needs NVIDIA compute capability 9.0+")
+    prompts = [{"prompt_token_ids": list(range(3 + i, 60 + 9 * i))} for i in range(5)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=1)
+    runs = {}
+    for pdl in (False, True):
+        llm = LLM(model=str(fitted_tiny_model_path("LlamaForCausalLM")), dtype="bfloat16", max_model_len=256, pdl=pdl)
+        assert launch.pdl_on() is pdl
+        runs[pdl] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+        del llm
+    for off, on in zip(runs[False], runs[True], strict=True):
+        assert off.token_ids == on.token_ids
+        assert off.cumulative_logprob == pytest.approx(on.cumulative_logprob, abs=1e-3)
