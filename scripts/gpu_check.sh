@@ -91,13 +91,15 @@ for step in $STEPS; do
     profile-b1)
       # batch-1 decode profiles on config-only models (dummy weights), one per PROFILE_VARIANTS entry:
       # Llama-3-8B with bf16_torch / bf16_triton linears or fp8 / int4 / mxfp4 quantized online (Triton
-      # GEMMs), 512-token prompt; gptoss: gpt-oss-20b (MXFP4 experts), 1024-token prompt
+      # GEMMs), 512-token prompt; gptoss: gpt-oss-20b (MXFP4 experts), 1024-token prompt (gptoss_triton: its
+      # bf16 projections on the Triton GEMV too). PROFILE_ARGS: extra flags (--no-pdl), PROFILE_TAG: file suffix
       for variant in ${PROFILE_VARIANTS:-bf16_torch fp8 int4 mxfp4 gptoss}; do
         model=llama3-8b len=512
         case $variant in
           bf16_torch) args="--kernel linear=torch" ;;
           bf16_triton) args="--kernel linear=triton" ;;
           gptoss) args="" model=gpt-oss-20b len=1024 ;;
+          gptoss_triton) args="--kernel linear=triton" model=gpt-oss-20b len=1024 ;;
           *) args="--quantization $variant --kernel linear=triton" ;;
         esac
         args="$args ${PROFILE_ARGS:-}"  # e.g. --no-pdl
@@ -151,8 +153,10 @@ for step in $STEPS; do
       python3 scripts/tune_gemm.py "$OUT/tune_gemm_h200.json" ${TUNE_SUITES:+--suites $TUNE_SUITES} 2>&1 \
         | tee "$OUT/tune_gemm.log" | grep -v "^compile" | tail -60 ;;
     e2e-quant)
-      # Llama-3-8B batch 1 and 64 x 512 + 128: cuBLAS bf16, all-Triton bf16, online FP8 through cuBLAS and Triton
-      ensure_model llama3-8b
+      # Llama-3-8B batch 1 and 64 x 512 + 128 (config-only folder, dummy weights quantized online): cuBLAS bf16,
+      # all-Triton bf16, online FP8 through cuBLAS and Triton, int8 / int4 / MXFP4 through Triton.
+      # QUANT_ARGS: extra overrides for every run (e.g. pdl=false), QUANT_TAG: file-name suffix
+      [ -d "$MODELS/llama3-8b-config" ] || python3 scripts/make_random_model.py llama3-8b "$MODELS/llama3-8b-config" --config-only
       for variant in ${QUANT_VARIANTS:-bf16_torch bf16_triton fp8_torch fp8_triton}; do
         case $variant in
           bf16_torch) args="kernels.linear=torch" ;;
@@ -164,8 +168,9 @@ for step in $STEPS; do
           mxfp4_triton) args="model.quantization=mxfp4 kernels.linear=triton" ;;
         esac
         for exp in ${QUANT_EXPS:-batch1_decode throughput_64x512}; do
-          python3 -m tritonllm.run model.path="$MODELS/llama3-8b" +experiment=$exp workload.detokenize=true $args \
-            output_json="$OUT/llama3-8b_${exp}_$variant.json" hydra.run.dir=/tmp/hydra 2>&1 | grep "output tok/s"
+          python3 -m tritonllm.run model.path="$MODELS/llama3-8b-config" model.load_format=dummy +experiment=$exp \
+            workload.detokenize=true $args ${QUANT_ARGS:-} output_json="$OUT/llama3-8b_${exp}_$variant${QUANT_TAG:-}.json" \
+            hydra.run.dir=/tmp/hydra 2>&1 | grep -E "output tok/s|Error"
         done
       done ;;
     bench-serving)
