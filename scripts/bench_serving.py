@@ -26,6 +26,8 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from tritonllm.metrics.stats import PREFIX, RUN_COUNTERS, counter_growth, run_counters
+
 
 @dataclass
 class RequestResult:
@@ -85,25 +87,26 @@ async def _one(client: httpx.AsyncClient, model: str, prompt: list[int], output_
     return result
 
 
-async def _device_mallocs(client: httpx.AsyncClient) -> float | None:
-    """The server's `tritonllm:device_malloc_calls` counter from GET /metrics (None if absent)."""
+async def _run_counters(client: httpx.AsyncClient) -> dict[str, float | None]:
+    """RUN_COUNTERS from the server's GET /metrics (each None if absent)."""
     try:
         response = await client.get("/metrics")
         response.raise_for_status()
     except httpx.HTTPError:
-        return None
-    return device_mallocs_in(response.text)
+        return dict.fromkeys(RUN_COUNTERS)
+    return run_counters_in(response.text)
 
 
-def device_mallocs_in(text: str) -> float | None:
-    """The device allocation count in a Prometheus exposition (summed over label sets), or None."""
-    values = [
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "tritonllm:device_malloc_calls_total"
-    ]
-    return sum(values) if values else None
+def run_counters_in(text: str) -> dict[str, float | None]:
+    """metrics/stats.py's RUN_COUNTERS in a Prometheus exposition (its counters' `_total` samples, summed
+    over label sets; None where absent)."""
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith(PREFIX) and sample.name.endswith("_total"):
+                name = sample.name[len(PREFIX) : -len("_total")]
+                totals[name] = totals.get(name, 0.0) + sample.value
+    return run_counters(totals)
 
 
 async def run(args: argparse.Namespace) -> dict:
@@ -128,7 +131,7 @@ async def run(args: argparse.Namespace) -> dict:
             async with gate:
                 return await _one(client, args.model, prompt, output_len)
 
-        mallocs_before = await _device_mallocs(client)
+        counters_before = await _run_counters(client)
         tasks = []
         start = time.perf_counter()
         for prompt, output_len in requests:
@@ -137,7 +140,7 @@ async def run(args: argparse.Namespace) -> dict:
                 await asyncio.sleep(rng.expovariate(args.request_rate))
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
-        mallocs_after = await _device_mallocs(client)
+        counters_after = await _run_counters(client)
     done = [r for r in results if r.ok]
     output_tokens = sum(r.output_tokens for r in done)
     tpots = [(r.latency_s - r.ttft_s) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
@@ -152,8 +155,9 @@ async def run(args: argparse.Namespace) -> dict:
         "itl_ms": _percentiles([g for r in done for g in r.itl_s]),
         "e2e_latency_ms": _percentiles([r.latency_s for r in done]),
         "errors": sorted({r.error for r in results if not r.ok})[:5],
-        # the server's device allocations during the run (None: no such metric, e.g. a CPU server)
-        "device_malloc_calls": None if None in (mallocs_before, mallocs_after) else mallocs_after - mallocs_before,
+        # the server's device allocations, full GC collections and GC time during the run (None: no such
+        # metric, e.g. no device allocator on a CPU server)
+        **counter_growth(counters_before, counters_after),
     }  # fmt: skip
     if args.save_detailed:
         summary["requests"] = [asdict(r) for r in results]
@@ -196,8 +200,9 @@ def main(argv: list[str] | None = None) -> dict:
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_ms"):
         stats = summary[key]
         print(f"{key:24s} mean {stats['mean']:.2f}  median {stats['median']:.2f}  p99 {stats['p99']:.2f}")
-    if summary["device_malloc_calls"] is not None:
-        print(f"{'device_malloc_calls':24s} {summary['device_malloc_calls']:.0f}")
+    for key in RUN_COUNTERS:
+        if summary[key] is not None:
+            print(f"{key:24s} {summary[key]:.3g}")
     if summary["errors"]:
         print("errors:", summary["errors"])
     if args.save_result:

@@ -50,6 +50,7 @@ def test_bench_serving_reports_every_request(server, tmp_path):
     assert all(r["ttft_s"] > 0 and r["latency_s"] >= r["ttft_s"] for r in summary["requests"])
     assert summary["ttft_ms"]["p99"] >= summary["ttft_ms"]["median"] > 0 and summary["itl_ms"]["mean"] > 0
     assert summary["device_malloc_calls"] is None  # a CPU server exports no device allocator metrics
+    assert summary["gc_full_collections"] >= 0 and summary["gc_pause_s"] >= 0  # the server's GC, on every device
     assert out.exists()
 
 
@@ -68,8 +69,27 @@ def test_the_device_allocation_count_is_read_from_the_metrics_exposition():
     text = prometheus_text(metrics, "tiny").decode()
     assert "tritonllm:device_memory_reserved_bytes" in text
     bench = _load_script()
-    assert bench.device_mallocs_in(text) == 17
-    assert bench.device_mallocs_in(prometheus_text([], "tiny").decode()) is None
+    assert bench.run_counters_in(text)["device_malloc_calls"] == 17
+    assert bench.run_counters_in(prometheus_text([], "tiny").decode())["device_malloc_calls"] is None
+
+
+def test_gc_counters_are_read_from_the_metrics_exposition():
+    """GcPauses' counters through the server's Prometheus text into bench_serving's growth over a run:
+    a full collection made between two scrapes shows up as one more, with its time."""
+    import gc
+
+    from tritonllm.engine.host_gc import GcPauses
+    from tritonllm.entrypoints.openai.metrics import prometheus_text
+    from tritonllm.metrics.stats import counter_growth
+
+    bench = _load_script()
+    pauses = GcPauses.install()
+    before = bench.run_counters_in(prometheus_text(pauses.metrics(), "tiny").decode())
+    gc.collect()
+    after = bench.run_counters_in(prometheus_text(pauses.metrics(), "tiny").decode())
+    growth = counter_growth(before, after)
+    assert growth["gc_full_collections"] >= 1 and growth["gc_pause_s"] > 0
+    assert growth["device_malloc_calls"] is None
 
 
 def test_bench_serving_counts_refused_requests(server):

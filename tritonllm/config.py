@@ -154,7 +154,7 @@ class ParallelConfig:
             raise ValueError(f"timeout_s={self.timeout_s} must be positive")
 
 
-_ENGINE_FLAGS = ("enforce_eager", "piecewise_graphs", "pdl")  # EngineConfig's booleans outside the groups
+_ENGINE_FLAGS = ("enforce_eager", "piecewise_graphs", "pdl", "gc_freeze")  # EngineConfig's booleans outside the groups
 
 
 @dataclass
@@ -171,6 +171,9 @@ class EngineConfig:
     # on NVIDIA sm90+, the hot-path Triton kernels launch with programmatic dependent launch: each may
     # start while the one before it finishes (kernels/launch.py); false: plain launches (ablation)
     pdl: bool = True
+    # after start-up, collect once and freeze the surviving objects out of Python's cyclic GC, so that
+    # full collections while serving do not walk them (engine/host_gc.py); false: leave the GC as it is
+    gc_freeze: bool = True
 
     @staticmethod
     def from_dict(values: dict[str, Any]) -> EngineConfig:

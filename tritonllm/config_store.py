@@ -35,6 +35,7 @@ class RunConfig:
     enforce_eager: bool = False  # true: no CUDA/HIP graphs at all, decode or piecewise (ablation)
     piecewise_graphs: bool = True  # false: prefill and mixed steps run eagerly (ablation)
     pdl: bool = True  # false: no programmatic dependent launch (ablation; NVIDIA sm90+ only)
+    gc_freeze: bool = True  # false: the start-up heap stays in Python's cyclic GC (ablation)
     output_json: str | None = None  # a path: also write the results there as JSON
 
 

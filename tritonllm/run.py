@@ -55,6 +55,7 @@ def main(cfg: DictConfig) -> None:
             "enforce_eager": cfg.enforce_eager,
             "piecewise_graphs": cfg.piecewise_graphs,
             "pdl": cfg.pdl,
+            "gc_freeze": cfg.gc_freeze,
         }
     )
     hydra_cfg = HydraConfig.get()

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from tritonllm.entrypoints.llm import LLM
+from tritonllm.metrics.stats import PREFIX, Counter, counter_growth, run_counters
 from tritonllm.outputs import RequestOutput
 from tritonllm.sampling_params import SamplingParams
 from tritonllm.workload_config import parse_workload
@@ -112,10 +113,9 @@ def peak_memory_gib() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
 
 
-def device_mallocs(llm: LLM) -> int | None:
-    """The engine's CUDA allocation count (tritonllm:device_malloc_calls), None off CUDA."""
-    values = [m.value for m in llm.get_metrics() if m.name == "tritonllm:device_malloc_calls"]
-    return values[0] if values else None
+def engine_run_counters(llm: LLM) -> dict[str, float | None]:
+    """The engine's RUN_COUNTERS (metrics/stats.py: CUDA allocations, None off CUDA; GC collections and time)."""
+    return run_counters({m.name.removeprefix(PREFIX): m.value for m in llm.get_metrics() if isinstance(m, Counter)})
 
 
 def run_random(llm: LLM, workload: dict[str, Any]) -> dict[str, Any]:
@@ -156,13 +156,14 @@ def run_random(llm: LLM, workload: dict[str, Any]) -> dict[str, Any]:
         torch.cuda.reset_peak_memory_stats()
     passes, first = [], None
     for _ in range(workload.get("passes", 1)):
-        mallocs = device_mallocs(llm)
+        counters = engine_run_counters(llm)
         outputs, elapsed, per_level = generate(requests)
         first = first or outputs
         summary = WorkloadResult.of(outputs, elapsed).summary()
         summary["output_tok_per_s"] = round(sum(n for _, n in requests) / elapsed, 2)  # requested tokens
-        if mallocs is not None:  # CUDA allocations during the pass (the first pass's show a pool still filling)
-            summary["device_malloc_calls"] = device_mallocs(llm) - mallocs
+        # CUDA allocations (the first pass's show a pool still filling), full GC collections and GC time
+        growth = counter_growth(counters, engine_run_counters(llm))
+        summary.update({k: round(v, 4) for k, v in growth.items() if v is not None})
         passes.append({**summary, **latency_summary(outputs), **per_level})
     result = {**passes[0], "peak_memory_gib": peak_memory_gib(), "detokenize": detokenize, **sampling}
     result["requests"] = request_rows(first)  # the first pass's (the headline figures')

@@ -15,6 +15,7 @@ import torch
 from tritonllm import platform
 from tritonllm.config import EngineConfig
 from tritonllm.distributed.parallel_state import TensorParallel, destroy_tensor_parallel, init_tensor_parallel
+from tritonllm.engine.host_gc import freeze_startup_heap
 
 READY = "ready"
 
@@ -43,6 +44,8 @@ def follow(config: EngineConfig, path: str, tp: TensorParallel, status: Connecti
         if status is not None:
             status.send(f"{type(error).__name__}: {error}\n{traceback.format_exc()}")
         raise
+    if config.gc_freeze:
+        freeze_startup_heap()  # as the engine on rank 0 (engine/host_gc.py)
     if status is not None:
         status.send(READY)
         status.close()

@@ -26,6 +26,7 @@ from tritonllm.config import EngineConfig
 from tritonllm.distributed.executor import TensorParallelExecutor
 from tritonllm.distributed.parallel_state import SINGLE
 from tritonllm.distributed.worker import serve_torchrun_worker
+from tritonllm.engine.host_gc import GcPauses, freeze_startup_heap, release_frozen_heap
 from tritonllm.engine.kv_cache import KVCacheManager
 from tritonllm.engine.output_processor import OutputProcessor
 from tritonllm.engine.request import Request, RequestStatus
@@ -45,6 +46,7 @@ logger = logging.getLogger(__name__)
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        release_frozen_heap()  # engines frozen at their start and dropped since become collectable
         config.cache.validate()
         config.scheduler.validate()
         config.parallel.validate()
@@ -99,6 +101,10 @@ class LLMEngine:
         self._stop_workers = (
             weakref.finalize(self, self.executor.shutdown, self.runner.channel) if self.executor else None
         )
+        self._gc_pauses = GcPauses.install()
+        if config.gc_freeze:
+            frozen = freeze_startup_heap()
+            logger.info("froze %d start-up objects out of the cyclic GC (gc_freeze)", frozen)
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel worker processes (nothing to do with one rank); idempotent."""
@@ -160,14 +166,18 @@ class LLMEngine:
 
     def get_metrics(self):
         kv = self.kv_cache
-        return self.stats.snapshot(
-            len(self.scheduler.running),
-            len(self.scheduler.waiting),
-            kv.usage,
-            self.scheduler.num_preemptions,
-            kv.prefix_cache_queries,
-            kv.prefix_cache_hits,
-        ) + device_memory_metrics(self.device)
+        return (
+            self.stats.snapshot(
+                len(self.scheduler.running),
+                len(self.scheduler.waiting),
+                kv.usage,
+                self.scheduler.num_preemptions,
+                kv.prefix_cache_queries,
+                kv.prefix_cache_hits,
+            )
+            + device_memory_metrics(self.device)
+            + self._gc_pauses.metrics()
+        )
 
     def reset_prefix_cache(self) -> bool:
         return self.kv_cache.reset_prefix_cache()

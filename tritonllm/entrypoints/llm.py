@@ -48,6 +48,7 @@ class LLM:
         enforce_eager: bool = False,
         piecewise_graphs: bool = True,
         pdl: bool = True,
+        gc_freeze: bool = True,
         quantization: str | None = None,
         load_format: str = "auto",
         kv_cache_dtype: str = "auto",
@@ -96,6 +97,7 @@ class LLM:
             enforce_eager=enforce_eager,
             piecewise_graphs=piecewise_graphs,
             pdl=pdl,
+            gc_freeze=gc_freeze,
         )
         self._start(config)
 

@@ -23,7 +23,7 @@ class Gauge:
 @dataclass
 class Counter:
     name: str
-    value: int
+    value: int | float
 
 
 # vLLM's bucket edges (upper bounds, seconds), so dashboards built for vLLM read ours
@@ -167,3 +167,27 @@ def device_memory_metrics(device, memory_stats=None) -> list[Gauge | Counter]:
         Gauge(PREFIX + "device_memory_reserved_bytes", float(stats.get("reserved_bytes.all.current", 0))),
         Gauge(PREFIX + "device_memory_allocated_bytes", float(stats.get("allocated_bytes.all.current", 0))),
     ]
+
+
+# Counters whose growth over a benchmark run is reported (workloads.py, scripts/bench_serving.py):
+# device allocations (a pool still filling), Python's full collections and the time all its
+# collections took (engine/host_gc.py). Each: the counter names (without PREFIX) it sums.
+RUN_COUNTERS = {
+    "device_malloc_calls": ("device_malloc_calls",),
+    "gc_full_collections": ("gc_collections_gen2",),
+    "gc_pause_s": ("gc_pause_seconds_gen0", "gc_pause_seconds_gen1", "gc_pause_seconds_gen2"),
+}
+
+
+def run_counters(values: dict[str, float]) -> dict[str, float | None]:
+    """RUN_COUNTERS from counter values by name (without PREFIX); None where a counter is absent."""
+    out: dict[str, float | None] = {}
+    for key, names in RUN_COUNTERS.items():
+        present = [values[name] for name in names if name in values]
+        out[key] = sum(present) if present else None
+    return out
+
+
+def counter_growth(before: dict[str, float | None], after: dict[str, float | None]) -> dict[str, float | None]:
+    """after - before per RUN_COUNTERS key (None where either is missing)."""
+    return {k: None if before.get(k) is None or after.get(k) is None else after[k] - before[k] for k in RUN_COUNTERS}
