@@ -1,0 +1,79 @@
+"""The SASS instruction mix of the 4-bit GEMV's inner loop (kernels/gemv_w4.py) for NVIDIA sm90,
+without a GPU: the kernel is compiled at the decode tile of the H200 table (M = 1: 16 rows x 128
+words, four warps) with Triton's bundled ptxas, disassembled with its nvdisasm, and the loop's
+instructions counted by opcode and per weight. At M = 1 the GEMV is bound by instruction issue as
+much as by HBM (experiments/quant4/README.md), so this count is the figure a decode change moves.
+
+    python scripts/sass_loop_mix.py [--fp4] [--block-n 16] [--block-w 128] [--warps 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+os.environ["TRITON_INTERPRET"] = "0"  # before tritonllm.platform, which would switch it on without a GPU
+
+# isort: split
+import triton
+from cross_compile_attention import compile_kernel  # this folder: sys.path[0] when run as a script
+from triton.backends.compiler import GPUTarget
+
+from tritonllm.kernels import gemv_w4
+
+DIVISIBLE = ("a_ptr", "w_ptr", "c_ptr", "s_ptr", "z_ptr", "ws_ptr", "K", "N", "K_PER_SPLIT", "stride_am",
+             "stride_wn", "stride_cm", "stride_sn")  # fmt: skip
+
+
+def loop_mix(sass: str) -> collections.Counter:
+    """Opcodes (without modifiers) of the first backward branch's loop in nvdisasm output."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"(\.L_x_\d+):", line))}
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA\s.*?(\.L_x_\d+)", line)
+        if m and labels.get(m.group(1), i) < i:
+            ops = collections.Counter()
+            for body in lines[labels[m.group(1)] : i + 1]:
+                op = re.search(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", body)
+                if op:
+                    ops[op.group(1)] += 1
+            return ops
+    raise ValueError("no loop found in the SASS")
+
+
+def main(argv: list[str] | None = None) -> collections.Counter:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fp4", action="store_true", help="MXFP4 (e2m1, e8m0 per 32) instead of int4 g128")
+    parser.add_argument("--block-n", type=int, default=16)
+    parser.add_argument("--block-w", type=int, default=128, help="int32 words (8 weights each) a row per iteration")
+    parser.add_argument("--warps", type=int, default=4)
+    args = parser.parse_args(argv)
+    scale = "*u8" if args.fp4 else "*fp16"
+    types = dict(a_ptr="*bf16", w_ptr="*i32", c_ptr="*bf16", bias_ptr="*bf16", s_ptr=scale, z_ptr=scale,
+                 ws_ptr="*fp32")  # fmt: skip
+    constexprs = dict(FP4=args.fp4, FP4_BITS=True, GROUP_K=32 if args.fp4 else 128, HAS_BIAS=False, EVEN=True,
+                      SPLIT_K=1, BLOCK_M=1, BLOCK_N=args.block_n, BLOCK_W=args.block_w, PDL=True, stride_ak=1,
+                      stride_cn=1, stride_sk=1)  # fmt: skip
+    kernel = compile_kernel(gemv_w4.w4_gemv_kernel, GPUTarget("cuda", 90, 32), types, constexprs, args.warps, DIVISIBLE)
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(kernel.asm["cubin"])
+        cubin.flush()
+        sass = subprocess.run([nvdisasm, "-c", cubin.name], capture_output=True, text=True, check=True).stdout
+    ops = loop_mix(sass)
+    weights = args.block_n * args.block_w * 8 / (32 * args.warps)  # a thread's weights an iteration
+    total = sum(ops.values())
+    print(f"loop: {total} instructions a thread an iteration, {weights:.0f} weights: {total / weights:.2f} a weight")
+    print("spills to local memory" if "LDL" in ops or "STL" in ops else "no spills")
+    for op, n in ops.most_common():
+        print(f"  {op:8s} {n:5d}  {n / weights:.2f}")
+    return ops
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
