@@ -36,4 +36,7 @@ def test_bench_throughput_reports_tokens_latencies_and_memory(tiny_llama, tmp_pa
     for name in ("ttft", "tpot"):
         assert 0 < results[f"{name}_p50_ms"] <= results[f"{name}_p99_ms"]
     assert results["peak_memory_gib"] > 0 and len(results["passes"]) == 2
+    # each pass's GC counters (engine/host_gc.py); no device allocator on the CPU
+    assert all(p["gc_full_collections"] >= 0 and p["gc_pause_s"] >= 0 for p in results["passes"])
+    assert "device_malloc_calls" not in results
     assert json.loads(out.read_text())["results"]["output_tokens"] == results["output_tokens"]

@@ -31,13 +31,9 @@ from tritonllm.metrics.stats import PREFIX, Counter, Gauge
 
 
 def freeze_startup_heap() -> int:
-    """Collect once, then freeze every object that survived; returns how many are frozen. At exit
-    the heap is released again, so that interpreter shutdown finalizes those objects as usual
-    (extension types report the ones it does not as leaks)."""
+    """Collect once, then freeze every object that survived; returns how many are frozen."""
     gc.collect()
     gc.freeze()
-    atexit.unregister(release_frozen_heap)  # registered once
-    atexit.register(release_frozen_heap)
     return gc.get_freeze_count()
 
 
@@ -45,6 +41,11 @@ def release_frozen_heap() -> None:
     """Make frozen objects collectable again (they rejoin the oldest generation), so that engines
     frozen at their start and dropped since can be freed by the next collection."""
     gc.unfreeze()
+
+
+# at exit the heap is released, so that interpreter shutdown finalizes frozen objects as usual
+# (extension types report the ones it does not as leaks)
+atexit.register(release_frozen_heap)
 
 
 class GcPauses:
@@ -71,7 +72,7 @@ class GcPauses:
         if phase == "start":
             self._started = time.perf_counter()
         elif self._started is not None:
-            generation = min(int(info.get("generation", 2)), 2)
+            generation = info["generation"]
             self.collections[generation] += 1
             self.seconds[generation] += time.perf_counter() - self._started
             self._started = None
