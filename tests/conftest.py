@@ -1,6 +1,12 @@
+import os
+
 import pytest
+import torch
 
 from tritonllm.models.tiny import TINY_ARCHITECTURES, tiny_model_path
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one process per core already: torch threads would oversubscribe
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session", params=TINY_ARCHITECTURES)
