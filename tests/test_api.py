@@ -63,6 +63,20 @@ def test_seed_reproduces_samples_whatever_the_batch(llm):
     assert llm.generate(["The weather changed"], other, use_tqdm=False)[0].outputs[0].token_ids != alone
 
 
+def test_out_of_range_top_k_and_seed_are_served(llm):
+    """A top_k past int32 keeps every token (as top_k off); a seed past int64 or negative seeds like any
+    other (the server's fuzzer found both crashing a step)."""
+    kw = dict(temperature=1.0, max_tokens=6, ignore_eos=True)
+    prompt = ["The weather changed"]
+    off = llm.generate(prompt, SamplingParams(top_k=0, seed=5, **kw), use_tqdm=False)[0].outputs[0].token_ids
+    huge = llm.generate(prompt, SamplingParams(top_k=15929151547, seed=5, **kw), use_tqdm=False)[0].outputs[0].token_ids
+    assert huge == off
+    for seed in (2**80, -3):
+        got = llm.generate(prompt, SamplingParams(seed=seed, **kw), use_tqdm=False)[0].outputs[0].token_ids
+        same = llm.generate(prompt, SamplingParams(seed=seed % 2**62, **kw), use_tqdm=False)[0].outputs[0].token_ids
+        assert got == same and len(got) == 6
+
+
 def test_n_returns_n_distinct_completions(llm):
     out = llm.generate(
         ["Good tests compare"], SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=6), use_tqdm=False

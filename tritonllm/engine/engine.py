@@ -136,7 +136,8 @@ class LLMEngine:
             )
         room = self.max_model_len - prompt_len
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
-        base_seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
+        # any integer seed: the device's seed arithmetic is int64 (a base below 2**62 leaves room for n)
+        base_seed = params.seed % 2**62 if params.seed is not None else self._rng.getrandbits(62)
         children = []
         for i in range(params.n):
             child = Request(

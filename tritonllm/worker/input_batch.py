@@ -109,7 +109,8 @@ class InputBatch:
             [[r.params.temperature for r in reqs], [r.params.top_p for r in reqs], [r.params.min_p for r in reqs]],
             dtype=np.float32,
         )
-        top_k = np.array([r.params.top_k for r in reqs], dtype=np.int32)
+        # a top_k beyond the vocabulary keeps every token: clipped to int32 (the device's dtype)
+        top_k = np.array([min(r.params.top_k, 2**31 - 1) for r in reqs], dtype=np.int32)
         seeds = np.array([r.seed for r in reqs], dtype=np.int64)
         num_sampled = np.array([len(r.output_token_ids) for r in reqs], dtype=np.int64)
         self._new_rows = []
