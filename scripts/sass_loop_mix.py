@@ -5,6 +5,7 @@ instructions counted by opcode and per weight. At M = 1 the GEMV is bound by ins
 much as by HBM (experiments/quant4/README.md), so this count is the figure a decode change moves.
 
     python scripts/sass_loop_mix.py [--fp4] [--block-n 16] [--block-w 128] [--warps 4]
+    python scripts/sass_loop_mix.py --gluon [--fp4]   # the Hopper kernel (kernels/gemv_w4_sm90.py)
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import triton
 from cross_compile_attention import compile_kernel  # this folder: sys.path[0] when run as a script
 from triton.backends.compiler import GPUTarget
 
-from tritonllm.kernels import gemv_w4
+from tritonllm.kernels import gemv_w4, gemv_w4_sm90
 
 DIVISIBLE = ("a_ptr", "w_ptr", "c_ptr", "s_ptr", "z_ptr", "ws_ptr", "K", "N", "K_PER_SPLIT", "stride_am",
              "stride_wn", "stride_cm", "stride_sn")  # fmt: skip
@@ -52,7 +53,12 @@ def main(argv: list[str] | None = None) -> collections.Counter:
     parser.add_argument("--block-n", type=int, default=16)
     parser.add_argument("--block-w", type=int, default=128, help="int32 words (8 weights each) a row per iteration")
     parser.add_argument("--warps", type=int, default=4)
+    parser.add_argument("--gluon", action="store_true", help="the sm90 Gluon GEMV (its own fixed tile) instead")
     args = parser.parse_args(argv)
+    if args.gluon:
+        kernel = gemv_w4_sm90.compile_sm90(fp4=args.fp4)
+        weights = gemv_w4_sm90.ROWS * gemv_w4_sm90.WPT * 8
+        return report(kernel, weights)
     scale = "*u8" if args.fp4 else "*fp16"
     types = dict(a_ptr="*bf16", w_ptr="*i32", c_ptr="*bf16", bias_ptr="*bf16", s_ptr=scale, z_ptr=scale,
                  ws_ptr="*fp32")  # fmt: skip
@@ -60,13 +66,17 @@ def main(argv: list[str] | None = None) -> collections.Counter:
                       SPLIT_K=1, BLOCK_M=1, BLOCK_N=args.block_n, BLOCK_W=args.block_w, PDL=True, stride_ak=1,
                       stride_cn=1, stride_sk=1)  # fmt: skip
     kernel = compile_kernel(gemv_w4.w4_gemv_kernel, GPUTarget("cuda", 90, 32), types, constexprs, args.warps, DIVISIBLE)
+    return report(kernel, args.block_n * args.block_w * 8 / (32 * args.warps))  # a thread's weights an iteration
+
+
+def report(kernel, weights: float) -> collections.Counter:
+    """Print the loop's mix of a compiled kernel, per weight (`weights`: a thread's an iteration)."""
     nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(kernel.asm["cubin"])
         cubin.flush()
         sass = subprocess.run([nvdisasm, "-c", cubin.name], capture_output=True, text=True, check=True).stdout
     ops = loop_mix(sass)
-    weights = args.block_n * args.block_w * 8 / (32 * args.warps)  # a thread's weights an iteration
     total = sum(ops.values())
     print(f"loop: {total} instructions a thread an iteration, {weights:.0f} weights: {total / weights:.2f} a weight")
     print("spills to local memory" if "LDL" in ops or "STL" in ops else "no spills")

@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from tritonllm import platform
+from tritonllm.kernels import gemv_w4_sm90
 from tritonllm.kernels.gemm_dequant import dequantize
 from tritonllm.kernels.gemm_gemv import gemv_kernel
 from tritonllm.kernels.gemm_persistent import descriptors_fit, gemm_persistent_kernel, tile_coords
@@ -467,6 +468,10 @@ def gemm(
     c = torch.empty((m, n), dtype=out_dtype or a.dtype, device=a.device)
     if m == 0 or n == 0:
         return c
+    if packed and m == 1 and gemv_w4_sm90.takes(a, b, k, group_k):  # Hopper: the Gluon GEMV (gemv_w4_sm90.py)
+        words = as_words(b)
+        return gemv_w4_sm90.w4_gemv_sm90(a, words, c, bias, b_scale, b_zero if zeros else None, group_k,
+                                         b_decode == DEC_FP4, pdl_launch())  # fmt: skip
     persistent = (
         tiles.persistent and split == 1 and not (operand_scales or upcast_b) and TensorDescriptor is not None
         and (not k_grouped or tiles.block_k == group_k) and descriptors_fit(a, b, c)

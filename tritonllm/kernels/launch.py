@@ -86,6 +86,14 @@ def pdl_wait(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
+try:  # the same wait for Gluon kernels (kernels/*_sm90.py), which call only Gluon functions
+    from triton.experimental import gluon
+
+    gluon_pdl_wait = gluon.jit(pdl_wait.fn)
+except ImportError:  # pragma: no cover - older triton
+    gluon_pdl_wait = None
+
+
 def _hooked() -> bool:
     """Whether a launch hook (a profiler's) is installed: such launches take the ordinary path.
     Newer Triton keeps hooks in an always-present HookChain; older Triton a callable or None."""

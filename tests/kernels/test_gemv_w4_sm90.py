@@ -1,0 +1,183 @@
+"""The Hopper 4-bit GEMV (Gluon, kernels/gemv_w4_sm90.py) against x @ dequant(w).T, its dispatch, its
+SASS, and the arithmetic of its int4 decode. The kernel itself needs an sm90 GPU (no interpreter
+runs Gluon), so its numerics are GPU tests; on the CPU it must compile for sm90 and stay out of
+gemm()'s way, and the decode's algebra is checked in torch."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
+from launch_spy import LaunchSpy  # this folder
+
+from tritonllm import platform
+from tritonllm.kernels import gemm as g
+from tritonllm.kernels import gemv_w4_sm90, reference
+from tritonllm.kernels.quant_formats import E2M1_VALUES, FP4, INT4, QuantizedWeight, QuantScheme, pack_int4
+from tritonllm.quantization.quantize import quantize_weight
+
+needs_sm90 = pytest.mark.skipif(
+    not (platform.is_gpu() and gemv_w4_sm90.available()), reason="the Gluon W4 GEMV runs on sm90 GPUs only"
+)
+SCHEMES = [
+    QuantScheme(INT4, "group", "none", group_size=32),
+    QuantScheme(INT4, "group", "none", group_size=64),
+    QuantScheme(INT4, "group", "none", group_size=128),
+    QuantScheme(FP4, "mx", "none"),
+]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _randn(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(platform.DEVICE, dtype)
+
+
+@pytest.fixture
+def spy(monkeypatch) -> LaunchSpy:
+    spy = LaunchSpy(gemv_w4_sm90.w4_gemv_sm90_kernel)
+    monkeypatch.setattr(gemv_w4_sm90, "w4_gemv_sm90_kernel", spy)
+    return spy
+
+
+def _gemv(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return g.gemm(x, weight.data, bias, b_scale=weight.scale, b_zero=weight.zeros, **g.scale_args(weight.scheme))
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: f"{s.format_name}-g{s.group_size}")
+@pytest.mark.parametrize("n, k", [(45, 640), (130, 4096), (77, 4224), (9, 8192 + 128)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_matches_the_dequantized_weight(scheme, n, k, with_bias, spy) -> None:
+    """Ragged N (rows past N masked), K below, at and above the 4096-column tile (masked groups), bias."""
+    group = scheme.group_size or 32
+    if k % group:
+        pytest.skip("K must be whole groups")
+    x = _randn(1, k, seed=50, dtype=torch.bfloat16)
+    bias = _randn(n, seed=51, dtype=torch.bfloat16) if with_bias else None
+    weight = quantize_weight(_randn(n, k, seed=52), scheme)
+    got = _gemv(x, weight, bias)
+    expected = x.float() @ reference.dequantize_weight(weight).T + (bias.float() if with_bias else 0)
+    assert_close_to_scale(got, expected, 1e-2)
+    assert spy.launches == 1, "the Gluon GEMV did not run"
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_every_code_decodes_exactly(spy) -> None:
+    """Every int4 code under zero points 0 / 8 / 15, every e2m1 code under scales 2**-27 .. 2**23, picked
+    out column by column with one-hot activations: exact."""
+    codes = torch.arange(16, dtype=torch.uint8).repeat(3, 8)  # [3, 128]
+    scale = torch.tensor([[1.0], [0.5], [4.0]]).bfloat16()
+    zeros = torch.tensor([[0.0], [8.0], [15.0]]).bfloat16()
+    int4 = QuantizedWeight(QuantScheme(INT4, "group", "none", group_size=128), pack_int4(codes).to(platform.DEVICE),
+                           scale.to(platform.DEVICE), zeros=zeros.to(platform.DEVICE))  # fmt: skip
+    exps = torch.tensor([[127, 120, 100, 150], [130, 127, 104, 140], [127, 126, 101, 127]], dtype=torch.uint8)
+    fp4 = QuantizedWeight(
+        QuantScheme(FP4, "mx", "none"), pack_int4(codes).to(platform.DEVICE), exps.to(platform.DEVICE)
+    )
+    eye = torch.eye(128, device=platform.DEVICE, dtype=torch.bfloat16)
+    got_int4 = torch.stack([_gemv(eye[i : i + 1], int4)[0] for i in range(128)], 1).float().cpu()
+    got_fp4 = torch.stack([_gemv(eye[i : i + 1], fp4)[0] for i in range(128)], 1).float().cpu()
+    assert torch.equal(got_int4, ((codes.float() - zeros.float()) * scale.float()).bfloat16().float())
+    values = torch.tensor(E2M1_VALUES).repeat(3, 8) * torch.exp2(exps.float() - 127).repeat_interleave(32, 1)
+    assert torch.equal(got_fp4, values.bfloat16().float())
+    assert spy.launches == 256
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_a_broken_decode_is_caught(monkeypatch) -> None:
+    """Negative check: with the nibble masks swapped the kernel's output fails the same comparison."""
+    weight = quantize_weight(_randn(64, 4096, seed=53), SCHEMES[2])
+    x = _randn(1, 4096, seed=54, dtype=torch.bfloat16)
+    expected = x.float() @ reference.dequantize_weight(weight).T
+    monkeypatch.setattr(gemv_w4_sm90, "INT4_MASKS", gemv_w4_sm90.INT4_MASKS[::-1])
+    with pytest.raises(AssertionError):
+        assert_close_to_scale(_gemv(x, weight), expected, 1e-2)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_switched_off_the_portable_kernel_serves(monkeypatch, spy) -> None:
+    monkeypatch.setattr(gemv_w4_sm90, "ENABLED", [False])
+    weight = quantize_weight(_randn(64, 4096, seed=55), SCHEMES[3])
+    x = _randn(1, 4096, seed=56, dtype=torch.bfloat16)
+    assert_close_to_scale(_gemv(x, weight), x.float() @ reference.dequantize_weight(weight).T, 1e-2)
+    assert spy.launches == 0
+
+
+def test_gemm_leaves_it_alone_off_hopper(spy) -> None:
+    """Without an sm90 GPU (here: the interpreter) gemm() at M = 1 runs the portable kernels."""
+    if platform.is_gpu() and gemv_w4_sm90.available():
+        pytest.skip("an sm90 GPU: the kernel is meant to run here")
+    weight = quantize_weight(_randn(16, 256, seed=57), SCHEMES[0])
+    x = _randn(1, 256, seed=58, dtype=platform.DEFAULT_DTYPE)
+    assert_close_to_scale(_gemv(x, weight), x.float() @ reference.dequantize_weight(weight).T, 1e-2)
+    assert spy.launches == 0
+
+
+def test_supported_shapes() -> None:
+    assert gemv_w4_sm90.supported(1, 4096, 128) == gemv_w4_sm90.HAVE_GLUON
+    assert not gemv_w4_sm90.supported(2, 4096, 128)  # M above 1: the portable kernel's rows a program
+    assert not gemv_w4_sm90.supported(1, 4096, 4096)  # one group over all of K
+    assert not gemv_w4_sm90.supported(1, 4100, 128)
+
+
+def _emulated_int4_dot(words: torch.Tensor, a: torch.Tensor, s: torch.Tensor, z: torch.Tensor, group: int):
+    """The kernel's int4 arithmetic in torch (int32 words [N, K / 8], a [K], s / z [N, K / group]): the
+    five-shift decode at float bits 12..15 / 16..19, activations x 2**11 / 2**7, the per-group bias terms."""
+
+    def decode(x: torch.Tensor, mask: int) -> torch.Tensor:
+        return ((x & mask) | 0x3F800000).view(torch.float32)
+
+    m0, m1 = gemv_w4_sm90.INT4_MASKS
+    shifted = {12: words << 12, 4: words << 4, 0: words, -8: words >> 8, -12: words >> 12}
+    plan = {0: (12, m0), 1: (12, m1), 2: (4, m0), 3: (0, m0), 4: (0, m1), 5: (-8, m0), 6: (-8, m1), 7: (-12, m1)}
+    cols = a.view(-1, 8)
+    part = torch.zeros(words.shape, dtype=torch.float32)
+    for j, (shift, mask) in plan.items():
+        part += decode(shifted[shift], mask) * cols[:, j] * (2048.0 if mask == m0 else 128.0)
+    lo, hi = [j for j, (_, m) in plan.items() if m == m0], [j for j, (_, m) in plan.items() if m == m1]
+    per_group = cols.view(-1, group // 8, 8)
+    a_lo, a_hi = per_group[..., lo].sum((-1, -2)), per_group[..., hi].sum((-1, -2))
+    part_g = part.view(words.shape[0], -1, group // 8).sum(-1)
+    return (s * (part_g - (2048.0 * a_lo + 128.0 * a_hi) - z * (a_lo + a_hi))).sum(-1)
+
+
+@pytest.mark.parametrize("group", [32, 128])
+def test_int4_decode_arithmetic(group: int) -> None:
+    """The decode's algebra (its constants, the shifts' nibble order, the bias terms) against the
+    dequantized weight, bounded by float32's 2**-13 loss under the 1 + q 2**-11 bias; a wrong
+    nibble order fails it."""
+    n, k = 7, 4 * group
+    gen = torch.Generator().manual_seed(59)
+    codes = torch.randint(0, 16, (n, k), generator=gen)
+    s, z = torch.rand(n, k // group, generator=gen) / 8, torch.randint(0, 16, (n, k // group), generator=gen).float()
+    a = torch.randn(k, generator=gen).bfloat16().float()
+    words = pack_int4(codes.to(torch.uint8)).view(torch.int32)
+    expected = ((codes - z.repeat_interleave(group, 1)) * s.repeat_interleave(group, 1)) @ a
+    assert_close_to_scale(_emulated_int4_dot(words, a, s, z, group), expected, 1e-4)
+    swapped = pack_int4(codes.view(n, -1, 8).flip(-1).reshape(n, k).to(torch.uint8)).view(torch.int32)
+    with pytest.raises(AssertionError):
+        assert_close_to_scale(_emulated_int4_dot(swapped, a, s, z, group), expected, 1e-4)
+
+
+@pytest.mark.skipif(not gemv_w4_sm90.HAVE_GLUON, reason="this Triton has no Gluon")
+@pytest.mark.parametrize("fp4, most", [(False, 4.0), (True, 6.0)], ids=["int4", "mxfp4"])
+def test_sm90_sass_per_weight(fp4: bool, most: float) -> None:
+    """Built for sm90 with Triton's bundled ptxas (a subprocess: this one runs the interpreter): the K
+    loop stays under `most` instructions a weight (the portable kernel: 5.2 int4, 6.2 MXFP4), no spills."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    args = [sys.executable, "scripts/sass_loop_mix.py", "--gluon"] + (["--fp4"] if fp4 else [])
+    result = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    per_weight = float(re.search(r"([0-9.]+) a weight", result.stdout).group(1))
+    assert 2 < per_weight < most, result.stdout
+    assert "no spills" in result.stdout

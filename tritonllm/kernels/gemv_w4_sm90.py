@@ -1,0 +1,286 @@
+"""The 4-bit GEMV at M = 1 for NVIDIA Hopper, written in Gluon; the portable Triton kernel
+(gemv_w4.py) serves every other GPU, M above 1, and shapes this one does not take.
+
+Why a second kernel: at M = 1 the word GEMV is bound by instruction issue as much as by HBM, and
+most of the portable kernel's instructions are not the decode but the moves between the layouts
+Triton picks for the weight words, the activation tile and the per-group sums (5.2 instructions a
+weight for int4 on sm90: scripts/sass_loop_mix.py, experiments/quant4/README.md). Here the layouts
+are chosen by hand so that nothing moves between threads inside the K loop:
+
+- the packed weight is read as it is stored (int32 words of eight nibbles, nibble j of word w is
+  column 8 w + j) in a [BLOCK_N, GPI, WPG] tile: GPI scale groups of WPG words. A thread holds ROWS
+  rows x WPT contiguous words of one group (one 16-byte load each), a warp covers 32 x WPT / WPG
+  groups x WPG words of a row;
+- the activation is loaded [GPI, WPG, 8] in the slice of the same 4-d layout: each thread's
+  WPT x 8 contiguous activations are exactly the columns its words meet (16-byte loads, no
+  conversion), the eight nibble columns are the in-thread last dim;
+- the decode is gemv_w4's (one shift and one LOP3 a weight for int4, the 2**-126 e2m1 bits for
+  MXFP4), the products are summed over nibbles and words in registers, each group's sum crosses the
+  WPG / WPT threads of its group (none for WPT = WPG), takes its scale (and zero point: s (16 sum f a
+  - (16 + z) sum a)) and is accumulated per group; groups are summed once, after the loop.
+
+K splits write float32 partials that gemm.py's reduce kernel sums (bias added there).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+
+import torch
+
+from tritonllm import platform
+from tritonllm.kernels.gemv_w4 import as_words
+from tritonllm.kernels.launch import gluon_pdl_wait
+
+try:  # recent triton ships Gluon; without it the portable kernel serves every GEMV
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover - older triton
+    HAVE_GLUON = False
+
+NUM_WARPS = 4
+WPT = 4  # contiguous words a thread holds of a scale group: one 16-byte load
+ROWS = 8  # weight rows a program (and a thread): the activations' conversion and sums are shared by them
+FP4_ACT_SCALE = 2.0**100  # as gemv_w4: products of 2**-126-scaled e2m1 values stay normal
+FP4_OUT_SCALE = 2.0**26
+# the decode's bit masks, passed as kernel arguments so that the compiler keeps them in registers (as
+# literals, ptxas re-materialises one before every LOP3: ~0.6 instructions a weight)
+FP4_MASKS = (0x01C00000, -(2**31))  # e2m1 magnitude at float bits 22..24, sign at 31
+INT4_MASKS = (0x0000F000, 0x000F0000)  # a nibble at float bits 12..15, 16..19
+
+
+TILE_K = NUM_WARPS * 32 * WPT * 8  # columns a program's K loop takes an iteration
+
+
+# TRITONLLM_W4_GEMV_SM90=0 leaves every 4-bit GEMV to the portable kernel (an A/B switch for benchmarks)
+ENABLED = [os.environ.get("TRITONLLM_W4_GEMV_SM90", "1") != "0"]
+
+
+def supported(m: int, k: int, group_k: int) -> bool:
+    """Whether this kernel takes the shape: one activation row, scale groups of 32, 64 or 128 columns
+    (an MXFP4 group is 32), K whole groups."""
+    return HAVE_GLUON and m == 1 and group_k in (32, 64, 128) and k % group_k == 0
+
+
+def takes(a: torch.Tensor, b: torch.Tensor, k: int, group_k: int) -> bool:
+    """Whether gemm() runs this kernel for a [1, K] activation and a packed 4-bit weight b: switched
+    on, the shape supported, the operands read as the kernel reads them, an sm90 GPU."""
+    return (
+        ENABLED[0] and supported(a.shape[0], k, group_k) and a.stride(1) == 1 and a.dtype in (torch.bfloat16, torch.float16)
+        and as_words(b) is not None and available()
+    )  # fmt: skip
+
+
+@functools.cache
+def available() -> bool:
+    """Whether this machine runs the kernel: an NVIDIA sm90 GPU and a Triton whose Gluon compiles it
+    (Gluon's API is experimental: a version that breaks it leaves every GEMV to the portable kernel,
+    with a warning, instead of failing a step)."""
+    if not HAVE_GLUON or platform.PLATFORM != "cuda" or torch.cuda.get_device_capability(platform.DEVICE)[0] != 9:
+        return False
+    try:
+        compile_sm90(fp4=False)
+        compile_sm90(fp4=True)
+    except Exception as failure:  # noqa: BLE001 - any compiler error means: use the portable kernel
+        warnings.warn(f"W4 GEMV: the sm90 Gluon kernel does not compile with this Triton ({failure!r:.300}); "
+                      "the portable Triton kernel serves 4-bit GEMVs instead", stacklevel=2)  # fmt: skip
+        return False
+    return True
+
+
+def compile_sm90(fp4: bool, group_k: int | None = None, rows: int = ROWS, even: bool = True):
+    """Compile the kernel for sm90 without a GPU (Triton's own compiler and ptxas); returns the
+    compiled kernel (its .asm holds the IR, PTX and cubin). For tests, scripts/sass_loop_mix.py and
+    the probe of available()."""
+    from triton import compile as triton_compile
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = w4_gemv_sm90_kernel
+    constexprs = dict(FP4=fp4, GROUP_K=group_k or (32 if fp4 else 128), ROWS=rows, EVEN=even, HAS_BIAS=False,
+                      PDL=True)  # fmt: skip
+    scale = "*u8" if fp4 else "*bf16"
+    pointers = dict(a_ptr="*bf16", w_ptr="*i32", c_ptr="*bf16", bias_ptr="*bf16", s_ptr=scale, z_ptr=scale)
+    names = fn.arg_names
+    signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in names}
+    aligned = [i for i, n in enumerate(names) if n in ("a_ptr", "w_ptr", "s_ptr", "z_ptr", "K", "stride_wn")]
+    source = GluonASTSource(fn, signature, {(names.index(k),): v for k, v in constexprs.items()},
+                            {(i,): [["tt.divisibility", 16]] for i in aligned})  # fmt: skip
+    return triton_compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=NUM_WARPS))
+
+
+def w4_gemv_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
+                 scale: torch.Tensor, zero: torch.Tensor | None, group_k: int, fp4: bool, pdl: dict) -> torch.Tensor:  # fmt: skip
+    """c[0] = a[0] . w^T (+ bias) for the int32 word view [N, K / 8] of the packed weight, its scales
+    [N, K / group_k] (and int4 zero points, None for MXFP4); a [1, K] with unit column stride."""
+    n, k = words.shape[0], a.shape[1]
+    w4_gemv_sm90_kernel[(-(-n // ROWS),)](
+        a, words, c, bias if bias is not None else c, scale, zero if zero is not None else scale,
+        n, k, words.stride(0), scale.stride(0), scale.stride(1), *(FP4_MASKS if fp4 else INT4_MASKS),
+        FP4=fp4, GROUP_K=group_k, ROWS=ROWS, EVEN=k % TILE_K == 0, HAS_BIAS=bias is not None,
+        num_warps=NUM_WARPS, **pdl,
+    )  # fmt: skip
+    return c
+
+
+if HAVE_GLUON:
+    _WARPS = gl.constexpr(NUM_WARPS)
+    _ACT_SCALE = gl.constexpr(FP4_ACT_SCALE)
+    _OUT_SCALE = gl.constexpr(FP4_OUT_SCALE)
+
+    _WPT = gl.constexpr(WPT)
+
+    @gluon.constexpr_function
+    def _layout(rows, wpg, wpt):
+        """[ROWS, GPI, WPG, 8]: a thread holds ROWS rows x WPT words x 8 nibbles of one group; a warp's
+        lanes cover the WPG / WPT word runs of a group, then 32 / (WPG / WPT) groups; warps take
+        further groups (K), so every warp reads its own activations."""
+        tw = wpg // wpt
+        return gl.BlockedLayout([rows, 1, wpt, 8], [1, 32 // tw, tw, 1], [1, NUM_WARPS, 1, 1], [3, 2, 1, 0])
+
+    @gluon.jit
+    def _fp4(words, J: gl.constexpr, MAG, SIGN):
+        """Nibble J of each word, an e2m1 code -> its value x 2**-126 (gemv_w4._nibble_fp4); MAG / SIGN
+        the masks 0x01C00000 / 0x80000000, kernel arguments so that they stay in registers."""
+        if J * 4 <= 22:
+            mag = words << (22 - 4 * J)
+        else:
+            mag = words >> (4 * J - 22)
+        return ((mag & MAG) | ((words << (28 - 4 * J)) & SIGN)).to(gl.float32, bitcast=True)
+
+    @gluon.jit
+    def _int4(x, MASK):
+        """The nibble of x under MASK (bits 12..15 or 16..19) -> the float32 1 + q 2**-11 (or 2**-7)."""
+        return ((x & MASK) | 0x3F800000).to(gl.float32, bitcast=True)
+
+    @gluon.jit
+    def _columns(a8, L: gl.constexpr):
+        """[..., 8] (the last dim in-thread) -> its eight [...] columns in layout L (the same registers)."""
+        even, odd = gl.split(gl.reshape(a8, a8.shape[:-1] + [4, 2]))
+        e0, e1 = gl.split(gl.reshape(even, even.shape[:-1] + [2, 2]))
+        o0, o1 = gl.split(gl.reshape(odd, odd.shape[:-1] + [2, 2]))
+        a0, a4 = gl.split(e0)
+        a2, a6 = gl.split(e1)
+        a1, a5 = gl.split(o0)
+        a3, a7 = gl.split(o1)
+        return (gl.convert_layout(a0, L), gl.convert_layout(a1, L), gl.convert_layout(a2, L),
+                gl.convert_layout(a3, L), gl.convert_layout(a4, L), gl.convert_layout(a5, L),
+                gl.convert_layout(a6, L), gl.convert_layout(a7, L))  # fmt: skip
+
+    @gluon.jit
+    def w4_gemv_sm90_kernel(
+        a_ptr, w_ptr, c_ptr, bias_ptr, s_ptr, z_ptr,
+        N, K, stride_wn, stride_sn, stride_sk, m0, m1,
+        FP4: gl.constexpr, GROUP_K: gl.constexpr, ROWS: gl.constexpr, EVEN: gl.constexpr, HAS_BIAS: gl.constexpr,
+        PDL: gl.constexpr = False,
+    ):  # fmt: skip
+        """c[0, n] = sum_k a[0, k] w[n, k] (+ bias) for ROWS weight rows a program. m0, m1: the
+        decode's bit masks (FP4_MASKS / INT4_MASKS). EVEN: K a multiple of the K tile."""
+        gluon_pdl_wait(PDL)
+        WPG: gl.constexpr = GROUP_K // 8
+        GPI: gl.constexpr = 32 // (WPG // _WPT) * _WARPS  # groups an iteration
+        L4: gl.constexpr = _layout(ROWS, WPG, _WPT)
+        L3: gl.constexpr = gl.SliceLayout(3, L4)  # [ROWS, GPI, WPG] words
+        LA: gl.constexpr = gl.SliceLayout(0, L4)  # [GPI, WPG, 8] activations
+        LG: gl.constexpr = gl.SliceLayout(2, L3)  # [ROWS, GPI] per group: scales, zero points
+
+        # words: w_ptr + n * stride_wn + (kw + g * WPG + w)
+        n3 = gl.arange(0, ROWS, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
+        g3 = gl.arange(0, GPI, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+        w3 = gl.arange(0, WPG, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+        rn3 = gl.program_id(0) * ROWS + n3
+        rn3 = gl.where(rn3 < N, rn3, 0).to(gl.int64)
+        w_ptrs = w_ptr + (
+            gl.expand_dims(gl.expand_dims(rn3 * stride_wn, 1), 2)
+            + gl.expand_dims(gl.expand_dims(g3 * WPG, 0), 2)
+            + gl.expand_dims(gl.expand_dims(w3, 0), 1)
+        )
+        # activations: a_ptr + 8 (kw + g * WPG + w) + j
+        ga = gl.arange(0, GPI, layout=gl.SliceLayout(1, gl.SliceLayout(2, LA)))
+        wa = gl.arange(0, WPG, layout=gl.SliceLayout(0, gl.SliceLayout(2, LA)))
+        ja = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, LA)))
+        a_ptrs = a_ptr + (
+            gl.expand_dims(gl.expand_dims(ga * (8 * WPG), 1), 2)
+            + gl.expand_dims(gl.expand_dims(wa * 8, 0), 2)
+            + gl.expand_dims(gl.expand_dims(ja, 0), 1)
+        )
+        # scales, zero points: s_ptr + n * stride_sn + (kw / WPG + g) * stride_sk
+        ng = gl.arange(0, ROWS, layout=gl.SliceLayout(1, LG))
+        gg = gl.arange(0, GPI, layout=gl.SliceLayout(0, LG))
+        rng = gl.program_id(0) * ROWS + ng
+        s_off = gl.expand_dims(gl.where(rng < N, rng, 0).to(gl.int64) * stride_sn, 1) + gl.expand_dims(
+            gg * stride_sk, 0
+        )
+        s_ptrs = s_ptr + s_off
+        z_ptrs = z_ptr + s_off
+
+        acc = gl.zeros([ROWS, GPI, WPG], gl.float32, layout=L3)  # per word column, scaled
+        acc_z = gl.zeros([ROWS, GPI], gl.float32, layout=LG)  # int4: the zero points' and the decode bias's term
+        for kw in range(0, K // 8, GPI * WPG):
+            if EVEN:
+                words = gl.load(w_ptrs)
+                act = gl.load(a_ptrs).to(gl.float32)
+                s = gl.load(s_ptrs)
+            else:  # the groups past K read as zeros
+                g_in = kw + g3 * WPG < K // 8
+                words = gl.load(w_ptrs, mask=gl.expand_dims(gl.expand_dims(g_in, 0), 2), other=0)
+                act_in = gl.expand_dims(gl.expand_dims(kw + ga * WPG < K // 8, 1), 2)
+                act = gl.load(a_ptrs, mask=act_in, other=0.0).to(gl.float32)
+                s = gl.load(s_ptrs, mask=gl.expand_dims(kw + gg * WPG < K // 8, 0), other=0)
+            if FP4:
+                act = act * _ACT_SCALE
+            a0, a1, a2, a3, a4, a5, a6, a7 = _columns(act, gl.SliceLayout(0, L3))
+            if FP4:
+                part = _fp4(words, 0, m0, m1) * gl.expand_dims(a0, 0)
+                part = gl.fma(_fp4(words, 1, m0, m1), gl.expand_dims(a1, 0), part)
+                part = gl.fma(_fp4(words, 2, m0, m1), gl.expand_dims(a2, 0), part)
+                part = gl.fma(_fp4(words, 3, m0, m1), gl.expand_dims(a3, 0), part)
+                part = gl.fma(_fp4(words, 4, m0, m1), gl.expand_dims(a4, 0), part)
+                part = gl.fma(_fp4(words, 5, m0, m1), gl.expand_dims(a5, 0), part)
+                part = gl.fma(_fp4(words, 6, m0, m1), gl.expand_dims(a6, 0), part)
+                part = gl.fma(_fp4(words, 7, m0, m1), gl.expand_dims(a7, 0), part)  # [ROWS, GPI, WPG]
+                s = (s.to(gl.int32) << 23).to(gl.float32, bitcast=True)  # e8m0: the float with exponent bits e
+                acc = gl.fma(gl.expand_dims(s, 2), part, acc)
+            else:
+                # five shifts a word: nibbles 0, 2, 3, 5 decode at float bits 12..15 to 1 + q 2**-11 (their
+                # activations x 2**11), nibbles 1, 4, 6, 7 at bits 16..19 to 1 + q 2**-7 (x 2**7); per group
+                # sum_k (q - z) a = sum f a' - sum a' - z sum a, the last two terms in acc_z
+                t = words << 12
+                part = _int4(t, m0) * gl.expand_dims(a0 * 2048.0, 0)
+                part = gl.fma(_int4(t, m1), gl.expand_dims(a1 * 128.0, 0), part)
+                t = words << 4
+                part = gl.fma(_int4(t, m0), gl.expand_dims(a2 * 2048.0, 0), part)
+                part = gl.fma(_int4(words, m0), gl.expand_dims(a3 * 2048.0, 0), part)
+                part = gl.fma(_int4(words, m1), gl.expand_dims(a4 * 128.0, 0), part)
+                t = words >> 8
+                part = gl.fma(_int4(t, m0), gl.expand_dims(a5 * 2048.0, 0), part)
+                part = gl.fma(_int4(t, m1), gl.expand_dims(a6 * 128.0, 0), part)
+                part = gl.fma(_int4(words >> 12, m1), gl.expand_dims(a7 * 128.0, 0), part)
+                s = s.to(gl.float32)
+                acc = gl.fma(gl.expand_dims(s, 2), part, acc)
+                a_lo = gl.sum((a0 + a2) + (a3 + a5), axis=1)  # [GPI]
+                a_hi = gl.sum((a1 + a4) + (a6 + a7), axis=1)
+                a_lo = gl.expand_dims(gl.convert_layout(a_lo, gl.SliceLayout(0, LG)), 0)  # same registers
+                a_hi = gl.expand_dims(gl.convert_layout(a_hi, gl.SliceLayout(0, LG)), 0)
+                if EVEN:
+                    z = gl.load(z_ptrs).to(gl.float32)
+                else:
+                    z = gl.load(z_ptrs, mask=gl.expand_dims(kw + gg * WPG < K // 8, 0), other=0).to(gl.float32)
+                acc_z = gl.fma(s, (2048.0 * a_lo + 128.0 * a_hi) + z * (a_lo + a_hi), acc_z)
+                z_ptrs += GPI * stride_sk
+            w_ptrs += GPI * WPG
+            a_ptrs += GPI * WPG * 8
+            s_ptrs += GPI * stride_sk
+        out = gl.sum(gl.sum(acc, axis=2), axis=1)  # [ROWS]
+        if FP4:
+            out = out * _OUT_SCALE
+        else:
+            out = out - gl.sum(acc_z, axis=1)
+        n_out = gl.program_id(0) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, LG))
+        if HAS_BIAS:
+            out += gl.load(bias_ptr + n_out, mask=n_out < N).to(gl.float32)
+        gl.store(c_ptr + n_out, out.to(c_ptr.dtype.element_ty), mask=n_out < N)
