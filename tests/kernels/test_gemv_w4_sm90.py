@@ -70,6 +70,22 @@ def test_matches_the_dequantized_weight(scheme, n, k, with_bias, spy) -> None:
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("rows, warps_k, prefetch", [(8, 4, False), (4, 1, True), (2, 2, True), (4, 1, False)])
+@pytest.mark.parametrize("scheme", SCHEMES[2:], ids=lambda s: f"{s.format_name}-g{s.group_size}")
+@pytest.mark.parametrize("n, k", [(45, 640), (77, 4224), (130, 8192)])
+def test_every_tiling_matches(rows, warps_k, prefetch, scheme, n, k, monkeypatch, spy) -> None:
+    """Rows a thread, warps along K or along rows, the next tile prefetched (its loads past K masked)."""
+    monkeypatch.setattr(gemv_w4_sm90, "ROWS", rows)
+    monkeypatch.setattr(gemv_w4_sm90, "WARPS_K", warps_k)
+    monkeypatch.setattr(gemv_w4_sm90, "PREFETCH", prefetch)
+    x = _randn(1, k, seed=60, dtype=torch.bfloat16)
+    weight = quantize_weight(_randn(n, k, seed=61), scheme)
+    assert_close_to_scale(_gemv(x, weight), x.float() @ reference.dequantize_weight(weight).T, 1e-2)
+    assert spy.launches == 1
+
+
+@pytest.mark.gpu
+@needs_sm90
 def test_every_code_decodes_exactly(spy) -> None:
     """Every int4 code under zero points 0 / 8 / 15, every e2m1 code under scales 2**-27 .. 2**23, picked
     out column by column with one-hot activations: exact."""

@@ -45,6 +45,9 @@ except ImportError:  # pragma: no cover - older triton
 NUM_WARPS = 4
 WPT = 4  # contiguous words a thread holds of a scale group: one 16-byte load
 ROWS = 8  # weight rows a program (and a thread): the activations' conversion and sums are shared by them
+MAXNREG: int | None = None  # a register cap for ptxas (more programs an SM, perhaps spills), None: none
+WARPS_K = 4  # of a program's NUM_WARPS warps, those that take further K groups (the others take rows)
+PREFETCH = False  # issue the next K tile's loads before this tile's arithmetic
 FP4_ACT_SCALE = 2.0**100  # as gemv_w4: products of 2**-126-scaled e2m1 values stay normal
 FP4_OUT_SCALE = 2.0**26
 # the decode's bit masks, passed as kernel arguments so that the compiler keeps them in registers (as
@@ -53,7 +56,9 @@ FP4_MASKS = (0x01C00000, -(2**31))  # e2m1 magnitude at float bits 22..24, sign 
 INT4_MASKS = (0x0000F000, 0x000F0000)  # a nibble at float bits 12..15, 16..19
 
 
-TILE_K = NUM_WARPS * 32 * WPT * 8  # columns a program's K loop takes an iteration
+def tile_k() -> int:
+    """Columns a program's K loop takes an iteration: WARPS_K warps x 32 threads x WPT words, 8 nibbles each."""
+    return WARPS_K * 32 * WPT * 8
 
 
 # TRITONLLM_W4_GEMV_SM90=0 leaves every 4-bit GEMV to the portable kernel (an A/B switch for benchmarks)
@@ -92,7 +97,15 @@ def available() -> bool:
     return True
 
 
-def compile_sm90(fp4: bool, group_k: int | None = None, rows: int = ROWS, even: bool = True):
+def compile_sm90(
+    fp4: bool,
+    group_k: int | None = None,
+    rows: int | None = None,
+    even: bool = True,
+    maxnreg: int | None = None,
+    warps_k: int | None = None,
+    prefetch: bool | None = None,
+):
     """Compile the kernel for sm90 without a GPU (Triton's own compiler and ptxas); returns the
     compiled kernel (its .asm holds the IR, PTX and cubin). For tests, scripts/sass_loop_mix.py and
     the probe of available()."""
@@ -101,8 +114,9 @@ def compile_sm90(fp4: bool, group_k: int | None = None, rows: int = ROWS, even: 
     from triton.experimental.gluon._runtime import GluonASTSource
 
     fn = w4_gemv_sm90_kernel
-    constexprs = dict(FP4=fp4, GROUP_K=group_k or (32 if fp4 else 128), ROWS=rows, EVEN=even, HAS_BIAS=False,
-                      PDL=True)  # fmt: skip
+    constexprs = dict(FP4=fp4, GROUP_K=group_k or (32 if fp4 else 128), ROWS=rows or ROWS,
+                      WARPS_K=warps_k or WARPS_K, PREFETCH=PREFETCH if prefetch is None else prefetch, EVEN=even,
+                      HAS_BIAS=False, PDL=True)  # fmt: skip
     scale = "*u8" if fp4 else "*bf16"
     pointers = dict(a_ptr="*bf16", w_ptr="*i32", c_ptr="*bf16", bias_ptr="*bf16", s_ptr=scale, z_ptr=scale)
     names = fn.arg_names
@@ -110,7 +124,8 @@ def compile_sm90(fp4: bool, group_k: int | None = None, rows: int = ROWS, even: 
     aligned = [i for i, n in enumerate(names) if n in ("a_ptr", "w_ptr", "s_ptr", "z_ptr", "K", "stride_wn")]
     source = GluonASTSource(fn, signature, {(names.index(k),): v for k, v in constexprs.items()},
                             {(i,): [["tt.divisibility", 16]] for i in aligned})  # fmt: skip
-    return triton_compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=NUM_WARPS))
+    options = dict(num_warps=NUM_WARPS, **({"maxnreg": maxnreg} if maxnreg else {}))
+    return triton_compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def w4_gemv_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
@@ -118,11 +133,12 @@ def w4_gemv_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
     """c[0] = a[0] . w^T (+ bias) for the int32 word view [N, K / 8] of the packed weight, its scales
     [N, K / group_k] (and int4 zero points, None for MXFP4); a [1, K] with unit column stride."""
     n, k = words.shape[0], a.shape[1]
-    w4_gemv_sm90_kernel[(-(-n // ROWS),)](
+    w4_gemv_sm90_kernel[(-(-n // (ROWS * NUM_WARPS // WARPS_K)),)](
         a, words, c, bias if bias is not None else c, scale, zero if zero is not None else scale,
         n, k, words.stride(0), scale.stride(0), scale.stride(1), *(FP4_MASKS if fp4 else INT4_MASKS),
-        FP4=fp4, GROUP_K=group_k, ROWS=ROWS, EVEN=k % TILE_K == 0, HAS_BIAS=bias is not None,
-        num_warps=NUM_WARPS, **pdl,
+        FP4=fp4, GROUP_K=group_k, ROWS=ROWS, WARPS_K=WARPS_K, PREFETCH=PREFETCH, EVEN=k % tile_k() == 0,
+        HAS_BIAS=bias is not None,
+        num_warps=NUM_WARPS, **({"maxnreg": MAXNREG} if MAXNREG else {}), **pdl,
     )  # fmt: skip
     return c
 
@@ -135,12 +151,14 @@ if HAVE_GLUON:
     _WPT = gl.constexpr(WPT)
 
     @gluon.constexpr_function
-    def _layout(rows, wpg, wpt):
-        """[ROWS, GPI, WPG, 8]: a thread holds ROWS rows x WPT words x 8 nibbles of one group; a warp's
-        lanes cover the WPG / WPT word runs of a group, then 32 / (WPG / WPT) groups; warps take
-        further groups (K), so every warp reads its own activations."""
+    def _layout(rows, wpg, wpt, warps_k):
+        """[ROWS x NUM_WARPS / WARPS_K, GPI, WPG, 8]: a thread holds ROWS rows x WPT words x 8 nibbles of
+        one group; a warp's lanes cover the WPG / WPT word runs of a group, then 32 / (WPG / WPT) groups
+        of its rows; WARPS_K warps take further groups (K), the others further rows."""
         tw = wpg // wpt
-        return gl.BlockedLayout([rows, 1, wpt, 8], [1, 32 // tw, tw, 1], [1, NUM_WARPS, 1, 1], [3, 2, 1, 0])
+        return gl.BlockedLayout(
+            [rows, 1, wpt, 8], [1, 32 // tw, tw, 1], [NUM_WARPS // warps_k, warps_k, 1, 1], [3, 2, 1, 0]
+        )
 
     @gluon.jit
     def _fp4(words, J: gl.constexpr, MAG, SIGN):
@@ -172,27 +190,90 @@ if HAVE_GLUON:
                 gl.convert_layout(a6, L), gl.convert_layout(a7, L))  # fmt: skip
 
     @gluon.jit
+    def _load_tile(w_ptrs, a_ptrs, s_ptrs, z_ptrs, kw, KW, g3, ga, gg, stride_sk, WPG: gl.constexpr,
+                   FP4: gl.constexpr, MASKED: gl.constexpr):  # fmt: skip
+        """The K tile at word kw: words, activations (as stored), scales, zero points (the scales again
+        for MXFP4); MASKED: the groups at or past KW (words a row) read as zeros."""
+        if MASKED:
+            g_in = gl.expand_dims(kw + gg * WPG < KW, 0)
+            words = gl.load(w_ptrs + kw, mask=gl.expand_dims(gl.expand_dims(kw + g3 * WPG < KW, 0), 2), other=0)
+            act = gl.load(a_ptrs + kw * 8, mask=gl.expand_dims(gl.expand_dims(kw + ga * WPG < KW, 1), 2), other=0.0)
+            s = gl.load(s_ptrs + (kw // WPG) * stride_sk, mask=g_in, other=0)
+            z = s if FP4 else gl.load(z_ptrs + (kw // WPG) * stride_sk, mask=g_in, other=0)
+        else:
+            words = gl.load(w_ptrs + kw)
+            act = gl.load(a_ptrs + kw * 8)
+            s = gl.load(s_ptrs + (kw // WPG) * stride_sk)
+            z = s if FP4 else gl.load(z_ptrs + (kw // WPG) * stride_sk)
+        return words, act, s, z
+
+    @gluon.jit
+    def _accumulate(words, act, s, z, acc, acc_z, col_scale, m0, m1, FP4: gl.constexpr, LW: gl.constexpr,
+                    LG: gl.constexpr):  # fmt: skip
+        """One K tile into the per-word-column accumulator acc (and, int4, the per-group acc_z);
+        col_scale: the activations' factor per nibble column ([1, 1, 8])."""
+        act = act.to(gl.float32) * col_scale
+        a0, a1, a2, a3, a4, a5, a6, a7 = _columns(act, LW)
+        if FP4:
+            part = _fp4(words, 0, m0, m1) * gl.expand_dims(a0, 0)
+            part = gl.fma(_fp4(words, 1, m0, m1), gl.expand_dims(a1, 0), part)
+            part = gl.fma(_fp4(words, 2, m0, m1), gl.expand_dims(a2, 0), part)
+            part = gl.fma(_fp4(words, 3, m0, m1), gl.expand_dims(a3, 0), part)
+            part = gl.fma(_fp4(words, 4, m0, m1), gl.expand_dims(a4, 0), part)
+            part = gl.fma(_fp4(words, 5, m0, m1), gl.expand_dims(a5, 0), part)
+            part = gl.fma(_fp4(words, 6, m0, m1), gl.expand_dims(a6, 0), part)
+            part = gl.fma(_fp4(words, 7, m0, m1), gl.expand_dims(a7, 0), part)  # [ROWS, GPI, WPG]
+            s = (s.to(gl.int32) << 23).to(gl.float32, bitcast=True)  # e8m0: the float with exponent bits e
+            acc = gl.fma(gl.expand_dims(s, 2), part, acc)
+        else:
+            # five shifts a word: nibbles 0, 2, 3, 5 decode at float bits 12..15 to 1 + q 2**-11 (their
+            # activations x 2**11), nibbles 1, 4, 6, 7 at bits 16..19 to 1 + q 2**-7 (x 2**7); per group
+            # sum_k (q - z) a = sum f a' - sum a' - z sum a, the last two terms in acc_z
+            t = words << 12
+            part = _int4(t, m0) * gl.expand_dims(a0, 0)
+            part = gl.fma(_int4(t, m1), gl.expand_dims(a1, 0), part)
+            t = words << 4
+            part = gl.fma(_int4(t, m0), gl.expand_dims(a2, 0), part)
+            part = gl.fma(_int4(words, m0), gl.expand_dims(a3, 0), part)
+            part = gl.fma(_int4(words, m1), gl.expand_dims(a4, 0), part)
+            t = words >> 8
+            part = gl.fma(_int4(t, m0), gl.expand_dims(a5, 0), part)
+            part = gl.fma(_int4(t, m1), gl.expand_dims(a6, 0), part)
+            part = gl.fma(_int4(words >> 12, m1), gl.expand_dims(a7, 0), part)
+            s = s.to(gl.float32)
+            acc = gl.fma(gl.expand_dims(s, 2), part, acc)
+            a_lo = gl.sum((a0 + a2) + (a3 + a5), axis=1)  # [GPI], x 2**11
+            a_hi = gl.sum((a1 + a4) + (a6 + a7), axis=1)  # x 2**7
+            a_lo = gl.expand_dims(gl.convert_layout(a_lo, gl.SliceLayout(0, LG)), 0)  # same registers
+            a_hi = gl.expand_dims(gl.convert_layout(a_hi, gl.SliceLayout(0, LG)), 0)
+            a_sum = a_lo * (1.0 / 2048.0) + a_hi * (1.0 / 128.0)
+            acc_z = gl.fma(s, (a_lo + a_hi) + z.to(gl.float32) * a_sum, acc_z)
+        return acc, acc_z
+
+    @gluon.jit
     def w4_gemv_sm90_kernel(
         a_ptr, w_ptr, c_ptr, bias_ptr, s_ptr, z_ptr,
         N, K, stride_wn, stride_sn, stride_sk, m0, m1,
-        FP4: gl.constexpr, GROUP_K: gl.constexpr, ROWS: gl.constexpr, EVEN: gl.constexpr, HAS_BIAS: gl.constexpr,
-        PDL: gl.constexpr = False,
+        FP4: gl.constexpr, GROUP_K: gl.constexpr, ROWS: gl.constexpr, WARPS_K: gl.constexpr, PREFETCH: gl.constexpr,
+        EVEN: gl.constexpr, HAS_BIAS: gl.constexpr, PDL: gl.constexpr = False,
     ):  # fmt: skip
-        """c[0, n] = sum_k a[0, k] w[n, k] (+ bias) for ROWS weight rows a program. m0, m1: the
-        decode's bit masks (FP4_MASKS / INT4_MASKS). EVEN: K a multiple of the K tile."""
+        """c[0, n] = sum_k a[0, k] w[n, k] (+ bias) for BLOCK_N = ROWS x NUM_WARPS / WARPS_K weight rows a
+        program. m0, m1: the decode's bit masks (FP4_MASKS / INT4_MASKS). EVEN: K a multiple of the K
+        tile. PREFETCH: the next K tile's loads are issued before this tile's arithmetic."""
         gluon_pdl_wait(PDL)
         WPG: gl.constexpr = GROUP_K // 8
-        GPI: gl.constexpr = 32 // (WPG // _WPT) * _WARPS  # groups an iteration
-        L4: gl.constexpr = _layout(ROWS, WPG, _WPT)
-        L3: gl.constexpr = gl.SliceLayout(3, L4)  # [ROWS, GPI, WPG] words
+        GPI: gl.constexpr = 32 // (WPG // _WPT) * WARPS_K  # groups an iteration
+        BLOCK_N: gl.constexpr = ROWS * (_WARPS // WARPS_K)
+        L4: gl.constexpr = _layout(ROWS, WPG, _WPT, WARPS_K)
+        L3: gl.constexpr = gl.SliceLayout(3, L4)  # [BLOCK_N, GPI, WPG] words
         LA: gl.constexpr = gl.SliceLayout(0, L4)  # [GPI, WPG, 8] activations
-        LG: gl.constexpr = gl.SliceLayout(2, L3)  # [ROWS, GPI] per group: scales, zero points
+        LG: gl.constexpr = gl.SliceLayout(2, L3)  # [BLOCK_N, GPI] per group: scales, zero points
 
         # words: w_ptr + n * stride_wn + (kw + g * WPG + w)
-        n3 = gl.arange(0, ROWS, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
+        n3 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
         g3 = gl.arange(0, GPI, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
         w3 = gl.arange(0, WPG, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
-        rn3 = gl.program_id(0) * ROWS + n3
+        rn3 = gl.program_id(0) * BLOCK_N + n3
         rn3 = gl.where(rn3 < N, rn3, 0).to(gl.int64)
         w_ptrs = w_ptr + (
             gl.expand_dims(gl.expand_dims(rn3 * stride_wn, 1), 2)
@@ -209,78 +290,47 @@ if HAVE_GLUON:
             + gl.expand_dims(gl.expand_dims(ja, 0), 1)
         )
         # scales, zero points: s_ptr + n * stride_sn + (kw / WPG + g) * stride_sk
-        ng = gl.arange(0, ROWS, layout=gl.SliceLayout(1, LG))
+        ng = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LG))
         gg = gl.arange(0, GPI, layout=gl.SliceLayout(0, LG))
-        rng = gl.program_id(0) * ROWS + ng
-        s_off = gl.expand_dims(gl.where(rng < N, rng, 0).to(gl.int64) * stride_sn, 1) + gl.expand_dims(
-            gg * stride_sk, 0
-        )
+        rng = gl.program_id(0) * BLOCK_N + ng
+        rng = gl.where(rng < N, rng, 0).to(gl.int64)
+        s_off = gl.expand_dims(rng * stride_sn, 1) + gl.expand_dims(gg * stride_sk, 0)
         s_ptrs = s_ptr + s_off
         z_ptrs = z_ptr + s_off
 
-        acc = gl.zeros([ROWS, GPI, WPG], gl.float32, layout=L3)  # per word column, scaled
-        acc_z = gl.zeros([ROWS, GPI], gl.float32, layout=LG)  # int4: the zero points' and the decode bias's term
-        for kw in range(0, K // 8, GPI * WPG):
-            if EVEN:
-                words = gl.load(w_ptrs)
-                act = gl.load(a_ptrs).to(gl.float32)
-                s = gl.load(s_ptrs)
-            else:  # the groups past K read as zeros
-                g_in = kw + g3 * WPG < K // 8
-                words = gl.load(w_ptrs, mask=gl.expand_dims(gl.expand_dims(g_in, 0), 2), other=0)
-                act_in = gl.expand_dims(gl.expand_dims(kw + ga * WPG < K // 8, 1), 2)
-                act = gl.load(a_ptrs, mask=act_in, other=0.0).to(gl.float32)
-                s = gl.load(s_ptrs, mask=gl.expand_dims(kw + gg * WPG < K // 8, 0), other=0)
-            if FP4:
-                act = act * _ACT_SCALE
-            a0, a1, a2, a3, a4, a5, a6, a7 = _columns(act, gl.SliceLayout(0, L3))
-            if FP4:
-                part = _fp4(words, 0, m0, m1) * gl.expand_dims(a0, 0)
-                part = gl.fma(_fp4(words, 1, m0, m1), gl.expand_dims(a1, 0), part)
-                part = gl.fma(_fp4(words, 2, m0, m1), gl.expand_dims(a2, 0), part)
-                part = gl.fma(_fp4(words, 3, m0, m1), gl.expand_dims(a3, 0), part)
-                part = gl.fma(_fp4(words, 4, m0, m1), gl.expand_dims(a4, 0), part)
-                part = gl.fma(_fp4(words, 5, m0, m1), gl.expand_dims(a5, 0), part)
-                part = gl.fma(_fp4(words, 6, m0, m1), gl.expand_dims(a6, 0), part)
-                part = gl.fma(_fp4(words, 7, m0, m1), gl.expand_dims(a7, 0), part)  # [ROWS, GPI, WPG]
-                s = (s.to(gl.int32) << 23).to(gl.float32, bitcast=True)  # e8m0: the float with exponent bits e
-                acc = gl.fma(gl.expand_dims(s, 2), part, acc)
-            else:
-                # five shifts a word: nibbles 0, 2, 3, 5 decode at float bits 12..15 to 1 + q 2**-11 (their
-                # activations x 2**11), nibbles 1, 4, 6, 7 at bits 16..19 to 1 + q 2**-7 (x 2**7); per group
-                # sum_k (q - z) a = sum f a' - sum a' - z sum a, the last two terms in acc_z
-                t = words << 12
-                part = _int4(t, m0) * gl.expand_dims(a0 * 2048.0, 0)
-                part = gl.fma(_int4(t, m1), gl.expand_dims(a1 * 128.0, 0), part)
-                t = words << 4
-                part = gl.fma(_int4(t, m0), gl.expand_dims(a2 * 2048.0, 0), part)
-                part = gl.fma(_int4(words, m0), gl.expand_dims(a3 * 2048.0, 0), part)
-                part = gl.fma(_int4(words, m1), gl.expand_dims(a4 * 128.0, 0), part)
-                t = words >> 8
-                part = gl.fma(_int4(t, m0), gl.expand_dims(a5 * 2048.0, 0), part)
-                part = gl.fma(_int4(t, m1), gl.expand_dims(a6 * 128.0, 0), part)
-                part = gl.fma(_int4(words >> 12, m1), gl.expand_dims(a7 * 128.0, 0), part)
-                s = s.to(gl.float32)
-                acc = gl.fma(gl.expand_dims(s, 2), part, acc)
-                a_lo = gl.sum((a0 + a2) + (a3 + a5), axis=1)  # [GPI]
-                a_hi = gl.sum((a1 + a4) + (a6 + a7), axis=1)
-                a_lo = gl.expand_dims(gl.convert_layout(a_lo, gl.SliceLayout(0, LG)), 0)  # same registers
-                a_hi = gl.expand_dims(gl.convert_layout(a_hi, gl.SliceLayout(0, LG)), 0)
-                if EVEN:
-                    z = gl.load(z_ptrs).to(gl.float32)
-                else:
-                    z = gl.load(z_ptrs, mask=gl.expand_dims(kw + gg * WPG < K // 8, 0), other=0).to(gl.float32)
-                acc_z = gl.fma(s, (2048.0 * a_lo + 128.0 * a_hi) + z * (a_lo + a_hi), acc_z)
-                z_ptrs += GPI * stride_sk
-            w_ptrs += GPI * WPG
-            a_ptrs += GPI * WPG * 8
-            s_ptrs += GPI * stride_sk
-        out = gl.sum(gl.sum(acc, axis=2), axis=1)  # [ROWS]
+        KW = K // 8
+        STEP: gl.constexpr = GPI * WPG
+        LW: gl.constexpr = gl.SliceLayout(0, L3)
+        if FP4:  # every product a normal float
+            col_scale = gl.full([1, 1, 8], _ACT_SCALE, gl.float32, layout=LA)
+        else:  # int4 nibbles 0, 2, 3, 5 decode at float bits 12..15 (x 2**11), 1, 4, 6, 7 at 16..19 (x 2**7)
+            j = gl.expand_dims(gl.expand_dims(ja, 0), 1)
+            col_scale = gl.where((j == 1) | (j == 4) | (j >= 6), 128.0, 2048.0)
+        acc = gl.zeros([BLOCK_N, GPI, WPG], gl.float32, layout=L3)  # per word column, scaled
+        acc_z = gl.zeros([BLOCK_N, GPI], gl.float32, layout=LG)  # int4: the zero points' and the decode bias's term
+        if PREFETCH:
+            words, act, s, z = _load_tile(w_ptrs, a_ptrs, s_ptrs, z_ptrs, 0, KW, g3, ga, gg, stride_sk, WPG, FP4,
+                                          not EVEN)  # fmt: skip
+            for kw in range(0, KW, STEP):
+                # the next tile (past K: masked off) in flight while this one is summed
+                n_words, n_act, n_s, n_z = _load_tile(w_ptrs, a_ptrs, s_ptrs, z_ptrs, kw + STEP, KW, g3, ga, gg,
+                                                      stride_sk, WPG, FP4, True)  # fmt: skip
+                acc, acc_z = _accumulate(words, act, s, z, acc, acc_z, col_scale, m0, m1, FP4, LW, LG)
+                words = n_words
+                act = n_act
+                s = n_s
+                z = n_z
+        else:
+            for kw in range(0, KW, STEP):
+                words, act, s, z = _load_tile(w_ptrs, a_ptrs, s_ptrs, z_ptrs, kw, KW, g3, ga, gg, stride_sk, WPG, FP4,
+                                              not EVEN)  # fmt: skip
+                acc, acc_z = _accumulate(words, act, s, z, acc, acc_z, col_scale, m0, m1, FP4, LW, LG)
+        out = gl.sum(gl.sum(acc, axis=2), axis=1)  # [BLOCK_N]
         if FP4:
             out = out * _OUT_SCALE
         else:
             out = out - gl.sum(acc_z, axis=1)
-        n_out = gl.program_id(0) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, LG))
+        n_out = gl.program_id(0) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LG))
         if HAS_BIAS:
             out += gl.load(bias_ptr + n_out, mask=n_out < N).to(gl.float32)
         gl.store(c_ptr + n_out, out.to(c_ptr.dtype.element_ty), mask=n_out < N)

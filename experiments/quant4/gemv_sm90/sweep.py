@@ -1,0 +1,71 @@
+"""The Hopper Gluon W4 GEMV (kernels/gemv_w4_sm90.py) at M = 1 on Llama-3-8B layer shapes, per
+(rows a program, register cap), beside the portable word GEMV and bf16 torch.matmul in the same run
+(CUDA-graph replay timing, triton.testing.do_bench_cudagraph). On the GPU:
+
+    python experiments/quant4/gemv_sm90/sweep.py OUT.json [--configs 8:0 4:0 4:128 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+from tritonllm.kernels import gemm as g  # noqa: E402
+from tritonllm.kernels import gemv_w4_sm90, reference  # noqa: E402
+from tritonllm.kernels.quant_formats import FP4, INT4, QuantScheme  # noqa: E402
+from tritonllm.quantization.quantize import quantize_weight  # noqa: E402
+
+SHAPES = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
+SCHEMES = {"int4_g128": QuantScheme(INT4, "group", "none", group_size=128), "mxfp4": QuantScheme(FP4, "mx", "none")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--configs", nargs="+", default=["8:0:4:0", "4:0:4:0", "4:128:4:0", "4:0:1:1", "2:0:1:1"],
+                        help="ROWS:MAXNREG:WARPS_K:PREFETCH (MAXNREG 0: no cap)")  # fmt: skip
+    args = parser.parse_args()
+    configs = [tuple(int(v) for v in c.split(":")) for c in args.configs]
+    rows = []
+    for layer, n, k in SHAPES:
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        bf16 = triton.testing.do_bench_cudagraph(lambda x=x, w=w: x @ w.T)
+        for fmt, scheme in SCHEMES.items():
+            q = quantize_weight(w.float(), scheme)
+            expected = x.float() @ reference.dequantize_weight(q).T
+
+            def call(x=x, q=q, scheme=scheme):
+                return g.gemm(x, q.data, b_scale=q.scale, b_zero=q.zeros, **g.scale_args(scheme))
+
+            gemv_w4_sm90.ENABLED[0] = False
+            portable = triton.testing.do_bench_cudagraph(call)
+            gemv_w4_sm90.ENABLED[0] = True
+            weight_bytes = q.data.numel() + q.scale.numel() * q.scale.element_size() * (2 if q.zeros is not None else 1)
+            line = f"{layer} {n}x{k} {fmt}: bf16 {bf16 * 1e3:.1f}us portable {portable * 1e3:.1f}us ({bf16 / portable:.2f}x)"
+            for r, cap, warps_k, prefetch in configs:
+                gemv_w4_sm90.ROWS, gemv_w4_sm90.MAXNREG = r, cap or None
+                gemv_w4_sm90.WARPS_K, gemv_w4_sm90.PREFETCH = warps_k, bool(prefetch)
+                got = call()
+                err = ((got.float() - expected).abs().max() / expected.abs().max()).item()
+                us = triton.testing.do_bench_cudagraph(call)
+                rows.append(dict(layer=layer, n=n, k=k, format=fmt, rows=r, maxnreg=cap, warps_k=warps_k,
+                                 prefetch=prefetch, us=us * 1e3, bf16_us=bf16 * 1e3,
+                                 portable_us=portable * 1e3, speedup_vs_bf16=bf16 / us, tb_s=weight_bytes / us / 1e9,
+                                 rel_err=err))  # fmt: skip
+                line += (
+                    f" | {r}:{cap} {us * 1e3:.1f}us {bf16 / us:.2f}x {weight_bytes / us / 1e9:.2f}TB/s err {err:.1e}"
+                )
+            print(line, flush=True)
+    args.out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
