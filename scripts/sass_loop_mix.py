@@ -57,7 +57,9 @@ def main(argv: list[str] | None = None) -> collections.Counter:
     args = parser.parse_args(argv)
     if args.gluon:
         kernel = gemv_w4_sm90.compile_sm90(fp4=args.fp4)
-        weights = gemv_w4_sm90.ROWS * gemv_w4_sm90.WPT * 8  # a thread's weights an iteration
+        weights = (
+            gemv_w4_sm90.TILINGS["fp4" if args.fp4 else "int4"].rows * gemv_w4_sm90.WPT * 8
+        )  # a thread's, an iteration
         return report(kernel, weights)
     scale = "*u8" if args.fp4 else "*fp16"
     types = dict(a_ptr="*bf16", w_ptr="*i32", c_ptr="*bf16", bias_ptr="*bf16", s_ptr=scale, z_ptr=scale,

@@ -75,9 +75,8 @@ def test_matches_the_dequantized_weight(scheme, n, k, with_bias, spy) -> None:
 @pytest.mark.parametrize("n, k", [(45, 640), (77, 4224), (130, 8192)])
 def test_every_tiling_matches(rows, warps_k, prefetch, scheme, n, k, monkeypatch, spy) -> None:
     """Rows a thread, warps along K or along rows, the next tile prefetched (its loads past K masked)."""
-    monkeypatch.setattr(gemv_w4_sm90, "ROWS", rows)
-    monkeypatch.setattr(gemv_w4_sm90, "WARPS_K", warps_k)
-    monkeypatch.setattr(gemv_w4_sm90, "PREFETCH", prefetch)
+    tiling = gemv_w4_sm90.Tiling(rows, warps_k, prefetch)
+    monkeypatch.setattr(gemv_w4_sm90, "TILINGS", {"int4": tiling, "fp4": tiling})
     x = _randn(1, k, seed=60, dtype=torch.bfloat16)
     weight = quantize_weight(_randn(n, k, seed=61), scheme)
     assert_close_to_scale(_gemv(x, weight), x.float() @ reference.dequantize_weight(weight).T, 1e-2)
@@ -137,6 +136,11 @@ def test_gemm_leaves_it_alone_off_hopper(spy) -> None:
     x = _randn(1, 256, seed=58, dtype=platform.DEFAULT_DTYPE)
     assert_close_to_scale(_gemv(x, weight), x.float() @ reference.dequantize_weight(weight).T, 1e-2)
     assert spy.launches == 0
+
+
+def test_tilings_parse_from_the_environment_form() -> None:
+    assert gemv_w4_sm90.Tiling.parse("4:1:1:128") == gemv_w4_sm90.Tiling(4, 1, True, 128)
+    assert gemv_w4_sm90.Tiling.parse("8:4:0:0") == gemv_w4_sm90.Tiling(8, 4, False, None)
 
 
 def test_supported_shapes() -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
+from dataclasses import dataclass
 
 import torch
 
@@ -44,10 +45,30 @@ except ImportError:  # pragma: no cover - older triton
 
 NUM_WARPS = 4
 WPT = 4  # contiguous words a thread holds of a scale group: one 16-byte load
-ROWS = 8  # weight rows a program (and a thread): the activations' conversion and sums are shared by them
-MAXNREG: int | None = None  # a register cap for ptxas (more programs an SM, perhaps spills), None: none
-WARPS_K = 4  # of a program's NUM_WARPS warps, those that take further K groups (the others take rows)
-PREFETCH = False  # issue the next K tile's loads before this tile's arithmetic
+
+
+@dataclass(frozen=True)
+class Tiling:
+    rows: int = 8  # weight rows a thread: the activations' conversion and sums are shared by them
+    warps_k: int = 4  # of a program's NUM_WARPS warps, those that take further K groups (the others take rows)
+    prefetch: bool = False  # issue the next K tile's loads before this tile's arithmetic
+    maxnreg: int | None = None  # a register cap for ptxas (more programs an SM, perhaps spills)
+
+    @classmethod
+    def parse(cls, text: str) -> Tiling:
+        """ "ROWS:WARPS_K:PREFETCH:MAXNREG" (MAXNREG 0: no cap)."""
+        rows, warps_k, prefetch, maxnreg = (int(v) for v in text.split(":"))
+        return cls(rows, warps_k, bool(prefetch), maxnreg or None)
+
+
+# per format ("int4", "fp4"); TRITONLLM_W4_GEMV_SM90_TILING="int4=R:W:P:M,fp4=R:W:P:M" overrides (sweeps)
+TILINGS = {"int4": Tiling(), "fp4": Tiling()}
+TILINGS.update(
+    (fmt, Tiling.parse(spec))
+    for fmt, spec in (
+        item.split("=") for item in os.environ.get("TRITONLLM_W4_GEMV_SM90_TILING", "").split(",") if item
+    )
+)
 FP4_ACT_SCALE = 2.0**100  # as gemv_w4: products of 2**-126-scaled e2m1 values stay normal
 FP4_OUT_SCALE = 2.0**26
 # the decode's bit masks, passed as kernel arguments so that the compiler keeps them in registers (as
@@ -56,9 +77,9 @@ FP4_MASKS = (0x01C00000, -(2**31))  # e2m1 magnitude at float bits 22..24, sign 
 INT4_MASKS = (0x0000F000, 0x000F0000)  # a nibble at float bits 12..15, 16..19
 
 
-def tile_k() -> int:
+def tile_k(tiling: Tiling) -> int:
     """Columns a program's K loop takes an iteration: WARPS_K warps x 32 threads x WPT words, 8 nibbles each."""
-    return WARPS_K * 32 * WPT * 8
+    return tiling.warps_k * 32 * WPT * 8
 
 
 # TRITONLLM_W4_GEMV_SM90=0 leaves every 4-bit GEMV to the portable kernel (an A/B switch for benchmarks)
@@ -97,15 +118,7 @@ def available() -> bool:
     return True
 
 
-def compile_sm90(
-    fp4: bool,
-    group_k: int | None = None,
-    rows: int | None = None,
-    even: bool = True,
-    maxnreg: int | None = None,
-    warps_k: int | None = None,
-    prefetch: bool | None = None,
-):
+def compile_sm90(fp4: bool, group_k: int | None = None, tiling: Tiling | None = None, even: bool = True):
     """Compile the kernel for sm90 without a GPU (Triton's own compiler and ptxas); returns the
     compiled kernel (its .asm holds the IR, PTX and cubin). For tests, scripts/sass_loop_mix.py and
     the probe of available()."""
@@ -114,9 +127,9 @@ def compile_sm90(
     from triton.experimental.gluon._runtime import GluonASTSource
 
     fn = w4_gemv_sm90_kernel
-    constexprs = dict(FP4=fp4, GROUP_K=group_k or (32 if fp4 else 128), ROWS=rows or ROWS,
-                      WARPS_K=warps_k or WARPS_K, PREFETCH=PREFETCH if prefetch is None else prefetch, EVEN=even,
-                      HAS_BIAS=False, PDL=True)  # fmt: skip
+    tiling = tiling or TILINGS["fp4" if fp4 else "int4"]
+    constexprs = dict(FP4=fp4, GROUP_K=group_k or (32 if fp4 else 128), ROWS=tiling.rows, WARPS_K=tiling.warps_k,
+                      PREFETCH=tiling.prefetch, EVEN=even, HAS_BIAS=False, PDL=True)  # fmt: skip
     scale = "*u8" if fp4 else "*bf16"
     pointers = dict(a_ptr="*bf16", w_ptr="*i32", c_ptr="*bf16", bias_ptr="*bf16", s_ptr=scale, z_ptr=scale)
     names = fn.arg_names
@@ -124,7 +137,7 @@ def compile_sm90(
     aligned = [i for i, n in enumerate(names) if n in ("a_ptr", "w_ptr", "s_ptr", "z_ptr", "K", "stride_wn")]
     source = GluonASTSource(fn, signature, {(names.index(k),): v for k, v in constexprs.items()},
                             {(i,): [["tt.divisibility", 16]] for i in aligned})  # fmt: skip
-    options = dict(num_warps=NUM_WARPS, **({"maxnreg": maxnreg} if maxnreg else {}))
+    options = dict(num_warps=NUM_WARPS, **({"maxnreg": tiling.maxnreg} if tiling.maxnreg else {}))
     return triton_compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
@@ -133,12 +146,13 @@ def w4_gemv_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
     """c[0] = a[0] . w^T (+ bias) for the int32 word view [N, K / 8] of the packed weight, its scales
     [N, K / group_k] (and int4 zero points, None for MXFP4); a [1, K] with unit column stride."""
     n, k = words.shape[0], a.shape[1]
-    w4_gemv_sm90_kernel[(-(-n // (ROWS * NUM_WARPS // WARPS_K)),)](
+    t = TILINGS["fp4" if fp4 else "int4"]
+    w4_gemv_sm90_kernel[(-(-n // (t.rows * NUM_WARPS // t.warps_k)),)](
         a, words, c, bias if bias is not None else c, scale, zero if zero is not None else scale,
         n, k, words.stride(0), scale.stride(0), scale.stride(1), *(FP4_MASKS if fp4 else INT4_MASKS),
-        FP4=fp4, GROUP_K=group_k, ROWS=ROWS, WARPS_K=WARPS_K, PREFETCH=PREFETCH, EVEN=k % tile_k() == 0,
+        FP4=fp4, GROUP_K=group_k, ROWS=t.rows, WARPS_K=t.warps_k, PREFETCH=t.prefetch, EVEN=k % tile_k(t) == 0,
         HAS_BIAS=bias is not None,
-        num_warps=NUM_WARPS, **({"maxnreg": MAXNREG} if MAXNREG else {}), **pdl,
+        num_warps=NUM_WARPS, **({"maxnreg": t.maxnreg} if t.maxnreg else {}), **pdl,
     )  # fmt: skip
     return c
 

@@ -2,12 +2,13 @@
 (rows a program, register cap), beside the portable word GEMV and bf16 torch.matmul in the same run
 (CUDA-graph replay timing, triton.testing.do_bench_cudagraph). On the GPU:
 
-    python experiments/quant4/gemv_sm90/sweep.py OUT.json [--configs 8:0 4:0 4:128 ...]
+    python experiments/quant4/gemv_sm90/sweep.py OUT.json [--configs 8:4:0:0 4:1:1:0 ...]  (ROWS:WARPS_K:PREFETCH:MAXNREG)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -29,10 +30,10 @@ SCHEMES = {"int4_g128": QuantScheme(INT4, "group", "none", group_size=128), "mxf
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
-    parser.add_argument("--configs", nargs="+", default=["8:0:4:0", "4:0:4:0", "4:128:4:0", "4:0:1:1", "2:0:1:1"],
-                        help="ROWS:MAXNREG:WARPS_K:PREFETCH (MAXNREG 0: no cap)")  # fmt: skip
+    parser.add_argument("--configs", nargs="+", default=["8:4:0:0", "4:4:0:0", "4:4:0:128", "4:1:1:0", "2:1:1:0"],
+                        help="ROWS:WARPS_K:PREFETCH:MAXNREG (MAXNREG 0: no cap)")  # fmt: skip
     args = parser.parse_args()
-    configs = [tuple(int(v) for v in c.split(":")) for c in args.configs]
+    configs = [gemv_w4_sm90.Tiling.parse(c) for c in args.configs]
     rows = []
     for layer, n, k in SHAPES:
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
@@ -50,19 +51,16 @@ def main() -> None:
             gemv_w4_sm90.ENABLED[0] = True
             weight_bytes = q.data.numel() + q.scale.numel() * q.scale.element_size() * (2 if q.zeros is not None else 1)
             line = f"{layer} {n}x{k} {fmt}: bf16 {bf16 * 1e3:.1f}us portable {portable * 1e3:.1f}us ({bf16 / portable:.2f}x)"
-            for r, cap, warps_k, prefetch in configs:
-                gemv_w4_sm90.ROWS, gemv_w4_sm90.MAXNREG = r, cap or None
-                gemv_w4_sm90.WARPS_K, gemv_w4_sm90.PREFETCH = warps_k, bool(prefetch)
+            for tiling in configs:
+                gemv_w4_sm90.TILINGS = {"int4": tiling, "fp4": tiling}
                 got = call()
                 err = ((got.float() - expected).abs().max() / expected.abs().max()).item()
                 us = triton.testing.do_bench_cudagraph(call)
-                rows.append(dict(layer=layer, n=n, k=k, format=fmt, rows=r, maxnreg=cap, warps_k=warps_k,
-                                 prefetch=prefetch, us=us * 1e3, bf16_us=bf16 * 1e3,
+                rows.append(dict(layer=layer, n=n, k=k, format=fmt, tiling=dataclasses.asdict(tiling), us=us * 1e3,
+                                 bf16_us=bf16 * 1e3,
                                  portable_us=portable * 1e3, speedup_vs_bf16=bf16 / us, tb_s=weight_bytes / us / 1e9,
                                  rel_err=err))  # fmt: skip
-                line += (
-                    f" | {r}:{cap} {us * 1e3:.1f}us {bf16 / us:.2f}x {weight_bytes / us / 1e9:.2f}TB/s err {err:.1e}"
-                )
+                line += f" | {tiling.rows}:{tiling.warps_k}:{int(tiling.prefetch)}:{tiling.maxnreg or 0} {us * 1e3:.1f}us {bf16 / us:.2f}x {weight_bytes / us / 1e9:.2f}TB/s err {err:.1e}"
             print(line, flush=True)
     args.out.write_text(json.dumps(rows, indent=1))
 
