@@ -166,6 +166,8 @@ for step in $STEPS; do
           int8_triton) args="model.quantization=int8 kernels.linear=triton" ;;
           int4_triton) args="model.quantization=int4 kernels.linear=triton" ;;
           mxfp4_triton) args="model.quantization=mxfp4 kernels.linear=triton" ;;
+          int4_gluon) args="model.quantization=int4 kernels.linear=triton_w4_sm90" ;;
+          mxfp4_gluon) args="model.quantization=mxfp4 kernels.linear=triton_w4_sm90" ;;
         esac
         for exp in ${QUANT_EXPS:-batch1_decode throughput_64x512}; do
           python3 -m tritonllm.run model.path="$MODELS/llama3-8b-config" model.load_format=dummy +experiment=$exp \

@@ -10,7 +10,7 @@ from launch_spy import LaunchSpy  # this folder
 
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
-from tritonllm.kernels import gemv_w4, gemv_w4_sm90, reference
+from tritonllm.kernels import gemv_w4, reference
 from tritonllm.kernels.quant_formats import E2M1_VALUES, FP4, INT4, QuantizedWeight, QuantScheme, pack_int4
 from tritonllm.quantization.quantize import quantize_weight
 
@@ -25,7 +25,6 @@ def _randn(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.
 
 @pytest.fixture
 def spy(monkeypatch) -> LaunchSpy:
-    monkeypatch.setattr(gemv_w4_sm90, "ENABLED", [False])  # on Hopper: test the portable kernel at M = 1 too
     spy = LaunchSpy(g.w4_gemv_kernel)
     monkeypatch.setattr(g, "w4_gemv_kernel", spy)
     return spy

@@ -18,7 +18,7 @@ from launch_spy import LaunchSpy  # this folder
 
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
-from tritonllm.kernels import gemv_w4_sm90, reference
+from tritonllm.kernels import gemv_w4_sm90, reference, registry
 from tritonllm.kernels.quant_formats import E2M1_VALUES, FP4, INT4, QuantizedWeight, QuantScheme, pack_int4
 from tritonllm.quantization.quantize import quantize_weight
 
@@ -45,8 +45,11 @@ def spy(monkeypatch) -> LaunchSpy:
     return spy
 
 
-def _gemv(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    return g.gemm(x, weight.data, bias, b_scale=weight.scale, b_zero=weight.zeros, **g.scale_args(weight.scheme))
+def _gemv(
+    x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None, gluon: bool = True
+) -> torch.Tensor:
+    return g.gemm(x, weight.data, bias, b_scale=weight.scale, b_zero=weight.zeros, w4_gemv_sm90=gluon,
+                  **g.scale_args(weight.scheme))  # fmt: skip
 
 
 @pytest.mark.gpu
@@ -120,12 +123,16 @@ def test_a_broken_decode_is_caught(monkeypatch) -> None:
 
 @pytest.mark.gpu
 @needs_sm90
-def test_switched_off_the_portable_kernel_serves(monkeypatch, spy) -> None:
-    monkeypatch.setattr(gemv_w4_sm90, "ENABLED", [False])
+def test_the_triton_implementation_keeps_the_portable_kernel(spy) -> None:
+    """kernels.linear=triton (the ablation baseline) never runs it; triton_w4_sm90 does."""
     weight = quantize_weight(_randn(64, 4096, seed=55), SCHEMES[3])
     x = _randn(1, 4096, seed=56, dtype=torch.bfloat16)
-    assert_close_to_scale(_gemv(x, weight), x.float() @ reference.dequantize_weight(weight).T, 1e-2)
+    expected = x.float() @ reference.dequantize_weight(weight).T
+    impls = {impl.name: impl for impl in registry.implementations("linear")}
+    assert_close_to_scale(impls["triton"].entries["quantized_linear"](x, weight, None), expected, 1e-2)
     assert spy.launches == 0
+    assert_close_to_scale(impls["triton_w4_sm90"].entries["quantized_linear"](x, weight, None), expected, 1e-2)
+    assert spy.launches == 1
 
 
 def test_gemm_leaves_it_alone_off_hopper(spy) -> None:

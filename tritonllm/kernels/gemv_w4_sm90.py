@@ -82,10 +82,6 @@ def tile_k(tiling: Tiling) -> int:
     return tiling.warps_k * 32 * WPT * 8
 
 
-# TRITONLLM_W4_GEMV_SM90=0 leaves every 4-bit GEMV to the portable kernel (an A/B switch for benchmarks)
-ENABLED = [os.environ.get("TRITONLLM_W4_GEMV_SM90", "1") != "0"]
-
-
 def supported(m: int, k: int, group_k: int) -> bool:
     """Whether this kernel takes the shape: one activation row, scale groups of 32, 64 or 128 columns
     (an MXFP4 group is 32), K whole groups."""
@@ -93,12 +89,17 @@ def supported(m: int, k: int, group_k: int) -> bool:
 
 
 def takes(a: torch.Tensor, b: torch.Tensor, k: int, group_k: int) -> bool:
-    """Whether gemm() runs this kernel for a [1, K] activation and a packed 4-bit weight b: switched
-    on, the shape supported, the operands read as the kernel reads them, an sm90 GPU."""
+    """Whether gemm() can run this kernel for a [1, K] activation and a packed 4-bit weight b: the
+    shape supported, the operands read as the kernel reads them, an sm90 GPU."""
     return (
-        ENABLED[0] and supported(a.shape[0], k, group_k) and a.stride(1) == 1 and a.dtype in (torch.bfloat16, torch.float16)
+        supported(a.shape[0], k, group_k) and a.stride(1) == 1 and a.dtype in (torch.bfloat16, torch.float16)
         and as_words(b) is not None and available()
     )  # fmt: skip
+
+
+def unavailable() -> str | None:
+    """The linear implementation's availability check (registry.Supports.available)."""
+    return None if available() else "needs an NVIDIA sm90 GPU and a Triton whose Gluon compiles the W4 GEMV"
 
 
 @functools.cache

@@ -8,6 +8,7 @@ import torch
 
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
+from tritonllm.kernels import gemv_w4_sm90
 from tritonllm.kernels.quant import quantize_per_group, quantize_per_token
 from tritonllm.kernels.quant_formats import QuantizedActivation, QuantizedWeight
 from tritonllm.kernels.registry import FLOATS, Supports, register
@@ -18,6 +19,11 @@ TRITON_FORMATS = frozenset({
     "uint8:group:none", "mxfp4:mx:none",
 })  # fmt: skip
 LINEAR_SUPPORTS = Supports(dtypes=FLOATS, linear_formats=TRITON_FORMATS, features=frozenset({"split_k"}))
+# the same GEMM family, with the Hopper Gluon GEMV (kernels/gemv_w4_sm90.py) for 4-bit weights at M = 1
+W4_SM90_SUPPORTS = Supports(
+    dtypes=frozenset({torch.bfloat16, torch.float16}), platforms=frozenset({"cuda"}), linear_formats=TRITON_FORMATS,
+    features=frozenset({"split_k", "w4_gemv_gluon"}), available=gemv_w4_sm90.unavailable,
+)  # fmt: skip
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -33,10 +39,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
 
 @register("linear", "triton")
 def quantized_linear(
-    x: torch.Tensor | QuantizedActivation, weight: QuantizedWeight, bias: torch.Tensor | None
+    x: torch.Tensor | QuantizedActivation,
+    weight: QuantizedWeight,
+    bias: torch.Tensor | None,
+    *,
+    gluon_gemv: bool = False,
 ) -> torch.Tensor:
     """x in the model's dtype (quantized here per weight.scheme.act), or a QuantizedActivation that
-    the op before quantized per token (RMSNorm / SiLU-mul with quantization fused in)."""
+    the op before quantized per token (RMSNorm / SiLU-mul with quantization fused in). gluon_gemv: the
+    Hopper W4 GEMV at M = 1 (the `triton_w4_sm90` implementation)."""
     scheme = weight.scheme
     scales = dict(g.scale_args(scheme), out_dtype=x.dtype, b_scale=weight.scale)
     if isinstance(x, QuantizedActivation):
@@ -48,7 +59,7 @@ def quantized_linear(
         data = weight.data
         if scheme.is_fp8 and not platform.has_fp8():  # no FP8 conversions here: the kernel decodes bytes
             data = data.view(torch.uint8)
-        y = g.gemm(x2, data, bias, b_zero=weight.zeros, **scales)
+        y = g.gemm(x2, data, bias, b_zero=weight.zeros, w4_gemv_sm90=gluon_gemv, **scales)
     elif scheme.act in ("token", "tensor"):
         q, scale = quantize_per_token(x2, scheme.weight_dtype, weight.input_scale)
         y = g.gemm(q, weight.data, bias, a_scale=scale, **scales)
@@ -56,3 +67,15 @@ def quantized_linear(
         q, scale = quantize_per_group(x2, scheme.weight_dtype, scales["group_k"], mx=scheme.act == "mx")
         y = g.gemm(q, weight.data, bias, a_scale=scale, **scales)
     return y.view(*x.shape[:-1], weight.shape[0])
+
+
+@register("linear", "triton_w4_sm90", entry="linear", supports=W4_SM90_SUPPORTS, priority=20)
+def linear_w4_sm90(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return linear(x, weight, bias)
+
+
+@register("linear", "triton_w4_sm90", entry="quantized_linear")
+def quantized_linear_w4_sm90(
+    x: torch.Tensor | QuantizedActivation, weight: QuantizedWeight, bias: torch.Tensor | None
+) -> torch.Tensor:
+    return quantized_linear(x, weight, bias, gluon_gemv=True)
