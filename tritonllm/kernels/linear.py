@@ -19,7 +19,8 @@ TRITON_FORMATS = frozenset({
     "uint8:group:none", "mxfp4:mx:none",
 })  # fmt: skip
 LINEAR_SUPPORTS = Supports(dtypes=FLOATS, linear_formats=TRITON_FORMATS, features=frozenset({"split_k"}))
-# the same GEMM family, with the Hopper Gluon GEMV (kernels/gemv_w4_sm90.py) for 4-bit weights at M = 1
+# the same GEMM family, with the Hopper Gluon GEMV (kernels/gemv_w4_sm90.py) for 4-bit weights at M = 1;
+# auto prefers it to `triton` where it is available (and cuBLAS, priority 20, still takes unquantized models)
 W4_SM90_SUPPORTS = Supports(
     dtypes=frozenset({torch.bfloat16, torch.float16}), platforms=frozenset({"cuda"}), linear_formats=TRITON_FORMATS,
     features=frozenset({"split_k", "w4_gemv_gluon"}), available=gemv_w4_sm90.unavailable,
@@ -69,7 +70,7 @@ def quantized_linear(
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
-@register("linear", "triton_w4_sm90", entry="linear", supports=W4_SM90_SUPPORTS, priority=20)
+@register("linear", "triton_w4_sm90", entry="linear", supports=W4_SM90_SUPPORTS, priority=15)
 def linear_w4_sm90(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return linear(x, weight, bias)
 
