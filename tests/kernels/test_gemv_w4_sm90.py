@@ -124,8 +124,9 @@ def test_a_broken_decode_is_caught(monkeypatch) -> None:
 @pytest.mark.gpu
 @needs_sm90
 def test_the_triton_implementation_keeps_the_portable_kernel(spy) -> None:
-    """kernels.linear=triton (the ablation baseline) never runs it; triton_w4_sm90 does."""
-    weight = quantize_weight(_randn(64, 4096, seed=55), SCHEMES[3])
+    """kernels.linear=triton (the ablation baseline) never runs it; triton_w4_sm90 does where it was
+    measured faster (int4, N <= 8192)."""
+    weight = quantize_weight(_randn(64, 4096, seed=55), SCHEMES[2])
     x = _randn(1, 4096, seed=56, dtype=torch.bfloat16)
     expected = x.float() @ reference.dequantize_weight(weight).T
     impls = {impl.name: impl for impl in registry.implementations("linear")}
@@ -148,6 +149,13 @@ def test_gemm_leaves_it_alone_off_hopper(spy) -> None:
 def test_tilings_parse_from_the_environment_form() -> None:
     assert gemv_w4_sm90.Tiling.parse("4:1:1:128") == gemv_w4_sm90.Tiling(4, 1, True, 128)
     assert gemv_w4_sm90.Tiling.parse("8:4:0:0") == gemv_w4_sm90.Tiling(8, 4, False, None)
+
+
+def test_measured_faster_follows_the_h200_figures() -> None:
+    """Llama-3-8B: int4 qkv, o and down take it, gate_up (one pass over K at N 28,672) and MXFP4 do not."""
+    faster = gemv_w4_sm90.measured_faster
+    assert faster(6144, 4096, False) and faster(4096, 4096, False) and faster(4096, 14336, False)
+    assert not faster(28672, 4096, False) and not faster(4096, 14336, True)
 
 
 def test_supported_shapes() -> None:

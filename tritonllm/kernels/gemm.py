@@ -405,7 +405,7 @@ def gemm(
     b_zero: torch.Tensor | None = None,
     tiles: GemmTiles | None = None,
     split_k: int | None = None,
-    w4_gemv_sm90: bool = False,
+    w4_gemv_sm90: str = "never",
 ) -> torch.Tensor:
     """c = (a @ b.T) * scales + bias for a [M, K], b [N, K] (module docstring); a uint8 b holds
     e4m3fn bytes, decoded in the kernel (weight-only FP8 on GPUs without FP8), or, per `b_decode`
@@ -413,7 +413,8 @@ def gemm(
     `b_zero` [N, K / group_k] (w = (q - zero) * scale), or MXFP4 e2m1 pairs [N, K / 2] with e8m0
     `b_scale` [N, K / 32]; decoded weights are widened to a's dtype in the kernel. `tiles` and
     `split_k` override the table and the split heuristic (tests, tile sweeps). `w4_gemv_sm90`: a 4-bit
-    weight at M = 1 runs the Hopper Gluon GEMV where it can (the `triton_w4_sm90` linear implementation)."""
+    weight at M = 1 runs the Hopper Gluon GEMV "always" where it can (tests, sweeps), where it was
+    measured "faster" (the `triton_w4_sm90` linear implementation), or "never"."""
     packed = b_decode in (DEC_INT4, DEC_FP4)
     k_b = b.shape[1] * 2 if packed else b.shape[1]
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != k_b:
@@ -470,7 +471,10 @@ def gemm(
     c = torch.empty((m, n), dtype=out_dtype or a.dtype, device=a.device)
     if m == 0 or n == 0:
         return c
-    if w4_gemv_sm90 and packed and m == 1 and gemv_w4_sm90.takes(a, b, k, group_k):  # Hopper: gemv_w4_sm90.py
+    if (
+        w4_gemv_sm90 != "never" and packed and m == 1 and gemv_w4_sm90.takes(a, b, k, group_k)
+        and (w4_gemv_sm90 == "always" or gemv_w4_sm90.measured_faster(n, k, b_decode == DEC_FP4))
+    ):  # fmt: skip  # Hopper: gemv_w4_sm90.py
         words = as_words(b)
         return gemv_w4_sm90.w4_gemv_sm90(a, words, c, bias, b_scale, b_zero if zeros else None, group_k,
                                          b_decode == DEC_FP4, pdl_launch())  # fmt: skip

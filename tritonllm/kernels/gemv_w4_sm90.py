@@ -88,6 +88,14 @@ def supported(m: int, k: int, group_k: int) -> bool:
     return HAVE_GLUON and m == 1 and group_k in (32, 64, 128) and k % group_k == 0
 
 
+def measured_faster(n: int, k: int, fp4: bool) -> bool:
+    """Where the H200 measured this kernel faster than the portable one at Llama-3-8B shapes
+    (experiments/quant4/README.md, session 12): int4 where a program loops over K (down: 14.7 against
+    17.6 us) or N is at most 8,192 (qkv 8.2 / 8.4, o 6.0 / 6.9), not gate_up (N 28,672, one pass over
+    K = 4,096: 36.2 / 32.0); MXFP4 nowhere yet (its 5.7 instructions a weight against 6.2 did not show)."""
+    return not fp4 and (k > tile_k(TILINGS["int4"]) or n <= 8192)
+
+
 def takes(a: torch.Tensor, b: torch.Tensor, k: int, group_k: int) -> bool:
     """Whether gemm() can run this kernel for a [1, K] activation and a packed 4-bit weight b: the
     shape supported, the operands read as the kernel reads them, an sm90 GPU."""

@@ -43,10 +43,10 @@ def main() -> None:
             q = quantize_weight(w.float(), scheme)
             expected = x.float() @ reference.dequantize_weight(q).T
 
-            def call(x=x, q=q, scheme=scheme, gluon=True):
+            def call(x=x, q=q, scheme=scheme, gluon="always"):
                 return g.gemm(x, q.data, b_scale=q.scale, b_zero=q.zeros, w4_gemv_sm90=gluon, **g.scale_args(scheme))
 
-            portable = triton.testing.do_bench_cudagraph(lambda call=call: call(gluon=False))
+            portable = triton.testing.do_bench_cudagraph(lambda call=call: call(gluon="never"))
             weight_bytes = q.data.numel() + q.scale.numel() * q.scale.element_size() * (2 if q.zeros is not None else 1)
             line = f"{layer} {n}x{k} {fmt}: bf16 {bf16 * 1e3:.1f}us portable {portable * 1e3:.1f}us ({bf16 / portable:.2f}x)"
             for tiling in configs:
