@@ -125,7 +125,7 @@ def test_a_broken_decode_is_caught(monkeypatch) -> None:
 @needs_sm90
 def test_the_triton_implementation_keeps_the_portable_kernel(spy) -> None:
     """kernels.linear=triton (the ablation baseline) never runs it; triton_w4_sm90 does where it was
-    measured faster (int4, N <= 8192)."""
+    measured faster (int4: everywhere)."""
     weight = quantize_weight(_randn(64, 4096, seed=55), SCHEMES[2])
     x = _randn(1, 4096, seed=56, dtype=torch.bfloat16)
     expected = x.float() @ reference.dequantize_weight(weight).T
@@ -152,10 +152,10 @@ def test_tilings_parse_from_the_environment_form() -> None:
 
 
 def test_measured_faster_follows_the_h200_figures() -> None:
-    """Llama-3-8B: int4 qkv, o and down take it, gate_up (one pass over K at N 28,672) and MXFP4 do not."""
+    """Llama-3-8B: int4 at every layer, MXFP4 but for down (K 14,336: several passes a program)."""
     faster = gemv_w4_sm90.measured_faster
-    assert faster(6144, 4096, False) and faster(4096, 4096, False) and faster(4096, 14336, False)
-    assert not faster(28672, 4096, False) and not faster(4096, 14336, True)
+    assert all(faster(n, k, False) for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)])
+    assert faster(28672, 4096, True) and not faster(4096, 14336, True)
 
 
 def test_supported_shapes() -> None:
@@ -205,10 +205,12 @@ def test_int4_decode_arithmetic(group: int) -> None:
 
 
 @pytest.mark.skipif(not gemv_w4_sm90.HAVE_GLUON, reason="this Triton has no Gluon")
-@pytest.mark.parametrize("fp4, most", [(False, 4.0), (True, 6.0)], ids=["int4", "mxfp4"])
+@pytest.mark.parametrize("fp4, most", [(False, 5.0), (True, 6.0)], ids=["int4", "mxfp4"])
 def test_sm90_sass_per_weight(fp4: bool, most: float) -> None:
     """Built for sm90 with Triton's bundled ptxas (a subprocess: this one runs the interpreter): the K
-    loop stays under `most` instructions a weight (the portable kernel: 5.2 int4, 6.2 MXFP4), no spills."""
+    loop stays under `most` instructions a weight at the H200's tilings (the portable kernel: 5.2 int4,
+    6.2 MXFP4; int4 at 8 rows a thread would be 3.6, its H200 tiling of 4 rows with a prefetched tile
+    is 4.7 and faster), no spills."""
     env = dict(os.environ, TRITON_INTERPRET="0")
     args = [sys.executable, "scripts/sass_loop_mix.py", "--gluon"] + (["--fp4"] if fp4 else [])
     result = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -62,7 +62,10 @@ class Tiling:
 
 
 # per format ("int4", "fp4"); TRITONLLM_W4_GEMV_SM90_TILING="int4=R:W:P:M,fp4=R:W:P:M" overrides (sweeps)
-TILINGS = {"int4": Tiling(), "fp4": Tiling()}
+# the H200's (experiments/quant4/gemv_sm90/h200_session12/sweep_tilings.json, Llama-3-8B shapes): int4 at 4
+# rows a thread, warps along rows, next tile prefetched (qkv 7.4, o 5.8, gate_up 28.5, down 14.3 us); MXFP4
+# at 8 rows, warps along K (7.9, 5.9, 31.6, 19.3 us)
+TILINGS = {"int4": Tiling(rows=4, warps_k=1, prefetch=True), "fp4": Tiling(rows=8, warps_k=4, prefetch=False)}
 TILINGS.update(
     (fmt, Tiling.parse(spec))
     for fmt, spec in (
@@ -89,11 +92,11 @@ def supported(m: int, k: int, group_k: int) -> bool:
 
 
 def measured_faster(n: int, k: int, fp4: bool) -> bool:
-    """Where the H200 measured this kernel faster than the portable one at Llama-3-8B shapes
-    (experiments/quant4/README.md, session 12): int4 where a program loops over K (down: 14.7 against
-    17.6 us) or N is at most 8,192 (qkv 8.2 / 8.4, o 6.0 / 6.9), not gate_up (N 28,672, one pass over
-    K = 4,096: 36.2 / 32.0); MXFP4 nowhere yet (its 5.7 instructions a weight against 6.2 did not show)."""
-    return not fp4 and (k > tile_k(TILINGS["int4"]) or n <= 8192)
+    """Where the H200 measured this kernel (at TILINGS) faster than the portable one at Llama-3-8B shapes
+    (experiments/quant4/README.md, session 12): int4 at every shape (qkv 7.4 / 8.3 us, o 5.8 / 6.8,
+    gate_up 28.5 / 31.9, down 14.3 / 17.7); MXFP4 where a program makes one pass over K (qkv 7.9 / 8.5,
+    o 5.9 / 6.8, gate_up 31.6 / 33.6), not down (19.3 / 18.6)."""
+    return not fp4 or k <= tile_k(TILINGS["fp4"])
 
 
 def takes(a: torch.Tensor, b: torch.Tensor, k: int, group_k: int) -> bool:
