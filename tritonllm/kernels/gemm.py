@@ -472,10 +472,10 @@ def gemm(
     if m == 0 or n == 0:
         return c
     if (
-        w4_gemv_sm90 != "never" and packed and m == 1 and gemv_w4_sm90.takes(a, b, k, group_k)
+        w4_gemv_sm90 != "never" and packed and m == 1 and (words := as_words(b)) is not None
+        and gemv_w4_sm90.takes(a, k, group_k)
         and (w4_gemv_sm90 == "always" or gemv_w4_sm90.measured_faster(n, k, b_decode == DEC_FP4))
     ):  # fmt: skip  # Hopper: gemv_w4_sm90.py
-        words = as_words(b)
         return gemv_w4_sm90.w4_gemv_sm90(a, words, c, bias, b_scale, b_zero if zeros else None, group_k,
                                          b_decode == DEC_FP4, pdl_launch())  # fmt: skip
     persistent = (

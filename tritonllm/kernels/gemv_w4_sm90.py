@@ -14,12 +14,15 @@ are chosen by hand so that nothing moves between threads inside the K loop:
 - the activation is loaded [GPI, WPG, 8] in the slice of the same 4-d layout: each thread's
   WPT x 8 contiguous activations are exactly the columns its words meet (16-byte loads, no
   conversion), the eight nibble columns are the in-thread last dim;
-- the decode is gemv_w4's (one shift and one LOP3 a weight for int4, the 2**-126 e2m1 bits for
-  MXFP4), the products are summed over nibbles and words in registers, each group's sum crosses the
-  WPG / WPT threads of its group (none for WPT = WPG), takes its scale (and zero point: s (16 sum f a
-  - (16 + z) sum a)) and is accumulated per group; groups are summed once, after the loop.
+- int4 takes five shifts a word (nibbles decoded in place at float bits 12..15 or 16..19 to 1 + q 2**-11
+  or 1 + q 2**-7, their activations scaled by 2**11 or 2**7 once a tile), MXFP4 gemv_w4's 2**-126 e2m1
+  bits; the decode's masks are kernel arguments, so that they stay in registers;
+- products are chained per word column (FMA) over the eight nibbles, scaled per group into a
+  per-word-column accumulator (int4: the zero points' and the decode bias's terms per group beside
+  it), and summed across threads once, after the loop. TILINGS holds the H200's rows a thread, warps
+  along K or rows, and next-tile prefetch per format.
 
-K splits write float32 partials that gemm.py's reduce kernel sums (bias added there).
+Each program covers all of K (no K splits); the bias is added in the store.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from tritonllm import platform
-from tritonllm.kernels.gemv_w4 import as_words
+from tritonllm.kernels import gemv_w4
 from tritonllm.kernels.launch import gluon_pdl_wait
 
 try:  # recent triton ships Gluon; without it the portable kernel serves every GEMV
@@ -99,12 +102,13 @@ def measured_faster(n: int, k: int, fp4: bool) -> bool:
     return not fp4 or k <= tile_k(TILINGS["fp4"])
 
 
-def takes(a: torch.Tensor, b: torch.Tensor, k: int, group_k: int) -> bool:
-    """Whether gemm() can run this kernel for a [1, K] activation and a packed 4-bit weight b: the
-    shape supported, the operands read as the kernel reads them, an sm90 GPU."""
+def takes(a: torch.Tensor, k: int, group_k: int) -> bool:
+    """Whether gemm() can run this kernel for a [1, K] activation (and a packed 4-bit weight that reads
+    as words, gemv_w4.as_words, checked by the caller): the shape supported, the activation read as the
+    kernel reads it, an sm90 GPU."""
     return (
         supported(a.shape[0], k, group_k) and a.stride(1) == 1 and a.dtype in (torch.bfloat16, torch.float16)
-        and as_words(b) is not None and available()
+        and available()
     )  # fmt: skip
 
 
@@ -201,16 +205,12 @@ if HAVE_GLUON:
         """The nibble of x under MASK (bits 12..15 or 16..19) -> the float32 1 + q 2**-11 (or 2**-7)."""
         return ((x & MASK) | 0x3F800000).to(gl.float32, bitcast=True)
 
+    _eight_columns = gluon.jit(gemv_w4._eight_columns.fn)  # the portable kernel's in-register splits
+
     @gluon.jit
     def _columns(a8, L: gl.constexpr):
         """[..., 8] (the last dim in-thread) -> its eight [...] columns in layout L (the same registers)."""
-        even, odd = gl.split(gl.reshape(a8, a8.shape[:-1] + [4, 2]))
-        e0, e1 = gl.split(gl.reshape(even, even.shape[:-1] + [2, 2]))
-        o0, o1 = gl.split(gl.reshape(odd, odd.shape[:-1] + [2, 2]))
-        a0, a4 = gl.split(e0)
-        a2, a6 = gl.split(e1)
-        a1, a5 = gl.split(o0)
-        a3, a7 = gl.split(o1)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _eight_columns(a8)
         return (gl.convert_layout(a0, L), gl.convert_layout(a1, L), gl.convert_layout(a2, L),
                 gl.convert_layout(a3, L), gl.convert_layout(a4, L), gl.convert_layout(a5, L),
                 gl.convert_layout(a6, L), gl.convert_layout(a7, L))  # fmt: skip
