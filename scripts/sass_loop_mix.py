@@ -6,6 +6,7 @@ much as by HBM (experiments/quant4/README.md), so this count is the figure a dec
 
     python scripts/sass_loop_mix.py [--fp4] [--block-n 16] [--block-w 128] [--warps 4]
     python scripts/sass_loop_mix.py --gluon [--fp4]   # the Hopper kernel (kernels/gemv_w4_sm90.py)
+    python scripts/sass_loop_mix.py --gemm [--block-n 128] [--block-m 16]   # the Hopper int4 MMA GEMM (M 2..64)
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import triton
 from cross_compile_attention import compile_kernel  # this folder: sys.path[0] when run as a script
 from triton.backends.compiler import GPUTarget
 
-from tritonllm.kernels import gemv_w4, gemv_w4_sm90
+from tritonllm.kernels import gemm_w4_sm90, gemv_w4, gemv_w4_sm90
 
 DIVISIBLE = ("a_ptr", "w_ptr", "c_ptr", "s_ptr", "z_ptr", "ws_ptr", "K", "N", "K_PER_SPLIT", "stride_am",
              "stride_wn", "stride_cm", "stride_sn")  # fmt: skip
@@ -54,7 +55,11 @@ def main(argv: list[str] | None = None) -> collections.Counter:
     parser.add_argument("--block-w", type=int, default=128, help="int32 words (8 weights each) a row per iteration")
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--gluon", action="store_true", help="the sm90 Gluon GEMV (its own fixed tile) instead")
+    parser.add_argument("--gemm", action="store_true", help="the sm90 Gluon int4 GEMM (kernels/gemm_w4_sm90.py)")
+    parser.add_argument("--block-m", type=int, default=16, help="--gemm: activation rows (the MMA's N)")
     args = parser.parse_args(argv)
+    if args.gemm:  # a thread's weights a K step: BLOCK_N x 128 over the warpgroup's 128 threads
+        return report(gemm_w4_sm90.compile_sm90(block_n=args.block_n, bm=args.block_m), args.block_n)
     if args.gluon:
         kernel = gemv_w4_sm90.compile_sm90(fp4=args.fp4)
         weights = (

@@ -48,7 +48,7 @@ def spy(monkeypatch) -> LaunchSpy:
 def _gemv(
     x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None, gluon: bool = True
 ) -> torch.Tensor:
-    return g.gemm(x, weight.data, bias, b_scale=weight.scale, b_zero=weight.zeros, w4_gemv_sm90=gluon,
+    return g.gemm(x, weight.data, bias, b_scale=weight.scale, b_zero=weight.zeros, w4_sm90=gluon,
                   **g.scale_args(weight.scheme))  # fmt: skip
 
 

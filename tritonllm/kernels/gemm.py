@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from tritonllm import platform
-from tritonllm.kernels import gemv_w4_sm90
+from tritonllm.kernels import gemm_w4_sm90, gemv_w4_sm90
 from tritonllm.kernels.gemm_dequant import dequantize
 from tritonllm.kernels.gemm_gemv import gemv_kernel
 from tritonllm.kernels.gemm_persistent import descriptors_fit, gemm_persistent_kernel, tile_coords
@@ -405,16 +405,17 @@ def gemm(
     b_zero: torch.Tensor | None = None,
     tiles: GemmTiles | None = None,
     split_k: int | None = None,
-    w4_gemv_sm90: str = "never",
+    w4_sm90: str = "never",
 ) -> torch.Tensor:
     """c = (a @ b.T) * scales + bias for a [M, K], b [N, K] (module docstring); a uint8 b holds
     e4m3fn bytes, decoded in the kernel (weight-only FP8 on GPUs without FP8), or, per `b_decode`
     (gemm_scales.DEC_*), int4 pairs [N, K / 2] or 8-bit values [N, K] with per-group `b_scale` and
     `b_zero` [N, K / group_k] (w = (q - zero) * scale), or MXFP4 e2m1 pairs [N, K / 2] with e8m0
     `b_scale` [N, K / 32]; decoded weights are widened to a's dtype in the kernel. `tiles` and
-    `split_k` override the table and the split heuristic (tests, tile sweeps). `w4_gemv_sm90`: a 4-bit
-    weight at M = 1 runs the Hopper Gluon GEMV "always" where it can (tests, sweeps), where it was
-    measured "faster" (the `triton_w4_sm90` linear implementation), or "never"."""
+    `split_k` override the table and the split heuristic (tests, tile sweeps). `w4_sm90`: a 4-bit
+    weight runs the Hopper Gluon kernels (the GEMV at M = 1, the int4 tensor-core GEMM at M = 2..64)
+    "always" where they can (tests, sweeps), the GEMV only where it was measured "faster" (the
+    `triton_w4_sm90` linear implementation), or "never"."""
     packed = b_decode in (DEC_INT4, DEC_FP4)
     k_b = b.shape[1] * 2 if packed else b.shape[1]
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != k_b:
@@ -471,13 +472,19 @@ def gemm(
     c = torch.empty((m, n), dtype=out_dtype or a.dtype, device=a.device)
     if m == 0 or n == 0:
         return c
-    if (
-        w4_gemv_sm90 != "never" and packed and m == 1 and (words := as_words(b)) is not None
-        and gemv_w4_sm90.takes(a, k, group_k)
-        and (w4_gemv_sm90 == "always" or gemv_w4_sm90.measured_faster(n, k, b_decode == DEC_FP4))
-    ):  # fmt: skip  # Hopper: gemv_w4_sm90.py
-        return gemv_w4_sm90.w4_gemv_sm90(a, words, c, bias, b_scale, b_zero if zeros else None, group_k,
-                                         b_decode == DEC_FP4, pdl_launch())  # fmt: skip
+    if w4_sm90 != "never" and packed and (words := as_words(b)) is not None:  # Hopper: the Gluon kernels
+        if (
+            m == 1 and gemv_w4_sm90.takes(a, k, group_k)
+            and (w4_sm90 == "always" or gemv_w4_sm90.measured_faster(n, k, b_decode == DEC_FP4))
+        ):  # fmt: skip
+            return gemv_w4_sm90.w4_gemv_sm90(a, words, c, bias, b_scale, b_zero if zeros else None, group_k,
+                                             b_decode == DEC_FP4, pdl_launch())  # fmt: skip
+        if (
+            b_decode == DEC_INT4 and gemm_w4_sm90.takes(a, k, group_k)
+            and (w4_sm90 == "always" or gemm_w4_sm90.measured_faster(m, n, k))
+        ):  # fmt: skip
+            ws, split = gemm_w4_sm90.w4_gemm_sm90(a, words, c, bias, b_scale, b_zero, group_k, pdl_launch())
+            return _reduce_splits(ws, c, bias, split)
     persistent = (
         tiles.persistent and split == 1 and not (operand_scales or upcast_b) and TensorDescriptor is not None
         and (not k_grouped or tiles.block_k == group_k) and descriptors_fit(a, b, c)

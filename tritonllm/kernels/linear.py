@@ -60,7 +60,7 @@ def quantized_linear(
         data = weight.data
         if scheme.is_fp8 and not platform.has_fp8():  # no FP8 conversions here: the kernel decodes bytes
             data = data.view(torch.uint8)
-        y = g.gemm(x2, data, bias, b_zero=weight.zeros, w4_gemv_sm90="faster" if gluon_gemv else "never", **scales)
+        y = g.gemm(x2, data, bias, b_zero=weight.zeros, w4_sm90="faster" if gluon_gemv else "never", **scales)
     elif scheme.act in ("token", "tensor"):
         q, scale = quantize_per_token(x2, scheme.weight_dtype, weight.input_scale)
         y = g.gemm(q, weight.data, bias, a_scale=scale, **scales)

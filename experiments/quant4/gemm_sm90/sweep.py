@@ -1,0 +1,72 @@
+"""The Hopper int4 tensor-core GEMM (kernels/gemm_w4_sm90.py) at M = 1..64 on Llama-3-8B layer shapes,
+per plan (rows a program, K splits, prefetch), beside the portable kernels that gemm() runs today and
+bf16 torch.matmul in the same run (CUDA-graph replay, triton.testing.do_bench_cudagraph); every output
+checked against the float32 product with the dequantized weight. On the GPU:
+
+    python experiments/quant4/gemm_sm90/sweep.py OUT.json [--ms 2 4 16 64] [--plans 128:1:1 128:4:1 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+from tritonllm.kernels import gemm as g  # noqa: E402
+from tritonllm.kernels import gemm_w4_sm90, reference  # noqa: E402
+from tritonllm.kernels.quant_formats import INT4, QuantScheme  # noqa: E402
+from tritonllm.quantization.quantize import quantize_weight  # noqa: E402
+
+SHAPES = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--ms", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64])
+    parser.add_argument("--group", type=int, default=128)
+    parser.add_argument("--plans", nargs="+", default=["auto", "128:1:1", "128:2:1", "128:4:1", "64:2:1", "64:4:1",
+                                                       "128:4:0"])  # fmt: skip
+    args = parser.parse_args()
+    scheme = QuantScheme(INT4, "group", "none", group_size=args.group)
+    rows = []
+    for layer, n, k in SHAPES:
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        q = quantize_weight(w.float(), scheme)
+        w_deq = reference.dequantize_weight(q)
+        weight_bytes = q.data.numel() + 2 * q.scale.numel() * q.scale.element_size()
+        for m in args.ms:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            expected = x.float() @ w_deq.T
+
+            def call(x=x, mode="always"):
+                return g.gemm(x, q.data, b_scale=q.scale, b_zero=q.zeros, w4_sm90=mode, **g.scale_args(scheme))
+
+            bf16 = triton.testing.do_bench_cudagraph(lambda x=x: x @ w.T)
+            portable = triton.testing.do_bench_cudagraph(lambda call=call: call(mode="never"))
+            line = f"{layer} {n}x{k} M={m}: bf16 {bf16 * 1e3:.1f}us portable {portable * 1e3:.1f}us ({bf16 / portable:.2f}x)"
+            for spec in args.plans if m > 1 else ["gemv"]:
+                gemm_w4_sm90.PLAN_OVERRIDE = None if spec in ("auto", "gemv") else gemm_w4_sm90.Plan.parse(spec)
+                got = call()
+                err = ((got.float() - expected).abs().max() / expected.abs().max()).item()
+                us = triton.testing.do_bench_cudagraph(call)
+                p = gemm_w4_sm90.plan(m, n, k)
+                rows.append(dict(layer=layer, n=n, k=k, m=m, group=args.group, plan=spec,
+                                 resolved=dataclasses.asdict(p), us=us * 1e3, bf16_us=bf16 * 1e3,
+                                 portable_us=portable * 1e3, speedup_vs_bf16=bf16 / us,
+                                 tb_s=weight_bytes / us / 1e9, rel_err=err))  # fmt: skip
+                line += f" | {spec} {us * 1e3:.1f}us {bf16 / us:.2f}x err {err:.1e}"
+            gemm_w4_sm90.PLAN_OVERRIDE = None
+            print(line, flush=True)
+    args.out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""The Hopper int4 tensor-core GEMM (Gluon, kernels/gemm_w4_sm90.py) against x @ dequant(w).T at
+M = 2..64, its plans, dispatch and SASS. The kernel needs an sm90 GPU (no interpreter runs Gluon):
+its numerics are GPU tests; on the CPU it must compile for sm90 and stay out of gemm()'s way."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
+from launch_spy import LaunchSpy  # this folder
+
+from tritonllm import platform
+from tritonllm.kernels import gemm as g
+from tritonllm.kernels import gemm_w4_sm90, reference
+from tritonllm.kernels.quant_formats import INT4, QuantizedWeight, QuantScheme, pack_int4
+from tritonllm.quantization.quantize import quantize_weight
+
+needs_sm90 = pytest.mark.skipif(
+    not (platform.is_gpu() and gemm_w4_sm90.available()), reason="the Gluon W4 GEMM runs on sm90 GPUs only"
+)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _scheme(group: int) -> QuantScheme:
+    return QuantScheme(INT4, "group", "none", group_size=group)
+
+
+def _randn(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(platform.DEVICE, dtype)
+
+
+@pytest.fixture
+def spy(monkeypatch) -> LaunchSpy:
+    spy = LaunchSpy(gemm_w4_sm90.w4_gemm_sm90_kernel)
+    monkeypatch.setattr(gemm_w4_sm90, "w4_gemm_sm90_kernel", spy)
+    return spy
+
+
+def _gemm(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None, mode: str = "always"):
+    return g.gemm(x, weight.data, bias, b_scale=weight.scale, b_zero=weight.zeros, w4_sm90=mode,
+                  **g.scale_args(weight.scheme))  # fmt: skip
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("m", [2, 5, 16, 17, 33, 64])
+@pytest.mark.parametrize("n, k", [(45, 256), (130, 4224), (1000, 1024)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_matches_the_dequantized_weight(group, m, n, k, dtype, spy) -> None:
+    """Ragged M (rows past M masked) and N, K of 2 to 33 steps, every group size, both 16-bit dtypes,
+    with the bias (one split) and the plan's K splits."""
+    x = _randn(m, k, seed=70, dtype=dtype)
+    bias = _randn(n, seed=71, dtype=dtype)
+    weight = quantize_weight(_randn(n, k, seed=72), _scheme(group))
+    expected = x.float() @ reference.dequantize_weight(weight).T + bias.float()
+    assert_close_to_scale(_gemm(x, weight, bias), expected, 1e-2)
+    assert spy.launches == 1, "the Gluon W4 GEMM did not run"
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("plan", ["128:1:1", "128:3:1", "64:2:0", "64:1:1", "128:5:0"])
+@pytest.mark.parametrize("m", [3, 24, 64])
+def test_every_plan_matches(plan, m, monkeypatch, spy) -> None:
+    """Rows a program, K splits (uneven: the last split shorter), prefetch on and off."""
+    monkeypatch.setattr(gemm_w4_sm90, "PLAN_OVERRIDE", gemm_w4_sm90.Plan.parse(plan))
+    x = _randn(m, 4224, seed=73, dtype=torch.bfloat16)
+    weight = quantize_weight(_randn(200, 4224, seed=74), _scheme(128))
+    assert_close_to_scale(_gemm(x, weight), x.float() @ reference.dequantize_weight(weight).T, 1e-2)
+    assert spy.launches == 1
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_every_code_decodes_exactly(spy) -> None:
+    """Every int4 code under zero points 0 / 8 / 15 and power-of-two scales, picked out column by
+    column with one-hot activations (all 128 columns of a K step: the column permutation): exact."""
+    codes = torch.arange(16, dtype=torch.uint8).repeat(3, 8)  # [3, 128]
+    codes = codes[:, torch.randperm(128, generator=torch.Generator().manual_seed(75))]
+    scale = torch.tensor([[1.0], [0.5], [4.0]]).bfloat16()
+    zeros = torch.tensor([[0.0], [8.0], [15.0]]).bfloat16()
+    int4 = QuantizedWeight(_scheme(128), pack_int4(codes).to(platform.DEVICE), scale.to(platform.DEVICE),
+                           zeros=zeros.to(platform.DEVICE))  # fmt: skip
+    eye = torch.eye(128, device=platform.DEVICE, dtype=torch.bfloat16)
+    got = torch.cat([_gemm(eye[i : i + 16], int4) for i in range(0, 128, 16)]).T.float().cpu()
+    assert torch.equal(got, ((codes.float() - zeros.float()) * scale.float()).bfloat16().float())
+    assert spy.launches == 8
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_a_broken_decode_is_caught(monkeypatch) -> None:
+    """Negative check: with the nibble mask shifted the kernel's output fails the same comparison."""
+    weight = quantize_weight(_randn(128, 1024, seed=76), _scheme(128))
+    x = _randn(16, 1024, seed=77, dtype=torch.bfloat16)
+    expected = x.float() @ reference.dequantize_weight(weight).T
+    assert_close_to_scale(_gemm(x, weight), expected, 1e-2)
+    monkeypatch.setattr(gemm_w4_sm90, "INT4_PAIR_MASK", 0x000E000F)
+    with pytest.raises(AssertionError):
+        assert_close_to_scale(_gemm(x, weight), expected, 1e-2)
+
+
+def test_gemm_leaves_it_alone_off_hopper(spy) -> None:
+    """Without an sm90 GPU (here: the interpreter) gemm() at M = 2..64 runs the portable kernels."""
+    if platform.is_gpu() and gemm_w4_sm90.available():
+        pytest.skip("an sm90 GPU: the kernel is meant to run here")
+    weight = quantize_weight(_randn(16, 256, seed=78), _scheme(32))
+    x = _randn(3, 256, seed=79, dtype=platform.DEFAULT_DTYPE)
+    assert_close_to_scale(_gemm(x, weight), x.float() @ reference.dequantize_weight(weight).T, 1e-2)
+    assert spy.launches == 0
+
+
+def test_supported_shapes_and_plans() -> None:
+    supported = gemm_w4_sm90.supported
+    assert supported(2, 4096, 128) == supported(64, 4096, 32) == gemm_w4_sm90.HAVE_GLUON
+    assert not supported(1, 4096, 128)  # M = 1: the GEMV
+    assert not supported(65, 4096, 128)  # beyond the skinny buckets: dequantize, then the float GEMM
+    assert not supported(16, 4160, 32)  # K not whole 128-column steps
+    assert not supported(16, 4096, 4096)  # one group over all of K
+    assert [gemm_w4_sm90.block_m(m) for m in (2, 16, 17, 32, 33, 64)] == [16, 16, 32, 32, 64, 64]
+    assert gemm_w4_sm90.Plan.parse("64:3:0") == gemm_w4_sm90.Plan(64, 3, False)
+    plan = gemm_w4_sm90.plan(16, 6144, 4096)
+    assert plan.block_n == 128 and 1 <= plan.split <= 4096 // (4 * gemm_w4_sm90.BLOCK_K)
+    assert gemm_w4_sm90.plan(64, 6144, 4096).block_n == 64  # the 64-column accumulator: 64 rows a program
+
+
+@pytest.mark.skipif(not gemm_w4_sm90.HAVE_GLUON, reason="this Triton has no Gluon")
+def test_sm90_sass_per_weight() -> None:
+    """Built for sm90 with Triton's bundled ptxas (a subprocess: this one runs the interpreter): the K
+    loop at 128 rows a program takes under 3.6 instructions a weight (one shift and LOP3 a nibble
+    pair, a packed subtract and FMA, its share of loads and MMAs; the M = 1 GEMV: 4.7), no spills."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    args = [sys.executable, "scripts/sass_loop_mix.py", "--gemm", "--block-n", "128"]
+    result = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    per_weight = float(re.search(r"([0-9.]+) a weight", result.stdout).group(1))
+    assert 2 < per_weight < 3.6, result.stdout
+    assert "no spills" in result.stdout
+    assert result.stdout.count("HGMMA") == 1  # tensor cores, not FMAs

@@ -1,0 +1,307 @@
+"""The 4-bit skinny GEMM (M = 2..64) for NVIDIA Hopper, in Gluon: tensor cores fed from registers.
+
+At M = 1 the GEMV (gemv_w4_sm90.py) multiplies on the CUDA cores; from a few activation rows on,
+its products (M per weight) outgrow the decode, and the portable tile kernel (gemm.py) wastes most
+of a 16-row MMA and converts every decoded tile through shared memory (0.5-1.0x bf16 cuBLAS at
+M = 4-64 on the H200). Here the product is taken transposed, c^T = w . a^T ("swap AB"): the weight
+is the MMA's 64-row A operand, which Hopper's warpgroup MMA reads from registers, and the few
+activation rows are its N (8..64 columns), read from shared memory.
+
+The packed weight is read as stored (int32 words of eight nibbles: nibble j of word w is column
+8 w + j) in the register layout of the MMA's A operand, so the decoded values never move between
+threads: a thread of the A layout holds rows r and r + 8 of its warp's 16 and, of each 16 columns
+of a K tile, the four at 2 t, 2 t + 1, 2 t + 8, 2 t + 9 (t: its lane in the quad). Which physical
+columns those are is ours to choose, since the product sums over K whatever the order: the thread
+reads four contiguous words (32 columns, one 16-byte load a row) and the MMA's logical columns are
+mapped onto them as the decode produces them; the activation tile is permuted the same way (in
+registers) on its way to shared memory. Each word decodes with one shift and one LOP3 a pair of
+nibbles (j, j + 4) into a bf16x2 (fp16x2) of 128 + q (1024 + q): the pair's two halves are the
+MMA's adjacent columns. Then w = (x - 128) s - z s per pair, with the scale and zero point of the
+thread's group (a thread's 32 columns lie in one group of 32, 64 or 128).
+
+K splits (skinny grids) write float32 partials that gemm.py's reduce kernel sums.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from tritonllm import platform
+from tritonllm.kernels.launch import gluon_pdl_wait
+
+try:  # recent triton ships Gluon; without it the portable kernels serve every shape
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover - older triton
+    HAVE_GLUON = False
+
+NUM_WARPS = 4  # one warpgroup
+BLOCK_K = 128  # columns a K step: a thread's four words a row
+MAX_M = 64
+# the decode's masks as kernel arguments (as literals ptxas re-materialises them before each LOP3)
+INT4_PAIR_MASK = 0x000F000F
+BF16_BIAS = 0x43004300  # bf16x2 (128, 128): nibbles in the low mantissa bits read 128 + q
+FP16_BIAS = 0x64006400  # fp16x2 (1024, 1024)
+
+
+@dataclass(frozen=True)
+class Plan:
+    block_n: int  # weight rows a program (the MMA's M: 64 a warpgroup pass)
+    split: int  # K splits (float32 partials summed by gemm.py's reduce kernel)
+    prefetch: bool = True  # the next K step's loads issued before this step's decode and MMA
+
+    @classmethod
+    def parse(cls, text: str) -> Plan:
+        """ "BLOCK_N:SPLIT:PREFETCH"."""
+        block_n, split, prefetch = (int(v) for v in text.split(":"))
+        return cls(block_n, split, bool(prefetch))
+
+
+# sweeps (experiments/quant4/gemm_sm90/sweep.py) set this to time one plan at every shape
+PLAN_OVERRIDE: Plan | None = None
+
+
+def measured_faster(m: int, n: int, k: int) -> bool:
+    """Where the H200 measured this kernel faster than the portable one (not yet: pending its first run)."""
+    return False
+
+
+def block_m(m: int) -> int:
+    """The MMA's N (activation rows a program): 16, 32 or 64 (a power of two covering m)."""
+    return 16 if m <= 16 else 32 if m <= 32 else 64
+
+
+def plan(m: int, n: int, k: int) -> Plan:
+    """Rows a program and K splits for a shape: 128 rows where the accumulator fits beside the
+    prefetched step (M <= 32), else 64; K split until the grid covers the SMs twice, each split at
+    least four K steps."""
+    if PLAN_OVERRIDE is not None:
+        return PLAN_OVERRIDE
+    block_n = 128 if m <= 32 else 64
+    programs = -(-n // block_n)
+    want = -(-2 * platform.num_multiprocessors() // programs)
+    return Plan(block_n, max(1, min(want, k // (4 * BLOCK_K))))
+
+
+def supported(m: int, k: int, group_k: int) -> bool:
+    """Whether this kernel takes the shape: 2..64 activation rows, K whole 128-column steps, groups of
+    32, 64 or 128 columns."""
+    return HAVE_GLUON and 2 <= m <= MAX_M and k % BLOCK_K == 0 and group_k in (32, 64, 128)
+
+
+def takes(a: torch.Tensor, k: int, group_k: int) -> bool:
+    """Whether gemm() can run this kernel for activations a [M, K] (and an int4 weight read as words):
+    the shape supported, 16-bit activations with unit column stride, an sm90 GPU."""
+    return (
+        supported(a.shape[0], k, group_k) and a.stride(1) == 1 and a.dtype in (torch.bfloat16, torch.float16)
+        and available()
+    )  # fmt: skip
+
+
+@functools.cache
+def available() -> bool:
+    """An NVIDIA sm90 GPU and a Triton whose Gluon compiles the kernel (else, with a warning, the
+    portable kernels serve every shape)."""
+    if not HAVE_GLUON or platform.PLATFORM != "cuda" or torch.cuda.get_device_capability(platform.DEVICE)[0] != 9:
+        return False
+    try:
+        compile_sm90()
+    except Exception as failure:  # noqa: BLE001 - any compiler error means: use the portable kernels
+        warnings.warn(f"W4 GEMM: the sm90 Gluon kernel does not compile with this Triton ({failure!r:.300}); "
+                      "the portable Triton kernels serve 4-bit GEMMs instead", stacklevel=2)  # fmt: skip
+        return False
+    return True
+
+
+def compile_sm90(group_k: int = 128, block_n: int = 128, bm: int = 16, fp16: bool = False, split: int = 1,
+                 prefetch: bool = True):
+    """Compile for sm90 without a GPU (Triton's compiler and ptxas); the compiled kernel's .asm holds
+    the IR, PTX and cubin (tests, scripts/sass_loop_mix.py, available())."""
+    from triton import compile as triton_compile
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = w4_gemm_sm90_kernel
+    constexprs = dict(GROUP_K=group_k, BLOCK_N=block_n, BLOCK_M=bm, FP16=fp16, HAS_BIAS=False, SPLIT_K=split, PREFETCH=prefetch,
+                      PDL=True)  # fmt: skip
+    act = "*fp16" if fp16 else "*bf16"
+    pointers = dict(a_ptr=act, w_ptr="*i32", c_ptr=act, bias_ptr=act, s_ptr="*fp16", z_ptr="*fp16",
+                    ws_ptr="*fp32")  # fmt: skip
+    names = fn.arg_names
+    signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in names}
+    aligned = [i for i, n in enumerate(names) if n in ("a_ptr", "w_ptr", "K", "KW_PER_SPLIT", "stride_wn", "stride_am", "stride_cm")]
+    source = GluonASTSource(fn, signature, {(names.index(k),): v for k, v in constexprs.items()},
+                            {(i,): [["tt.divisibility", 16]] for i in aligned})  # fmt: skip
+    return triton_compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=NUM_WARPS))
+
+
+def w4_gemm_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
+                 scale: torch.Tensor, zero: torch.Tensor, group_k: int, pdl: dict) -> tuple[torch.Tensor, int]:  # fmt: skip
+    """c = a . w^T (+ bias) for a [M, K], the int32 word view [N, K / 8] of an int4 weight with scales
+    and zero points [N, K / group_k]. Returns (c, 1), or with K splits (float32 partials [split, M, N],
+    split): the caller sums them and adds the bias (gemm.py's reduce kernel)."""
+    (m, k), n = a.shape, words.shape[0]
+    p = plan(m, n, k)
+    k_per_split = -(-(-(-k // p.split)) // BLOCK_K) * BLOCK_K
+    split = -(-k // k_per_split)
+    out = torch.empty((split, m, n), dtype=torch.float32, device=a.device) if split > 1 else c
+    w4_gemm_sm90_kernel[(-(-n // p.block_n), split)](
+        a, words, out, bias if bias is not None else c, scale, zero, out,
+        m, n, k, k_per_split // 8, a.stride(0), words.stride(0), c.stride(0), scale.stride(0), scale.stride(1),
+        INT4_PAIR_MASK, FP16_BIAS if a.dtype == torch.float16 else BF16_BIAS,
+        GROUP_K=group_k, BLOCK_N=p.block_n, BLOCK_M=block_m(m), FP16=a.dtype == torch.float16,
+        HAS_BIAS=bias is not None and split == 1, SPLIT_K=split, PREFETCH=p.prefetch, num_warps=NUM_WARPS, **pdl,
+    )  # fmt: skip
+    return out, split
+
+
+if HAVE_GLUON:
+    _barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+
+    @gluon.constexpr_function
+    def _row_bases(block_n):
+        """Register bases of a thread's rows beyond its warp's 16: row + 8, then + 64, + 128 ..."""
+        bases = [[8, 0]]
+        r = 64
+        while r < block_n:
+            bases.append([r, 0])
+            r *= 2
+        return bases
+
+    @gluon.constexpr_function
+    def _words_layout(block_n):
+        """[BLOCK_N, 4, 4] words (row, quad lane t, word u): a thread holds words 4 t .. 4 t + 3 of rows
+        r, r + 8 (+ 64 ...), the rows and quads of the MMA's A operand (t: lane % 4, r: lane / 4 + 16 warp)."""
+        return gl.DistributedLinearLayout(
+            reg_bases=[[0, 0, 1], [0, 0, 2]] + [[r, 0, 0] for r, _ in _row_bases(block_n)],
+            lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+            warp_bases=[[16, 0, 0], [32, 0, 0]],
+            block_bases=[],
+            shape=[block_n, 4, 4],
+        )
+
+    @gluon.jit
+    def _pair(words, P: gl.constexpr, mask, bias, s2, zs2, DT: gl.constexpr):
+        """Nibbles P and P + 4 of each word as the 16-bit floats (q - z) s, [..., 2] (low, high): one
+        LOP3 puts them under the exponent of 128 (1024) as a bf16x2 (fp16x2) of 128 + q, then a packed
+        subtract and a packed FMA with the thread's (s, s) and (-z s, -z s) (s2, zs2)."""
+        x = words if P == 0 else words >> (4 * P)
+        if DT == gl.float16:
+            lo, hi = gl.inline_asm_elementwise(
+                "{ .reg .b32 t; lop3.b32 t, $2, $3, $4, 0xEA; sub.f16x2 t, t, $4; fma.rn.f16x2 t, t, $5, $6; "
+                "mov.b32 {$0, $1}, t; }", "=h,=h,r,r,r,r,r", [x, mask, bias, s2, zs2],
+                dtype=(gl.float16, gl.float16), is_pure=True, pack=1)  # fmt: skip
+        else:
+            lo, hi = gl.inline_asm_elementwise(
+                "{ .reg .b32 t; lop3.b32 t, $2, $3, $4, 0xEA; sub.bf16x2 t, t, $4; fma.rn.bf16x2 t, t, $5, $6; "
+                "mov.b32 {$0, $1}, t; }", "=h,=h,r,r,r,r,r", [x, mask, bias, s2, zs2],
+                dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)  # fmt: skip
+        return gl.join(lo, hi)
+
+    @gluon.jit
+    def _decode(words, mask, bias, s2, zs2, BLOCK_N: gl.constexpr, DT: gl.constexpr, LA: gl.constexpr):
+        """[BLOCK_N, 4, 4] words -> the [BLOCK_N, 128] A operand in layout LA. Logical column
+        k' = 16 c + 8 h + 2 t + e (c = 2 u + c1) holds physical column 32 t + 8 u + 4 e + 2 c1 + h."""
+        h0 = gl.join(_pair(words, 0, mask, bias, s2, zs2, DT), _pair(words, 1, mask, bias, s2, zs2, DT))
+        h1 = gl.join(_pair(words, 2, mask, bias, s2, zs2, DT), _pair(words, 3, mask, bias, s2, zs2, DT))
+        x = gl.join(h0, h1)  # [BLOCK_N, 4 (t), 4 (u), 2 (e), 2 (h), 2 (c1)]
+        x = gl.permute(x, [0, 2, 5, 4, 1, 3])  # [n, u, c1, h, t, e]
+        return gl.convert_layout(gl.reshape(x, [BLOCK_N, 128]), LA)
+
+    @gluon.jit
+    def _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw, stride_sk, GROUP_K: gl.constexpr,
+                   BLOCK_M: gl.constexpr):  # fmt: skip
+        """The K step at word kw: words [BLOCK_N, 4, 4], scales and zero points [BLOCK_N, 4] (a row's and
+        quad lane's), the [BLOCK_M, 128] activation tile with its columns in the A operand's order."""
+        g = kw // (GROUP_K // 8) * stride_sk
+        x = gl.load(a_ptrs + kw * 8, mask=rows_in, other=0.0)
+        x = gl.reshape(x, [BLOCK_M, 4, 4, 2, 2, 2])  # physical column 32 t + 8 u + 4 e + 2 c1 + h
+        x = gl.reshape(gl.permute(x, [0, 2, 4, 5, 1, 3]), [BLOCK_M, 128])  # [m, u, c1, h, t, e]
+        return gl.load(w_ptrs + kw), gl.load(s_ptrs + g), gl.load(z_ptrs + g), x
+
+    @gluon.jit
+    def w4_gemm_sm90_kernel(
+        a_ptr, w_ptr, c_ptr, bias_ptr, s_ptr, z_ptr, ws_ptr,
+        M, N, K, KW_PER_SPLIT, stride_am, stride_wn, stride_cm, stride_sn, stride_sk, mask, bias,
+        GROUP_K: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, FP16: gl.constexpr,
+        HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr, PREFETCH: gl.constexpr, PDL: gl.constexpr = False,
+    ):  # fmt: skip
+        """c[m, n] = sum_k a[m, k] w[n, k] (+ bias[n]) for BLOCK_N weight rows and all M (<= BLOCK_M)
+        activation rows a program, over the K range of its split (program_id 1)."""
+        gluon_pdl_wait(PDL)
+        DT: gl.constexpr = gl.float16 if FP16 else gl.bfloat16
+        ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BLOCK_M, 16])  # fmt: skip
+        LA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+        LW: gl.constexpr = _words_layout(BLOCK_N)
+        LX: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # activations, 16-byte loads
+        SX: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+        pid_n = gl.program_id(0)
+        # in words (8 columns); KW_PER_SPLIT a multiple of 16 (one K step), so are the loop's offsets
+        kw_start = gl.program_id(1) * KW_PER_SPLIT
+        kw_end = gl.minimum(K // 8, kw_start + KW_PER_SPLIT)
+        # words: w_ptr + n * stride_wn + (k / 8 + 4 t + u)
+        L2: gl.constexpr = gl.SliceLayout(2, LW)  # [BLOCK_N, 4]: per row and quad lane (scales, zero points)
+        nw = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, L2))
+        nw = gl.where(nw < N, nw, 0).to(gl.int64)
+        tw = gl.arange(0, 4, layout=gl.SliceLayout(0, L2))
+        uw = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LW)))
+        w_ptrs = w_ptr + (gl.expand_dims(gl.expand_dims(nw * stride_wn, 1) + gl.expand_dims(tw * 4, 0), 2)
+                          + gl.expand_dims(gl.expand_dims(uw, 0), 1))  # fmt: skip
+        # scales, zero points of columns 32 t .. 32 t + 31 of the K step
+        s_off = gl.expand_dims(nw * stride_sn, 1) + gl.expand_dims(tw * 32 // GROUP_K * stride_sk, 0)
+        # activations: a_ptr + m * stride_am + k + column
+        mx = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LX))
+        kx = gl.arange(0, 128, layout=gl.SliceLayout(0, LX))
+        rows_in = gl.expand_dims(mx < M, 1)
+        a_ptrs = a_ptr + gl.expand_dims(mx.to(gl.int64) * stride_am, 1) + gl.expand_dims(kx, 0)
+
+        # two activation buffers: a step writes one while no thread can still be reading it (the MMA two
+        # steps back finished before its thread reached the last step's barrier), one barrier a step
+        x_smem = gl.allocate_shared_memory(DT, [2, BLOCK_M, 128], SX)
+        acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
+        words, s, z, x = _load_step(w_ptrs, s_ptr + s_off, z_ptr + s_off, a_ptrs, rows_in, kw_start, stride_sk,
+                                    GROUP_K, BLOCK_M)  # fmt: skip
+        buf = 0
+        for kw in range(kw_start, kw_end, 16):
+            if PREFETCH:  # the next step's loads in flight during this one's decode and MMA (the last reloads itself)
+                n_words, n_s, n_z, n_x = _load_step(w_ptrs, s_ptr + s_off, z_ptr + s_off, a_ptrs, rows_in,
+                                                    gl.minimum(kw + 16, kw_end - 16), stride_sk, GROUP_K, BLOCK_M)  # fmt: skip
+            else:
+                words, s, z, x = _load_step(w_ptrs, s_ptr + s_off, z_ptr + s_off, a_ptrs, rows_in, kw, stride_sk,
+                                            GROUP_K, BLOCK_M)  # fmt: skip
+            x_buf = x_smem.index(buf)
+            x_buf.store(x)
+            fence_async_shared()
+            _barrier()
+            sd = s.to(DT)
+            s2 = sd.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+            zs2 = (-(z.to(DT) * sd)).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+            # (s, s) and (-z s, -z s) as words
+            a_op = _decode(words, mask, bias, gl.expand_dims(s2 | (s2 << 16), 2),
+                           gl.expand_dims(zs2 | (zs2 << 16), 2), BLOCK_N, DT, LA)  # fmt: skip
+            acc = warpgroup_mma(a_op, x_buf.permute((1, 0)), acc)
+            if PREFETCH:
+                words, s, z, x = n_words, n_s, n_z, n_x
+            buf = 1 - buf
+
+        # c[m, n] = acc[n, m]
+        n_out = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
+        m_out = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
+        ok = gl.expand_dims(n_out < N, 1) & gl.expand_dims(m_out < M, 0)
+        offs = gl.expand_dims(m_out.to(gl.int64) * stride_cm, 0) + gl.expand_dims(n_out, 1)
+        if SPLIT_K > 1:
+            gl.store(ws_ptr + gl.program_id(1) * M * N + gl.expand_dims(m_out * N, 0) + gl.expand_dims(n_out, 1),
+                     acc, mask=ok)  # fmt: skip
+        else:
+            if HAS_BIAS:
+                acc += gl.expand_dims(gl.load(bias_ptr + n_out, mask=n_out < N, other=0.0).to(gl.float32), 1)
+            gl.store(c_ptr + offs, acc.to(DT), mask=ok)
