@@ -46,7 +46,7 @@ def spy(monkeypatch) -> LaunchSpy:
 
 
 def _gemv(
-    x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None, gluon: bool = True
+    x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None, gluon: str = "always"
 ) -> torch.Tensor:
     return g.gemm(x, weight.data, bias, b_scale=weight.scale, b_zero=weight.zeros, w4_sm90=gluon,
                   **g.scale_args(weight.scheme))  # fmt: skip

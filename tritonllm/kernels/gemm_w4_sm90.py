@@ -55,13 +55,14 @@ FP16_BIAS = 0x64006400  # fp16x2 (1024, 1024)
 class Plan:
     block_n: int  # weight rows a program (the MMA's M: 64 a warpgroup pass)
     split: int  # K splits (float32 partials summed by gemm.py's reduce kernel)
-    prefetch: bool = True  # the next K step's loads issued before this step's decode and MMA
+    prefetch: bool = True  # the next iteration's loads issued before this iteration's decode and MMA
+    unroll: int = 1  # K steps an iteration (2: twice the loads in flight; K a multiple of 256)
 
     @classmethod
     def parse(cls, text: str) -> Plan:
-        """ "BLOCK_N:SPLIT:PREFETCH"."""
-        block_n, split, prefetch = (int(v) for v in text.split(":"))
-        return cls(block_n, split, bool(prefetch))
+        """ "BLOCK_N:SPLIT:PREFETCH[:UNROLL]"."""
+        block_n, split, prefetch, *unroll = (int(v) for v in text.split(":"))
+        return cls(block_n, split, bool(prefetch), *unroll)
 
 
 # sweeps (experiments/quant4/gemm_sm90/sweep.py) set this to time one plan at every shape
@@ -69,8 +70,10 @@ PLAN_OVERRIDE: Plan | None = None
 
 
 def measured_faster(m: int, n: int, k: int) -> bool:
-    """Where the H200 measured this kernel faster than the portable one (not yet: pending its first run)."""
-    return False
+    """Where the H200 measured this kernel faster than the portable ones (experiments/quant4/README.md,
+    session 13): at every Llama-3-8B shape and M = 2..64 (1.1-1.7x bf16 at M = 2..32 where the
+    portable kernels ran 0.4-1.0x)."""
+    return 2 <= m <= MAX_M
 
 
 def block_m(m: int) -> int:
@@ -79,15 +82,15 @@ def block_m(m: int) -> int:
 
 
 def plan(m: int, n: int, k: int) -> Plan:
-    """Rows a program and K splits for a shape: 128 rows where the accumulator fits beside the
-    prefetched step (M <= 32), else 64; K split until the grid covers the SMs twice, each split at
-    least four K steps."""
+    """Rows a program and K splits for a shape. The H200's first sweep (experiments/quant4/README.md,
+    session 13): 64 rows a program, the next step prefetched, and K split until the grid holds about
+    four programs an SM (at most 4 splits, each at least four K steps) won or tied at every Llama-3-8B
+    shape and M = 2..64; more splits cost more than they hide (float32 partials [split, M, N])."""
     if PLAN_OVERRIDE is not None:
         return PLAN_OVERRIDE
-    block_n = 128 if m <= 32 else 64
-    programs = -(-n // block_n)
-    want = -(-2 * platform.num_multiprocessors() // programs)
-    return Plan(block_n, max(1, min(want, k // (4 * BLOCK_K))))
+    programs = -(-n // 64)
+    want = round(4 * platform.num_multiprocessors() / programs)
+    return Plan(64, max(1, min(4, want, k // (4 * BLOCK_K))))
 
 
 def supported(m: int, k: int, group_k: int) -> bool:
@@ -121,7 +124,7 @@ def available() -> bool:
 
 
 def compile_sm90(group_k: int = 128, block_n: int = 128, bm: int = 16, fp16: bool = False, split: int = 1,
-                 prefetch: bool = True):
+                 prefetch: bool = True, unroll: int = 1):
     """Compile for sm90 without a GPU (Triton's compiler and ptxas); the compiled kernel's .asm holds
     the IR, PTX and cubin (tests, scripts/sass_loop_mix.py, available())."""
     from triton import compile as triton_compile
@@ -129,8 +132,8 @@ def compile_sm90(group_k: int = 128, block_n: int = 128, bm: int = 16, fp16: boo
     from triton.experimental.gluon._runtime import GluonASTSource
 
     fn = w4_gemm_sm90_kernel
-    constexprs = dict(GROUP_K=group_k, BLOCK_N=block_n, BLOCK_M=bm, FP16=fp16, HAS_BIAS=False, SPLIT_K=split, PREFETCH=prefetch,
-                      PDL=True)  # fmt: skip
+    constexprs = dict(GROUP_K=group_k, BLOCK_N=block_n, BLOCK_M=bm, FP16=fp16, HAS_BIAS=False, SPLIT_K=split,
+                      PREFETCH=prefetch, UNROLL=unroll, PDL=True)  # fmt: skip
     act = "*fp16" if fp16 else "*bf16"
     pointers = dict(a_ptr=act, w_ptr="*i32", c_ptr=act, bias_ptr=act, s_ptr="*fp16", z_ptr="*fp16",
                     ws_ptr="*fp32")  # fmt: skip
@@ -149,7 +152,9 @@ def w4_gemm_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
     split): the caller sums them and adds the bias (gemm.py's reduce kernel)."""
     (m, k), n = a.shape, words.shape[0]
     p = plan(m, n, k)
-    k_per_split = -(-(-(-k // p.split)) // BLOCK_K) * BLOCK_K
+    unroll = p.unroll if k % (p.unroll * BLOCK_K) == 0 else 1
+    quantum = unroll * BLOCK_K
+    k_per_split = -(-(-(-k // p.split)) // quantum) * quantum
     split = -(-k // k_per_split)
     out = torch.empty((split, m, n), dtype=torch.float32, device=a.device) if split > 1 else c
     w4_gemm_sm90_kernel[(-(-n // p.block_n), split)](
@@ -157,7 +162,8 @@ def w4_gemm_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
         m, n, k, k_per_split // 8, a.stride(0), words.stride(0), c.stride(0), scale.stride(0), scale.stride(1),
         INT4_PAIR_MASK, FP16_BIAS if a.dtype == torch.float16 else BF16_BIAS,
         GROUP_K=group_k, BLOCK_N=p.block_n, BLOCK_M=block_m(m), FP16=a.dtype == torch.float16,
-        HAS_BIAS=bias is not None and split == 1, SPLIT_K=split, PREFETCH=p.prefetch, num_warps=NUM_WARPS, **pdl,
+        HAS_BIAS=bias is not None and split == 1, SPLIT_K=split, PREFETCH=p.prefetch, UNROLL=unroll, num_warps=NUM_WARPS,
+        **pdl,
     )  # fmt: skip
     return out, split
 
@@ -227,11 +233,23 @@ if HAVE_GLUON:
         return gl.load(w_ptrs + kw), gl.load(s_ptrs + g), gl.load(z_ptrs + g), x
 
     @gluon.jit
+    def _step(words, s, z, x_buf, acc, mask, bias, BLOCK_N: gl.constexpr, DT: gl.constexpr, LA: gl.constexpr):
+        """One K step into the accumulator: decode the words with the thread's (s, s) and (-z s, -z s)
+        as 16-bit pairs in a word, then the MMA with the activation tile in shared memory."""
+        sd = s.to(DT)
+        s2 = sd.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+        zs2 = (-(z.to(DT) * sd)).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+        a_op = _decode(words, mask, bias, gl.expand_dims(s2 | (s2 << 16), 2), gl.expand_dims(zs2 | (zs2 << 16), 2),
+                       BLOCK_N, DT, LA)  # fmt: skip
+        return warpgroup_mma(a_op, x_buf.permute((1, 0)), acc)
+
+    @gluon.jit
     def w4_gemm_sm90_kernel(
         a_ptr, w_ptr, c_ptr, bias_ptr, s_ptr, z_ptr, ws_ptr,
         M, N, K, KW_PER_SPLIT, stride_am, stride_wn, stride_cm, stride_sn, stride_sk, mask, bias,
         GROUP_K: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, FP16: gl.constexpr,
-        HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr, PREFETCH: gl.constexpr, PDL: gl.constexpr = False,
+        HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr, PREFETCH: gl.constexpr, UNROLL: gl.constexpr,
+        PDL: gl.constexpr = False,
     ):  # fmt: skip
         """c[m, n] = sum_k a[m, k] w[n, k] (+ bias[n]) for BLOCK_N weight rows and all M (<= BLOCK_M)
         activation rows a program, over the K range of its split (program_id 1)."""
@@ -266,31 +284,37 @@ if HAVE_GLUON:
 
         # two activation buffers: a step writes one while no thread can still be reading it (the MMA two
         # steps back finished before its thread reached the last step's barrier), one barrier a step
-        x_smem = gl.allocate_shared_memory(DT, [2, BLOCK_M, 128], SX)
+        x_smem = gl.allocate_shared_memory(DT, [2 * UNROLL, BLOCK_M, 128], SX)
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
-        words, s, z, x = _load_step(w_ptrs, s_ptr + s_off, z_ptr + s_off, a_ptrs, rows_in, kw_start, stride_sk,
+        s_ptrs = s_ptr + s_off
+        z_ptrs = z_ptr + s_off
+        STEP: gl.constexpr = 16 * UNROLL  # words an iteration
+        w0, s0, z0, x0 = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw_start, stride_sk, GROUP_K, BLOCK_M)
+        w1, s1, z1, x1 = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw_start + 16 * (UNROLL - 1), stride_sk,
                                     GROUP_K, BLOCK_M)  # fmt: skip
         buf = 0
-        for kw in range(kw_start, kw_end, 16):
-            if PREFETCH:  # the next step's loads in flight during this one's decode and MMA (the last reloads itself)
-                n_words, n_s, n_z, n_x = _load_step(w_ptrs, s_ptr + s_off, z_ptr + s_off, a_ptrs, rows_in,
-                                                    gl.minimum(kw + 16, kw_end - 16), stride_sk, GROUP_K, BLOCK_M)  # fmt: skip
+        for kw in range(kw_start, kw_end, STEP):
+            if PREFETCH:  # the next iteration's loads in flight during this one's decode and MMA (the last reloads itself)
+                nxt = gl.minimum(kw + STEP, kw_end - STEP)
+                n_w0, n_s0, n_z0, n_x0 = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, nxt, stride_sk, GROUP_K,
+                                                    BLOCK_M)  # fmt: skip
+                n_w1, n_s1, n_z1, n_x1 = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, nxt + 16 * (UNROLL - 1),
+                                                    stride_sk, GROUP_K, BLOCK_M)  # fmt: skip
             else:
-                words, s, z, x = _load_step(w_ptrs, s_ptr + s_off, z_ptr + s_off, a_ptrs, rows_in, kw, stride_sk,
+                w0, s0, z0, x0 = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw, stride_sk, GROUP_K, BLOCK_M)
+                w1, s1, z1, x1 = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw + 16 * (UNROLL - 1), stride_sk,
                                             GROUP_K, BLOCK_M)  # fmt: skip
-            x_buf = x_smem.index(buf)
-            x_buf.store(x)
+            x_smem.index(buf * UNROLL).store(x0)
+            if UNROLL == 2:
+                x_smem.index(buf * UNROLL + 1).store(x1)
             fence_async_shared()
             _barrier()
-            sd = s.to(DT)
-            s2 = sd.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
-            zs2 = (-(z.to(DT) * sd)).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
-            # (s, s) and (-z s, -z s) as words
-            a_op = _decode(words, mask, bias, gl.expand_dims(s2 | (s2 << 16), 2),
-                           gl.expand_dims(zs2 | (zs2 << 16), 2), BLOCK_N, DT, LA)  # fmt: skip
-            acc = warpgroup_mma(a_op, x_buf.permute((1, 0)), acc)
+            acc = _step(w0, s0, z0, x_smem.index(buf * UNROLL), acc, mask, bias, BLOCK_N, DT, LA)
+            if UNROLL == 2:
+                acc = _step(w1, s1, z1, x_smem.index(buf * UNROLL + 1), acc, mask, bias, BLOCK_N, DT, LA)
             if PREFETCH:
-                words, s, z, x = n_words, n_s, n_z, n_x
+                w0, s0, z0, x0 = n_w0, n_s0, n_z0, n_x0
+                w1, s1, z1, x1 = n_w1, n_s1, n_z1, n_x1
             buf = 1 - buf
 
         # c[m, n] = acc[n, m]

@@ -32,8 +32,8 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--ms", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64])
     parser.add_argument("--group", type=int, default=128)
-    parser.add_argument("--plans", nargs="+", default=["auto", "128:1:1", "128:2:1", "128:4:1", "64:2:1", "64:4:1",
-                                                       "128:4:0"])  # fmt: skip
+    parser.add_argument("--plans", nargs="+", default=["auto", "64:4:1", "64:4:1:2", "64:2:1:2", "64:1:1", "128:4:1:2",
+                                                       "128:2:1:2", "64:8:1"])  # fmt: skip
     args = parser.parse_args()
     scheme = QuantScheme(INT4, "group", "none", group_size=args.group)
     rows = []
