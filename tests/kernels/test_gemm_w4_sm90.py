@@ -66,11 +66,12 @@ def test_matches_the_dequantized_weight(group, m, n, k, dtype, spy) -> None:
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("plan", ["128:1:1", "128:3:1", "64:2:0", "64:1:1", "128:5:0", "64:3:1:2", "128:1:0:2"])
+@pytest.mark.parametrize("plan", ["128:1:1", "128:3:1", "64:2:0", "64:1:1", "128:5:0", "64:3:1:2", "128:1:0:2", "128:2:1:1:8",
+                                  "256:1:1:1:8"])
 @pytest.mark.parametrize("m", [3, 24, 64])
 def test_every_plan_matches(plan, m, monkeypatch, spy) -> None:
     """Rows a program, K splits (uneven: the last split shorter), prefetch on and off, two K steps an
-    iteration (K = 4,224 is not a multiple of 256: one step an iteration; 4,096 is)."""
+    iteration (K = 4,224 is not a multiple of 256: one step an iteration; 4,096 is), two warpgroups."""
     monkeypatch.setattr(gemm_w4_sm90, "PLAN_OVERRIDE", gemm_w4_sm90.Plan.parse(plan))
     for k in (4224, 4096):
         x = _randn(m, k, seed=73, dtype=torch.bfloat16)
@@ -129,6 +130,7 @@ def test_supported_shapes_and_plans() -> None:
     assert [gemm_w4_sm90.block_m(m) for m in (2, 16, 17, 32, 33, 64)] == [16, 16, 32, 32, 64, 64]
     assert gemm_w4_sm90.Plan.parse("64:3:0") == gemm_w4_sm90.Plan(64, 3, False)
     assert gemm_w4_sm90.Plan.parse("128:2:1:2") == gemm_w4_sm90.Plan(128, 2, True, 2)
+    assert gemm_w4_sm90.Plan.parse("128:2:1:1:8") == gemm_w4_sm90.Plan(128, 2, True, 1, 8)
     plan = gemm_w4_sm90.plan(16, 6144, 4096)
     assert plan.block_n == 64 and 1 <= plan.split <= 4
     assert gemm_w4_sm90.plan(16, 4096, 512).split == 1  # each split at least four K steps

@@ -42,7 +42,6 @@ try:  # recent triton ships Gluon; without it the portable kernels serve every s
 except ImportError:  # pragma: no cover - older triton
     HAVE_GLUON = False
 
-NUM_WARPS = 4  # one warpgroup
 BLOCK_K = 128  # columns a K step: a thread's four words a row
 MAX_M = 64
 # the decode's masks as kernel arguments (as literals ptxas re-materialises them before each LOP3)
@@ -57,10 +56,11 @@ class Plan:
     split: int  # K splits (float32 partials summed by gemm.py's reduce kernel)
     prefetch: bool = True  # the next iteration's loads issued before this iteration's decode and MMA
     unroll: int = 1  # K steps an iteration (2: twice the loads in flight; K a multiple of 256)
+    warps: int = 4  # one warpgroup, or two (8) sharing each activation tile (half its reads a weight)
 
     @classmethod
     def parse(cls, text: str) -> Plan:
-        """ "BLOCK_N:SPLIT:PREFETCH[:UNROLL]"."""
+        """ "BLOCK_N:SPLIT:PREFETCH[:UNROLL[:WARPS]]"."""
         block_n, split, prefetch, *unroll = (int(v) for v in text.split(":"))
         return cls(block_n, split, bool(prefetch), *unroll)
 
@@ -124,7 +124,7 @@ def available() -> bool:
 
 
 def compile_sm90(group_k: int = 128, block_n: int = 128, bm: int = 16, fp16: bool = False, split: int = 1,
-                 prefetch: bool = True, unroll: int = 1):
+                 prefetch: bool = True, unroll: int = 1, warps: int = 4):
     """Compile for sm90 without a GPU (Triton's compiler and ptxas); the compiled kernel's .asm holds
     the IR, PTX and cubin (tests, scripts/sass_loop_mix.py, available())."""
     from triton import compile as triton_compile
@@ -142,7 +142,7 @@ def compile_sm90(group_k: int = 128, block_n: int = 128, bm: int = 16, fp16: boo
     aligned = [i for i, n in enumerate(names) if n in ("a_ptr", "w_ptr", "K", "KW_PER_SPLIT", "stride_wn", "stride_am", "stride_cm")]
     source = GluonASTSource(fn, signature, {(names.index(k),): v for k, v in constexprs.items()},
                             {(i,): [["tt.divisibility", 16]] for i in aligned})  # fmt: skip
-    return triton_compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=NUM_WARPS))
+    return triton_compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
 
 
 def w4_gemm_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
@@ -162,7 +162,7 @@ def w4_gemm_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
         m, n, k, k_per_split // 8, a.stride(0), words.stride(0), c.stride(0), scale.stride(0), scale.stride(1),
         INT4_PAIR_MASK, FP16_BIAS if a.dtype == torch.float16 else BF16_BIAS,
         GROUP_K=group_k, BLOCK_N=p.block_n, BLOCK_M=block_m(m), FP16=a.dtype == torch.float16,
-        HAS_BIAS=bias is not None and split == 1, SPLIT_K=split, PREFETCH=p.prefetch, UNROLL=unroll, num_warps=NUM_WARPS,
+        HAS_BIAS=bias is not None and split == 1, SPLIT_K=split, PREFETCH=p.prefetch, UNROLL=unroll, num_warps=p.warps,
         **pdl,
     )  # fmt: skip
     return out, split
@@ -172,23 +172,23 @@ if HAVE_GLUON:
     _barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 
     @gluon.constexpr_function
-    def _row_bases(block_n):
-        """Register bases of a thread's rows beyond its warp's 16: row + 8, then + 64, + 128 ..."""
+    def _row_bases(block_n, warps):
+        """Register bases of a thread's rows beyond its warp's 16: row + 8, then + 16 x warps, ..."""
         bases = [[8, 0]]
-        r = 64
+        r = 16 * warps
         while r < block_n:
             bases.append([r, 0])
             r *= 2
         return bases
 
     @gluon.constexpr_function
-    def _words_layout(block_n):
+    def _words_layout(block_n, warps):
         """[BLOCK_N, 4, 4] words (row, quad lane t, word u): a thread holds words 4 t .. 4 t + 3 of rows
         r, r + 8 (+ 64 ...), the rows and quads of the MMA's A operand (t: lane % 4, r: lane / 4 + 16 warp)."""
         return gl.DistributedLinearLayout(
-            reg_bases=[[0, 0, 1], [0, 0, 2]] + [[r, 0, 0] for r, _ in _row_bases(block_n)],
+            reg_bases=[[0, 0, 1], [0, 0, 2]] + [[r, 0, 0] for r, _ in _row_bases(block_n, warps)],
             lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-            warp_bases=[[16, 0, 0], [32, 0, 0]],
+            warp_bases=[[16 << i, 0, 0] for i in range(warps.bit_length() - 1)],
             block_bases=[],
             shape=[block_n, 4, 4],
         )
@@ -254,12 +254,13 @@ if HAVE_GLUON:
         """c[m, n] = sum_k a[m, k] w[n, k] (+ bias[n]) for BLOCK_N weight rows and all M (<= BLOCK_M)
         activation rows a program, over the K range of its split (program_id 1)."""
         gluon_pdl_wait(PDL)
+        WARPS: gl.constexpr = gl.num_warps()  # 4 or 8: one or two warpgroups, 64 rows each a pass
         DT: gl.constexpr = gl.float16 if FP16 else gl.bfloat16
-        ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+        ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, BLOCK_M, 16])  # fmt: skip
         LA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-        LW: gl.constexpr = _words_layout(BLOCK_N)
-        LX: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # activations, 16-byte loads
+        LW: gl.constexpr = _words_layout(BLOCK_N, WARPS)
+        LX: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])  # activations, 16-byte loads
         SX: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
         pid_n = gl.program_id(0)
