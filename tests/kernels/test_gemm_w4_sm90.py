@@ -134,6 +134,9 @@ def test_supported_shapes_and_plans() -> None:
     plan = gemm_w4_sm90.plan(16, 6144, 4096)
     assert plan.block_n == 64 and 1 <= plan.split <= 4
     assert gemm_w4_sm90.plan(16, 4096, 512).split == 1  # each split at least four K steps
+    sms = platform.num_multiprocessors()
+    wide = gemm_w4_sm90.plan(32, 128 * sms, 4096)  # 128-row programs fill the SMs: two warpgroups, no split
+    assert wide == gemm_w4_sm90.Plan(128, 1, True, 1, 8)
 
 
 @pytest.mark.skipif(not gemm_w4_sm90.HAVE_GLUON, reason="this Triton has no Gluon")

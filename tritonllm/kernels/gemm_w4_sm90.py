@@ -82,12 +82,15 @@ def block_m(m: int) -> int:
 
 
 def plan(m: int, n: int, k: int) -> Plan:
-    """Rows a program and K splits for a shape. The H200's first sweep (experiments/quant4/README.md,
+    """Rows a program and K splits for a shape, from the H200's sweeps (experiments/quant4/README.md,
     session 13): 64 rows a program, the next step prefetched, and K split until the grid holds about
-    four programs an SM (at most 4 splits, each at least four K steps) won or tied at every Llama-3-8B
-    shape and M = 2..64; more splits cost more than they hide (float32 partials [split, M, N])."""
+    four programs an SM (at most 4 splits, each at least four K steps; more splits cost more than they
+    hide: float32 partials [split, M, N]); above M = 16, where 128-row programs alone fill the SMs (gate_up),
+    two warpgroups a program sharing each activation tile, no split (M = 64: 50.5 against 68.5 us)."""
     if PLAN_OVERRIDE is not None:
         return PLAN_OVERRIDE
+    if m > 16 and -(-n // 128) >= platform.num_multiprocessors():
+        return Plan(128, 1, True, 1, 8)
     programs = -(-n // 64)
     want = round(4 * platform.num_multiprocessors() / programs)
     return Plan(64, max(1, min(4, want, k // (4 * BLOCK_K))))
