@@ -56,6 +56,7 @@ DECODE_KERNELS = {
     "gemm.split_k_reduce_kernel", "quant._quant_token_kernel", "quant._quant_group_kernel",
     "moe_gemv.moe_gemv_kernel", "moe.fused_moe_kernel", "moe_route.moe_route_kernel", "sampling._sample_kernel",
     "sampling._sampling_mask_kernel", "sampling._log_softmax_kernel", "gemv_w4_sm90.w4_gemv_sm90_kernel",
+    "gemm_w4_sm90.w4_gemm_sm90_kernel",
 }  # fmt: skip
 
 

@@ -70,14 +70,18 @@ def test_matches_the_dequantized_weight(group, m, n, k, dtype, spy) -> None:
                                   "256:1:1:1:8"])
 @pytest.mark.parametrize("m", [3, 24, 64])
 def test_every_plan_matches(plan, m, monkeypatch, spy) -> None:
-    """Rows a program, K splits (uneven: the last split shorter), prefetch on and off, two K steps an
-    iteration (K = 4,224 is not a multiple of 256: one step an iteration; 4,096 is), two warpgroups."""
+    """Rows a program, K splits (uneven: the last split shorter; summed in the kernel, the same bits on a
+    second call, the counters back at zero), prefetch on and off, two K steps an iteration (K = 4,224 is
+    not a multiple of 256: one step an iteration; 4,096 is), two warpgroups."""
     monkeypatch.setattr(gemm_w4_sm90, "PLAN_OVERRIDE", gemm_w4_sm90.Plan.parse(plan))
     for k in (4224, 4096):
         x = _randn(m, k, seed=73, dtype=torch.bfloat16)
         weight = quantize_weight(_randn(200, k, seed=74), _scheme(128))
-        assert_close_to_scale(_gemm(x, weight), x.float() @ reference.dequantize_weight(weight).T, 1e-2)
-    assert spy.launches == 2
+        first = _gemm(x, weight)
+        assert_close_to_scale(first, x.float() @ reference.dequantize_weight(weight).T, 1e-2)
+        assert torch.equal(_gemm(x, weight), first)  # deterministic: the splits summed in order, every call
+    assert spy.launches == 4
+    assert not gemm_w4_sm90._counters(x.device).any(), "a tile's arrival counter was left non-zero"
 
 
 @pytest.mark.gpu

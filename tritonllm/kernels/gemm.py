@@ -483,8 +483,7 @@ def gemm(
             b_decode == DEC_INT4 and gemm_w4_sm90.takes(a, k, group_k)
             and (w4_sm90 == "always" or gemm_w4_sm90.measured_faster(m, n, k))
         ):  # fmt: skip
-            ws, split = gemm_w4_sm90.w4_gemm_sm90(a, words, c, bias, b_scale, b_zero, group_k, pdl_launch())
-            return _reduce_splits(ws, c, bias, split)
+            return gemm_w4_sm90.w4_gemm_sm90(a, words, c, bias, b_scale, b_zero, group_k, pdl_launch())
     persistent = (
         tiles.persistent and split == 1 and not (operand_scales or upcast_b) and TensorDescriptor is not None
         and (not k_grouped or tiles.block_k == group_k) and descriptors_fit(a, b, c)

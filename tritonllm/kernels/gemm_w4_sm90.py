@@ -19,7 +19,8 @@ nibbles (j, j + 4) into a bf16x2 (fp16x2) of 128 + q (1024 + q): the pair's two 
 MMA's adjacent columns. Then w = (x - 128) s - z s per pair, with the scale and zero point of the
 thread's group (a thread's 32 columns lie in one group of 32, 64 or 128).
 
-K splits (skinny grids) write float32 partials that gemm.py's reduce kernel sums.
+K splits (skinny grids) write float32 partials; the last split program of a tile to arrive (a counter
+per tile, reset by that program) sums them in split order and writes the output: no second launch.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ FP16_BIAS = 0x64006400  # fp16x2 (1024, 1024)
 @dataclass(frozen=True)
 class Plan:
     block_n: int  # weight rows a program (the MMA's M: 64 a warpgroup pass)
-    split: int  # K splits (float32 partials summed by gemm.py's reduce kernel)
+    split: int  # K splits (float32 partials, summed by each tile's last split program)
     prefetch: bool = True  # the next iteration's loads issued before this iteration's decode and MMA
     unroll: int = 1  # K steps an iteration (2: twice the loads in flight; K a multiple of 256)
     warps: int = 4  # one warpgroup, or two (8) sharing each activation tile (half its reads a weight)
@@ -139,7 +140,7 @@ def compile_sm90(group_k: int = 128, block_n: int = 128, bm: int = 16, fp16: boo
                       PREFETCH=prefetch, UNROLL=unroll, PDL=True)  # fmt: skip
     act = "*fp16" if fp16 else "*bf16"
     pointers = dict(a_ptr=act, w_ptr="*i32", c_ptr=act, bias_ptr=act, s_ptr="*fp16", z_ptr="*fp16",
-                    ws_ptr="*fp32")  # fmt: skip
+                    ws_ptr="*fp32", cnt_ptr="*i32")  # fmt: skip
     names = fn.arg_names
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in names}
     aligned = [i for i, n in enumerate(names) if n in ("a_ptr", "w_ptr", "K", "KW_PER_SPLIT", "stride_wn", "stride_am", "stride_cm")]
@@ -148,27 +149,40 @@ def compile_sm90(group_k: int = 128, block_n: int = 128, bm: int = 16, fp16: boo
     return triton_compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
 
 
+# per-tile arrival counters of split programs (kernel-owned: every count returns to 0 by the kernel's end)
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+MAX_TILES = 1 << 16
+
+
+def _counters(device: torch.device) -> torch.Tensor:
+    if device not in _COUNTERS:
+        _COUNTERS[device] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
+    return _COUNTERS[device]
+
+
 def w4_gemm_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
-                 scale: torch.Tensor, zero: torch.Tensor, group_k: int, pdl: dict) -> tuple[torch.Tensor, int]:  # fmt: skip
+                 scale: torch.Tensor, zero: torch.Tensor, group_k: int, pdl: dict) -> torch.Tensor:  # fmt: skip
     """c = a . w^T (+ bias) for a [M, K], the int32 word view [N, K / 8] of an int4 weight with scales
-    and zero points [N, K / group_k]. Returns (c, 1), or with K splits (float32 partials [split, M, N],
-    split): the caller sums them and adds the bias (gemm.py's reduce kernel)."""
+    and zero points [N, K / group_k]. K splits write float32 partials; the last split program of a tile
+    to arrive sums them in split order (deterministic) and writes c: one launch, no reduce kernel."""
     (m, k), n = a.shape, words.shape[0]
     p = plan(m, n, k)
     unroll = p.unroll if k % (p.unroll * BLOCK_K) == 0 else 1
     quantum = unroll * BLOCK_K
     k_per_split = -(-(-(-k // p.split)) // quantum) * quantum
     split = -(-k // k_per_split)
-    out = torch.empty((split, m, n), dtype=torch.float32, device=a.device) if split > 1 else c
-    w4_gemm_sm90_kernel[(-(-n // p.block_n), split)](
-        a, words, out, bias if bias is not None else c, scale, zero, out,
+    tiles = -(-n // p.block_n)
+    if split > 1 and tiles > MAX_TILES:
+        split, k_per_split = 1, -(-k // quantum) * quantum
+    ws = torch.empty((split, m, n), dtype=torch.float32, device=a.device) if split > 1 else c
+    w4_gemm_sm90_kernel[(tiles, split)](
+        a, words, c, bias if bias is not None else c, scale, zero, ws, _counters(a.device) if split > 1 else words,
         m, n, k, k_per_split // 8, a.stride(0), words.stride(0), c.stride(0), scale.stride(0), scale.stride(1),
         INT4_PAIR_MASK, FP16_BIAS if a.dtype == torch.float16 else BF16_BIAS,
         GROUP_K=group_k, BLOCK_N=p.block_n, BLOCK_M=block_m(m), FP16=a.dtype == torch.float16,
-        HAS_BIAS=bias is not None and split == 1, SPLIT_K=split, PREFETCH=p.prefetch, UNROLL=unroll, num_warps=p.warps,
-        **pdl,
+        HAS_BIAS=bias is not None, SPLIT_K=split, PREFETCH=p.prefetch, UNROLL=unroll, num_warps=p.warps, **pdl,
     )  # fmt: skip
-    return out, split
+    return c
 
 
 if HAVE_GLUON:
@@ -247,8 +261,14 @@ if HAVE_GLUON:
         return warpgroup_mma(a_op, x_buf.permute((1, 0)), acc)
 
     @gluon.jit
+    def _store(acc, c_ptrs, bias_ptr, n_out, ok, N, HAS_BIAS: gl.constexpr, DT: gl.constexpr):
+        if HAS_BIAS:
+            acc += gl.expand_dims(gl.load(bias_ptr + n_out, mask=n_out < N, other=0.0).to(gl.float32), 1)
+        gl.store(c_ptrs, acc.to(DT), mask=ok)
+
+    @gluon.jit
     def w4_gemm_sm90_kernel(
-        a_ptr, w_ptr, c_ptr, bias_ptr, s_ptr, z_ptr, ws_ptr,
+        a_ptr, w_ptr, c_ptr, bias_ptr, s_ptr, z_ptr, ws_ptr, cnt_ptr,
         M, N, K, KW_PER_SPLIT, stride_am, stride_wn, stride_cm, stride_sn, stride_sk, mask, bias,
         GROUP_K: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, FP16: gl.constexpr,
         HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr, PREFETCH: gl.constexpr, UNROLL: gl.constexpr,
@@ -327,9 +347,17 @@ if HAVE_GLUON:
         ok = gl.expand_dims(n_out < N, 1) & gl.expand_dims(m_out < M, 0)
         offs = gl.expand_dims(m_out.to(gl.int64) * stride_cm, 0) + gl.expand_dims(n_out, 1)
         if SPLIT_K > 1:
-            gl.store(ws_ptr + gl.program_id(1) * M * N + gl.expand_dims(m_out * N, 0) + gl.expand_dims(n_out, 1),
-                     acc, mask=ok)  # fmt: skip
+            # this split's partial, then its arrival; the tile's last split sums them all (in split order)
+            tile_ws = ws_ptr + gl.expand_dims(m_out * N, 0) + gl.expand_dims(n_out, 1)
+            gl.store(tile_ws + gl.program_id(1) * M * N, acc, mask=ok)
+            _barrier()  # every thread's partial written before the (releasing) arrival
+            arrived = gl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                _barrier()
+                acc = gl.load(tile_ws, mask=ok, other=0.0, cache_modifier=".cg")
+                for sp in gl.static_range(1, SPLIT_K):
+                    acc += gl.load(tile_ws + sp * M * N, mask=ok, other=0.0, cache_modifier=".cg")
+                _store(acc, c_ptr + offs, bias_ptr, n_out, ok, N, HAS_BIAS, DT)
+                gl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")  # ready for the next launch
         else:
-            if HAS_BIAS:
-                acc += gl.expand_dims(gl.load(bias_ptr + n_out, mask=n_out < N, other=0.0).to(gl.float32), 1)
-            gl.store(c_ptr + offs, acc.to(DT), mask=ok)
+            _store(acc, c_ptr + offs, bias_ptr, n_out, ok, N, HAS_BIAS, DT)
