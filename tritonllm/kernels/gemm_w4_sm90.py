@@ -173,7 +173,9 @@ def w4_gemm_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
     k_per_split = -(-(-(-k // p.split)) // quantum) * quantum
     split = -(-k // k_per_split)
     tiles = -(-n // p.block_n)
-    if split > 1 and tiles > MAX_TILES:
+    # no counters for the tiles, or none allocated yet while a CUDA graph is being captured (an
+    # allocation there would be zeroed only on replay; the engine's warm-ups run eagerly first): one split
+    if split > 1 and (tiles > MAX_TILES or (a.device not in _COUNTERS and torch.cuda.is_current_stream_capturing())):
         split, k_per_split = 1, -(-k // quantum) * quantum
     ws = torch.empty((split, m, n), dtype=torch.float32, device=a.device) if split > 1 else c
     w4_gemm_sm90_kernel[(tiles, split)](

@@ -19,7 +19,8 @@ TRITON_FORMATS = frozenset({
     "uint8:group:none", "mxfp4:mx:none",
 })  # fmt: skip
 LINEAR_SUPPORTS = Supports(dtypes=FLOATS, linear_formats=TRITON_FORMATS, features=frozenset({"split_k"}))
-# the same GEMM family, with the Hopper Gluon GEMV (kernels/gemv_w4_sm90.py) for 4-bit weights at M = 1;
+# the same GEMM family, with the Hopper Gluon kernels for 4-bit weights: the GEMV (kernels/gemv_w4_sm90.py)
+# at M = 1, the int4 tensor-core GEMM (kernels/gemm_w4_sm90.py) at M = 2..64;
 # auto prefers it to `triton` where it is available (and cuBLAS, priority 20, still takes unquantized models)
 W4_SM90_SUPPORTS = Supports(
     dtypes=frozenset({torch.bfloat16, torch.float16}), platforms=frozenset({"cuda"}), linear_formats=TRITON_FORMATS,
@@ -44,11 +45,11 @@ def quantized_linear(
     weight: QuantizedWeight,
     bias: torch.Tensor | None,
     *,
-    gluon_gemv: bool = False,
+    gluon_w4: bool = False,
 ) -> torch.Tensor:
     """x in the model's dtype (quantized here per weight.scheme.act), or a QuantizedActivation that
-    the op before quantized per token (RMSNorm / SiLU-mul with quantization fused in). gluon_gemv: the
-    Hopper W4 GEMV at M = 1 (the `triton_w4_sm90` implementation)."""
+    the op before quantized per token (RMSNorm / SiLU-mul with quantization fused in). gluon_w4: the
+    Hopper W4 kernels: the GEMV at M = 1, the int4 GEMM at M = 2..64 (the `triton_w4_sm90` implementation)."""
     scheme = weight.scheme
     scales = dict(g.scale_args(scheme), out_dtype=x.dtype, b_scale=weight.scale)
     if isinstance(x, QuantizedActivation):
@@ -60,7 +61,7 @@ def quantized_linear(
         data = weight.data
         if scheme.is_fp8 and not platform.has_fp8():  # no FP8 conversions here: the kernel decodes bytes
             data = data.view(torch.uint8)
-        y = g.gemm(x2, data, bias, b_zero=weight.zeros, w4_sm90="faster" if gluon_gemv else "never", **scales)
+        y = g.gemm(x2, data, bias, b_zero=weight.zeros, w4_sm90="faster" if gluon_w4 else "never", **scales)
     elif scheme.act in ("token", "tensor"):
         q, scale = quantize_per_token(x2, scheme.weight_dtype, weight.input_scale)
         y = g.gemm(q, weight.data, bias, a_scale=scale, **scales)
@@ -79,4 +80,4 @@ def linear_w4_sm90(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 def quantized_linear_w4_sm90(
     x: torch.Tensor | QuantizedActivation, weight: QuantizedWeight, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    return quantized_linear(x, weight, bias, gluon_gemv=True)
+    return quantized_linear(x, weight, bias, gluon_w4=True)
