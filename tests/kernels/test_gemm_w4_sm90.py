@@ -18,13 +18,16 @@ from launch_spy import LaunchSpy  # this folder
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
 from tritonllm.kernels import gemm_w4_sm90, reference
-from tritonllm.kernels.quant_formats import INT4, QuantizedWeight, QuantScheme, pack_int4
+from tritonllm.kernels.quant_formats import E2M1_VALUES, FP4, INT4, QuantizedWeight, QuantScheme, pack_int4
 from tritonllm.quantization.quantize import quantize_weight
 
 needs_sm90 = pytest.mark.skipif(
     not (platform.is_gpu() and gemm_w4_sm90.available()), reason="the Gluon W4 GEMM runs on sm90 GPUs only"
 )
 ROOT = Path(__file__).resolve().parents[2]
+
+
+MXFP4 = QuantScheme(FP4, "mx", "none")
 
 
 def _scheme(group: int) -> QuantScheme:
@@ -66,8 +69,43 @@ def test_matches_the_dequantized_weight(group, m, n, k, dtype, spy) -> None:
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("plan", ["128:1:1", "128:3:1", "64:2:0", "64:1:1", "128:5:0", "64:3:1:2", "128:1:0:2", "128:2:1:1:8",
-                                  "256:1:1:1:8"])
+@pytest.mark.parametrize("m", [2, 17, 64])
+@pytest.mark.parametrize("n, k", [(45, 256), (130, 4224)])
+@pytest.mark.parametrize("plan", [None, "64:3:1", "128:1:0:1:8"])
+def test_mxfp4_matches_the_dequantized_weight(m, n, k, plan, monkeypatch, spy) -> None:
+    """MXFP4 (e2m1, e8m0 per 32; bf16 activations), with the bias, K splits and two warpgroups."""
+    if plan:
+        monkeypatch.setattr(gemm_w4_sm90, "PLAN_OVERRIDE", gemm_w4_sm90.Plan.parse(plan))
+    x = _randn(m, k, seed=80, dtype=torch.bfloat16)
+    bias = _randn(n, seed=81, dtype=torch.bfloat16)
+    weight = quantize_weight(_randn(n, k, seed=82), MXFP4)
+    expected = x.float() @ reference.dequantize_weight(weight).T + bias.float()
+    assert_close_to_scale(_gemm(x, weight, bias), expected, 1e-2)
+    assert spy.launches == 1, "the Gluon W4 GEMM did not run"
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_every_e2m1_code_decodes_exactly(spy) -> None:
+    """Every e2m1 code (the subnormal 0.5 too) under scales 2**-27 .. 2**23, picked out column by column
+    with one-hot activations (all 128 columns of a K step): exact."""
+    codes = torch.arange(16, dtype=torch.uint8).repeat(3, 8)[
+        :, torch.randperm(128, generator=torch.Generator().manual_seed(83))
+    ]
+    exps = torch.tensor([[127, 120, 100, 150], [130, 127, 104, 140], [127, 126, 101, 127]], dtype=torch.uint8)
+    fp4 = QuantizedWeight(MXFP4, pack_int4(codes).to(platform.DEVICE), exps.to(platform.DEVICE))
+    eye = torch.eye(128, device=platform.DEVICE, dtype=torch.bfloat16)
+    got = torch.cat([_gemm(eye[i : i + 16], fp4) for i in range(0, 128, 16)]).T.float().cpu()
+    values = torch.tensor(E2M1_VALUES)[codes.long()] * torch.exp2(exps.float() - 127).repeat_interleave(32, 1)
+    assert torch.equal(got, values.bfloat16().float())
+    assert spy.launches == 8
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize(
+    "plan", ["128:1:1", "128:3:1", "64:2:0", "64:1:1", "128:5:0", "64:3:1:2", "128:1:0:2", "128:2:1:1:8", "256:1:1:1:8"]
+)
 @pytest.mark.parametrize("m", [3, 24, 64])
 def test_every_plan_matches(plan, m, monkeypatch, spy) -> None:
     """Rows a program, K splits (uneven: the last split shorter; summed in the kernel, the same bits on a
@@ -124,6 +162,13 @@ def test_gemm_leaves_it_alone_off_hopper(spy) -> None:
     assert spy.launches == 0
 
 
+def test_mxfp4_waits_for_its_gpu_run() -> None:
+    """MXFP4 runs only when asked ("always": tests, sweeps) until the H200 has measured it; fp16
+    activations never (an e8m0 scale may exceed fp16's range)."""
+    assert gemm_w4_sm90.measured_faster(16, 4096, 4096) and not gemm_w4_sm90.measured_faster(16, 4096, 4096, fp4=True)
+    assert not gemm_w4_sm90.measured_faster(1, 4096, 4096)
+
+
 def test_supported_shapes_and_plans() -> None:
     supported = gemm_w4_sm90.supported
     assert supported(2, 4096, 128) == supported(64, 4096, 32) == gemm_w4_sm90.HAVE_GLUON
@@ -144,15 +189,17 @@ def test_supported_shapes_and_plans() -> None:
 
 
 @pytest.mark.skipif(not gemm_w4_sm90.HAVE_GLUON, reason="this Triton has no Gluon")
-def test_sm90_sass_per_weight() -> None:
+@pytest.mark.parametrize("fp4, most", [(False, 3.6), (True, 4.5)], ids=["int4", "mxfp4"])
+def test_sm90_sass_per_weight(fp4: bool, most: float) -> None:
     """Built for sm90 with Triton's bundled ptxas (a subprocess: this one runs the interpreter): the K
-    loop at 128 rows a program takes under 3.6 instructions a weight (one shift and LOP3 a nibble
-    pair, a packed subtract and FMA, its share of loads and MMAs; the M = 1 GEMV: 4.7), no spills."""
+    loop at 128 rows a program takes under `most` instructions a weight (int4: one shift and LOP3 a
+    nibble pair, a packed subtract and FMA, its share of loads and MMAs; MXFP4: two shifts and two LOP3
+    a pair, a packed multiply; the M = 1 GEMV: 4.7 / 5.7), no spills."""
     env = dict(os.environ, TRITON_INTERPRET="0")
-    args = [sys.executable, "scripts/sass_loop_mix.py", "--gemm", "--block-n", "128"]
+    args = [sys.executable, "scripts/sass_loop_mix.py", "--gemm", "--block-n", "128"] + (["--fp4"] if fp4 else [])
     result = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     per_weight = float(re.search(r"([0-9.]+) a weight", result.stdout).group(1))
-    assert 2 < per_weight < 3.6, result.stdout
+    assert 2 < per_weight < most, result.stdout
     assert "no spills" in result.stdout
     assert result.stdout.count("HGMMA") == 1  # tensor cores, not FMAs

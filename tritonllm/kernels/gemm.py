@@ -479,11 +479,11 @@ def gemm(
         ):  # fmt: skip
             return gemv_w4_sm90.w4_gemv_sm90(a, words, c, bias, b_scale, b_zero if zeros else None, group_k,
                                              b_decode == DEC_FP4, pdl_launch())  # fmt: skip
-        if (
-            b_decode == DEC_INT4 and gemm_w4_sm90.takes(a, k, group_k)
-            and (w4_sm90 == "always" or gemm_w4_sm90.measured_faster(m, n, k))
-        ):  # fmt: skip
-            return gemm_w4_sm90.w4_gemm_sm90(a, words, c, bias, b_scale, b_zero, group_k, pdl_launch())
+        fp4 = b_decode == DEC_FP4
+        if gemm_w4_sm90.takes(a, k, group_k, fp4) and (
+            w4_sm90 == "always" or gemm_w4_sm90.measured_faster(m, n, k, fp4)
+        ):
+            return gemm_w4_sm90.w4_gemm_sm90(a, words, c, bias, b_scale, None if fp4 else b_zero, group_k, pdl_launch())
     persistent = (
         tiles.persistent and split == 1 and not (operand_scales or upcast_b) and TensorDescriptor is not None
         and (not k_grouped or tiles.block_k == group_k) and descriptors_fit(a, b, c)

@@ -5,7 +5,7 @@ its products (M per weight) outgrow the decode, and the portable tile kernel (ge
 of a 16-row MMA and converts every decoded tile through shared memory (0.5-1.0x bf16 cuBLAS at
 M = 4-64 on the H200). Here the product is taken transposed, c^T = w . a^T ("swap AB"): the weight
 is the MMA's 64-row A operand, which Hopper's warpgroup MMA reads from registers, and the few
-activation rows are its N (8..64 columns), read from shared memory.
+activation rows are its N (16, 32 or 64 columns), read from shared memory.
 
 The packed weight is read as stored (int32 words of eight nibbles: nibble j of word w is column
 8 w + j) in the register layout of the MMA's A operand, so the decoded values never move between
@@ -17,7 +17,12 @@ mapped onto them as the decode produces them; the activation tile is permuted th
 registers) on its way to shared memory. Each word decodes with one shift and one LOP3 a pair of
 nibbles (j, j + 4) into a bf16x2 (fp16x2) of 128 + q (1024 + q): the pair's two halves are the
 MMA's adjacent columns. Then w = (x - 128) s - z s per pair, with the scale and zero point of the
-thread's group (a thread's 32 columns lie in one group of 32, 64 or 128).
+thread's group (a thread's 32 columns lie in one group of 32, 64 or 128). MXFP4 (bf16 only): the
+e2m1 magnitude and sign bits of a pair go under bf16's exponent (two shifts, two LOP3: value x
+2**-126, the code 0.5 a subnormal) and one packed multiply by 2**(e - 64) applies the e8m0 scale; the
+activations carry 2**63, the accumulator gives it back. Plans (rows a program, K splits, prefetch,
+K steps an iteration, one or two warpgroups) come from `plan`, swept by
+experiments/quant4/gemm_sm90/sweep.py.
 
 K splits (skinny grids) write float32 partials; the last split program of a tile to arrive (a counter
 per tile, reset by that program) sums them in split order and writes the output: no second launch.
@@ -30,6 +35,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+import triton
 
 from tritonllm import platform
 from tritonllm.kernels.launch import gluon_pdl_wait
@@ -49,6 +55,7 @@ MAX_M = 64
 INT4_PAIR_MASK = 0x000F000F
 BF16_BIAS = 0x43004300  # bf16x2 (128, 128): nibbles in the low mantissa bits read 128 + q
 FP16_BIAS = 0x64006400  # fp16x2 (1024, 1024)
+FP4_MASKS = (0x01C001C0, -(2**31) | 0x8000)  # e2m1 magnitudes at bf16 bits 6..8 / 22..24, signs at 15 / 31
 
 
 @dataclass(frozen=True)
@@ -70,12 +77,13 @@ class Plan:
 PLAN_OVERRIDE: Plan | None = None
 
 
-def measured_faster(m: int, n: int, k: int) -> bool:
+def measured_faster(m: int, n: int, k: int, fp4: bool = False) -> bool:
     """Where the H200 measured this kernel faster than the portable ones (experiments/quant4/README.md,
     session 13): at every Llama-3-8B shape and M = 2..64 (1.2-1.9x bf16 at M = 2..16 where the portable
     kernels ran 0.75-1.0x) but qkv at M = 64, where the two are within 5% (24.6 / 23.4 us in the last
-    sweep, 20.2 / 23.3 in the first): taken there too, one kernel for the bucket."""
-    return 2 <= m <= MAX_M
+    sweep, 20.2 / 23.3 in the first): taken there too, one kernel for the bucket. MXFP4: not yet run on
+    a GPU (its tests and sweep wait for the next device session): the portable kernels serve it."""
+    return 2 <= m <= MAX_M and not fp4
 
 
 def block_m(m: int) -> int:
@@ -104,13 +112,12 @@ def supported(m: int, k: int, group_k: int) -> bool:
     return HAVE_GLUON and 2 <= m <= MAX_M and k % BLOCK_K == 0 and group_k in (32, 64, 128)
 
 
-def takes(a: torch.Tensor, k: int, group_k: int) -> bool:
-    """Whether gemm() can run this kernel for activations a [M, K] (and an int4 weight read as words):
-    the shape supported, 16-bit activations with unit column stride, an sm90 GPU."""
-    return (
-        supported(a.shape[0], k, group_k) and a.stride(1) == 1 and a.dtype in (torch.bfloat16, torch.float16)
-        and available()
-    )  # fmt: skip
+def takes(a: torch.Tensor, k: int, group_k: int, fp4: bool = False) -> bool:
+    """Whether gemm() can run this kernel for activations a [M, K] (and a 4-bit weight read as words):
+    the shape supported, 16-bit activations with unit column stride (MXFP4: bf16, whose exponent range
+    holds every e8m0 scale), an sm90 GPU."""
+    dtypes = (torch.bfloat16,) if fp4 else (torch.bfloat16, torch.float16)
+    return supported(a.shape[0], k, group_k) and a.stride(1) == 1 and a.dtype in dtypes and available()
 
 
 @functools.cache
@@ -121,6 +128,7 @@ def available() -> bool:
         return False
     try:
         compile_sm90()
+        compile_sm90(fp4=True)
     except Exception as failure:  # noqa: BLE001 - any compiler error means: use the portable kernels
         warnings.warn(f"W4 GEMM: the sm90 Gluon kernel does not compile with this Triton ({failure!r:.300}); "
                       "the portable Triton kernels serve 4-bit GEMMs instead", stacklevel=2)  # fmt: skip
@@ -128,8 +136,17 @@ def available() -> bool:
     return True
 
 
-def compile_sm90(group_k: int = 128, block_n: int = 128, bm: int = 16, fp16: bool = False, split: int = 1,
-                 prefetch: bool = True, unroll: int = 1, warps: int = 4):
+def compile_sm90(
+    group_k: int = 128,
+    block_n: int = 128,
+    bm: int = 16,
+    fp16: bool = False,
+    split: int = 1,
+    prefetch: bool = True,
+    unroll: int = 1,
+    warps: int = 4,
+    fp4: bool = False,
+):
     """Compile for sm90 without a GPU (Triton's compiler and ptxas); the compiled kernel's .asm holds
     the IR, PTX and cubin (tests, scripts/sass_loop_mix.py, available())."""
     from triton import compile as triton_compile
@@ -137,14 +154,19 @@ def compile_sm90(group_k: int = 128, block_n: int = 128, bm: int = 16, fp16: boo
     from triton.experimental.gluon._runtime import GluonASTSource
 
     fn = w4_gemm_sm90_kernel
-    constexprs = dict(GROUP_K=group_k, BLOCK_N=block_n, BLOCK_M=bm, FP16=fp16, HAS_BIAS=False, SPLIT_K=split,
-                      PREFETCH=prefetch, UNROLL=unroll, PDL=True)  # fmt: skip
+    constexprs = dict(GROUP_K=32 if fp4 else group_k, BLOCK_N=block_n, BLOCK_M=bm, FP16=fp16, FP4=fp4,
+                      HAS_BIAS=False, SPLIT_K=split, PREFETCH=prefetch, UNROLL=unroll, PDL=True)  # fmt: skip
     act = "*fp16" if fp16 else "*bf16"
-    pointers = dict(a_ptr=act, w_ptr="*i32", c_ptr=act, bias_ptr=act, s_ptr="*fp16", z_ptr="*fp16",
+    scale = "*u8" if fp4 else "*fp16"
+    pointers = dict(a_ptr=act, w_ptr="*i32", c_ptr=act, bias_ptr=act, s_ptr=scale, z_ptr=scale,
                     ws_ptr="*fp32", cnt_ptr="*i32")  # fmt: skip
     names = fn.arg_names
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in names}
-    aligned = [i for i, n in enumerate(names) if n in ("a_ptr", "w_ptr", "K", "KW_PER_SPLIT", "stride_wn", "stride_am", "stride_cm")]
+    aligned = [
+        i
+        for i, n in enumerate(names)
+        if n in ("a_ptr", "w_ptr", "K", "KW_PER_SPLIT", "stride_wn", "stride_am", "stride_cm")
+    ]
     source = GluonASTSource(fn, signature, {(names.index(k),): v for k, v in constexprs.items()},
                             {(i,): [["tt.divisibility", 16]] for i in aligned})  # fmt: skip
     return triton_compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
@@ -162,27 +184,30 @@ def _counters(device: torch.device) -> torch.Tensor:
 
 
 def w4_gemm_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
-                 scale: torch.Tensor, zero: torch.Tensor, group_k: int, pdl: dict) -> torch.Tensor:  # fmt: skip
+                 scale: torch.Tensor, zero: torch.Tensor | None, group_k: int, pdl: dict) -> torch.Tensor:  # fmt: skip
     """c = a . w^T (+ bias) for a [M, K], the int32 word view [N, K / 8] of an int4 weight with scales
-    and zero points [N, K / group_k]. K splits write float32 partials; the last split program of a tile
-    to arrive sums them in split order (deterministic) and writes c: one launch, no reduce kernel."""
+    and zero points [N, K / group_k], or (zero None) of an MXFP4 weight with e8m0 scales [N, K / 32].
+    K splits write float32 partials; the last split program of a tile to arrive sums them in split
+    order (deterministic) and writes c: one launch, no reduce kernel."""
     (m, k), n = a.shape, words.shape[0]
+    fp4 = zero is None
     p = plan(m, n, k)
     unroll = p.unroll if k % (p.unroll * BLOCK_K) == 0 else 1
     quantum = unroll * BLOCK_K
-    k_per_split = -(-(-(-k // p.split)) // quantum) * quantum
-    split = -(-k // k_per_split)
-    tiles = -(-n // p.block_n)
+    k_per_split = triton.cdiv(triton.cdiv(k, p.split), quantum) * quantum
+    split = triton.cdiv(k, k_per_split)
+    tiles = triton.cdiv(n, p.block_n)
     # no counters for the tiles, or none allocated yet while a CUDA graph is being captured (an
     # allocation there would be zeroed only on replay; the engine's warm-ups run eagerly first): one split
     if split > 1 and (tiles > MAX_TILES or (a.device not in _COUNTERS and torch.cuda.is_current_stream_capturing())):
-        split, k_per_split = 1, -(-k // quantum) * quantum
+        split, k_per_split = 1, triton.cdiv(k, quantum) * quantum
     ws = torch.empty((split, m, n), dtype=torch.float32, device=a.device) if split > 1 else c
     w4_gemm_sm90_kernel[(tiles, split)](
-        a, words, c, bias if bias is not None else c, scale, zero, ws, _counters(a.device) if split > 1 else words,
+        a, words, c, bias if bias is not None else c, scale, scale if fp4 else zero, ws,
+        _counters(a.device) if split > 1 else words,
         m, n, k, k_per_split // 8, a.stride(0), words.stride(0), c.stride(0), scale.stride(0), scale.stride(1),
-        INT4_PAIR_MASK, FP16_BIAS if a.dtype == torch.float16 else BF16_BIAS,
-        GROUP_K=group_k, BLOCK_N=p.block_n, BLOCK_M=block_m(m), FP16=a.dtype == torch.float16,
+        *(FP4_MASKS if fp4 else (INT4_PAIR_MASK, FP16_BIAS if a.dtype == torch.float16 else BF16_BIAS)),
+        GROUP_K=group_k, BLOCK_N=p.block_n, BLOCK_M=block_m(m), FP16=a.dtype == torch.float16, FP4=fp4,
         HAS_BIAS=bias is not None, SPLIT_K=split, PREFETCH=p.prefetch, UNROLL=unroll, num_warps=p.warps, **pdl,
     )  # fmt: skip
     return c
@@ -232,6 +257,34 @@ if HAVE_GLUON:
         return gl.join(lo, hi)
 
     @gluon.jit
+    def _pair_fp4(words, P: gl.constexpr, mag, sign, s2):
+        """Nibbles P and P + 4 of each word, e2m1 codes, as bf16 (value x the scale), [..., 2]: the
+        magnitude bits go to bf16 bits 6..8 (22..24), the sign to 15 (31): the bf16x2 of value x 2**-126
+        (codes 0.5 land on the subnormal 2**-127, exactly), then one packed multiply by the thread's
+        2**(e - 64) (the activations carry the other 2**63, the accumulator takes it back)."""
+        if P == 0:
+            m_src = words << 6
+        elif P == 1:
+            m_src = words << 2
+        else:
+            m_src = words >> (4 * P - 6)
+        s_src = words if P == 3 else words << (12 - 4 * P)
+        lo, hi = gl.inline_asm_elementwise(
+            "{ .reg .b32 t; and.b32 t, $2, $4; lop3.b32 t, $3, $5, t, 0xEA; mul.rn.bf16x2 t, t, $6; "
+            "mov.b32 {$0, $1}, t; }", "=h,=h,r,r,r,r,r", [m_src, s_src, mag, sign, s2],
+            dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)  # fmt: skip
+        return gl.join(lo, hi)
+
+    @gluon.jit
+    def _decode_fp4(words, mag, sign, s2, BLOCK_N: gl.constexpr, LA: gl.constexpr):
+        """_decode for e2m1 words (MXFP4): the same column order."""
+        h0 = gl.join(_pair_fp4(words, 0, mag, sign, s2), _pair_fp4(words, 1, mag, sign, s2))
+        h1 = gl.join(_pair_fp4(words, 2, mag, sign, s2), _pair_fp4(words, 3, mag, sign, s2))
+        x = gl.join(h0, h1)
+        x = gl.permute(x, [0, 2, 5, 4, 1, 3])
+        return gl.convert_layout(gl.reshape(x, [BLOCK_N, 128]), LA)
+
+    @gluon.jit
     def _decode(words, mask, bias, s2, zs2, BLOCK_N: gl.constexpr, DT: gl.constexpr, LA: gl.constexpr):
         """[BLOCK_N, 4, 4] words -> the [BLOCK_N, 128] A operand in layout LA. Logical column
         k' = 16 c + 8 h + 2 t + e (c = 2 u + c1) holds physical column 32 t + 8 u + 4 e + 2 c1 + h."""
@@ -243,24 +296,35 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw, stride_sk, GROUP_K: gl.constexpr,
-                   BLOCK_M: gl.constexpr):  # fmt: skip
+                   BLOCK_M: gl.constexpr, FP4: gl.constexpr):  # fmt: skip
         """The K step at word kw: words [BLOCK_N, 4, 4], scales and zero points [BLOCK_N, 4] (a row's and
-        quad lane's), the [BLOCK_M, 128] activation tile with its columns in the A operand's order."""
+        quad lane's; MXFP4: the scales twice), the [BLOCK_M, 128] activation tile with its columns in the
+        A operand's order (MXFP4: x 2**63)."""
         g = kw // (GROUP_K // 8) * stride_sk
         x = gl.load(a_ptrs + kw * 8, mask=rows_in, other=0.0)
+        if FP4:
+            x = (x.to(gl.float32) * 9223372036854775808.0).to(x.dtype)  # 2**63, exact
         x = gl.reshape(x, [BLOCK_M, 4, 4, 2, 2, 2])  # physical column 32 t + 8 u + 4 e + 2 c1 + h
         x = gl.reshape(gl.permute(x, [0, 2, 4, 5, 1, 3]), [BLOCK_M, 128])  # [m, u, c1, h, t, e]
-        return gl.load(w_ptrs + kw), gl.load(s_ptrs + g), gl.load(z_ptrs + g), x
+        s = gl.load(s_ptrs + g)
+        z = s if FP4 else gl.load(z_ptrs + g)
+        return gl.load(w_ptrs + kw), s, z, x
 
     @gluon.jit
-    def _step(words, s, z, x_buf, acc, mask, bias, BLOCK_N: gl.constexpr, DT: gl.constexpr, LA: gl.constexpr):
+    def _step(words, s, z, x_buf, acc, mask, bias, BLOCK_N: gl.constexpr, DT: gl.constexpr, LA: gl.constexpr,
+              FP4: gl.constexpr):  # fmt: skip
         """One K step into the accumulator: decode the words with the thread's (s, s) and (-z s, -z s)
-        as 16-bit pairs in a word, then the MMA with the activation tile in shared memory."""
-        sd = s.to(DT)
-        s2 = sd.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
-        zs2 = (-(z.to(DT) * sd)).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
-        a_op = _decode(words, mask, bias, gl.expand_dims(s2 | (s2 << 16), 2), gl.expand_dims(zs2 | (zs2 << 16), 2),
-                       BLOCK_N, DT, LA)  # fmt: skip
+        (MXFP4: (2**(e - 64), ...)) as 16-bit pairs in a word, then the MMA with the activation tile in
+        shared memory."""
+        if FP4:
+            s2 = (s.to(gl.int32) + 63) << 7  # the bf16 2**(e - 64)
+            a_op = _decode_fp4(words, mask, bias, gl.expand_dims(s2 | (s2 << 16), 2), BLOCK_N, LA)
+        else:
+            sd = s.to(DT)
+            s2 = sd.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+            zs2 = (-(z.to(DT) * sd)).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+            a_op = _decode(words, mask, bias, gl.expand_dims(s2 | (s2 << 16), 2),
+                           gl.expand_dims(zs2 | (zs2 << 16), 2), BLOCK_N, DT, LA)  # fmt: skip
         return warpgroup_mma(a_op, x_buf.permute((1, 0)), acc)
 
     @gluon.jit
@@ -273,7 +337,7 @@ if HAVE_GLUON:
     def w4_gemm_sm90_kernel(
         a_ptr, w_ptr, c_ptr, bias_ptr, s_ptr, z_ptr, ws_ptr, cnt_ptr,
         M, N, K, KW_PER_SPLIT, stride_am, stride_wn, stride_cm, stride_sn, stride_sk, mask, bias,
-        GROUP_K: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, FP16: gl.constexpr,
+        GROUP_K: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, FP16: gl.constexpr, FP4: gl.constexpr,
         HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr, PREFETCH: gl.constexpr, UNROLL: gl.constexpr,
         PDL: gl.constexpr = False,
     ):  # fmt: skip
@@ -316,34 +380,40 @@ if HAVE_GLUON:
         s_ptrs = s_ptr + s_off
         z_ptrs = z_ptr + s_off
         STEP: gl.constexpr = 16 * UNROLL  # words an iteration
-        w0, s0, z0, x0 = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw_start, stride_sk, GROUP_K, BLOCK_M)
+        w0, s0, z0, x0 = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw_start, stride_sk, GROUP_K, BLOCK_M, FP4)
         w1, s1, z1, x1 = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw_start + 16 * (UNROLL - 1), stride_sk,
-                                    GROUP_K, BLOCK_M)  # fmt: skip
+                                    GROUP_K, BLOCK_M, FP4)  # fmt: skip
         buf = 0
         for kw in range(kw_start, kw_end, STEP):
-            if PREFETCH:  # the next iteration's loads in flight during this one's decode and MMA (the last reloads itself)
+            if (
+                PREFETCH
+            ):  # the next iteration's loads in flight during this one's decode and MMA (the last reloads itself)
                 nxt = gl.minimum(kw + STEP, kw_end - STEP)
                 n_w0, n_s0, n_z0, n_x0 = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, nxt, stride_sk, GROUP_K,
-                                                    BLOCK_M)  # fmt: skip
+                                                    BLOCK_M, FP4)  # fmt: skip
                 n_w1, n_s1, n_z1, n_x1 = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, nxt + 16 * (UNROLL - 1),
-                                                    stride_sk, GROUP_K, BLOCK_M)  # fmt: skip
+                                                    stride_sk, GROUP_K, BLOCK_M, FP4)  # fmt: skip
             else:
-                w0, s0, z0, x0 = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw, stride_sk, GROUP_K, BLOCK_M)
+                w0, s0, z0, x0 = _load_step(
+                    w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw, stride_sk, GROUP_K, BLOCK_M, FP4
+                )
                 w1, s1, z1, x1 = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw + 16 * (UNROLL - 1), stride_sk,
-                                            GROUP_K, BLOCK_M)  # fmt: skip
+                                            GROUP_K, BLOCK_M, FP4)  # fmt: skip
             x_smem.index(buf * UNROLL).store(x0)
             if UNROLL == 2:
                 x_smem.index(buf * UNROLL + 1).store(x1)
             fence_async_shared()
             _barrier()
-            acc = _step(w0, s0, z0, x_smem.index(buf * UNROLL), acc, mask, bias, BLOCK_N, DT, LA)
+            acc = _step(w0, s0, z0, x_smem.index(buf * UNROLL), acc, mask, bias, BLOCK_N, DT, LA, FP4)
             if UNROLL == 2:
-                acc = _step(w1, s1, z1, x_smem.index(buf * UNROLL + 1), acc, mask, bias, BLOCK_N, DT, LA)
+                acc = _step(w1, s1, z1, x_smem.index(buf * UNROLL + 1), acc, mask, bias, BLOCK_N, DT, LA, FP4)
             if PREFETCH:
                 w0, s0, z0, x0 = n_w0, n_s0, n_z0, n_x0
                 w1, s1, z1, x1 = n_w1, n_s1, n_z1, n_x1
             buf = 1 - buf
 
+        if FP4:
+            acc = acc * 1.0842021724855044e-19  # 2**-63: the activations' factor
         # c[m, n] = acc[n, m]
         n_out = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
         m_out = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))

@@ -46,10 +46,10 @@ def main() -> None:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             expected = x.float() @ w_deq.T
 
-            def call(x=x, mode="always"):
+            def call(x=x, q=q, mode="always"):
                 return g.gemm(x, q.data, b_scale=q.scale, b_zero=q.zeros, w4_sm90=mode, **g.scale_args(scheme))
 
-            bf16 = triton.testing.do_bench_cudagraph(lambda x=x: x @ w.T)
+            bf16 = triton.testing.do_bench_cudagraph(lambda x=x, w=w: x @ w.T)
             portable = triton.testing.do_bench_cudagraph(lambda call=call: call(mode="never"))
             line = f"{layer} {n}x{k} M={m}: bf16 {bf16 * 1e3:.1f}us portable {portable * 1e3:.1f}us ({bf16 / portable:.2f}x)"
             for spec in args.plans if m > 1 else ["gemv"]:
