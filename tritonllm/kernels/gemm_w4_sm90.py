@@ -328,10 +328,11 @@ if HAVE_GLUON:
         return warpgroup_mma(a_op, x_buf.permute((1, 0)), acc)
 
     @gluon.jit
-    def _store(acc, c_ptrs, bias_ptr, n_out, ok, N, HAS_BIAS: gl.constexpr, DT: gl.constexpr):
+    def _store(acc, c_ptrs, bias_ptr, n_out, ok, N, HAS_BIAS: gl.constexpr):
+        """acc (+ the bias) into the output tile, in the output's dtype (gemm()'s out_dtype)."""
         if HAS_BIAS:
             acc += gl.expand_dims(gl.load(bias_ptr + n_out, mask=n_out < N, other=0.0).to(gl.float32), 1)
-        gl.store(c_ptrs, acc.to(DT), mask=ok)
+        gl.store(c_ptrs, acc.to(c_ptrs.dtype.element_ty), mask=ok)
 
     @gluon.jit
     def w4_gemm_sm90_kernel(
@@ -430,7 +431,7 @@ if HAVE_GLUON:
                 acc = gl.load(tile_ws, mask=ok, other=0.0, cache_modifier=".cg")
                 for sp in gl.static_range(1, SPLIT_K):
                     acc += gl.load(tile_ws + sp * M * N, mask=ok, other=0.0, cache_modifier=".cg")
-                _store(acc, c_ptr + offs, bias_ptr, n_out, ok, N, HAS_BIAS, DT)
+                _store(acc, c_ptr + offs, bias_ptr, n_out, ok, N, HAS_BIAS)
                 gl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")  # ready for the next launch
         else:
-            _store(acc, c_ptr + offs, bias_ptr, n_out, ok, N, HAS_BIAS, DT)
+            _store(acc, c_ptr + offs, bias_ptr, n_out, ok, N, HAS_BIAS)
