@@ -104,13 +104,14 @@ def test_every_e2m1_code_decodes_exactly(spy) -> None:
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize(
-    "plan", ["128:1:1", "128:3:1", "64:2:0", "64:1:1", "128:5:0", "64:3:1:2", "128:1:0:2", "128:2:1:1:8", "256:1:1:1:8"]
+    "plan", ["128:1:1", "128:3:1", "64:2:0", "64:1:1", "128:5:0", "64:3:1:2", "128:1:0:2", "128:2:1:1:8", "256:1:1:1:8",
+        "256:2:1:1:16"]
 )
 @pytest.mark.parametrize("m", [3, 24, 64])
 def test_every_plan_matches(plan, m, monkeypatch, spy) -> None:
     """Rows a program, K splits (uneven: the last split shorter; summed in the kernel, the same bits on a
     second call, the counters back at zero), prefetch on and off, two K steps an iteration (K = 4,224 is
-    not a multiple of 256: one step an iteration; 4,096 is), two warpgroups."""
+    not a multiple of 256: one step an iteration; 4,096 is), two and four warpgroups."""
     monkeypatch.setattr(gemm_w4_sm90, "PLAN_OVERRIDE", gemm_w4_sm90.Plan.parse(plan))
     for k in (4224, 4096):
         x = _randn(m, k, seed=73, dtype=torch.bfloat16)

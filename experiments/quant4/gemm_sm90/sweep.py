@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from tritonllm.kernels import gemm as g  # noqa: E402
 from tritonllm.kernels import gemm_w4_sm90, reference  # noqa: E402
-from tritonllm.kernels.quant_formats import INT4, QuantScheme  # noqa: E402
+from tritonllm.kernels.quant_formats import FP4, INT4, QuantScheme  # noqa: E402
 from tritonllm.quantization.quantize import quantize_weight  # noqa: E402
 
 SHAPES = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
@@ -31,17 +31,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("--ms", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64])
-    parser.add_argument("--group", type=int, default=128)
+    parser.add_argument("--group", type=int, default=128, help="int4 group size (ignored with --mxfp4)")
+    parser.add_argument("--mxfp4", action="store_true", help="MXFP4 weights (e2m1, e8m0 per 32) instead of int4")
     parser.add_argument("--plans", nargs="+", default=["auto", "64:4:1", "64:4:1:2", "64:2:1:2", "64:1:1", "128:4:1:2",
                                                        "128:2:1:2", "64:8:1"])  # fmt: skip
     args = parser.parse_args()
-    scheme = QuantScheme(INT4, "group", "none", group_size=args.group)
+    scheme = QuantScheme(FP4, "mx", "none") if args.mxfp4 else QuantScheme(INT4, "group", "none", group_size=args.group)
     rows = []
     for layer, n, k in SHAPES:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         q = quantize_weight(w.float(), scheme)
         w_deq = reference.dequantize_weight(q)
-        weight_bytes = q.data.numel() + 2 * q.scale.numel() * q.scale.element_size()
+        weight_bytes = q.data.numel() + (1 if args.mxfp4 else 2) * q.scale.numel() * q.scale.element_size()
         for m in args.ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             expected = x.float() @ w_deq.T
@@ -58,7 +59,8 @@ def main() -> None:
                 err = ((got.float() - expected).abs().max() / expected.abs().max()).item()
                 us = triton.testing.do_bench_cudagraph(call)
                 p = gemm_w4_sm90.plan(m, n, k)
-                rows.append(dict(layer=layer, n=n, k=k, m=m, group=args.group, plan=spec,
+                rows.append(dict(layer=layer, n=n, k=k, m=m, group=32 if args.mxfp4 else args.group, plan=spec,
+                                 format="mxfp4" if args.mxfp4 else "int4",
                                  resolved=dataclasses.asdict(p), us=us * 1e3, bf16_us=bf16 * 1e3,
                                  portable_us=portable * 1e3, speedup_vs_bf16=bf16 / us,
                                  tb_s=weight_bytes / us / 1e9, rel_err=err))  # fmt: skip
