@@ -104,8 +104,19 @@ def test_every_e2m1_code_decodes_exactly(spy) -> None:
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize(
-    "plan", ["128:1:1", "128:3:1", "64:2:0", "64:1:1", "128:5:0", "64:3:1:2", "128:1:0:2", "128:2:1:1:8", "256:1:1:1:8",
-        "256:2:1:1:16"]
+    "plan",
+    [
+        "128:1:1",
+        "128:3:1",
+        "64:2:0",
+        "64:1:1",
+        "128:5:0",
+        "64:3:1:2",
+        "128:1:0:2",
+        "128:2:1:1:8",
+        "256:1:1:1:8",
+        "256:2:1:1:16",
+    ],
 )
 @pytest.mark.parametrize("m", [3, 24, 64])
 def test_every_plan_matches(plan, m, monkeypatch, spy) -> None:
@@ -204,3 +215,64 @@ def test_sm90_sass_per_weight(fp4: bool, most: float) -> None:
     assert 2 < per_weight < most, result.stdout
     assert "no spills" in result.stdout
     assert result.stdout.count("HGMMA") == 1  # tensor cores, not FMAs
+
+
+def _emulated_step(words: torch.Tensor, s: torch.Tensor, z: torch.Tensor | None, fp4: bool, masks=None):
+    """The kernel's decode of one K step (int32 words [N, 16], a thread's scale / zero point per 32
+    columns [N, 4]; MXFP4: e8m0 exponents, z None) in torch, bit for bit: the 16-bit pairs, their packed
+    arithmetic (one rounding to bf16, as the packed FMA / multiply), and the logical column each lands
+    on. Returns (A [N, 128] in the MMA's logical column order, phys [128]: the physical column of each)."""
+    mask, bias = masks or (gemm_w4_sm90.FP4_MASKS if fp4 else (gemm_w4_sm90.INT4_PAIR_MASK, gemm_w4_sm90.BF16_BIAS))
+    n = words.shape[0]
+    a = torch.zeros(n, 128)
+    phys = torch.zeros(128, dtype=torch.long)
+
+    def halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        lo, hi = (x & 0xFFFF).to(torch.int32), ((x >> 16) & 0xFFFF).to(torch.int32)
+        as_bf16 = lambda h: (h << 16).view(torch.float32)  # noqa: E731 - a bf16's bits are a float32's top half
+        return as_bf16(lo), as_bf16(hi)
+
+    for wi in range(16):
+        t, u = divmod(wi, 4)
+        w = words[:, wi]
+        for p in range(4):
+            if fp4:
+                m_src = (w << 6) if p == 0 else (w << 2) if p == 1 else (w >> (4 * p - 6))
+                s_src = w if p == 3 else (w << (12 - 4 * p))
+                lo, hi = halves((m_src & mask) | (s_src & bias))
+                scale = torch.exp2(s[:, t].float() - 64)
+                lo, hi = (lo * scale).bfloat16().float(), (hi * scale).bfloat16().float()
+            else:
+                lo, hi = halves(((w >> (4 * p)) & mask) | bias)
+                sd = s[:, t].bfloat16().float()
+                zs = (-(z[:, t].bfloat16().float() * sd)).bfloat16().float()
+                lo = ((lo - 128.0).double() * sd + zs).bfloat16().float()
+                hi = ((hi - 128.0).double() * sd + zs).bfloat16().float()
+            c1, h = divmod(p, 2)
+            for e, v in ((0, lo), (1, hi)):
+                k = 16 * (2 * u + c1) + 8 * h + 2 * t + e
+                a[:, k], phys[k] = v, 32 * t + 8 * u + p + 4 * e
+    return a, phys
+
+
+@pytest.mark.parametrize("fp4", [False, True], ids=["int4-g32", "mxfp4"])
+def test_decode_and_column_order_in_torch(fp4: bool) -> None:
+    """The kernel's bit-level decode and column mapping, emulated in torch for one K step: the A operand
+    times the activations permuted the kernel's way equals the dequantized product (MXFP4 with the
+    activations x 2**63, nothing taken back); a wrong magnitude mask, or a wrong permutation, fails."""
+    n = 6
+    weight = quantize_weight(_randn(n, 128, seed=84), MXFP4 if fp4 else _scheme(32))
+    x = _randn(3, 128, seed=85).bfloat16().float()
+    words = weight.data.cpu().contiguous().view(torch.int32)
+    s, z = weight.scale.cpu(), None if fp4 else weight.zeros.cpu()
+    expected = x @ reference.dequantize_weight(weight).cpu().T
+    x_scale = 2.0**63 if fp4 else 1.0
+    a, phys = _emulated_step(words, s, z, fp4)
+    assert sorted(phys.tolist()) == list(range(128))
+    assert_close_to_scale((x[:, phys] * x_scale) @ a.T, expected, 1e-2)
+    with pytest.raises(AssertionError):  # the permutation matters
+        assert_close_to_scale((x * x_scale) @ a.T, expected, 1e-2)
+    wrong = (0x01C001C0 >> 1, gemm_w4_sm90.FP4_MASKS[1]) if fp4 else (0x000E000F, gemm_w4_sm90.BF16_BIAS)
+    a_bad, _ = _emulated_step(words, s, z, fp4, masks=wrong)
+    with pytest.raises(AssertionError):
+        assert_close_to_scale((x[:, phys] * x_scale) @ a_bad.T, expected, 1e-2)

@@ -19,9 +19,10 @@ nibbles (j, j + 4) into a bf16x2 (fp16x2) of 128 + q (1024 + q): the pair's two 
 MMA's adjacent columns. Then w = (x - 128) s - z s per pair, with the scale and zero point of the
 thread's group (a thread's 32 columns lie in one group of 32, 64 or 128). MXFP4 (bf16 only): the
 e2m1 magnitude and sign bits of a pair go under bf16's exponent (two shifts, two LOP3: value x
-2**-126, the code 0.5 a subnormal) and one packed multiply by 2**(e - 64) applies the e8m0 scale; the
-activations carry 2**63, the accumulator gives it back. Plans (rows a program, K splits, prefetch,
-K steps an iteration, one or two warpgroups) come from `plan`, swept by
+2**-126, the code 0.5 a subnormal) and one packed multiply by 2**(e - 64) applies the e8m0 scale:
+the weight times 2**-63 (a normal bf16 for any scale a checkpoint carries: e in 64..190), the
+activations times 2**63, their product exact. Plans (rows a program, K splits, prefetch, K steps an
+iteration, one to four warpgroups) come from `plan`, swept by
 experiments/quant4/gemm_sm90/sweep.py.
 
 K splits (skinny grids) write float32 partials; the last split program of a tile to arrive (a counter
@@ -258,10 +259,10 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _pair_fp4(words, P: gl.constexpr, mag, sign, s2):
-        """Nibbles P and P + 4 of each word, e2m1 codes, as bf16 (value x the scale), [..., 2]: the
+        """Nibbles P and P + 4 of each word, e2m1 codes, as bf16 (value x scale x 2**-63), [..., 2]: the
         magnitude bits go to bf16 bits 6..8 (22..24), the sign to 15 (31): the bf16x2 of value x 2**-126
         (codes 0.5 land on the subnormal 2**-127, exactly), then one packed multiply by the thread's
-        2**(e - 64) (the activations carry the other 2**63, the accumulator takes it back)."""
+        2**(e - 64) = scale x 2**63 (the activations carry the 2**63 the weight lacks)."""
         if P == 0:
             m_src = words << 6
         elif P == 1:
@@ -413,8 +414,6 @@ if HAVE_GLUON:
                 w1, s1, z1, x1 = n_w1, n_s1, n_z1, n_x1
             buf = 1 - buf
 
-        if FP4:
-            acc = acc * 1.0842021724855044e-19  # 2**-63: the activations' factor
         # c[m, n] = acc[n, m]
         n_out = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
         m_out = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
