@@ -41,6 +41,7 @@ import torch
 
 from tritonllm import platform
 from tritonllm.kernels.attention_split import segment_len
+from tritonllm.kernels.launch import compile_gluon_sm90
 
 try:  # recent triton ships Gluon (3.6 and 3.9 checked); without it the portable kernels serve FP8 caches
     from triton.experimental import gluon
@@ -114,24 +115,15 @@ def compile_sm90(
     """Compile the kernel for sm90 without a GPU (Triton's own compiler and ptxas); returns the
     compiled kernel (its .asm holds the IR, PTX and cubin). For tests, scripts/cross_compile_attention.py
     and the probe of available()."""
-    from triton import compile as triton_compile
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     fn = fp8_decode_sm90_kernel
     constexprs = dict(GROUP=group, ROWS=padded_rows(group), BLOCK_SIZE=block_size,
                       HEAD_DIM=head_dim, TILE_N=tile_n, STAGES=stages, DIRECT=direct, INPLACE_V=inplace_v)  # fmt: skip
-    pointers = dict(out_ptr=f"*{q_dtype}", q_ptr=f"*{q_dtype}", k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv",
-                    block_tables_ptr="*i32", seq_lens_ptr="*i32", query_start_loc_ptr="*i32")  # fmt: skip
-    names = fn.arg_names
-    signature = {n: "constexpr" if n in constexprs else pointers.get(n, "*fp32" if n.endswith("_ptr") else "i32")
-                 for n in names}  # fmt: skip
-    signature["qk_scale"] = "fp32"
+    types = dict(out_ptr=f"*{q_dtype}", q_ptr=f"*{q_dtype}", k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv",
+                 block_tables_ptr="*i32", seq_lens_ptr="*i32", query_start_loc_ptr="*i32", qk_scale="fp32")  # fmt: skip
+    types.update((n, "*fp32") for n in fn.arg_names if n.endswith("_ptr") and n not in types)
     # pointers and the block/token strides divisible by 16, as an engine's caches have them
-    aligned = [i for i, n in enumerate(names) if n not in constexprs and (n.endswith("_ptr") or n.startswith("stride"))]
-    source = GluonASTSource(fn, signature, {(names.index(k),): v for k, v in constexprs.items()},
-                            {(i,): [["tt.divisibility", 16]] for i in aligned})  # fmt: skip
-    return triton_compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=NUM_WARPS))
+    aligned = [n for n in fn.arg_names if n not in constexprs and (n.endswith("_ptr") or n.startswith("stride"))]
+    return compile_gluon_sm90(fn, constexprs, types, aligned, num_warps=NUM_WARPS)
 
 
 def supported(head_dim: int, group: int, block_size: int, tile_n: int) -> bool:

@@ -473,17 +473,15 @@ def gemm(
     if m == 0 or n == 0:
         return c
     if w4_sm90 != "never" and packed and (words := as_words(b)) is not None:  # Hopper: the Gluon kernels
-        if (
-            m == 1 and gemv_w4_sm90.takes(a, k, group_k)
-            and (w4_sm90 == "always" or gemv_w4_sm90.measured_faster(n, k, b_decode == DEC_FP4))
-        ):  # fmt: skip
-            return gemv_w4_sm90.w4_gemv_sm90(a, words, c, bias, b_scale, b_zero if zeros else None, group_k,
-                                             b_decode == DEC_FP4, pdl_launch())  # fmt: skip
-        fp4 = b_decode == DEC_FP4
+        fp4, zero = b_decode == DEC_FP4, b_zero if zeros else None
+        if m == 1 and gemv_w4_sm90.takes(a, k, group_k) and (
+            w4_sm90 == "always" or gemv_w4_sm90.measured_faster(n, k, fp4)
+        ):
+            return gemv_w4_sm90.w4_gemv_sm90(a, words, c, bias, b_scale, zero, group_k, fp4, pdl_launch())
         if gemm_w4_sm90.takes(a, k, group_k, fp4) and (
             w4_sm90 == "always" or gemm_w4_sm90.measured_faster(m, n, k, fp4)
         ):
-            return gemm_w4_sm90.w4_gemm_sm90(a, words, c, bias, b_scale, None if fp4 else b_zero, group_k, pdl_launch())
+            return gemm_w4_sm90.w4_gemm_sm90(a, words, c, bias, b_scale, zero, group_k, fp4, pdl_launch())
     persistent = (
         tiles.persistent and split == 1 and not (operand_scales or upcast_b) and TensorDescriptor is not None
         and (not k_grouped or tiles.block_k == group_k) and descriptors_fit(a, b, c)

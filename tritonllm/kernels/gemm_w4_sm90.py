@@ -21,8 +21,8 @@ thread's group (a thread's 32 columns lie in one group of 32, 64 or 128). MXFP4 
 e2m1 magnitude and sign bits of a pair go under bf16's exponent (two shifts, two LOP3: value x
 2**-126, the code 0.5 a subnormal) and one packed multiply by 2**(e - 64) applies the e8m0 scale:
 the weight times 2**-63 (a normal bf16 for any scale a checkpoint carries: e in 64..190), the
-activations times 2**63, their product exact. Plans (rows a program, K splits, prefetch, K steps an
-iteration, one to four warpgroups) come from `plan`, swept by
+activations times 2**63, their product exact. Plans (rows a program, K splits, prefetch, one to four
+warpgroups) come from `plan`, swept by
 experiments/quant4/gemm_sm90/sweep.py.
 
 K splits (skinny grids) write float32 partials; the last split program of a tile to arrive (a counter
@@ -39,7 +39,7 @@ import torch
 import triton
 
 from tritonllm import platform
-from tritonllm.kernels.launch import gluon_pdl_wait
+from tritonllm.kernels.launch import compile_gluon_sm90, gluon_pdl_wait
 
 try:  # recent triton ships Gluon; without it the portable kernels serve every shape
     from triton.experimental import gluon
@@ -63,15 +63,14 @@ FP4_MASKS = (0x01C001C0, -(2**31) | 0x8000)  # e2m1 magnitudes at bf16 bits 6..8
 class Plan:
     block_n: int  # weight rows a program (the MMA's M: 64 a warpgroup pass)
     split: int  # K splits (float32 partials, summed by each tile's last split program)
-    prefetch: bool = True  # the next iteration's loads issued before this iteration's decode and MMA
-    unroll: int = 1  # K steps an iteration (2: twice the loads in flight; K a multiple of 256)
-    warps: int = 4  # one warpgroup, or two (8) sharing each activation tile (half its reads a weight)
+    prefetch: bool = True  # the next K step's loads issued before this step's decode and MMA
+    warps: int = 4  # 4, 8 or 16: one, two or four warpgroups sharing each activation tile
 
     @classmethod
     def parse(cls, text: str) -> Plan:
-        """ "BLOCK_N:SPLIT:PREFETCH[:UNROLL[:WARPS]]"."""
-        block_n, split, prefetch, *unroll = (int(v) for v in text.split(":"))
-        return cls(block_n, split, bool(prefetch), *unroll)
+        """ "BLOCK_N:SPLIT:PREFETCH[:WARPS]"."""
+        block_n, split, prefetch, *warps = (int(v) for v in text.split(":"))
+        return cls(block_n, split, bool(prefetch), *warps)
 
 
 # sweeps (experiments/quant4/gemm_sm90/sweep.py) set this to time one plan at every shape
@@ -100,9 +99,9 @@ def plan(m: int, n: int, k: int) -> Plan:
     two warpgroups a program sharing each activation tile, no split (M = 64: 50.5 against 68.5 us)."""
     if PLAN_OVERRIDE is not None:
         return PLAN_OVERRIDE
-    if m > 16 and -(-n // 128) >= platform.num_multiprocessors():
-        return Plan(128, 1, True, 1, 8)
-    programs = -(-n // 64)
+    if m > 16 and triton.cdiv(n, 128) >= platform.num_multiprocessors():
+        return Plan(128, 1, True, 8)
+    programs = triton.cdiv(n, 64)
     want = round(4 * platform.num_multiprocessors() / programs)
     return Plan(64, max(1, min(4, want, k // (4 * BLOCK_K))))
 
@@ -137,40 +136,18 @@ def available() -> bool:
     return True
 
 
-def compile_sm90(
-    group_k: int = 128,
-    block_n: int = 128,
-    bm: int = 16,
-    fp16: bool = False,
-    split: int = 1,
-    prefetch: bool = True,
-    unroll: int = 1,
-    warps: int = 4,
-    fp4: bool = False,
-):
-    """Compile for sm90 without a GPU (Triton's compiler and ptxas); the compiled kernel's .asm holds
-    the IR, PTX and cubin (tests, scripts/sass_loop_mix.py, available())."""
-    from triton import compile as triton_compile
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    fn = w4_gemm_sm90_kernel
+def compile_sm90(group_k: int = 128, block_n: int = 128, bm: int = 16, fp16: bool = False, split: int = 1,
+                 prefetch: bool = True, warps: int = 4, fp4: bool = False):  # fmt: skip
+    """Compile for sm90 without a GPU (launch.compile_gluon_sm90): tests, scripts/sass_loop_mix.py,
+    available()."""
     constexprs = dict(GROUP_K=32 if fp4 else group_k, BLOCK_N=block_n, BLOCK_M=bm, FP16=fp16, FP4=fp4,
-                      HAS_BIAS=False, SPLIT_K=split, PREFETCH=prefetch, UNROLL=unroll, PDL=True)  # fmt: skip
+                      HAS_BIAS=False, SPLIT_K=split, PREFETCH=prefetch, PDL=True)  # fmt: skip
     act = "*fp16" if fp16 else "*bf16"
     scale = "*u8" if fp4 else "*fp16"
-    pointers = dict(a_ptr=act, w_ptr="*i32", c_ptr=act, bias_ptr=act, s_ptr=scale, z_ptr=scale,
-                    ws_ptr="*fp32", cnt_ptr="*i32")  # fmt: skip
-    names = fn.arg_names
-    signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in names}
-    aligned = [
-        i
-        for i, n in enumerate(names)
-        if n in ("a_ptr", "w_ptr", "K", "KW_PER_SPLIT", "stride_wn", "stride_am", "stride_cm")
-    ]
-    source = GluonASTSource(fn, signature, {(names.index(k),): v for k, v in constexprs.items()},
-                            {(i,): [["tt.divisibility", 16]] for i in aligned})  # fmt: skip
-    return triton_compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
+    types = dict(a_ptr=act, w_ptr="*i32", c_ptr=act, bias_ptr=act, s_ptr=scale, z_ptr=scale, ws_ptr="*fp32",
+                 cnt_ptr="*i32")  # fmt: skip
+    aligned = ("a_ptr", "w_ptr", "K", "KW_PER_SPLIT", "stride_wn", "stride_am", "stride_cm")
+    return compile_gluon_sm90(w4_gemm_sm90_kernel, constexprs, types, aligned, num_warps=warps)
 
 
 # per-tile arrival counters of split programs (kernel-owned: every count returns to 0 by the kernel's end)
@@ -185,23 +162,21 @@ def _counters(device: torch.device) -> torch.Tensor:
 
 
 def w4_gemm_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
-                 scale: torch.Tensor, zero: torch.Tensor | None, group_k: int, pdl: dict) -> torch.Tensor:  # fmt: skip
+                 scale: torch.Tensor, zero: torch.Tensor | None, group_k: int, fp4: bool,
+                 pdl: dict) -> torch.Tensor:  # fmt: skip
     """c = a . w^T (+ bias) for a [M, K], the int32 word view [N, K / 8] of an int4 weight with scales
-    and zero points [N, K / group_k], or (zero None) of an MXFP4 weight with e8m0 scales [N, K / 32].
+    and zero points [N, K / group_k], or (fp4; zero None) of an MXFP4 weight with e8m0 scales [N, K / 32].
     K splits write float32 partials; the last split program of a tile to arrive sums them in split
     order (deterministic) and writes c: one launch, no reduce kernel."""
     (m, k), n = a.shape, words.shape[0]
-    fp4 = zero is None
     p = plan(m, n, k)
-    unroll = p.unroll if k % (p.unroll * BLOCK_K) == 0 else 1
-    quantum = unroll * BLOCK_K
-    k_per_split = triton.cdiv(triton.cdiv(k, p.split), quantum) * quantum
+    k_per_split = triton.cdiv(triton.cdiv(k, p.split), BLOCK_K) * BLOCK_K
     split = triton.cdiv(k, k_per_split)
     tiles = triton.cdiv(n, p.block_n)
     # no counters for the tiles, or none allocated yet while a CUDA graph is being captured (an
     # allocation there would be zeroed only on replay; the engine's warm-ups run eagerly first): one split
     if split > 1 and (tiles > MAX_TILES or (a.device not in _COUNTERS and torch.cuda.is_current_stream_capturing())):
-        split, k_per_split = 1, triton.cdiv(k, quantum) * quantum
+        split, k_per_split = 1, k
     ws = torch.empty((split, m, n), dtype=torch.float32, device=a.device) if split > 1 else c
     w4_gemm_sm90_kernel[(tiles, split)](
         a, words, c, bias if bias is not None else c, scale, scale if fp4 else zero, ws,
@@ -209,7 +184,7 @@ def w4_gemm_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
         m, n, k, k_per_split // 8, a.stride(0), words.stride(0), c.stride(0), scale.stride(0), scale.stride(1),
         *(FP4_MASKS if fp4 else (INT4_PAIR_MASK, FP16_BIAS if a.dtype == torch.float16 else BF16_BIAS)),
         GROUP_K=group_k, BLOCK_N=p.block_n, BLOCK_M=block_m(m), FP16=a.dtype == torch.float16, FP4=fp4,
-        HAS_BIAS=bias is not None, SPLIT_K=split, PREFETCH=p.prefetch, UNROLL=unroll, num_warps=p.warps, **pdl,
+        HAS_BIAS=bias is not None, SPLIT_K=split, PREFETCH=p.prefetch, num_warps=p.warps, **pdl,
     )  # fmt: skip
     return c
 
@@ -240,7 +215,7 @@ if HAVE_GLUON:
         )
 
     @gluon.jit
-    def _pair(words, P: gl.constexpr, mask, bias, s2, zs2, DT: gl.constexpr):
+    def _pair_int4(words, P: gl.constexpr, mask, bias, s2, zs2, DT: gl.constexpr):
         """Nibbles P and P + 4 of each word as the 16-bit floats (q - z) s, [..., 2] (low, high): one
         LOP3 puts them under the exponent of 128 (1024) as a bf16x2 (fp16x2) of 128 + q, then a packed
         subtract and a packed FMA with the thread's (s, s) and (-z s, -z s) (s2, zs2)."""
@@ -277,20 +252,16 @@ if HAVE_GLUON:
         return gl.join(lo, hi)
 
     @gluon.jit
-    def _decode_fp4(words, mag, sign, s2, BLOCK_N: gl.constexpr, LA: gl.constexpr):
-        """_decode for e2m1 words (MXFP4): the same column order."""
-        h0 = gl.join(_pair_fp4(words, 0, mag, sign, s2), _pair_fp4(words, 1, mag, sign, s2))
-        h1 = gl.join(_pair_fp4(words, 2, mag, sign, s2), _pair_fp4(words, 3, mag, sign, s2))
-        x = gl.join(h0, h1)
-        x = gl.permute(x, [0, 2, 5, 4, 1, 3])
-        return gl.convert_layout(gl.reshape(x, [BLOCK_N, 128]), LA)
-
-    @gluon.jit
-    def _decode(words, mask, bias, s2, zs2, BLOCK_N: gl.constexpr, DT: gl.constexpr, LA: gl.constexpr):
+    def _decode(words, m0, m1, s2, zs2, BLOCK_N: gl.constexpr, DT: gl.constexpr, LA: gl.constexpr, FP4: gl.constexpr):
         """[BLOCK_N, 4, 4] words -> the [BLOCK_N, 128] A operand in layout LA. Logical column
-        k' = 16 c + 8 h + 2 t + e (c = 2 u + c1) holds physical column 32 t + 8 u + 4 e + 2 c1 + h."""
-        h0 = gl.join(_pair(words, 0, mask, bias, s2, zs2, DT), _pair(words, 1, mask, bias, s2, zs2, DT))
-        h1 = gl.join(_pair(words, 2, mask, bias, s2, zs2, DT), _pair(words, 3, mask, bias, s2, zs2, DT))
+        k' = 16 c + 8 h + 2 t + e (c = 2 u + c1) holds physical column 32 t + 8 u + 4 e + 2 c1 + h.
+        m0, m1: the format's masks (int4: INT4_PAIR_MASK and the bias; MXFP4: FP4_MASKS)."""
+        if FP4:
+            h0 = gl.join(_pair_fp4(words, 0, m0, m1, s2), _pair_fp4(words, 1, m0, m1, s2))
+            h1 = gl.join(_pair_fp4(words, 2, m0, m1, s2), _pair_fp4(words, 3, m0, m1, s2))
+        else:
+            h0 = gl.join(_pair_int4(words, 0, m0, m1, s2, zs2, DT), _pair_int4(words, 1, m0, m1, s2, zs2, DT))
+            h1 = gl.join(_pair_int4(words, 2, m0, m1, s2, zs2, DT), _pair_int4(words, 3, m0, m1, s2, zs2, DT))
         x = gl.join(h0, h1)  # [BLOCK_N, 4 (t), 4 (u), 2 (e), 2 (h), 2 (c1)]
         x = gl.permute(x, [0, 2, 5, 4, 1, 3])  # [n, u, c1, h, t, e]
         return gl.convert_layout(gl.reshape(x, [BLOCK_N, 128]), LA)
@@ -319,13 +290,13 @@ if HAVE_GLUON:
         shared memory."""
         if FP4:
             s2 = (s.to(gl.int32) + 63) << 7  # the bf16 2**(e - 64)
-            a_op = _decode_fp4(words, mask, bias, gl.expand_dims(s2 | (s2 << 16), 2), BLOCK_N, LA)
+            zs2 = s2  # no zero points
         else:
             sd = s.to(DT)
             s2 = sd.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
             zs2 = (-(z.to(DT) * sd)).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
-            a_op = _decode(words, mask, bias, gl.expand_dims(s2 | (s2 << 16), 2),
-                           gl.expand_dims(zs2 | (zs2 << 16), 2), BLOCK_N, DT, LA)  # fmt: skip
+        a_op = _decode(words, mask, bias, gl.expand_dims(s2 | (s2 << 16), 2), gl.expand_dims(zs2 | (zs2 << 16), 2),
+                       BLOCK_N, DT, LA, FP4)  # fmt: skip
         return warpgroup_mma(a_op, x_buf.permute((1, 0)), acc)
 
     @gluon.jit
@@ -340,13 +311,12 @@ if HAVE_GLUON:
         a_ptr, w_ptr, c_ptr, bias_ptr, s_ptr, z_ptr, ws_ptr, cnt_ptr,
         M, N, K, KW_PER_SPLIT, stride_am, stride_wn, stride_cm, stride_sn, stride_sk, mask, bias,
         GROUP_K: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, FP16: gl.constexpr, FP4: gl.constexpr,
-        HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr, PREFETCH: gl.constexpr, UNROLL: gl.constexpr,
-        PDL: gl.constexpr = False,
+        HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr, PREFETCH: gl.constexpr, PDL: gl.constexpr = False,
     ):  # fmt: skip
         """c[m, n] = sum_k a[m, k] w[n, k] (+ bias[n]) for BLOCK_N weight rows and all M (<= BLOCK_M)
         activation rows a program, over the K range of its split (program_id 1)."""
         gluon_pdl_wait(PDL)
-        WARPS: gl.constexpr = gl.num_warps()  # 4 or 8: one or two warpgroups, 64 rows each a pass
+        WARPS: gl.constexpr = gl.num_warps()  # 4, 8 or 16: one to four warpgroups, 64 rows each a pass
         DT: gl.constexpr = gl.float16 if FP16 else gl.bfloat16
         ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, BLOCK_M, 16])  # fmt: skip
@@ -377,41 +347,27 @@ if HAVE_GLUON:
 
         # two activation buffers: a step writes one while no thread can still be reading it (the MMA two
         # steps back finished before its thread reached the last step's barrier), one barrier a step
-        x_smem = gl.allocate_shared_memory(DT, [2 * UNROLL, BLOCK_M, 128], SX)
+        x_smem = gl.allocate_shared_memory(DT, [2, BLOCK_M, 128], SX)
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
         s_ptrs = s_ptr + s_off
         z_ptrs = z_ptr + s_off
-        STEP: gl.constexpr = 16 * UNROLL  # words an iteration
-        w0, s0, z0, x0 = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw_start, stride_sk, GROUP_K, BLOCK_M, FP4)
-        w1, s1, z1, x1 = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw_start + 16 * (UNROLL - 1), stride_sk,
-                                    GROUP_K, BLOCK_M, FP4)  # fmt: skip
+        words, s, z, x = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw_start, stride_sk, GROUP_K, BLOCK_M, FP4)
         buf = 0
-        for kw in range(kw_start, kw_end, STEP):
-            if (
-                PREFETCH
-            ):  # the next iteration's loads in flight during this one's decode and MMA (the last reloads itself)
-                nxt = gl.minimum(kw + STEP, kw_end - STEP)
-                n_w0, n_s0, n_z0, n_x0 = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, nxt, stride_sk, GROUP_K,
+        for kw in range(kw_start, kw_end, 16):
+            if PREFETCH:  # the next step's loads in flight during this one's decode and MMA (the last reloads itself)
+                nxt = gl.minimum(kw + 16, kw_end - 16)
+                n_words, n_s, n_z, n_x = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, nxt, stride_sk, GROUP_K,
                                                     BLOCK_M, FP4)  # fmt: skip
-                n_w1, n_s1, n_z1, n_x1 = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, nxt + 16 * (UNROLL - 1),
-                                                    stride_sk, GROUP_K, BLOCK_M, FP4)  # fmt: skip
             else:
-                w0, s0, z0, x0 = _load_step(
-                    w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw, stride_sk, GROUP_K, BLOCK_M, FP4
-                )
-                w1, s1, z1, x1 = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw + 16 * (UNROLL - 1), stride_sk,
-                                            GROUP_K, BLOCK_M, FP4)  # fmt: skip
-            x_smem.index(buf * UNROLL).store(x0)
-            if UNROLL == 2:
-                x_smem.index(buf * UNROLL + 1).store(x1)
+                words, s, z, x = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw, stride_sk, GROUP_K, BLOCK_M,
+                                            FP4)  # fmt: skip
+            x_buf = x_smem.index(buf)
+            x_buf.store(x)
             fence_async_shared()
             _barrier()
-            acc = _step(w0, s0, z0, x_smem.index(buf * UNROLL), acc, mask, bias, BLOCK_N, DT, LA, FP4)
-            if UNROLL == 2:
-                acc = _step(w1, s1, z1, x_smem.index(buf * UNROLL + 1), acc, mask, bias, BLOCK_N, DT, LA, FP4)
+            acc = _step(words, s, z, x_buf, acc, mask, bias, BLOCK_N, DT, LA, FP4)
             if PREFETCH:
-                w0, s0, z0, x0 = n_w0, n_s0, n_z0, n_x0
-                w1, s1, z1, x1 = n_w1, n_s1, n_z1, n_x1
+                words, s, z, x = n_words, n_s, n_z, n_x
             buf = 1 - buf
 
         # c[m, n] = acc[n, m]

@@ -36,7 +36,7 @@ import torch
 
 from tritonllm import platform
 from tritonllm.kernels import gemv_w4
-from tritonllm.kernels.launch import gluon_pdl_wait
+from tritonllm.kernels.launch import compile_gluon_sm90, gluon_pdl_wait
 
 try:  # recent triton ships Gluon; without it the portable kernel serves every GEMV
     from triton.experimental import gluon
@@ -138,23 +138,14 @@ def compile_sm90(fp4: bool, group_k: int | None = None, tiling: Tiling | None = 
     """Compile the kernel for sm90 without a GPU (Triton's own compiler and ptxas); returns the
     compiled kernel (its .asm holds the IR, PTX and cubin). For tests, scripts/sass_loop_mix.py and
     the probe of available()."""
-    from triton import compile as triton_compile
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    fn = w4_gemv_sm90_kernel
     tiling = tiling or TILINGS["fp4" if fp4 else "int4"]
     constexprs = dict(FP4=fp4, GROUP_K=group_k or (32 if fp4 else 128), ROWS=tiling.rows, WARPS_K=tiling.warps_k,
                       PREFETCH=tiling.prefetch, EVEN=even, HAS_BIAS=False, PDL=True)  # fmt: skip
     scale = "*u8" if fp4 else "*bf16"
-    pointers = dict(a_ptr="*bf16", w_ptr="*i32", c_ptr="*bf16", bias_ptr="*bf16", s_ptr=scale, z_ptr=scale)
-    names = fn.arg_names
-    signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in names}
-    aligned = [i for i, n in enumerate(names) if n in ("a_ptr", "w_ptr", "s_ptr", "z_ptr", "K", "stride_wn")]
-    source = GluonASTSource(fn, signature, {(names.index(k),): v for k, v in constexprs.items()},
-                            {(i,): [["tt.divisibility", 16]] for i in aligned})  # fmt: skip
-    options = dict(num_warps=NUM_WARPS, **({"maxnreg": tiling.maxnreg} if tiling.maxnreg else {}))
-    return triton_compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    types = dict(a_ptr="*bf16", w_ptr="*i32", c_ptr="*bf16", bias_ptr="*bf16", s_ptr=scale, z_ptr=scale)
+    return compile_gluon_sm90(w4_gemv_sm90_kernel, constexprs, types,
+                              ("a_ptr", "w_ptr", "s_ptr", "z_ptr", "K", "stride_wn"), num_warps=NUM_WARPS,
+                              **({"maxnreg": tiling.maxnreg} if tiling.maxnreg else {}))  # fmt: skip
 
 
 def w4_gemv_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,

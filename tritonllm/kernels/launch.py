@@ -94,6 +94,23 @@ except ImportError:  # pragma: no cover - older triton
     gluon_pdl_wait = None
 
 
+def compile_gluon_sm90(fn, constexprs: dict, types: dict[str, str], aligned: Sequence[str], **options):
+    """Compile Gluon kernel `fn` for sm90 without a GPU (Triton's own compiler and ptxas): `constexprs`
+    its constexpr values, `types` its other parameters' types (those not named: "i32"), `aligned` the
+    parameters specialised as divisible by 16; `options` the compile options (num_warps, maxnreg, ...).
+    Returns the compiled kernel (its .asm holds the IR, PTX and cubin): the kernels/*_sm90.py modules'
+    compile_sm90 (their availability probes, tests, scripts/sass_loop_mix.py)."""
+    from triton import compile as triton_compile
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    names = fn.arg_names
+    signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
+    source = GluonASTSource(fn, signature, {(names.index(k),): v for k, v in constexprs.items()},
+                            {(names.index(n),): [["tt.divisibility", 16]] for n in aligned})  # fmt: skip
+    return triton_compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
 def _hooked() -> bool:
     """Whether a launch hook (a profiler's) is installed: such launches take the ordinary path.
     Newer Triton keeps hooks in an always-present HookChain; older Triton a callable or None."""

@@ -3,7 +3,7 @@ per plan (rows a program, K splits, prefetch), beside the portable kernels that 
 bf16 torch.matmul in the same run (CUDA-graph replay, triton.testing.do_bench_cudagraph); every output
 checked against the float32 product with the dequantized weight. On the GPU:
 
-    python experiments/quant4/gemm_sm90/sweep.py OUT.json [--ms 2 4 16 64] [--plans 128:1:1 128:4:1 ...]
+    python experiments/quant4/gemm_sm90/sweep.py OUT.json [--ms 2 4 16 64] [--plans auto 64:4:1 256:2:1:16 ...]
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ def main() -> None:
     parser.add_argument("--ms", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64])
     parser.add_argument("--group", type=int, default=128, help="int4 group size (ignored with --mxfp4)")
     parser.add_argument("--mxfp4", action="store_true", help="MXFP4 weights (e2m1, e8m0 per 32) instead of int4")
-    parser.add_argument("--plans", nargs="+", default=["auto", "64:4:1", "64:4:1:2", "64:2:1:2", "64:1:1", "128:4:1:2",
-                                                       "128:2:1:2", "64:8:1"])  # fmt: skip
+    parser.add_argument("--plans", nargs="+", default=["auto", "64:4:1", "64:2:1", "64:1:1", "128:4:1:8", "128:1:1:8",
+                                                       "256:2:1:16", "256:1:1:16"],
+                        help="BLOCK_N:SPLIT:PREFETCH[:WARPS] (auto: gemm_w4_sm90.plan)")  # fmt: skip
     args = parser.parse_args()
     scheme = QuantScheme(FP4, "mx", "none") if args.mxfp4 else QuantScheme(INT4, "group", "none", group_size=args.group)
     rows = []
