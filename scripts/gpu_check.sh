@@ -163,11 +163,13 @@ for step in $STEPS; do
           bf16_triton) args="kernels.linear=triton" ;;
           fp8_torch) args="model.quantization=fp8 kernels.linear=torch" ;;
           fp8_triton) args="model.quantization=fp8 kernels.linear=triton" ;;
+          fp8_gluon) args="model.quantization=fp8 kernels.linear=triton_sm90" ;;
+          bf16_gluon) args="kernels.linear=triton_sm90" ;;
           int8_triton) args="model.quantization=int8 kernels.linear=triton" ;;
           int4_triton) args="model.quantization=int4 kernels.linear=triton" ;;
           mxfp4_triton) args="model.quantization=mxfp4 kernels.linear=triton" ;;
-          int4_gluon) args="model.quantization=int4 kernels.linear=triton_w4_sm90" ;;
-          mxfp4_gluon) args="model.quantization=mxfp4 kernels.linear=triton_w4_sm90" ;;
+          int4_gluon) args="model.quantization=int4 kernels.linear=triton_sm90" ;;
+          mxfp4_gluon) args="model.quantization=mxfp4 kernels.linear=triton_sm90" ;;
         esac
         for exp in ${QUANT_EXPS:-batch1_decode throughput_64x512}; do
           python3 -m tritonllm.run model.path="$MODELS/llama3-8b-config" model.load_format=dummy +experiment=$exp \

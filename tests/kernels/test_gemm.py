@@ -14,6 +14,7 @@ import pytest
 import torch
 from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
 from launch_spy import LaunchSpy  # this folder
+from seeded import randn as _randn  # this folder
 
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
@@ -36,10 +37,6 @@ pytestmark = [pytest.mark.gpu] if platform.is_gpu() else []
 DEVICE = platform.DEVICE
 FP8 = torch.float8_e4m3fn if platform.PLATFORM != "rocm" else torch.float8_e4m3fnuz
 MODEL_DTYPE = platform.DEFAULT_DTYPE
-
-
-def _randn(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE, dtype)
 
 
 SCHEMES = [

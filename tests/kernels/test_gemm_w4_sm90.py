@@ -14,10 +14,11 @@ import pytest
 import torch
 from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
 from launch_spy import LaunchSpy  # this folder
+from seeded import randn as _randn  # this folder
 
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
-from tritonllm.kernels import gemm_w4_sm90, reference
+from tritonllm.kernels import gemm_w4_sm90, reference, splitk_sm90
 from tritonllm.kernels.quant_formats import E2M1_VALUES, FP4, INT4, QuantizedWeight, QuantScheme, pack_int4
 from tritonllm.quantization.quantize import quantize_weight
 
@@ -34,10 +35,6 @@ def _scheme(group: int) -> QuantScheme:
     return QuantScheme(INT4, "group", "none", group_size=group)
 
 
-def _randn(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(platform.DEVICE, dtype)
-
-
 @pytest.fixture
 def spy(monkeypatch) -> LaunchSpy:
     spy = LaunchSpy(gemm_w4_sm90.w4_gemm_sm90_kernel)
@@ -46,7 +43,7 @@ def spy(monkeypatch) -> LaunchSpy:
 
 
 def _gemm(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None, mode: str = "always"):
-    return g.gemm(x, weight.data, bias, b_scale=weight.scale, b_zero=weight.zeros, w4_sm90=mode,
+    return g.gemm(x, weight.data, bias, b_scale=weight.scale, b_zero=weight.zeros, sm90=mode,
                   **g.scale_args(weight.scheme))  # fmt: skip
 
 
@@ -129,7 +126,7 @@ def test_every_plan_matches(plan, m, monkeypatch, spy) -> None:
         assert_close_to_scale(first, x.float() @ reference.dequantize_weight(weight).T, 1e-2)
         assert torch.equal(_gemm(x, weight), first)  # deterministic: the splits summed in order, every call
     assert spy.launches == 4
-    assert not gemm_w4_sm90._counters(x.device).any(), "a tile's arrival counter was left non-zero"
+    assert not splitk_sm90.counters(x.device).any(), "a tile's arrival counter was left non-zero"
 
 
 @pytest.mark.gpu
@@ -172,11 +169,10 @@ def test_gemm_leaves_it_alone_off_hopper(spy) -> None:
     assert spy.launches == 0
 
 
-def test_mxfp4_waits_for_its_gpu_run() -> None:
-    """MXFP4 runs only when asked ("always": tests, sweeps) until the H200 has measured it; fp16
-    activations never (an e8m0 scale may exceed fp16's range)."""
-    assert gemm_w4_sm90.measured_faster(16, 4096, 4096) and not gemm_w4_sm90.measured_faster(16, 4096, 4096, fp4=True)
-    assert not gemm_w4_sm90.measured_faster(1, 4096, 4096)
+def test_measured_faster_at_m_2_to_64() -> None:
+    """int4 and MXFP4 (measured on the H200 in session 14) at M = 2..64; M = 1 is the GEMV's."""
+    assert gemm_w4_sm90.measured_faster(16, 4096, 4096) and gemm_w4_sm90.measured_faster(64, 4096, 4096, fp4=True)
+    assert not gemm_w4_sm90.measured_faster(1, 4096, 4096) and not gemm_w4_sm90.measured_faster(65, 4096, 4096)
 
 
 def test_supported_shapes_and_plans() -> None:
@@ -195,6 +191,8 @@ def test_supported_shapes_and_plans() -> None:
     sms = platform.num_multiprocessors()
     wide = gemm_w4_sm90.plan(32, 128 * sms, 4096)  # 128-row programs fill the SMs: two warpgroups, no split
     assert wide == gemm_w4_sm90.Plan(128, 1, True, 8)
+    assert gemm_w4_sm90.plan(64, 128 * sms, 4096, fp4=True) == gemm_w4_sm90.Plan(256, 1, True, 16)  # MXFP4 M > 32
+    assert gemm_w4_sm90.plan(64, 128 * sms, 4096) == gemm_w4_sm90.Plan(128, 1, True, 8)
 
 
 @pytest.mark.skipif(not gemm_w4_sm90.HAVE_GLUON, reason="this Triton has no Gluon")

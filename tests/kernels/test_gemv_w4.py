@@ -7,6 +7,7 @@ import pytest
 import torch
 from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
 from launch_spy import LaunchSpy  # this folder
+from seeded import randn as _randn  # this folder
 
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
@@ -17,10 +18,6 @@ from tritonllm.quantization.quantize import quantize_weight
 DEVICE = platform.DEVICE
 MODEL_DTYPE = platform.DEFAULT_DTYPE
 TOL = 1e-5 if MODEL_DTYPE == torch.float32 else 1e-2
-
-
-def _randn(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE, dtype)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import pytest
 import torch
 from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
 from launch_spy import LaunchSpy  # this folder
+from seeded import randn as _randn  # this folder
 
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
@@ -34,10 +35,6 @@ SCHEMES = [
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _randn(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(platform.DEVICE, dtype)
-
-
 @pytest.fixture
 def spy(monkeypatch) -> LaunchSpy:
     spy = LaunchSpy(gemv_w4_sm90.w4_gemv_sm90_kernel)
@@ -48,7 +45,7 @@ def spy(monkeypatch) -> LaunchSpy:
 def _gemv(
     x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None, gluon: str = "always"
 ) -> torch.Tensor:
-    return g.gemm(x, weight.data, bias, b_scale=weight.scale, b_zero=weight.zeros, w4_sm90=gluon,
+    return g.gemm(x, weight.data, bias, b_scale=weight.scale, b_zero=weight.zeros, sm90=gluon,
                   **g.scale_args(weight.scheme))  # fmt: skip
 
 
@@ -124,7 +121,7 @@ def test_a_broken_decode_is_caught(monkeypatch) -> None:
 @pytest.mark.gpu
 @needs_sm90
 def test_the_triton_implementation_keeps_the_portable_kernel(spy) -> None:
-    """kernels.linear=triton (the ablation baseline) never runs it; triton_w4_sm90 does where it was
+    """kernels.linear=triton (the ablation baseline) never runs it; triton_sm90 does where it was
     measured faster (int4: everywhere)."""
     weight = quantize_weight(_randn(64, 4096, seed=55), SCHEMES[2])
     x = _randn(1, 4096, seed=56, dtype=torch.bfloat16)
@@ -132,7 +129,7 @@ def test_the_triton_implementation_keeps_the_portable_kernel(spy) -> None:
     impls = {impl.name: impl for impl in registry.implementations("linear")}
     assert_close_to_scale(impls["triton"].entries["quantized_linear"](x, weight, None), expected, 1e-2)
     assert spy.launches == 0
-    assert_close_to_scale(impls["triton_w4_sm90"].entries["quantized_linear"](x, weight, None), expected, 1e-2)
+    assert_close_to_scale(impls["triton_sm90"].entries["quantized_linear"](x, weight, None), expected, 1e-2)
     assert spy.launches == 1
 
 

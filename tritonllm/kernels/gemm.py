@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from tritonllm import platform
-from tritonllm.kernels import gemm_w4_sm90, gemv_w4_sm90
+from tritonllm.kernels import gemm_skinny_sm90, gemm_w4_sm90, gemv_w4_sm90
 from tritonllm.kernels.gemm_dequant import dequantize
 from tritonllm.kernels.gemm_gemv import gemv_kernel
 from tritonllm.kernels.gemm_persistent import descriptors_fit, gemm_persistent_kernel, tile_coords
@@ -405,17 +405,17 @@ def gemm(
     b_zero: torch.Tensor | None = None,
     tiles: GemmTiles | None = None,
     split_k: int | None = None,
-    w4_sm90: str = "never",
+    sm90: str = "never",
 ) -> torch.Tensor:
     """c = (a @ b.T) * scales + bias for a [M, K], b [N, K] (module docstring); a uint8 b holds
     e4m3fn bytes, decoded in the kernel (weight-only FP8 on GPUs without FP8), or, per `b_decode`
     (gemm_scales.DEC_*), int4 pairs [N, K / 2] or 8-bit values [N, K] with per-group `b_scale` and
     `b_zero` [N, K / group_k] (w = (q - zero) * scale), or MXFP4 e2m1 pairs [N, K / 2] with e8m0
     `b_scale` [N, K / 32]; decoded weights are widened to a's dtype in the kernel. `tiles` and
-    `split_k` override the table and the split heuristic (tests, tile sweeps). `w4_sm90`: a 4-bit
-    weight runs the Hopper Gluon kernels (the GEMV at M = 1, the int4 tensor-core GEMM at M = 2..64)
-    "always" where they can (tests, sweeps), the GEMV only where it was measured "faster" (the
-    `triton_w4_sm90` linear implementation), or "never"."""
+    `split_k` override the table and the split heuristic (tests, tile sweeps). `sm90`: the Hopper
+    Gluon kernels (a 4-bit weight's GEMV at M = 1 and tensor-core GEMM at M = 2..64; the skinny TMA
+    GEMM of bf16 / fp16 / FP8 W8A8 operands at M = 1..64) run "always" where they can (tests, sweeps),
+    only where they were measured "faster" (the `triton_sm90` linear implementation), or "never"."""
     packed = b_decode in (DEC_INT4, DEC_FP4)
     k_b = b.shape[1] * 2 if packed else b.shape[1]
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != k_b:
@@ -472,16 +472,26 @@ def gemm(
     c = torch.empty((m, n), dtype=out_dtype or a.dtype, device=a.device)
     if m == 0 or n == 0:
         return c
-    if w4_sm90 != "never" and packed and (words := as_words(b)) is not None:  # Hopper: the Gluon kernels
+    if sm90 != "never" and packed and (words := as_words(b)) is not None:  # Hopper: the Gluon kernels
         fp4, zero = b_decode == DEC_FP4, b_zero if zeros else None
-        if m == 1 and gemv_w4_sm90.takes(a, k, group_k) and (
-            w4_sm90 == "always" or gemv_w4_sm90.measured_faster(n, k, fp4)
+        if (
+            m == 1
+            and gemv_w4_sm90.takes(a, k, group_k)
+            and (sm90 == "always" or gemv_w4_sm90.measured_faster(n, k, fp4))
         ):
             return gemv_w4_sm90.w4_gemv_sm90(a, words, c, bias, b_scale, zero, group_k, fp4, pdl_launch())
-        if gemm_w4_sm90.takes(a, k, group_k, fp4) and (
-            w4_sm90 == "always" or gemm_w4_sm90.measured_faster(m, n, k, fp4)
-        ):
+        if gemm_w4_sm90.takes(a, k, group_k, fp4) and (sm90 == "always" or gemm_w4_sm90.measured_faster(m, n, k, fp4)):
             return gemm_w4_sm90.w4_gemm_sm90(a, words, c, bias, b_scale, zero, group_k, fp4, pdl_launch())
+    if (
+        sm90 != "never"
+        and kind in ("float", "w8a8")
+        and _skinny_scales(a_scale, b_scale, a_scale_kind, b_scale_kind, n)
+        and gemm_skinny_sm90.takes(a, b)
+        and (sm90 == "always" or gemm_skinny_sm90.measured_faster(m, n, k, a.dtype))
+    ):
+        a_s = a_scale if a_scale_kind != A_NONE else None
+        b_s = b_scale if b_scale_kind != B_NONE else None
+        return gemm_skinny_sm90.skinny_gemm_sm90(a, b, c, bias, a_s, b_s, pdl_launch())
     persistent = (
         tiles.persistent and split == 1 and not (operand_scales or upcast_b) and TensorDescriptor is not None
         and (not k_grouped or tiles.block_k == group_k) and descriptors_fit(a, b, c)
@@ -532,6 +542,18 @@ def gemm(
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_launch(),
     )  # fmt: skip
     return _reduce_splits(ws, c, bias, split)
+
+
+def _skinny_scales(a_scale: torch.Tensor | None, b_scale: torch.Tensor | None, a_kind: int, b_kind: int,
+                   n: int) -> bool:  # fmt: skip
+    """Whether the skinny sm90 GEMM's epilogue takes these scales: float32, the activations' one or one
+    a row, the weight's one or one a column (contiguous)."""
+    if a_kind not in (A_NONE, A_TENSOR, A_ROW) or b_kind not in (B_NONE, B_COLUMN):
+        return False
+    ok_a = a_kind == A_NONE or (a_scale.dtype == torch.float32 and (a_scale.numel() == 1 or a_kind == A_ROW))
+    ok_b = b_kind == B_NONE or (b_scale.dtype == torch.float32 and (b_scale.numel() == 1 or (
+        b_scale.numel() == n and b_scale.is_contiguous())))  # fmt: skip
+    return ok_a and ok_b
 
 
 def _reduce_splits(ws: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None, split: int) -> torch.Tensor:

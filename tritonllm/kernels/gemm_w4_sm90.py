@@ -39,6 +39,7 @@ import torch
 import triton
 
 from tritonllm import platform
+from tritonllm.kernels import splitk_sm90
 from tritonllm.kernels.launch import compile_gluon_sm90, gluon_pdl_wait
 
 try:  # recent triton ships Gluon; without it the portable kernels serve every shape
@@ -81,9 +82,9 @@ def measured_faster(m: int, n: int, k: int, fp4: bool = False) -> bool:
     """Where the H200 measured this kernel faster than the portable ones (experiments/quant4/README.md,
     session 13): at every Llama-3-8B shape and M = 2..64 (1.2-1.9x bf16 at M = 2..16 where the portable
     kernels ran 0.75-1.0x) but qkv at M = 64, where the two are within 5% (24.6 / 23.4 us in the last
-    sweep, 20.2 / 23.3 in the first): taken there too, one kernel for the bucket. MXFP4: not yet run on
-    a GPU (its tests and sweep wait for the next device session): the portable kernels serve it."""
-    return 2 <= m <= MAX_M and not fp4
+    sweep, 20.2 / 23.3 in the first): taken there too, one kernel for the bucket. MXFP4 (session 14): 1.7-3.4x
+    the portable kernels at every shape and M = 2..64."""
+    return 2 <= m <= MAX_M
 
 
 def block_m(m: int) -> int:
@@ -91,7 +92,7 @@ def block_m(m: int) -> int:
     return 16 if m <= 16 else 32 if m <= 32 else 64
 
 
-def plan(m: int, n: int, k: int) -> Plan:
+def plan(m: int, n: int, k: int, fp4: bool = False) -> Plan:
     """Rows a program and K splits for a shape, from the H200's sweeps (experiments/quant4/README.md,
     session 13): 64 rows a program, the next step prefetched, and K split until the grid holds about
     four programs an SM (at most 4 splits, each at least four K steps; more splits cost more than they
@@ -99,6 +100,8 @@ def plan(m: int, n: int, k: int) -> Plan:
     two warpgroups a program sharing each activation tile, no split (M = 64: 50.5 against 68.5 us)."""
     if PLAN_OVERRIDE is not None:
         return PLAN_OVERRIDE
+    if fp4 and m > 32 and triton.cdiv(n, 128) >= platform.num_multiprocessors():
+        return Plan(256, 1, True, 16)  # MXFP4 gate_up at M = 64: 56.6 against 66.0 us with two warpgroups
     if m > 16 and triton.cdiv(n, 128) >= platform.num_multiprocessors():
         return Plan(128, 1, True, 8)
     programs = triton.cdiv(n, 64)
@@ -150,17 +153,6 @@ def compile_sm90(group_k: int = 128, block_n: int = 128, bm: int = 16, fp16: boo
     return compile_gluon_sm90(w4_gemm_sm90_kernel, constexprs, types, aligned, num_warps=warps)
 
 
-# per-tile arrival counters of split programs (kernel-owned: every count returns to 0 by the kernel's end)
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-MAX_TILES = 1 << 16
-
-
-def _counters(device: torch.device) -> torch.Tensor:
-    if device not in _COUNTERS:
-        _COUNTERS[device] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
-    return _COUNTERS[device]
-
-
 def w4_gemm_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
                  scale: torch.Tensor, zero: torch.Tensor | None, group_k: int, fp4: bool,
                  pdl: dict) -> torch.Tensor:  # fmt: skip
@@ -169,18 +161,15 @@ def w4_gemm_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
     K splits write float32 partials; the last split program of a tile to arrive sums them in split
     order (deterministic) and writes c: one launch, no reduce kernel."""
     (m, k), n = a.shape, words.shape[0]
-    p = plan(m, n, k)
+    p = plan(m, n, k, fp4)
     k_per_split = triton.cdiv(triton.cdiv(k, p.split), BLOCK_K) * BLOCK_K
     split = triton.cdiv(k, k_per_split)
     tiles = triton.cdiv(n, p.block_n)
-    # no counters for the tiles, or none allocated yet while a CUDA graph is being captured (an
-    # allocation there would be zeroed only on replay; the engine's warm-ups run eagerly first): one split
-    if split > 1 and (tiles > MAX_TILES or (a.device not in _COUNTERS and torch.cuda.is_current_stream_capturing())):
+    if splitk_sm90.usable_split(split, tiles, a.device) == 1:
         split, k_per_split = 1, k
-    ws = torch.empty((split, m, n), dtype=torch.float32, device=a.device) if split > 1 else c
+    ws, cnt = splitk_sm90.workspace(split, m, n, c)
     w4_gemm_sm90_kernel[(tiles, split)](
-        a, words, c, bias if bias is not None else c, scale, scale if fp4 else zero, ws,
-        _counters(a.device) if split > 1 else words,
+        a, words, c, bias if bias is not None else c, scale, scale if fp4 else zero, ws, cnt,
         m, n, k, k_per_split // 8, a.stride(0), words.stride(0), c.stride(0), scale.stride(0), scale.stride(1),
         *(FP4_MASKS if fp4 else (INT4_PAIR_MASK, FP16_BIAS if a.dtype == torch.float16 else BF16_BIAS)),
         GROUP_K=group_k, BLOCK_N=p.block_n, BLOCK_M=block_m(m), FP16=a.dtype == torch.float16, FP4=fp4,
@@ -300,13 +289,6 @@ if HAVE_GLUON:
         return warpgroup_mma(a_op, x_buf.permute((1, 0)), acc)
 
     @gluon.jit
-    def _store(acc, c_ptrs, bias_ptr, n_out, ok, N, HAS_BIAS: gl.constexpr):
-        """acc (+ the bias) into the output tile, in the output's dtype (gemm()'s out_dtype)."""
-        if HAS_BIAS:
-            acc += gl.expand_dims(gl.load(bias_ptr + n_out, mask=n_out < N, other=0.0).to(gl.float32), 1)
-        gl.store(c_ptrs, acc.to(c_ptrs.dtype.element_ty), mask=ok)
-
-    @gluon.jit
     def w4_gemm_sm90_kernel(
         a_ptr, w_ptr, c_ptr, bias_ptr, s_ptr, z_ptr, ws_ptr, cnt_ptr,
         M, N, K, KW_PER_SPLIT, stride_am, stride_wn, stride_cm, stride_sn, stride_sk, mask, bias,
@@ -370,23 +352,5 @@ if HAVE_GLUON:
                 words, s, z, x = n_words, n_s, n_z, n_x
             buf = 1 - buf
 
-        # c[m, n] = acc[n, m]
-        n_out = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
-        m_out = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
-        ok = gl.expand_dims(n_out < N, 1) & gl.expand_dims(m_out < M, 0)
-        offs = gl.expand_dims(m_out.to(gl.int64) * stride_cm, 0) + gl.expand_dims(n_out, 1)
-        if SPLIT_K > 1:
-            # this split's partial, then its arrival; the tile's last split sums them all (in split order)
-            tile_ws = ws_ptr + gl.expand_dims(m_out * N, 0) + gl.expand_dims(n_out, 1)
-            gl.store(tile_ws + gl.program_id(1) * M * N, acc, mask=ok)
-            _barrier()  # every thread's partial written before the (releasing) arrival
-            arrived = gl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT_K - 1:
-                _barrier()
-                acc = gl.load(tile_ws, mask=ok, other=0.0, cache_modifier=".cg")
-                for sp in gl.static_range(1, SPLIT_K):
-                    acc += gl.load(tile_ws + sp * M * N, mask=ok, other=0.0, cache_modifier=".cg")
-                _store(acc, c_ptr + offs, bias_ptr, n_out, ok, N, HAS_BIAS)
-                gl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")  # ready for the next launch
-        else:
-            _store(acc, c_ptr + offs, bias_ptr, n_out, ok, N, HAS_BIAS)
+        splitk_sm90.finish_tile(acc, c_ptr, bias_ptr, c_ptr, c_ptr, ws_ptr, cnt_ptr, pid_n, gl.program_id(1), M, N,
+                                stride_cm, 0, BLOCK_N, BLOCK_M, ACC, HAS_BIAS, 0, 0, SPLIT_K)  # fmt: skip

@@ -19,12 +19,13 @@ TRITON_FORMATS = frozenset({
     "uint8:group:none", "mxfp4:mx:none",
 })  # fmt: skip
 LINEAR_SUPPORTS = Supports(dtypes=FLOATS, linear_formats=TRITON_FORMATS, features=frozenset({"split_k"}))
-# the same GEMM family, with the Hopper Gluon kernels for 4-bit weights: the GEMV (kernels/gemv_w4_sm90.py)
-# at M = 1, the int4 tensor-core GEMM (kernels/gemm_w4_sm90.py) at M = 2..64;
+# the same GEMM family, with the Hopper Gluon kernels where they were measured faster: for 4-bit weights
+# the GEMV (kernels/gemv_w4_sm90.py) at M = 1 and the tensor-core GEMM (kernels/gemm_w4_sm90.py) at
+# M = 2..64, for bf16 / fp16 / FP8 W8A8 the skinny TMA GEMM (kernels/gemm_skinny_sm90.py) at M = 1..64;
 # auto prefers it to `triton` where it is available (and cuBLAS, priority 20, still takes unquantized models)
-W4_SM90_SUPPORTS = Supports(
+SM90_SUPPORTS = Supports(
     dtypes=frozenset({torch.bfloat16, torch.float16}), platforms=frozenset({"cuda"}), linear_formats=TRITON_FORMATS,
-    features=frozenset({"split_k", "w4_gemv_gluon"}), available=gemv_w4_sm90.unavailable,
+    features=frozenset({"split_k", "gluon_sm90"}), available=gemv_w4_sm90.unavailable,
 )  # fmt: skip
 
 
@@ -34,8 +35,9 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 @register("linear", "triton", supports=LINEAR_SUPPORTS, priority=10)
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    y = g.gemm(_rows(x), weight, bias)
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, gluon: bool = False) -> torch.Tensor:
+    """gluon: the Hopper Gluon kernels where measured faster (the `triton_sm90` implementation)."""
+    y = g.gemm(_rows(x), weight, bias, sm90="faster" if gluon else "never")
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
@@ -45,13 +47,13 @@ def quantized_linear(
     weight: QuantizedWeight,
     bias: torch.Tensor | None,
     *,
-    gluon_w4: bool = False,
+    gluon: bool = False,
 ) -> torch.Tensor:
     """x in the model's dtype (quantized here per weight.scheme.act), or a QuantizedActivation that
-    the op before quantized per token (RMSNorm / SiLU-mul with quantization fused in). gluon_w4: the
-    Hopper W4 kernels: the GEMV at M = 1, the int4 GEMM at M = 2..64 (the `triton_w4_sm90` implementation)."""
+    the op before quantized per token (RMSNorm / SiLU-mul with quantization fused in). gluon: the
+    Hopper Gluon kernels where measured faster (the `triton_sm90` implementation)."""
     scheme = weight.scheme
-    scales = dict(g.scale_args(scheme), out_dtype=x.dtype, b_scale=weight.scale)
+    scales = dict(g.scale_args(scheme), out_dtype=x.dtype, b_scale=weight.scale, sm90="faster" if gluon else "never")
     if isinstance(x, QuantizedActivation):
         return g.gemm(x.data, weight.data, bias, a_scale=x.scale, **scales)
     x2 = _rows(x)
@@ -61,7 +63,7 @@ def quantized_linear(
         data = weight.data
         if scheme.is_fp8 and not platform.has_fp8():  # no FP8 conversions here: the kernel decodes bytes
             data = data.view(torch.uint8)
-        y = g.gemm(x2, data, bias, b_zero=weight.zeros, w4_sm90="faster" if gluon_w4 else "never", **scales)
+        y = g.gemm(x2, data, bias, b_zero=weight.zeros, **scales)
     elif scheme.act in ("token", "tensor"):
         q, scale = quantize_per_token(x2, scheme.weight_dtype, weight.input_scale)
         y = g.gemm(q, weight.data, bias, a_scale=scale, **scales)
@@ -71,13 +73,13 @@ def quantized_linear(
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
-@register("linear", "triton_w4_sm90", entry="linear", supports=W4_SM90_SUPPORTS, priority=15)
-def linear_w4_sm90(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return linear(x, weight, bias)
+@register("linear", "triton_sm90", entry="linear", supports=SM90_SUPPORTS, priority=15)
+def linear_sm90(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return linear(x, weight, bias, gluon=True)
 
 
-@register("linear", "triton_w4_sm90", entry="quantized_linear")
-def quantized_linear_w4_sm90(
+@register("linear", "triton_sm90", entry="quantized_linear")
+def quantized_linear_sm90(
     x: torch.Tensor | QuantizedActivation, weight: QuantizedWeight, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    return quantized_linear(x, weight, bias, gluon_w4=True)
+    return quantized_linear(x, weight, bias, gluon=True)

@@ -49,7 +49,7 @@ def main() -> None:
             expected = x.float() @ w_deq.T
 
             def call(x=x, q=q, mode="always"):
-                return g.gemm(x, q.data, b_scale=q.scale, b_zero=q.zeros, w4_sm90=mode, **g.scale_args(scheme))
+                return g.gemm(x, q.data, b_scale=q.scale, b_zero=q.zeros, sm90=mode, **g.scale_args(scheme))
 
             bf16 = triton.testing.do_bench_cudagraph(lambda x=x, w=w: x @ w.T)
             portable = triton.testing.do_bench_cudagraph(lambda call=call: call(mode="never"))
@@ -59,7 +59,7 @@ def main() -> None:
                 got = call()
                 err = ((got.float() - expected).abs().max() / expected.abs().max()).item()
                 us = triton.testing.do_bench_cudagraph(call)
-                p = gemm_w4_sm90.plan(m, n, k)
+                p = gemm_w4_sm90.plan(m, n, k, args.mxfp4)
                 rows.append(dict(layer=layer, n=n, k=k, m=m, group=32 if args.mxfp4 else args.group, plan=spec,
                                  format="mxfp4" if args.mxfp4 else "int4",
                                  resolved=dataclasses.asdict(p), us=us * 1e3, bf16_us=bf16 * 1e3,

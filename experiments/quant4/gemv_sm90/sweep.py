@@ -44,7 +44,7 @@ def main() -> None:
             expected = x.float() @ reference.dequantize_weight(q).T
 
             def call(x=x, q=q, scheme=scheme, gluon="always"):
-                return g.gemm(x, q.data, b_scale=q.scale, b_zero=q.zeros, w4_sm90=gluon, **g.scale_args(scheme))
+                return g.gemm(x, q.data, b_scale=q.scale, b_zero=q.zeros, sm90=gluon, **g.scale_args(scheme))
 
             portable = triton.testing.do_bench_cudagraph(lambda call=call: call(gluon="never"))
             weight_bytes = q.data.numel() + q.scale.numel() * q.scale.element_size() * (2 if q.zeros is not None else 1)

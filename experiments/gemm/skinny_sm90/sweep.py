@@ -1,0 +1,97 @@
+"""The Hopper skinny TMA GEMM (kernels/gemm_skinny_sm90.py) at M = 1..64 on Llama-3-8B layer shapes,
+bf16 and FP8 W8A8 (per-channel weight, per-token activation scales; the activations quantized before
+the timing, as the fused RMSNorm / SiLU-mul quantization leaves them), per plan (rows a program, K
+splits, stages, warps), beside bf16 torch.matmul (cuBLAS), torch._scaled_mm (FP8, where it takes the
+shape) and the portable Triton kernels that gemm() runs without it, all in the same run
+(CUDA-graph replay, triton.testing.do_bench_cudagraph); every output checked against the float32
+product of its operands. On the GPU:
+
+    python experiments/gemm/skinny_sm90/sweep.py OUT.json [--ms 1 4 16 64] [--dtypes bf16 fp8] [--plans auto 128:4:6 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+from tritonllm.kernels import gemm as g  # noqa: E402
+from tritonllm.kernels import gemm_skinny_sm90 as sk  # noqa: E402
+from tritonllm.kernels.quant import quantize_per_token  # noqa: E402
+from tritonllm.kernels.quant_formats import QuantScheme  # noqa: E402
+from tritonllm.quantization.quantize import quantize_weight  # noqa: E402
+
+SHAPES = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
+FP8 = QuantScheme(torch.float8_e4m3fn, "channel", "token")
+bench = triton.testing.do_bench_cudagraph
+
+
+def operands(dtype: str, w: torch.Tensor, x: torch.Tensor):
+    """(the call of gemm() with sm90=mode, the float32 reference, torch's own kernel or None)."""
+    if dtype == "bf16":
+        return (lambda mode: g.gemm(x, w, sm90=mode)), x.float() @ w.float().T, None
+    q_w = quantize_weight(w.float(), FP8)
+    q_x, s_x = quantize_per_token(x, torch.float8_e4m3fn)
+    args = dict(out_dtype=torch.bfloat16, a_scale=s_x, b_scale=q_w.scale, **g.scale_args(FP8))
+    expected = (q_x.float() * s_x) @ (q_w.data.float() * q_w.scale[:, None]).T
+    s_w = q_w.scale.reshape(1, -1)
+
+    def scaled_mm():
+        return torch._scaled_mm(q_x, q_w.data.T, scale_a=s_x, scale_b=s_w, out_dtype=torch.bfloat16)
+
+    try:
+        scaled_mm()
+    except RuntimeError:  # row-wise scales need M, N, K multiples of 16 (cuBLAS / CUTLASS)
+        scaled_mm = None
+    return (lambda mode: g.gemm(q_x, q_w.data, sm90=mode, **args)), expected, scaled_mm
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--ms", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64])
+    parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp8"], choices=["bf16", "fp8"])
+    parser.add_argument("--plans", nargs="+", default=["auto", "128:1:6", "128:2:6", "128:4:6", "64:2:8", "128:2:4:8"],
+                        help="BLOCK_N:SPLIT[:STAGES[:WARPS]] (auto: gemm_skinny_sm90.plan)")  # fmt: skip
+    args = parser.parse_args()
+    rows = []
+    for layer, n, k in SHAPES:
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        for m in args.ms:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            bf16 = bench(lambda x=x, w=w: x @ w.T)
+            for dtype in args.dtypes:
+                call, expected, torch_own = operands(dtype, w, x)
+                weight_bytes = n * k * (2 if dtype == "bf16" else 1)
+                portable = bench(lambda call=call: call("never"))
+                own = bench(torch_own) if torch_own is not None else None
+                line = f"{layer} {n}x{k} M={m} {dtype}: bf16 {bf16 * 1e3:.1f}us portable {bf16 / portable:.2f}x"
+                line += f" _scaled_mm {bf16 / own:.2f}x" if own else ""
+                for spec in args.plans:
+                    sk.PLAN_OVERRIDE = None if spec == "auto" else sk.Plan.parse(spec)
+                    got = call("always")
+                    err = ((got.float() - expected).abs().max() / expected.abs().max()).item()
+                    us = bench(lambda call=call: call("always"))
+                    rows.append(dict(layer=layer, n=n, k=k, m=m, dtype=dtype, plan=spec,
+                                     resolved=dataclasses.asdict(sk.plan(m, n, k, 2 if dtype == "bf16" else 1)),
+                                     us=us * 1e3, bf16_us=bf16 * 1e3, portable_us=portable * 1e3,
+                                     torch_own_us=own * 1e3 if own else None, speedup_vs_bf16=bf16 / us,
+                                     speedup_vs_portable=portable / us, tb_s=weight_bytes / us / 1e9,
+                                     rel_err=err))  # fmt: skip
+                    line += (
+                        f" | {spec} {us * 1e3:.1f}us {bf16 / us:.2f}x {weight_bytes / us / 1e9:.2f}TB/s err {err:.0e}"
+                    )
+                sk.PLAN_OVERRIDE = None
+                print(line, flush=True)
+                args.out.write_text(json.dumps(rows, indent=1))  # as it goes: a run cut short keeps what it measured
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""The Hopper skinny TMA GEMM (Gluon, kernels/gemm_skinny_sm90.py) against float32 references of its
+operands at M = 1..64: bf16, fp16 and FP8 W8A8 with their scales, every plan, dispatch. The kernel
+needs an sm90 GPU (no interpreter runs Gluon): its numerics are GPU tests; on the CPU it must compile
+for sm90 and stay out of gemm()'s way."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
+from launch_spy import LaunchSpy  # this folder
+from seeded import randn  # this folder
+
+from tritonllm import platform
+from tritonllm.kernels import gemm as g
+from tritonllm.kernels import gemm_skinny_sm90 as sk
+from tritonllm.kernels import registry, splitk_sm90
+from tritonllm.kernels.quant import quantize_per_token
+from tritonllm.kernels.quant_formats import QuantScheme
+from tritonllm.quantization.quantize import quantize_weight
+
+needs_sm90 = pytest.mark.skipif(
+    not (platform.is_gpu() and sk.available()), reason="the Gluon skinny GEMM runs on sm90 GPUs only"
+)
+FP8 = QuantScheme(torch.float8_e4m3fn, "channel", "token")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def spy(monkeypatch) -> LaunchSpy:
+    spy = LaunchSpy(sk.skinny_gemm_sm90_kernel)
+    monkeypatch.setattr(sk, "skinny_gemm_sm90_kernel", spy)
+    return spy
+
+
+def _fp8_operands(m: int, n: int, k: int, seed: int):
+    """(x, its FP8 values and per-token scales, the FP8 weight) and the float32 product of the
+    dequantized operands."""
+    x = randn(m, k, seed=seed, dtype=torch.bfloat16)
+    weight = quantize_weight(randn(n, k, seed=seed + 1), FP8)
+    q, scale = quantize_per_token(x, torch.float8_e4m3fn)
+    expected = (q.float() * scale) @ (weight.data.float() * weight.scale[:, None]).T
+    return q, scale, weight, expected
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("m", [1, 3, 8, 13, 16, 31, 64])
+@pytest.mark.parametrize("n, k", [(45, 200), (200, 1000), (1000, 4160)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_16_bit_matches_float32(m, n, k, dtype, spy) -> None:
+    """Ragged M (rows past M read as TMA's zeros, masked), N (a partial weight tile) and K (a partial last
+    K step), with the bias and the plan's K splits."""
+    x, w, bias = randn(m, k, seed=90, dtype=dtype), randn(n, k, seed=91, dtype=dtype), randn(n, seed=92, dtype=dtype)
+    expected = x.float() @ w.float().T + bias.float()
+    assert_close_to_scale(g.gemm(x, w, bias, sm90="always"), expected, 1e-2)
+    assert spy.launches == 1, "the Gluon skinny GEMM did not run"
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("m", [1, 5, 16, 40])
+@pytest.mark.parametrize("n, k", [(130, 512), (1000, 4224)])
+def test_fp8_w8a8_matches_the_dequantized_operands(m, n, k, spy) -> None:
+    """FP8 e4m3 both sides, per-channel weight scales and per-token activation scales in the epilogue."""
+    q, scale, weight, expected = _fp8_operands(m, n, k, seed=93)
+    got = g.gemm(q, weight.data, out_dtype=torch.bfloat16, a_scale=scale, sm90="always", **g.scale_args(FP8),
+                 b_scale=weight.scale)  # fmt: skip
+    assert_close_to_scale(got, expected, 1e-2)
+    # one activation scale for every row (a static input scale) takes the SCALE_ONE path
+    one = scale.max().reshape(1)
+    got = g.gemm(q, weight.data, out_dtype=torch.bfloat16, a_scale=one, sm90="always",
+                 **{**g.scale_args(FP8), "a_scale_kind": g.A_TENSOR}, b_scale=weight.scale)  # fmt: skip
+    assert_close_to_scale(got, (q.float() * one) @ (weight.data.float() * weight.scale[:, None]).T, 1e-2)
+    assert spy.launches == 2
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_a_dropped_scale_is_caught(spy) -> None:
+    """The comparison can fail: the product without the weight's scales is far from the reference."""
+    q, scale, weight, expected = _fp8_operands(16, 256, 1024, seed=94)
+    got = g.gemm(q, weight.data, out_dtype=torch.bfloat16, a_scale=scale, a_scale_kind=g.A_ROW, sm90="always")
+    with pytest.raises(AssertionError, match="max error"):
+        assert_close_to_scale(got, expected, 1e-2)
+    assert spy.launches == 1
+
+
+def _twice(m: int, n: int, k: int, dtype: torch.dtype):
+    """The kernel's product of seeded operands, twice, and the float32 reference."""
+    if dtype == torch.bfloat16:
+        x, w = randn(m, k, seed=95, dtype=dtype), randn(n, k, seed=96, dtype=dtype)
+        return g.gemm(x, w, sm90="always"), g.gemm(x, w, sm90="always"), x.float() @ w.float().T
+    q, scale, weight, expected = _fp8_operands(m, n, k, seed=97)
+    args = dict(out_dtype=torch.bfloat16, a_scale=scale, sm90="always", **g.scale_args(FP8), b_scale=weight.scale)
+    return g.gemm(q, weight.data, **args), g.gemm(q, weight.data, **args), expected
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("plan", ["128:1:6", "128:3:2", "64:5:4", "64:1:8", "128:2:4:8", "128:8:3"])
+@pytest.mark.parametrize("m", [1, 24, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+def test_every_plan_matches(plan, m, dtype, monkeypatch, spy) -> None:
+    """Rows a program, K splits (uneven: the last split shorter; summed in the kernel, the same bits on a
+    second call, the counters back at zero), two to eight stages (fewer steps than stages too), two
+    warpgroups."""
+    monkeypatch.setattr(sk, "PLAN_OVERRIDE", sk.Plan.parse(plan))
+    for k in (4224, 640):
+        first, again, expected = _twice(m, 200, k, dtype)
+        assert_close_to_scale(first, expected, 1e-2)
+        assert torch.equal(again, first)  # deterministic: the splits summed in order, every call
+    assert spy.launches == 4
+    assert not splitk_sm90.counters(platform.DEVICE).any(), "a tile's arrival counter was left non-zero"
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_linear_sm90_takes_it_where_measured_faster(monkeypatch, spy) -> None:
+    """kernels.linear=triton never runs it; triton_sm90 does where measured_faster says so."""
+    monkeypatch.setattr(sk, "measured_faster", lambda m, n, k, dtype: True)
+    impls = {impl.name: impl for impl in registry.implementations("linear")}
+    x, w = randn(4, 512, seed=98, dtype=torch.bfloat16), randn(256, 512, seed=99, dtype=torch.bfloat16)
+    impls["triton"].entries["linear"](x, w, None)
+    assert spy.launches == 0
+    assert_close_to_scale(impls["triton_sm90"].entries["linear"](x, w, None), x.float() @ w.float().T, 1e-2)
+    assert spy.launches == 1
+
+
+def test_gemm_leaves_it_alone_off_hopper(spy) -> None:
+    """Without an sm90 GPU (CPU, other GPUs) gemm(sm90="always") runs the portable kernels."""
+    if platform.is_gpu() and sk.available():
+        pytest.skip("an sm90 GPU: the kernel runs here")
+    x, w = randn(3, 64, seed=100), randn(40, 64, seed=101)
+    assert_close_to_scale(g.gemm(x, w, sm90="always"), x @ w.T, 1e-4)
+    assert spy.launches == 0
+
+
+def test_plans_and_shapes(monkeypatch) -> None:
+    """Plans from the H200 sweep (132 SMs); MMA widths; parse; where it is taken."""
+    assert sk.block_m(1) == sk.block_m(8) == 8 and sk.block_m(9) == 16 and sk.block_m(33) == 64
+    assert sk.Plan.parse("64:3:4:8") == sk.Plan(64, 3, 4, 8)
+    sms = 132
+    monkeypatch.setattr(platform, "num_multiprocessors", lambda: sms)
+    assert sk.plan(4, 4096, 4096, 1) == sk.Plan(128, 4, 6)  # M <= 4: split K four ways
+    assert sk.plan(1, 4096, 256, 2).split == 1  # K of four 64-column steps: no split
+    assert sk.plan(16, 4096, 14336, 1) == sk.Plan(64, 2, 8)
+    assert sk.plan(1, 128 * sms, 4096, 2) == sk.plan(64, 6144, 4096, 1) == sk.Plan(128, 1, 6)
+    fp8, bf16 = torch.float8_e4m3fn, torch.bfloat16
+    assert sk.measured_faster(2, 4096, 4096, fp8) and sk.measured_faster(16, 4096, 4096, fp8)
+    assert not sk.measured_faster(1, 4096, 4096, fp8) and not sk.measured_faster(17, 4096, 4096, fp8)
+    assert sk.measured_faster(4, 4096, 4096, bf16) and not sk.measured_faster(5, 4096, 4096, bf16)
+    assert sk.measured_faster(1, 4096, 4096, bf16) and not sk.measured_faster(1, 128 * sms, 4096, bf16)
+
+
+_COMPILE = """
+import torch
+from tritonllm.kernels import gemm_skinny_sm90 as sk
+for dtype, scales in ((torch.bfloat16, False), (torch.float8_e4m3fn, True)):
+    ptx = sk.compile_sm90(dtype, bm=64, split=2, scales=scales).asm["ptx"]
+    print(dtype, "cp.async.bulk.tensor" in ptx, "wgmma.mma_async" in ptx, "mbarrier.try_wait" in ptx, ".local" in ptx)
+"""
+
+
+@pytest.mark.skipif(not sk.HAVE_GLUON, reason="this Triton has no Gluon")
+def test_compiles_for_sm90_without_spills() -> None:
+    """The kernel compiles for sm90 (a subprocess: this one runs the interpreter) with TMA copies, mbarrier
+    waits and the asynchronous warpgroup MMA in its PTX, and no local memory (spills)."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    result = subprocess.run([sys.executable, "-c", _COMPILE], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.split("\n")[:2]
+    assert lines == ["torch.bfloat16 True True True False", "torch.float8_e4m3fn True True True False"], result.stdout

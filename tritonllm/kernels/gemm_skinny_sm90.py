@@ -1,0 +1,253 @@
+"""The skinny GEMM (M = 1..64) of 16-bit and FP8 operands for NVIDIA Hopper, in Gluon: the weight
+streamed by TMA through a ring of shared-memory stages, the product on the tensor cores.
+
+At decode sizes the weight read is the whole cost of a linear layer, so the kernel is built to keep
+HBM busy: each program streams BLOCK_N weight rows x its K range through STAGES buffers filled by
+the TMA engine (one thread issues a copy, an mbarrier counts its bytes in), far more bytes in
+flight an SM than the pointer kernels' loads keep. The product is taken transposed, c^T = w . a^T
+("swap AB"): the weight tile is the warpgroup MMA's 64-row A operand and the few activation rows are
+its N (8 to 64 columns; rows past M read as zeros from TMA's out-of-bounds fill), both read from
+shared memory, so no MMA row is padding. Each step waits for its stage, issues its MMA
+asynchronously, waits for the previous step's MMA (whose stage is then free) and refills that stage
+STAGES - 1 steps ahead. With programmatic dependent launch the first stages' weight copies are
+issued before the wait for the previous kernel (the weight is not written by it), so the stream
+starts while that kernel drains; the activations' copies follow the wait.
+
+Operands: bf16 / fp16 (float32 accumulation), FP8 e4m3 W8A8 with per-channel (or one) weight scales
+and per-token (or one) activation scales applied in the epilogue. K splits (skinny grids) are summed
+in the kernel by each tile's last split program (kernels/splitk_sm90.py). Plans (rows a program,
+K splits, stages, warps) come from `plan`, swept by experiments/gemm/skinny_sm90/sweep.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from tritonllm import platform
+from tritonllm.kernels import splitk_sm90
+from tritonllm.kernels.launch import compile_gluon_sm90, gluon_pdl_wait
+
+try:  # recent triton ships Gluon; without it the portable kernels serve every shape
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    # Triton 3.6 (the H200 machine's) names the TMA load async_copy_global_to_shared, 3.9 async_load
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    HAVE_GLUON = True
+    _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}
+except ImportError:  # pragma: no cover - older triton
+    HAVE_GLUON = False
+    _GL_DTYPES = {}
+
+MAX_M = 64
+ROW_BYTES = 128  # bytes of K a stage holds per row: one 128-byte-swizzled TMA box (64 bf16 or 128 FP8 values)
+
+
+@dataclass(frozen=True)
+class Plan:
+    block_n: int  # weight rows a program: 64 a warpgroup pass
+    split: int  # K splits (float32 partials, summed by each tile's last split program)
+    stages: int = 6  # shared-memory buffers of (weight, activation) tiles in flight
+    warps: int = 4  # 4 or 8: one or two warpgroups
+
+    @classmethod
+    def parse(cls, text: str) -> Plan:
+        """ "BLOCK_N:SPLIT[:STAGES[:WARPS]]"."""
+        return cls(*(int(v) for v in text.split(":")))
+
+
+# sweeps (experiments/gemm/skinny_sm90/sweep.py) set this to time one plan at every shape
+PLAN_OVERRIDE: Plan | None = None
+
+
+def block_m(m: int) -> int:
+    """The MMA's N (activation rows a program): 8, 16, 32 or 64 (a power of two covering m)."""
+    return max(8, triton.next_power_of_2(m))
+
+
+def plan(m: int, n: int, k: int, elem_bytes: int) -> Plan:
+    """Rows a program, K splits and stages, from the H200 sweep (experiments/gemm/README.md, session 14):
+    where 128-row programs alone fill the SMs (gate_up) no split; at M <= 4, 128 rows and K split up to
+    four ways (each split at least four K steps); above, 64 rows, two splits, eight stages, but one split
+    of 128 rows for wide layers at M > 16 (qkv: 10.4 against 14.7 us in FP8 at M = 64)."""
+    if PLAN_OVERRIDE is not None:
+        return PLAN_OVERRIDE
+    most = max(1, k // (4 * ROW_BYTES // elem_bytes))
+    if triton.cdiv(n, 128) >= platform.num_multiprocessors() or (m > 16 and n >= 6144):
+        return Plan(128, 1, 6)
+    if m <= 4:
+        return Plan(128, min(4, most), 6)
+    return Plan(64, min(2, most), 8)
+
+
+# experiments may force the choice for whole engine runs: TRITONLLM_SKINNY_SM90=always|never
+FORCE = os.environ.get("TRITONLLM_SKINNY_SM90", "")
+
+
+def measured_faster(m: int, n: int, k: int, dtype: torch.dtype) -> bool:
+    """Where the H200 measured this kernel faster than the portable ones (experiments/gemm/README.md,
+    session 14, Llama-3-8B layers): FP8 at M = 2..16 (M = 4: 1.1-1.2x the portable kernels), not at M = 1
+    (the FP8 GEMV is as fast or faster: qkv 6.1 against 6.8 us) nor M = 64 (the portable tiles' 7.5 us
+    against 10.4 for qkv); 16-bit at M <= 4 (1.05-1.18x; the GEMV at M = 1 where the weight rows fill the
+    SMs alone: gate_up 54.8 against 55.7 us), not above (0.7-1.0x)."""
+    if FORCE in ("always", "never"):
+        return FORCE == "always"
+    if dtype == torch.float8_e4m3fn:
+        return 2 <= m <= 16
+    return m <= 4 and not (m == 1 and triton.cdiv(n, 128) >= platform.num_multiprocessors())
+
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
+
+
+def takes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether gemm() can run this kernel for a [M, K] and the weight b [N, K]: 1..64 rows, one dtype
+    among DTYPES, rows 16-byte aligned with unit column stride (TMA's rules), an sm90 GPU."""
+    m, k = a.shape
+    ok_tensor = lambda t: t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0  # noqa: E731
+    return (
+        HAVE_GLUON and 1 <= m <= MAX_M and a.dtype in DTYPES and b.dtype == a.dtype and (k * a.element_size()) % 16 == 0
+        and ok_tensor(a) and ok_tensor(b) and available()
+    )  # fmt: skip
+
+
+@functools.cache
+def available() -> bool:
+    """An NVIDIA sm90 GPU and a Triton whose Gluon compiles the kernel (else, with a warning, the
+    portable kernels serve every shape)."""
+    if not HAVE_GLUON or platform.PLATFORM != "cuda" or torch.cuda.get_device_capability(platform.DEVICE)[0] != 9:
+        return False
+    try:
+        compile_sm90(torch.bfloat16)
+        compile_sm90(torch.float8_e4m3fn, split=2)
+    except Exception as failure:  # noqa: BLE001 - any compiler error means: use the portable kernels
+        warnings.warn(f"skinny GEMM: the sm90 Gluon kernel does not compile with this Triton ({failure!r:.300}); "
+                      "the portable Triton kernels serve skinny GEMMs instead", stacklevel=2)  # fmt: skip
+        return False
+    return True
+
+
+def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """A TMA descriptor of [rows, ROW_BYTES] boxes of a [R, K] tensor (128-byte swizzle)."""
+    block = [rows, ROW_BYTES // t.element_size()]
+    return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[t.dtype]))
+
+
+def compile_sm90(dtype: torch.dtype = torch.bfloat16, block_n: int = 128, bm: int = 16, split: int = 1,
+                 stages: int = 6, warps: int = 4, scales: bool = False):  # fmt: skip
+    """Compile for sm90 without a GPU (launch.compile_gluon_sm90): tests, available()."""
+    from triton.runtime.jit import mangle_type
+
+    w = torch.empty((block_n, 256), dtype=dtype)
+    out = "*fp16" if dtype == torch.float16 else "*bf16"
+    constexprs = dict(BLOCK_N=block_n, BLOCK_M=bm, STAGES=stages, HAS_BIAS=False, W_SCALE=2 if scales else 0,
+                      A_SCALE=2 if scales else 0, SPLIT_K=split, PDL=True)  # fmt: skip
+    types = dict(w_desc=mangle_type(_descriptor(w, block_n)), x_desc=mangle_type(_descriptor(w, bm)), c_ptr=out,
+                 bias_ptr=out, w_scale_ptr="*fp32", a_scale_ptr="*fp32", ws_ptr="*fp32", cnt_ptr="*i32")  # fmt: skip
+    return compile_gluon_sm90(skinny_gemm_sm90_kernel, constexprs, types, ("stride_cm",), num_warps=warps)
+
+
+def skinny_gemm_sm90(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
+                     a_scale: torch.Tensor | None, b_scale: torch.Tensor | None, pdl: dict) -> torch.Tensor:  # fmt: skip
+    """c = (a . b^T) x b_scale[n] x a_scale[m] (+ bias) for a [M, K], b [N, K] of one dtype (takes());
+    a_scale: None, one float32 or one per row [M, 1]; b_scale: None, one float32 or one per column [N].
+    K splits write float32 partials; the last split program of a tile to arrive sums them in split
+    order (deterministic) and writes c: one launch, no reduce kernel."""
+    (m, k), n = a.shape, b.shape[0]
+    p = plan(m, n, k, a.element_size())
+    block_k = ROW_BYTES // a.element_size()
+    k_per_split = triton.cdiv(triton.cdiv(k, p.split), block_k) * block_k
+    split = triton.cdiv(k, k_per_split)
+    tiles = triton.cdiv(n, p.block_n)
+    if splitk_sm90.usable_split(split, tiles, a.device) == 1:
+        split, k_per_split = 1, k
+    ws, cnt = splitk_sm90.workspace(split, m, n, c)
+    kind = lambda s: 0 if s is None else 1 if s.numel() == 1 else 2  # noqa: E731  (splitk_sm90.SCALE_*)
+    skinny_gemm_sm90_kernel[(tiles, split)](
+        _descriptor(b, p.block_n), _descriptor(a, block_m(m)), c, bias if bias is not None else c,
+        b_scale if b_scale is not None else ws, a_scale if a_scale is not None else ws, ws, cnt,
+        m, n, k, k_per_split, c.stride(0), a_scale.stride(0) if kind(a_scale) == 2 else 0,
+        BLOCK_N=p.block_n, BLOCK_M=block_m(m), STAGES=p.stages, HAS_BIAS=bias is not None,
+        W_SCALE=kind(b_scale), A_SCALE=kind(a_scale), SPLIT_K=split, num_warps=p.warps, **pdl,
+    )  # fmt: skip
+    return c
+
+
+if HAVE_GLUON:
+
+    @gluon.jit
+    def _issue(desc, row, k, bar, buf, pred):
+        """One TMA copy of the box at (row, k) into buf, counted on bar."""
+        _tma_load(desc, [row, k], bar, buf, pred=pred)
+
+    @gluon.jit
+    def skinny_gemm_sm90_kernel(
+        w_desc, x_desc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, ws_ptr, cnt_ptr,
+        M, N, K, K_PER_SPLIT, stride_cm, stride_asm,
+        BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr,
+        W_SCALE: gl.constexpr, A_SCALE: gl.constexpr, SPLIT_K: gl.constexpr, PDL: gl.constexpr = False,
+    ):  # fmt: skip
+        """c[m, n] = sum_k a[m, k] w[n, k] x scales (+ bias[n]) for BLOCK_N weight rows and all M
+        (<= BLOCK_M) activation rows a program, over the K range of its split (program_id 1)."""
+        WARPS: gl.constexpr = gl.num_warps()
+        DT: gl.constexpr = w_desc.dtype
+        BLOCK_K: gl.constexpr = w_desc.block_type.shape[1]
+        ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                      instr_shape=[16, BLOCK_M, 256 // DT.primitive_bitwidth])  # fmt: skip
+        STEP_BYTES: gl.constexpr = (BLOCK_N + BLOCK_M) * BLOCK_K * DT.primitive_bitwidth // 8  # both tiles of a step
+
+        pid_n = gl.program_id(0)
+        pid_k = gl.program_id(1)
+        n0 = pid_n * BLOCK_N
+        k0 = pid_k * K_PER_SPLIT
+        steps = gl.cdiv(gl.minimum(K, k0 + K_PER_SPLIT) - k0, BLOCK_K)
+
+        w_smem = gl.allocate_shared_memory(DT, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for b in gl.static_range(STAGES):
+            mbarrier.init(ready.index(b), count=1)
+        fence_async_shared()
+
+        # the first STAGES - 1 steps: weights first (not written by the kernel before: no wait for it),
+        # then, once the previous kernel's writes are visible, the activations
+        for i in gl.static_range(STAGES - 1):
+            mbarrier.expect(ready.index(i), STEP_BYTES, pred=i < steps)
+            _issue(w_desc, n0, k0 + i * BLOCK_K, ready.index(i), w_smem.index(i), i < steps)
+        gluon_pdl_wait(PDL)
+        x_smem = gl.allocate_shared_memory(DT, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
+        for i in gl.static_range(STAGES - 1):
+            _issue(x_desc, 0, k0 + i * BLOCK_K, ready.index(i), x_smem.index(i), i < steps)
+
+        acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
+        for i in range(steps):
+            s = i % STAGES
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            acc = warpgroup_mma(w_smem.index(s), x_smem.index(s).permute((1, 0)), acc, is_async=True)
+            # at most this step's MMA in flight: the previous step's stage is free for step i + STAGES - 1
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            j = i + STAGES - 1
+            sj = j % STAGES
+            mbarrier.expect(ready.index(sj), STEP_BYTES, pred=j < steps)
+            _issue(w_desc, n0, k0 + j * BLOCK_K, ready.index(sj), w_smem.index(sj), j < steps)
+            _issue(x_desc, 0, k0 + j * BLOCK_K, ready.index(sj), x_smem.index(sj), j < steps)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        for b in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(b))
+
+        splitk_sm90.finish_tile(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, ws_ptr, cnt_ptr, pid_n, pid_k, M, N,
+                                stride_cm, stride_asm, BLOCK_N, BLOCK_M, ACC, HAS_BIAS, W_SCALE, A_SCALE,
+                                SPLIT_K)  # fmt: skip

@@ -1,0 +1,100 @@
+"""K splits summed inside one launch, and the transposed output store, of the Hopper Gluon GEMMs that
+compute c^T = w . a^T (kernels/gemm_w4_sm90.py, kernels/gemm_skinny_sm90.py).
+
+A skinny GEMM (a few activation rows) has too few output tiles to fill the SMs, so K is split over
+programs. Each split program writes its float32 partial to a workspace [SPLIT_K, M, N] and counts its
+arrival on the tile's counter; the last to arrive sums the partials in split order (deterministic),
+applies the scales and bias, writes the output and resets the counter: no second launch, no atomics
+on the output. The counters are one zeroed int32 tensor per device that every kernel leaves at zero.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:  # recent triton ships Gluon
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover - older triton
+    HAVE_GLUON = False
+
+# per-tile arrival counters of split programs (kernel-owned: every count returns to 0 by the kernel's end)
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+MAX_TILES = 1 << 16
+
+
+def counters(device: torch.device) -> torch.Tensor:
+    if device not in _COUNTERS:
+        _COUNTERS[device] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
+    return _COUNTERS[device]
+
+
+def usable_split(split: int, tiles: int, device: torch.device) -> int:
+    """`split`, or 1 where the counters cannot serve it: more tiles than counters, or none allocated yet
+    while a CUDA graph is being captured (an allocation there would be zeroed only on replay; the
+    engine's warm-ups run eagerly first)."""
+    if split > 1 and (tiles > MAX_TILES or (device not in _COUNTERS and torch.cuda.is_current_stream_capturing())):
+        return 1
+    return split
+
+
+def workspace(split: int, m: int, n: int, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float32 partials [split, M, N], the counters) for a split launch; (c, c) stand-ins without one."""
+    if split == 1:
+        return c, c
+    return torch.empty((split, m, n), dtype=torch.float32, device=c.device), counters(c.device)
+
+
+# scale kinds of the epilogue: none, one value for every row (or column), one a row (column)
+SCALE_NONE, SCALE_ONE, SCALE_EACH = 0, 1, 2
+
+if HAVE_GLUON:
+    _barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+
+    @gluon.jit
+    def _store(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, n_out, m_out, ok, M, N, stride_cm, stride_asm,
+               HAS_BIAS: gl.constexpr, W_SCALE: gl.constexpr, A_SCALE: gl.constexpr):  # fmt: skip
+        """c[m, n] = acc[n, m] x the weight's scale of n x the activations' scale of m (+ bias[n]); scale
+        kinds SCALE_NONE (0), SCALE_ONE (1), SCALE_EACH (2)."""
+        if W_SCALE == 2:
+            acc = acc * gl.expand_dims(gl.load(w_scale_ptr + n_out, mask=n_out < N, other=0.0), 1)
+        elif W_SCALE == 1:
+            acc = acc * gl.load(w_scale_ptr)
+        if A_SCALE == 2:
+            acc = acc * gl.expand_dims(gl.load(a_scale_ptr + m_out * stride_asm, mask=m_out < M, other=0.0), 0)
+        elif A_SCALE == 1:
+            acc = acc * gl.load(a_scale_ptr)
+        if HAS_BIAS:
+            acc += gl.expand_dims(gl.load(bias_ptr + n_out, mask=n_out < N, other=0.0).to(gl.float32), 1)
+        offs = gl.expand_dims(m_out.to(gl.int64) * stride_cm, 0) + gl.expand_dims(n_out, 1)
+        gl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=ok)
+
+    @gluon.jit
+    def finish_tile(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, ws_ptr, cnt_ptr, pid_n, pid_k, M, N, stride_cm,
+                    stride_asm, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, ACC: gl.constexpr,
+                    HAS_BIAS: gl.constexpr, W_SCALE: gl.constexpr, A_SCALE: gl.constexpr,
+                    SPLIT_K: gl.constexpr):  # fmt: skip
+        """Write the [BLOCK_N, BLOCK_M] accumulator (layout ACC) of weight rows pid_n x BLOCK_N.. as
+        c[m, n]; with K splits, write this split's partial and let the tile's last one sum them."""
+        n_out = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
+        m_out = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
+        ok = gl.expand_dims(n_out < N, 1) & gl.expand_dims(m_out < M, 0)
+        if SPLIT_K > 1:
+            # this split's partial, then its arrival; the tile's last split sums them all (in split order)
+            tile_ws = ws_ptr + gl.expand_dims(m_out * N, 0) + gl.expand_dims(n_out, 1)
+            gl.store(tile_ws + pid_k * M * N, acc, mask=ok)
+            _barrier()  # every thread's partial written before the (releasing) arrival
+            arrived = gl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                _barrier()
+                acc = gl.load(tile_ws, mask=ok, other=0.0, cache_modifier=".cg")
+                for sp in gl.static_range(1, SPLIT_K):
+                    acc += gl.load(tile_ws + sp * M * N, mask=ok, other=0.0, cache_modifier=".cg")
+                _store(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, n_out, m_out, ok, M, N, stride_cm, stride_asm,
+                       HAS_BIAS, W_SCALE, A_SCALE)  # fmt: skip
+                gl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+        else:
+            _store(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, n_out, m_out, ok, M, N, stride_cm, stride_asm,
+                   HAS_BIAS, W_SCALE, A_SCALE)  # fmt: skip
