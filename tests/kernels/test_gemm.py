@@ -12,6 +12,8 @@ import json
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
 from launch_spy import LaunchSpy  # this folder
 from seeded import randn as _randn  # this folder
@@ -19,7 +21,7 @@ from seeded import randn as _randn  # this folder
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
 from tritonllm.kernels import reference
-from tritonllm.kernels.quant import quantize_per_group, quantize_per_token
+from tritonllm.kernels.quant import fp8_grid, quantize_per_group, quantize_per_token
 from tritonllm.kernels.quant_formats import (
     E2M1_VALUES,
     FP4,
@@ -323,3 +325,28 @@ def test_int4_quantization_round_trips_within_half_a_step() -> None:
     expected = x.float() @ reference.dequantize_weight(q).T
     with pytest.raises(AssertionError):
         assert_close_to_scale(no_zeros, expected, 1e-2)
+
+
+@triton.jit
+def _fp8_conversions(v_ptr, hw_ptr, grid_ptr, N: tl.constexpr):
+    v = tl.load(v_ptr + tl.arange(0, N))
+    tl.store(hw_ptr + tl.arange(0, N), v.to(hw_ptr.dtype.element_ty))
+    tl.store(grid_ptr + tl.arange(0, N), fp8_grid(v, -6).to(grid_ptr.dtype.element_ty))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (platform.is_gpu() and platform.has_fp8()), reason="hardware FP8 conversion")
+def test_hardware_fp8_conversion_equals_the_grid_rounding() -> None:
+    """quant.round_and_store converts with the hardware on FP8 GPUs (HW_FP8_CVT) and rounds onto e4m3's
+    grid first elsewhere: the two agree bit for bit on every e4m3 value, every midpoint between two
+    neighbours (ties to even), values just beside them, subnormals and random values within +-448."""
+    grid = torch.arange(256, dtype=torch.uint8).view(FP8).float()
+    grid = grid[grid.isfinite()].unique()
+    mids = (grid[1:] + grid[:-1]) / 2
+    v = torch.cat([grid, mids, mids.nextafter(grid[1:]), mids.nextafter(grid[:-1]), _randn(4096, seed=12) * 100])
+    v = v.clamp(-448, 448)
+    v = torch.cat([v, torch.zeros(8192 - v.numel())]).to(DEVICE)
+    hw, by_grid = torch.empty(8192, dtype=FP8, device=DEVICE), torch.empty(8192, dtype=FP8, device=DEVICE)
+    _fp8_conversions[(1,)](v, hw, by_grid, N=8192)
+    assert torch.equal(hw.view(torch.uint8), by_grid.view(torch.uint8))
+    assert torch.equal(hw.float(), v.to(FP8).float())  # torch's conversion too

@@ -80,17 +80,18 @@ def block_m(m: int) -> int:
 
 
 def plan(m: int, n: int, k: int, elem_bytes: int) -> Plan:
-    """Rows a program, K splits and stages, from the H200 sweep (experiments/gemm/README.md, session 14):
-    where 128-row programs alone fill the SMs (gate_up) no split; at M <= 4, 128 rows and K split up to
-    four ways (each split at least four K steps); above, 64 rows, two splits, eight stages, but one split
-    of 128 rows for wide layers at M > 16 (qkv: 10.4 against 14.7 us in FP8 at M = 64)."""
+    """Rows a program, K splits and stages, from the H200 sweeps (experiments/gemm/README.md, session 14):
+    where 128-row programs alone fill the SMs (gate_up) no split; at M <= 4, K split up to four ways (each
+    split at least four K steps) over 128 rows at M = 1, 64 above (FP8 qkv at M = 4: 7.5 against 9.4 us);
+    above, 64 rows, two splits, eight stages, but one split of 128 rows for wide layers at M > 16 (qkv:
+    10.4 against 14.7 us in FP8 at M = 64)."""
     if PLAN_OVERRIDE is not None:
         return PLAN_OVERRIDE
     most = max(1, k // (4 * ROW_BYTES // elem_bytes))
     if triton.cdiv(n, 128) >= platform.num_multiprocessors() or (m > 16 and n >= 6144):
         return Plan(128, 1, 6)
     if m <= 4:
-        return Plan(128, min(4, most), 6)
+        return Plan(128 if m == 1 else 64, min(4, most), 6)
     return Plan(64, min(2, most), 8)
 
 
@@ -100,15 +101,15 @@ FORCE = os.environ.get("TRITONLLM_SKINNY_SM90", "")
 
 def measured_faster(m: int, n: int, k: int, dtype: torch.dtype) -> bool:
     """Where the H200 measured this kernel faster than the portable ones (experiments/gemm/README.md,
-    session 14, Llama-3-8B layers): FP8 at M = 2..16 (M = 4: 1.1-1.2x the portable kernels), not at M = 1
-    (the FP8 GEMV is as fast or faster: qkv 6.1 against 6.8 us) nor M = 64 (the portable tiles' 7.5 us
-    against 10.4 for qkv); 16-bit at M <= 4 (1.05-1.18x; the GEMV at M = 1 where the weight rows fill the
-    SMs alone: gate_up 54.8 against 55.7 us), not above (0.7-1.0x)."""
+    session 14, Llama-3-8B layers): FP8 at M = 1..16 (M = 4: 1.1-1.2x the portable kernels; at M = 1 on
+    its own as fast as the FP8 GEMV or 10% slower, but in the decode step, where its weight copies start
+    under the previous kernel's tail (PDL), batch-1 FP8 decode ran 334.8 against 306.6 tok/s), not M = 64
+    (the portable tiles' 7.5 us against 10.4 for qkv); 16-bit at M <= 4 (1.05-1.18x), not above (0.7-1.0x)."""
     if FORCE in ("always", "never"):
         return FORCE == "always"
     if dtype == torch.float8_e4m3fn:
-        return 2 <= m <= 16
-    return m <= 4 and not (m == 1 and triton.cdiv(n, 128) >= platform.num_multiprocessors())
+        return m <= 16
+    return m <= 4
 
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)

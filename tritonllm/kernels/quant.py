@@ -6,8 +6,8 @@ x [M, K] (model dtype, last dim contiguous) -> (q [M, K] in FP8 e4m3 or int8, sc
 - per 1 x G group (G = 128 for block-FP8 weights), dynamic: float32 [M, K / G];
 - MX (G = 32): scale = 2 ** (floor(log2(amax)) - 8) (e4m3's largest exponent is 8), stored as
   e8m0 uint8 [M, K / 32] (e = exponent + 127), as the OCP MX spec defines it.
-Values are x / scale clamped to +-qmax, then rounded: to nearest even for FP8 (the conversion),
-half away from zero for int8. `kernels/reference.py` computes the same in torch.
+Values are x / scale clamped to +-qmax, then rounded: to nearest even for FP8 (the conversion:
+explicit on the interpreter, the hardware's on FP8 GPUs), half away from zero for int8. `kernels/reference.py` computes the same in torch.
 """
 
 from __future__ import annotations
@@ -22,6 +22,12 @@ from tritonllm import platform  # noqa: F401  (switches on the interpreter on CP
 from tritonllm.kernels.launch import pdl_launch, pdl_wait
 from tritonllm.kernels.quant_formats import MX_GROUP, qmax
 
+# NVIDIA FP8 GPUs (sm89+; FP8 activations are made nowhere else: platform.has_fp8) convert float32 to
+# e4m3 in hardware, rounding to nearest even with saturation (cvt.rn.satfinite): the same values as the
+# explicit grid rounding below, which the interpreter needs (it rounds some values wrongly) and which
+# costs ~20 instructions a value, most of a one-row quantization (a decode step's SiLU-mul + quantize of
+# 14,336 values runs on one SM)
+HW_FP8_CVT = tl.constexpr(platform.PLATFORM == "cuda" and not platform.is_interpreter())
 EPS = 1e-12  # an all-zero row quantizes to zeros with a tiny (not zero) scale (the kernels' literal)
 E4M3_EMAX = 8  # floor(log2(448)): MX scales put a group's amax into e4m3's top binade (the kernels' "- 8")
 
@@ -43,11 +49,18 @@ def round_and_store(q_ptrs, v, mask, QMAX: tl.constexpr, IS_INT: tl.constexpr, M
     v = tl.minimum(tl.maximum(v, -QMAX), QMAX)
     if IS_INT:
         v = tl.where(v >= 0, tl.floor(v + 0.5), tl.ceil(v - 0.5))
-    else:
-        exponent = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-        step = tl.exp2((tl.maximum(exponent, MIN_EXP) - 3).to(tl.float32))
-        v = _round_half_even(v / step) * step
+    elif not HW_FP8_CVT:
+        v = fp8_grid(v, MIN_EXP)
     tl.store(q_ptrs, v.to(q_ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def fp8_grid(v, MIN_EXP: tl.constexpr):
+    """v (within +-QMAX) rounded to nearest even onto e4m3's grid (3 mantissa bits; below 2**MIN_EXP the
+    subnormals' fixed step), so that its conversion is exact."""
+    exponent = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    step = tl.exp2((tl.maximum(exponent, MIN_EXP) - 3).to(tl.float32))
+    return _round_half_even(v / step) * step
 
 
 @triton.jit
