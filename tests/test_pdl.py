@@ -60,10 +60,7 @@ DECODE_KERNELS = {
 }  # fmt: skip
 # kernels that read operands no kernel writes (weights) before the wait, so that the weight stream starts
 # while the previous kernel drains: the memory parameters they may touch before pdl_wait(PDL)
-READ_BEFORE_WAIT = {
-    "gemm_skinny_sm90.skinny_gemm_sm90_kernel": {"w_desc"},
-    "gemv_w4_sm90.w4_gemv_sm90_kernel": {"w_ptr", "s_ptr", "z_ptr"},
-}
+READ_BEFORE_WAIT = {"gemm_skinny_sm90.skinny_gemm_sm90_kernel": {"w_desc"}}
 
 
 def _memory_names_before_wait(fn) -> set[str]:

@@ -207,34 +207,22 @@ if HAVE_GLUON:
                 gl.convert_layout(a6, L), gl.convert_layout(a7, L))  # fmt: skip
 
     @gluon.jit
-    def _load_weights(w_ptrs, s_ptrs, z_ptrs, kw, KW, g3, gg, stride_sk, WPG: gl.constexpr, FP4: gl.constexpr,
-                      MASKED: gl.constexpr):  # fmt: skip
-        """The K tile at word kw of the weight: words, scales, zero points (the scales again for MXFP4);
-        MASKED: the groups at or past KW (words a row) read as zeros."""
+    def _load_tile(w_ptrs, a_ptrs, s_ptrs, z_ptrs, kw, KW, g3, ga, gg, stride_sk, WPG: gl.constexpr,
+                   FP4: gl.constexpr, MASKED: gl.constexpr):  # fmt: skip
+        """The K tile at word kw: words, activations (as stored), scales, zero points (the scales again
+        for MXFP4); MASKED: the groups at or past KW (words a row) read as zeros."""
         if MASKED:
             g_in = gl.expand_dims(kw + gg * WPG < KW, 0)
             words = gl.load(w_ptrs + kw, mask=gl.expand_dims(gl.expand_dims(kw + g3 * WPG < KW, 0), 2), other=0)
+            act = gl.load(a_ptrs + kw * 8, mask=gl.expand_dims(gl.expand_dims(kw + ga * WPG < KW, 1), 2), other=0.0)
             s = gl.load(s_ptrs + (kw // WPG) * stride_sk, mask=g_in, other=0)
             z = s if FP4 else gl.load(z_ptrs + (kw // WPG) * stride_sk, mask=g_in, other=0)
         else:
             words = gl.load(w_ptrs + kw)
+            act = gl.load(a_ptrs + kw * 8)
             s = gl.load(s_ptrs + (kw // WPG) * stride_sk)
             z = s if FP4 else gl.load(z_ptrs + (kw // WPG) * stride_sk)
-        return words, s, z
-
-    @gluon.jit
-    def _load_act(a_ptrs, kw, KW, ga, WPG: gl.constexpr, MASKED: gl.constexpr):
-        """The K tile at word kw of the activations, as stored."""
-        if MASKED:
-            return gl.load(a_ptrs + kw * 8, mask=gl.expand_dims(gl.expand_dims(kw + ga * WPG < KW, 1), 2), other=0.0)
-        return gl.load(a_ptrs + kw * 8)
-
-    @gluon.jit
-    def _load_tile(w_ptrs, a_ptrs, s_ptrs, z_ptrs, kw, KW, g3, ga, gg, stride_sk, WPG: gl.constexpr,
-                   FP4: gl.constexpr, MASKED: gl.constexpr):  # fmt: skip
-        """The K tile at word kw: words, activations, scales, zero points."""
-        words, s, z = _load_weights(w_ptrs, s_ptrs, z_ptrs, kw, KW, g3, gg, stride_sk, WPG, FP4, MASKED)
-        return words, _load_act(a_ptrs, kw, KW, ga, WPG, MASKED), s, z
+        return words, act, s, z
 
     @gluon.jit
     def _accumulate(words, act, s, z, acc, acc_z, col_scale, m0, m1, FP4: gl.constexpr, LW: gl.constexpr,
@@ -288,8 +276,8 @@ if HAVE_GLUON:
     ):  # fmt: skip
         """c[0, n] = sum_k a[0, k] w[n, k] (+ bias) for BLOCK_N = ROWS x NUM_WARPS / WARPS_K weight rows a
         program. m0, m1: the decode's bit masks (FP4_MASKS / INT4_MASKS). EVEN: K a multiple of the K
-        tile. PREFETCH: the next K tile's loads are issued before this tile's arithmetic, and the first
-        tile's weight loads before the wait for the previous kernel (PDL: nothing writes the weight)."""
+        tile. PREFETCH: the next K tile's loads are issued before this tile's arithmetic."""
+        gluon_pdl_wait(PDL)
         WPG: gl.constexpr = GROUP_K // 8
         GPI: gl.constexpr = 32 // (WPG // _WPT) * WARPS_K  # groups an iteration
         BLOCK_N: gl.constexpr = ROWS * (_WARPS // WARPS_K)
@@ -309,18 +297,6 @@ if HAVE_GLUON:
             + gl.expand_dims(gl.expand_dims(g3 * WPG, 0), 2)
             + gl.expand_dims(gl.expand_dims(w3, 0), 1)
         )
-        # scales, zero points: s_ptr + n * stride_sn + (kw / WPG + g) * stride_sk
-        ng = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LG))
-        gg = gl.arange(0, GPI, layout=gl.SliceLayout(0, LG))
-        rng = gl.program_id(0) * BLOCK_N + ng
-        rng = gl.where(rng < N, rng, 0).to(gl.int64)
-        s_off = gl.expand_dims(rng * stride_sn, 1) + gl.expand_dims(gg * stride_sk, 0)
-        s_ptrs = s_ptr + s_off
-        z_ptrs = z_ptr + s_off
-        KW = K // 8
-        if PREFETCH:
-            words, s, z = _load_weights(w_ptrs, s_ptrs, z_ptrs, 0, KW, g3, gg, stride_sk, WPG, FP4, not EVEN)
-        gluon_pdl_wait(PDL)
         # activations: a_ptr + 8 (kw + g * WPG + w) + j
         ga = gl.arange(0, GPI, layout=gl.SliceLayout(1, gl.SliceLayout(2, LA)))
         wa = gl.arange(0, WPG, layout=gl.SliceLayout(0, gl.SliceLayout(2, LA)))
@@ -330,7 +306,16 @@ if HAVE_GLUON:
             + gl.expand_dims(gl.expand_dims(wa * 8, 0), 2)
             + gl.expand_dims(gl.expand_dims(ja, 0), 1)
         )
+        # scales, zero points: s_ptr + n * stride_sn + (kw / WPG + g) * stride_sk
+        ng = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LG))
+        gg = gl.arange(0, GPI, layout=gl.SliceLayout(0, LG))
+        rng = gl.program_id(0) * BLOCK_N + ng
+        rng = gl.where(rng < N, rng, 0).to(gl.int64)
+        s_off = gl.expand_dims(rng * stride_sn, 1) + gl.expand_dims(gg * stride_sk, 0)
+        s_ptrs = s_ptr + s_off
+        z_ptrs = z_ptr + s_off
 
+        KW = K // 8
         STEP: gl.constexpr = GPI * WPG
         LW: gl.constexpr = gl.SliceLayout(0, L3)
         if FP4:  # every product a normal float
@@ -341,7 +326,8 @@ if HAVE_GLUON:
         acc = gl.zeros([BLOCK_N, GPI, WPG], gl.float32, layout=L3)  # per word column, scaled
         acc_z = gl.zeros([BLOCK_N, GPI], gl.float32, layout=LG)  # int4: the zero points' and the decode bias's term
         if PREFETCH:
-            act = _load_act(a_ptrs, 0, KW, ga, WPG, not EVEN)
+            words, act, s, z = _load_tile(w_ptrs, a_ptrs, s_ptrs, z_ptrs, 0, KW, g3, ga, gg, stride_sk, WPG, FP4,
+                                          not EVEN)  # fmt: skip
             for kw in range(0, KW, STEP):
                 # the next tile (past K: masked off) in flight while this one is summed
                 n_words, n_act, n_s, n_z = _load_tile(w_ptrs, a_ptrs, s_ptrs, z_ptrs, kw + STEP, KW, g3, ga, gg,
