@@ -124,8 +124,8 @@ async def run(args: argparse.Namespace) -> dict:
     async with httpx.AsyncClient(
         base_url=args.base_url, headers=headers, timeout=args.timeout, limits=limits
     ) as client:
-        if args.warmup:
-            await _one(client, args.model, requests[0][0], 4)
+        if args.warmup:  # a prompt of its own: one of the run's would be served from the prefix cache
+            await _one(client, args.model, [args.token_id_min] * len(requests[0][0]), 4)
 
         async def limited(prompt: list[int], output_len: int) -> RequestResult:
             async with gate:
@@ -176,7 +176,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--random-range-ratio", type=float, default=0.0, help="lengths drawn from [len*(1-r), len]")
     parser.add_argument("--token-id-min", type=int, default=100)
     parser.add_argument("--token-id-max", type=int, default=10000, help="keep prompts inside the vocabulary")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed", type=int, default=0,
+        help="the prompts' seed: a second run with the same seed against the same server repeats its prompts, "
+        "which the prefix cache then serves (prefix_cache_hit_rate in the result)",
+    )  # fmt: skip
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True)
@@ -200,7 +204,7 @@ def main(argv: list[str] | None = None) -> dict:
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_ms"):
         stats = summary[key]
         print(f"{key:24s} mean {stats['mean']:.2f}  median {stats['median']:.2f}  p99 {stats['p99']:.2f}")
-    for key in RUN_COUNTERS:
+    for key in (*RUN_COUNTERS, "prefix_cache_hit_rate"):
         if summary[key] is not None:
             print(f"{key:24s} {summary[key]:.3g}")
     if summary["errors"]:

@@ -186,11 +186,16 @@ for step in $STEPS; do
         --uvicorn-log-level warning ${SERVE_ARGS:-} > "$OUT/serve.log" 2>&1 &
       SERVER=$!
       for _ in $(seq 600); do curl -sf http://127.0.0.1:8123/health > /dev/null && break; sleep 1; done
+      # each run its own prompts (--seed): a repeated seed would be served from the prefix cache (earlier
+      # sessions' "again" runs at 16 req/s were, hence their lower TTFT and TPOT); a repeated rate is saved apart
+      seed=0
       for rate in ${RATES:-4 8 16 24 32 48 64}; do
+        name="serving_rate_$rate"; [ -e "$OUT/$name.json" ] && name="${name}_seed$seed"
         python3 scripts/bench_serving.py --base-url http://127.0.0.1:8123 --model m --num-prompts ${NUM_PROMPTS:-400} \
           --random-input-len ${INPUT_LEN:-512} --random-output-len ${OUTPUT_LEN:-128} --request-rate "$rate" \
-          --token-id-max ${TOKEN_ID_MAX:-10000} \
-          --save-result "$OUT/serving_rate_$rate.json" 2>&1 | tail -8
+          --token-id-max ${TOKEN_ID_MAX:-10000} --seed $seed \
+          --save-result "$OUT/$name.json" 2>&1 | tail -13
+        seed=$((seed + 1))
       done
       kill -TERM $SERVER; wait $SERVER; echo "server exit status $?"
       # the offline references: the same requests all at once, OFFLINE_COUNTS at a time (req/s; decode TPOT at

@@ -98,3 +98,19 @@ def test_bench_serving_counts_refused_requests(server):
                                    "--no-warmup"])  # fmt: skip
     assert summary["completed"] == 0 and summary["failed"] == 3
     assert any("HTTP 401" in e for e in summary["errors"])
+
+
+def test_a_repeated_seed_is_reported_as_prefix_cache_hits(server):
+    """The same prompts sent again are served from the prefix cache (earlier sessions' repeated runs at
+    one rate were, unnoticed); the result says so, and a new seed's prompts are prefilled afresh."""
+    bench = _load_script()
+
+    def run(seed: int) -> dict:
+        return bench.main(["--base-url", server, "--model", "tiny", "--num-prompts", "4", "--random-input-len", "40",
+                           "--random-output-len", "2", "--token-id-max", "300", "--api-key", "k",
+                           "--seed", str(seed)])  # fmt: skip
+
+    first, again, other = run(101), run(101), run(102)
+    assert all(s["completed"] == 4 and s["prefix_cache_queries"] == 4 * 40 for s in (first, again, other))
+    assert first["prefix_cache_hit_rate"] < 0.1 and other["prefix_cache_hit_rate"] < 0.1
+    assert again["prefix_cache_hit_rate"] >= 0.5  # every full block of each 40-token prompt

@@ -171,11 +171,15 @@ def device_memory_metrics(device, memory_stats=None) -> list[Gauge | Counter]:
 
 # Counters whose growth over a benchmark run is reported (workloads.py, scripts/bench_serving.py):
 # device allocations (a pool still filling), Python's full collections and the time all its
-# collections took (engine/host_gc.py). Each: the counter names (without PREFIX) it sums.
+# collections took (engine/host_gc.py), and the prompt tokens looked up in and found in the prefix
+# cache (a benchmark that repeats its prompts measures cache hits, not prefills: prefix_cache_hit_rate).
+# Each: the counter names (without PREFIX) it sums.
 RUN_COUNTERS = {
     "device_malloc_calls": ("device_malloc_calls",),
     "gc_full_collections": ("gc_collections_gen2",),
     "gc_pause_s": ("gc_pause_seconds_gen0", "gc_pause_seconds_gen1", "gc_pause_seconds_gen2"),
+    "prefix_cache_queries": ("prefix_cache_queries",),
+    "prefix_cache_hits": ("prefix_cache_hits",),
 }
 
 
@@ -189,5 +193,9 @@ def run_counters(values: dict[str, float]) -> dict[str, float | None]:
 
 
 def counter_growth(before: dict[str, float | None], after: dict[str, float | None]) -> dict[str, float | None]:
-    """after - before per RUN_COUNTERS key (None where either is missing)."""
-    return {k: None if before.get(k) is None or after.get(k) is None else after[k] - before[k] for k in RUN_COUNTERS}
+    """after - before per RUN_COUNTERS key (None where either is missing), and prefix_cache_hit_rate: the
+    share of the run's looked-up prompt tokens found cached (None without lookups)."""
+    growth = {k: None if before.get(k) is None or after.get(k) is None else after[k] - before[k] for k in RUN_COUNTERS}
+    queries, hits = growth["prefix_cache_queries"], growth["prefix_cache_hits"]
+    growth["prefix_cache_hit_rate"] = hits / queries if queries and hits is not None else None
+    return growth
