@@ -26,14 +26,15 @@ def test_int_spec_marks_one_multiples_of_16_and_32_bit_width() -> None:
     assert int_spec() == ()
 
 
-def test_aligned_is_false_for_a_view_off_a_16_byte_boundary() -> None:
+def test_aligned_flags_each_pointer_off_a_16_byte_boundary() -> None:
     base = torch.empty(10, dtype=torch.float32)
-    assert aligned(base)
-    assert not aligned(base[1:])  # 4 bytes in
-    assert aligned(base[4:])  # 16 bytes in
-    assert not aligned(base, base[4:], base[2:])
-    assert aligned(base, None, base[4:])  # None (an absent optional pointer) does not count
-    assert aligned()
+    assert aligned(base) == (True,)
+    assert aligned(base[1:]) == (False,)  # 4 bytes in
+    assert aligned(base[4:]) == (True,)  # 16 bytes in
+    assert aligned(base, None, base[2:]) == (True, True, False)  # None (an absent optional pointer) counts as aligned
+    # which pointer is off the boundary is part of the key: the two launches need different kernels
+    assert aligned(base[2:], base) != aligned(base, base[2:])
+    assert aligned() == ()
 
 
 def test_launcher_on_cpu_launches_every_call_through_the_kernel() -> None:

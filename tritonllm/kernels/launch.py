@@ -124,13 +124,11 @@ def int_spec(*values: int) -> tuple:
     return tuple((v == 1, v % 16 == 0, -(2**31) <= v < 2**31) for v in values)
 
 
-def aligned(*tensors: torch.Tensor | None) -> bool:
-    """Whether every tensor's data pointer is 16-byte aligned (Triton's pointer specialisation)."""
-    bits = 0
-    for t in tensors:
-        if t is not None:
-            bits |= t.data_ptr()
-    return bits & 15 == 0
+def aligned(*tensors: torch.Tensor | None) -> tuple[bool, ...]:
+    """Per tensor, whether its data pointer is 16-byte aligned (Triton's pointer specialisation, made
+    per argument: one flag for all would let a kernel compiled with q aligned and k not be reused for
+    k aligned and q not, its vector loads then misaligned). None (an absent optional pointer): True."""
+    return tuple(t is None or t.data_ptr() & 15 == 0 for t in tensors)
 
 
 class Launcher:
