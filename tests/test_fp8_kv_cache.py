@@ -59,11 +59,13 @@ def test_calculated_kv_scales_come_from_the_first_prompt_step(tiny_llama):
     (e4m3 is a floating-point format: the scale guards its range, not its relative precision)."""
     llm = LLM(model=tiny_llama, max_model_len=128, kv_cache_dtype="fp8", calculate_kv_scales=True)
     layers = llm.llm_engine.model.model.layers
-    seen = {}  # the first step's K/V amax per layer, from the K/V the attention layer receives
+    seen = {}  # the first step's K/V amax per layer, from the K/V the attention layer receives (K rotated)
 
     def record(i: int):
         def hook(module, args) -> None:
-            seen.setdefault(i, (args[1].abs().amax().item(), args[2].abs().amax().item()))
+            q, k, v, rope = args[0], args[1], args[2], args[5]
+            k = rope.rotary(rope.positions, q, k)[1]
+            seen.setdefault(i, (k.abs().amax().item(), v.abs().amax().item()))
 
         return hook
 
@@ -82,3 +84,20 @@ def test_calculated_kv_scales_come_from_the_first_prompt_step(tiny_llama):
     assert diffs.mean() < 0.3 and diffs.max() < 1.5
     with pytest.raises(ValueError, match="calculate_kv_scales needs an FP8 KV cache"):
         LLM(model=tiny_llama, max_model_len=128, calculate_kv_scales=True)
+
+
+def test_the_fused_rope_and_cache_write_serve_what_the_two_kernels_do(tiny_llama, monkeypatch):
+    """fuse_rope_kv_write (the default): one kernel rotates q and k and writes the FP8 cache, and no
+    separate KV write runs; with it off, the rotary kernel and then the KV write store the same bytes,
+    so logprobs and tokens are the same to the bit."""
+    fused = LLM(model=tiny_llama, max_model_len=128, kv_cache_dtype="fp8")
+    separate_writes = []
+    kernels = fused.llm_engine.runner.kernels
+    monkeypatch.setattr(kernels, "write_kv_cache", lambda *args, **kw: separate_writes.append(args))
+    fused_out = fused.generate(PROMPTS, PARAMS, use_tqdm=False)
+    assert separate_writes == []
+    monkeypatch.undo()
+    split = LLM(model=tiny_llama, max_model_len=128, kv_cache_dtype="fp8", fuse_rope_kv_write=False)
+    split_out = split.generate(PROMPTS, PARAMS, use_tqdm=False)
+    assert prompt_logprob_diffs(fused_out, split_out).max() == 0
+    assert [o.outputs[0].token_ids for o in fused_out] == [o.outputs[0].token_ids for o in split_out]

@@ -105,6 +105,7 @@ class KernelConfig:
     rotary: str = "auto"
     activation: str = "auto"
     kv_write: str = "auto"
+    rope_kv_write: str = "auto"
     sampling: str = "auto"
     linear: str = "auto"
     moe: str = "auto"
@@ -154,7 +155,13 @@ class ParallelConfig:
             raise ValueError(f"timeout_s={self.timeout_s} must be positive")
 
 
-_ENGINE_FLAGS = ("enforce_eager", "piecewise_graphs", "pdl", "gc_freeze")  # EngineConfig's booleans outside the groups
+_ENGINE_FLAGS = (
+    "enforce_eager",
+    "piecewise_graphs",
+    "pdl",
+    "gc_freeze",
+    "fuse_rope_kv_write",
+)  # EngineConfig's booleans outside the groups
 
 
 @dataclass
@@ -174,6 +181,9 @@ class EngineConfig:
     # after start-up, collect once and freeze the surviving objects out of Python's cyclic GC, so that
     # full collections while serving do not walk them (engine/host_gc.py); false: leave the GC as it is
     gc_freeze: bool = True
+    # each attention layer's RoPE and KV-cache write in one kernel (the rope_kv_write op) instead of two
+    # launches; false: the rotary kernel, then the KV write (ablation)
+    fuse_rope_kv_write: bool = True
 
     @staticmethod
     def from_dict(values: dict[str, Any]) -> EngineConfig:

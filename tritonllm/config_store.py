@@ -36,6 +36,7 @@ class RunConfig:
     piecewise_graphs: bool = True  # false: prefill and mixed steps run eagerly (ablation)
     pdl: bool = True  # false: no programmatic dependent launch (ablation; NVIDIA sm90+ only)
     gc_freeze: bool = True  # false: the start-up heap stays in Python's cyclic GC (ablation)
+    fuse_rope_kv_write: bool = True  # false: RoPE and the KV-cache write as two kernels (ablation)
     output_json: str | None = None  # a path: also write the results there as JSON
 
 

@@ -56,6 +56,7 @@ def main(cfg: DictConfig) -> None:
             "piecewise_graphs": cfg.piecewise_graphs,
             "pdl": cfg.pdl,
             "gc_freeze": cfg.gc_freeze,
+            "fuse_rope_kv_write": cfg.fuse_rope_kv_write,
         }
     )
     hydra_cfg = HydraConfig.get()

@@ -208,6 +208,32 @@ def test_kv_write(impl, dtype) -> None:
     assert torch.equal(got_k, ref_k) and torch.equal(got_v, ref_v)
 
 
+@pytest.mark.parametrize("impl, dtype", _cases("rope_kv_write"))
+def test_rope_kv_write(impl, dtype) -> None:
+    """q, k, v as slices of one fused qkv output (strided rows); the rotated q and k returned, the
+    rotated k and v in the cache, skipped slots untouched."""
+    b = _paged_batch(dtype)
+    num_heads, num_kv_heads, head_dim, _ = b["shape"]
+    num_tokens = b["q"].shape[0]
+    qkv = torch.cat([b["q"], b["k"], b["v"]], dim=1).reshape(num_tokens, -1)
+    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=1)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 48, 2, dtype=torch.float32) / 48))  # partial: 48 of 64 dims
+    table = build_cos_sin_cache(300, inv_freq).to(DEVICE)
+    positions = torch.randint(0, 300, (num_tokens,), generator=torch.Generator().manual_seed(18)).to(DEVICE)
+    slots = b["slots"].clone()
+    slots[::4] = -1  # skipped tokens
+    got_k, got_v = b["k_cache"].clone(), b["v_cache"].clone()
+    got = impl.entries["rotary_write_kv_cache"](positions, q, k, v, table, head_dim, True, got_k, got_v, slots)
+    ref_k, ref_v = b["k_cache"].clone(), b["v_cache"].clone()
+    expected = reference.rotary_write_kv_cache(positions, q, k, v, table, head_dim, True, ref_k, ref_v, slots)
+    for a, e in zip(got, expected, strict=True):
+        assert_close_to_scale(a, e, _tol(dtype))
+    assert_close_to_scale(got_k, ref_k, _tol(dtype))
+    assert torch.equal(got_v, ref_v)  # copied, not computed
+    skipped = b["slots"][::4]  # their slots keep the rows they held
+    assert torch.equal(got_k.flatten(0, 1)[skipped], b["k_cache"].flatten(0, 1)[skipped])
+
+
 @pytest.mark.parametrize("impl, dtype", _cases("attention"))
 def test_attention(impl, dtype) -> None:
     b = _paged_batch(dtype)

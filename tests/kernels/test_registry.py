@@ -86,7 +86,7 @@ def test_the_sm90_fp8_decode_kernel_is_an_implementation_auto_takes_only_where_i
 
 def test_references_that_sync_with_the_host_are_declared_uncapturable() -> None:
     ref = select_kernels(default="torch_ref")
-    assert ref.uncapturable(registry.OPS) == ["attention", "kv_write", "sampling", "moe"]
+    assert ref.uncapturable(registry.OPS) == ["attention", "kv_write", "rope_kv_write", "sampling", "moe"]
     assert select_kernels({"attention": "torch_ref"}).uncapturable(["attention", "rms_norm"]) == ["attention"]
     assert select_kernels().uncapturable(registry.OPS) == []
 

@@ -1,5 +1,6 @@
 """Rotary embedding kernel against the torch reference: NeoX and GPT-J layouts, full and partial
-rotary, random positions gathered from Llama-like cos/sin caches, q and k read from a fused qkv."""
+rotary, random positions gathered from Llama-like cos/sin caches, q and k read from a fused qkv.
+The fused RoPE + KV-cache write against the two kernels it replaces: the same bytes everywhere."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import pytest
 import torch
 
 from tritonllm.kernels import reference
-from tritonllm.kernels.rotary import rotary_embedding
+from tritonllm.kernels.kv_cache_write import write_kv_cache
+from tritonllm.kernels.rotary import rotary_embedding, rotary_write_kv_cache
 
 TOLERANCES = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
@@ -76,3 +78,59 @@ def test_rotary_accepts_three_dimensional_heads() -> None:
 )
 def test_rotary_bfloat16_on_gpu(num_tokens, num_heads, num_kv_heads, head_dim, rot_dim, is_neox) -> None:
     _check(num_tokens, num_heads, num_kv_heads, head_dim, rot_dim, is_neox, torch.bfloat16, "cuda", seed=7)
+
+
+def _check_fused(num_tokens, num_heads, num_kv_heads, head_dim, rot_dim, is_neox, dtype, cache_dtype, device="cpu"):
+    """rotary_write_kv_cache against rotary_embedding then write_kv_cache (the unfused path the engine
+    takes with fuse_rope_kv_write=false): equal q, k and caches, bit for bit; a quarter of the tokens
+    skipped (slot -1), the slots scattered over the blocks."""
+    gen = torch.Generator().manual_seed(num_tokens)
+    block_size, num_blocks = 16, num_tokens // 8 + 3
+    cache = _cos_sin_cache(4096, rot_dim, 10000.0).to(device)
+    positions = torch.randint(0, 4096, (num_tokens,), generator=gen).to(device)
+    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, generator=gen).to(device, dtype)
+    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=1)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]
+    slots[torch.rand(num_tokens, generator=gen) < 0.25] = -1
+    slots = slots.to(device)
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=gen).to(device, cache_dtype)
+    v_cache = torch.randn(shape, generator=gen).to(device, cache_dtype)
+    scales = dict(k_scale=torch.tensor([0.02], device=device), v_scale=torch.tensor([0.03], device=device))
+    caches = [(k_cache.clone(), v_cache.clone()) for _ in range(2)]
+    q_out, k_out = rotary_write_kv_cache(positions, q, k, v, cache, head_dim, is_neox, *caches[0], slots, **scales)
+    q_ref, k_ref = rotary_embedding(positions, q, k, cache, head_dim, is_neox)
+    rows = (num_tokens, num_kv_heads, head_dim)
+    write_kv_cache(k_ref.view(rows), v.reshape(rows), *caches[1], slots, **scales)
+    assert torch.equal(q_out, q_ref) and torch.equal(k_out, k_ref)
+    for got, expected in zip(caches[0], caches[1], strict=True):
+        assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8))
+    assert not torch.equal(caches[0][0].view(torch.uint8), k_cache.view(torch.uint8))  # it did write
+
+
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16, torch.float8_e4m3fn, torch.float8_e4m3fnuz])
+@pytest.mark.parametrize(
+    "num_tokens, num_heads, num_kv_heads, head_dim, rot_dim",
+    [(1, 4, 2, 64, 64), (37, 6, 2, 80, 32), (19, 5, 1, 96, 96)],
+)
+def test_fused_cache_write_equals_the_two_kernels(
+    num_tokens, num_heads, num_kv_heads, head_dim, rot_dim, is_neox, cache_dtype
+) -> None:
+    _check_fused(num_tokens, num_heads, num_kv_heads, head_dim, rot_dim, is_neox, torch.float32, cache_dtype)
+
+
+def test_fused_cache_write_rejects_a_cache_of_other_heads() -> None:
+    cache = _cos_sin_cache(64, 64, 10000.0)
+    q, k, v = torch.randn(3, 4 * 64), torch.randn(3, 2 * 64), torch.randn(3, 2 * 64)
+    wrong = torch.zeros(2, 16, 4, 64)  # 4 KV heads, k has 2
+    with pytest.raises(ValueError, match="k_cache must be"):
+        rotary_write_kv_cache(torch.arange(3), q, k, v, cache, 64, True, wrong, wrong.clone(), torch.arange(3))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("num_tokens", [1, 7, 4099])
+def test_fused_cache_write_bfloat16_on_gpu(num_tokens, cache_dtype) -> None:
+    _check_fused(num_tokens, 32, 8, 128, 128, True, torch.bfloat16, cache_dtype, "cuda")

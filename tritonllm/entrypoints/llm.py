@@ -49,6 +49,7 @@ class LLM:
         piecewise_graphs: bool = True,
         pdl: bool = True,
         gc_freeze: bool = True,
+        fuse_rope_kv_write: bool = True,
         quantization: str | None = None,
         load_format: str = "auto",
         kv_cache_dtype: str = "auto",
@@ -98,6 +99,7 @@ class LLM:
             piecewise_graphs=piecewise_graphs,
             pdl=pdl,
             gc_freeze=gc_freeze,
+            fuse_rope_kv_write=fuse_rope_kv_write,
         )
         self._start(config)
 

@@ -160,6 +160,31 @@ def write_kv_cache(
         cache[slots // block_size, slots % block_size] = rows.to(cache.dtype)
 
 
+@register("rope_kv_write", "torch_ref", supports=HOST_SYNC, priority=0)
+def rotary_write_kv_cache(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    head_dim: int,
+    is_neox: bool,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """rotary_embedding, then write_kv_cache of the rotated k (in the model's dtype) and v; returns the
+    rotated (q, k)."""
+    q, k = rotary_embedding(positions, q, k, cos_sin_cache, head_dim, is_neox)
+    num_tokens, num_kv_heads = k.shape[0], k_cache.shape[2]
+    rows = (num_tokens, num_kv_heads, head_dim)
+    write_kv_cache(k.reshape(rows), v.reshape(rows), k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
+    return q, k
+
+
 @register("attention", "torch_ref", supports=ATTENTION_REF, priority=0)
 def paged_attention(
     q: torch.Tensor,

@@ -34,6 +34,8 @@ OPS: dict[str, tuple[str, ...]] = {
     "rotary": ("rotary_embedding",),
     "activation": ("silu_and_mul", "silu_and_mul_quant"),
     "kv_write": ("write_kv_cache",),
+    # RoPE of q, k and the KV-cache write of the rotated k and v in one entry point (one kernel)
+    "rope_kv_write": ("rotary_write_kv_cache",),
     "sampling": ("sample", "log_softmax"),
     "linear": ("linear", "quantized_linear"),
     "moe": ("moe_route", "fused_moe"),

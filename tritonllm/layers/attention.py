@@ -28,7 +28,33 @@ class AttentionSplit(Protocol):
         k: torch.Tensor,
         v: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
+        rope: Rope | None,
     ) -> torch.Tensor: ...
+
+
+class RopeTable(Protocol):
+    """What Attention needs of a rotary embedding (layers/rotary.py's RotaryEmbedding)."""
+
+    cos_sin_cache: torch.Tensor
+    head_dim: int
+    is_neox: bool
+
+    def __call__(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@dataclass(frozen=True)
+class Rope:
+    """RoPE for Attention to apply to q and k itself (then one kernel rotates q and k and writes the
+    KV cache, `rope_kv_write`): the step's positions and the layer's rotary embedding."""
+
+    positions: torch.Tensor  # [num_tokens]
+    rotary: RopeTable
+
+    def head(self, n: int) -> Rope:
+        """The first n tokens' (a piecewise graph's padded rows dropped)."""
+        return self if self.positions.shape[0] == n else Rope(self.positions[:n], self.rotary)
 
 
 @dataclass
@@ -99,6 +125,9 @@ class Attention(nn.Module):
         self.checkpoint_kv_scales: dict[str, float] = {}
         # set by the runner for one step (calculate_kv_scales): raise the scales to this step's amax / fp8 max
         self.calibrate_kv_scales = False
+        # with RoPE given to forward: one rope_kv_write kernel rotates q, k and writes the cache (EngineConfig.
+        # fuse_rope_kv_write); False: the rotary kernel, then the KV write (ablation)
+        self.fuse_rope_kv_write = True
 
     def forward(
         self,
@@ -107,10 +136,11 @@ class Attention(nn.Module):
         v: torch.Tensor,  # [num_tokens, num_kv_heads * head_dim]
         kv_cache: tuple[torch.Tensor, torch.Tensor],  # each [num_blocks, block_size, num_kv_heads, head_dim]
         meta: AttentionMetadata,
+        rope: Rope | None = None,  # q and k not yet rotated: this layer applies RoPE first
     ) -> torch.Tensor:
         if meta.piecewise is not None:
-            return meta.piecewise.split(self, q, k, v, kv_cache)
-        return self.run(q, k, v, kv_cache, meta)
+            return meta.piecewise.split(self, q, k, v, kv_cache, rope)
+        return self.run(q, k, v, kv_cache, meta, rope=rope)
 
     def run(
         self,
@@ -120,27 +150,34 @@ class Attention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
         out: torch.Tensor | None = None,
+        rope: Rope | None = None,
     ) -> torch.Tensor:
-        """This step's K/V into the cache (slot -1: skipped), then paged attention of q over it;
-        returns [num_tokens, num_heads * head_dim], written into `out` when given (contiguous, that
-        shape, q's dtype). Piecewise graphs call this between their pieces."""
+        """RoPE of q and k (when `rope` is given), this step's K/V into the cache (slot -1: skipped),
+        then paged attention of q over it; returns [num_tokens, num_heads * head_dim], written into
+        `out` when given (contiguous, that shape, q's dtype). Piecewise graphs call this between their
+        pieces."""
         num_tokens = q.shape[0]
         k_cache, v_cache = kv_cache
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.calibrate_kv_scales:  # on the device, no host sync; before this step's K/V are written
-            fp8_max = torch.finfo(k_cache.dtype).max
-            torch.maximum(self.k_scale, k.abs().amax().float().reshape(1) / fp8_max, out=self.k_scale)
-            torch.maximum(self.v_scale, v.abs().amax().float().reshape(1) / fp8_max, out=self.v_scale)
-        self.kernels.write_kv_cache(
-            k,
-            v,
-            k_cache,
-            v_cache,
-            meta.slot_mapping,
-            k_scale=self.k_scale,
-            v_scale=self.v_scale,
-        )
+        if rope is not None and self.fuse_rope_kv_write and not self.calibrate_kv_scales:
+            rotary = rope.rotary
+            q, k = self.kernels.rotary_write_kv_cache(
+                rope.positions, q, k, v, rotary.cos_sin_cache, rotary.head_dim, rotary.is_neox, k_cache, v_cache,
+                meta.slot_mapping, k_scale=self.k_scale, v_scale=self.v_scale,
+            )  # fmt: skip
+            k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+            v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        else:
+            if rope is not None:
+                q, k = rope.rotary(rope.positions, q, k)
+            k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+            v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+            if self.calibrate_kv_scales:  # on the device, no host sync; before this step's K/V are written
+                fp8_max = torch.finfo(k_cache.dtype).max
+                torch.maximum(self.k_scale, k.abs().amax().float().reshape(1) / fp8_max, out=self.k_scale)
+                torch.maximum(self.v_scale, v.abs().amax().float().reshape(1) / fp8_max, out=self.v_scale)
+            self.kernels.write_kv_cache(
+                k, v, k_cache, v_cache, meta.slot_mapping, k_scale=self.k_scale, v_scale=self.v_scale
+            )  # fmt: skip
         out = self.kernels.paged_attention(
             q.view(num_tokens, self.num_heads, self.head_dim),
             k_cache,

@@ -201,6 +201,8 @@ class RotaryEmbedding(nn.Module):
     """Rotates q and k per head in the NeoX layout (dim i pairs with i + rotary_dim/2), as HF's
     Llama/Mistral/Qwen do; head dims past rotary_dim pass through."""
 
+    is_neox = True
+
     def __init__(self, head_dim: int, rotary_dim: int, max_position: int, params: dict[str, Any]) -> None:
         super().__init__()
         self.head_dim = head_dim
@@ -222,4 +224,4 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [num_tokens]; q [num_tokens, num_heads * head_dim]; k [num_tokens, num_kv_heads *
         head_dim]. Returns rotated (q, k)."""
-        return self.kernels.rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_dim, True)
+        return self.kernels.rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_dim, self.is_neox)

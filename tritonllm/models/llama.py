@@ -23,7 +23,7 @@ from transformers import PretrainedConfig
 from tritonllm.distributed.parallel_state import SINGLE, TensorParallel
 from tritonllm.distributed.shard import RankSlice, TensorDims, narrow_to_rank
 from tritonllm.layers.activation import SiluAndMul
-from tritonllm.layers.attention import Attention, AttentionMetadata
+from tritonllm.layers.attention import Attention, AttentionMetadata, Rope
 from tritonllm.layers.embedding import LMHead, VocabEmbedding
 from tritonllm.layers.linear import Linear, MergedLinear, QKVLinear, RowParallelLinear
 from tritonllm.layers.norm import RMSNorm
@@ -164,8 +164,8 @@ class LlamaAttention(nn.Module):
             num_tokens = hidden.shape[0]
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(num_tokens, -1)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(num_tokens, -1)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, kv_cache, meta))
+        # RoPE is applied by the attention layer, with the KV-cache write (one kernel: rope_kv_write)
+        return self.o_proj(self.attn(q, k, v, kv_cache, meta, Rope(positions, self.rotary_emb)))
 
 
 class LlamaMLP(nn.Module):

@@ -17,10 +17,10 @@ attention writes it again. The last graph ends after the model's final norm.
 
 Replay of a step of n tokens, padded to the next size B: its ids and positions go to static input
 buffers (padding rows keep earlier, valid values), then for each layer graph i replays and
-`Attention.run` writes the KV of rows [:n] (the step's real slot mapping) and attends over the
-step's real metadata into the output buffer's rows [:n]; the last graph gives the hidden states,
+`Attention.run` rotates q and k of rows [:n] and writes their KV (the step's real positions and
+slot mapping) and attends over the step's real metadata into the output buffer's rows [:n]; the last graph gives the hidden states,
 of which rows [:n] are returned. Padding rows run through the graphs but only through row-wise
-ops (GEMMs, norms, RoPE, activation): their values reach no real row, no KV slot and no logit.
+ops (GEMMs, norms, activation): their values reach no real row, no KV slot and no logit.
 
 Memory: all sizes' graphs share one pool, captured largest first; q, k, v and the output are held
 only through weak views, so the pool is about one largest-size forward's activations, as a single
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tritonllm.layers.attention import Attention, AttentionMetadata
+from tritonllm.layers.attention import Attention, AttentionMetadata, Rope
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +83,8 @@ class _Piece:
     k: torch.Tensor
     v: torch.Tensor
     kv_cache: KVCache
+    # q and k before RoPE, which the layer applies (with its KV write) over the static positions buffer
+    rope: Rope | None
 
 
 @dataclass
@@ -113,10 +115,10 @@ class _CaptureSplit:
         self.graphs[-1].capture_end()
 
     def split(
-        self, layer: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache
+        self, layer: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache, rope: Rope | None
     ) -> torch.Tensor:
         if self.pool is not None:
-            self.pieces.append(_Piece(layer, weak_view(q), weak_view(k), weak_view(v), kv_cache))
+            self.pieces.append(_Piece(layer, weak_view(q), weak_view(k), weak_view(v), kv_cache, rope))
             self.end()
             self.begin()
         return self.out
@@ -132,10 +134,10 @@ class _EagerSplit:
         self.meta = meta
 
     def split(
-        self, layer: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache
+        self, layer: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache, rope: Rope | None
     ) -> torch.Tensor:
         n = self.num_tokens
-        layer.run(q[:n], k[:n], v[:n], kv_cache, self.meta, out=self.out[:n])
+        layer.run(q[:n], k[:n], v[:n], kv_cache, self.meta, out=self.out[:n], rope=rope and rope.head(n))
         return self.out
 
 
@@ -220,6 +222,7 @@ class PiecewiseGraphs:
         out = self.attn_out[:n]
         for graph, piece in zip(bucket.graphs, bucket.pieces):
             graph.replay()
-            piece.layer.run(piece.q[:n], piece.k[:n], piece.v[:n], piece.kv_cache, meta, out=out)
+            rope = piece.rope and piece.rope.head(n)
+            piece.layer.run(piece.q[:n], piece.k[:n], piece.v[:n], piece.kv_cache, meta, out=out, rope=rope)
         bucket.graphs[-1].replay()
         return bucket.output[:n]
