@@ -4,10 +4,12 @@ Checks that one kernel source builds for every target (no CUDA-only construct), 
 caches (e4m3fn on NVIDIA, e4m3fnuz on MI300) with both FP8 dot paths. sm80 has no FP8 conversions:
 its FP8 variants are expected to fail (platform.fp8_e4m3_dtype refuses FP8 caches there). Then the
 NVIDIA-only Gluon FP8 decode kernel (attention_fp8_decode_sm90.py) for sm90, at every tile, head
-layout and output variant the engine can pick; its PTX must hold wgmma and no local memory.
+layout and output variant the engine can pick; its PTX must hold wgmma and no local memory. And
+the rotary kernel (kernels/rotary.py) alone and with the KV-cache write fused (bf16 and FP8 caches).
 
     python scripts/cross_compile_attention.py            # ~2 minutes on a laptop CPU
     python scripts/cross_compile_attention.py --gluon    # only the sm90 Gluon kernel (~20 s)
+    python scripts/cross_compile_attention.py --rope     # only the rotary kernel (~15 s)
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from tritonllm.kernels import attention_fp8_decode_sm90, attention_split, attention_unified
+from tritonllm.kernels import attention_fp8_decode_sm90, attention_split, attention_unified, rotary
 
 TARGETS = [GPUTarget("cuda", 90, 32), GPUTarget("cuda", 80, 32), GPUTarget("hip", "gfx942", 64)]
 POINTERS = {
@@ -97,10 +99,49 @@ def compile_gluon() -> int:
     return failures
 
 
+def compile_rope() -> int:
+    """The rotary kernel for sm90 and gfx942: RoPE alone (the cache pointers None), and with the KV-cache
+    write into a bf16 and an FP8 cache; returns the number of failures."""
+    failures = 0
+    for target in (TARGETS[0], TARGETS[2]):
+        fp8 = "fp8e4nv" if target.backend == "cuda" else "fp8e4b8"
+        for kv in (None, "bf16", fp8):
+            types = dict(positions_ptr="*i64", q_ptr="*bf16", k_ptr="*bf16", q_out_ptr="*bf16", k_out_ptr="*bf16",
+                         cache_ptr="*fp32")  # fmt: skip
+            quantize = kv == fp8
+            constexprs = dict(
+                HEAD_DIM=128, ROT_DIM=128, IS_NEOX=True, BLOCK_T=1, BLOCK_HEADS=32, BLOCK_D=128, PDL=False,
+                WRITE_CACHE=kv is not None, CACHE_BLOCK_SIZE=16, QUANTIZE_FP8=quantize, FP8_MAX=448.0 if quantize else 0.0,
+                MANTISSA_BITS=3 if quantize else 0, MIN_NORMAL_EXP=-6 if quantize else 0,
+            )  # fmt: skip
+            if kv is None:
+                constexprs.update(dict.fromkeys(("v_ptr", "k_cache_ptr", "v_cache_ptr", "slot_mapping_ptr"), None))
+            else:
+                types.update(v_ptr="*bf16", k_cache_ptr=f"*{kv}", v_cache_ptr=f"*{kv}", slot_mapping_ptr="*i64")
+            if quantize:
+                types.update(k_scale_ptr="*fp32", v_scale_ptr="*fp32")
+            else:
+                constexprs.update(k_scale_ptr=None, v_scale_ptr=None)
+            try:
+                compile_kernel(rotary._rotary_kernel, target, types, constexprs, num_warps=4)
+                error = None
+            except Exception as failure:  # noqa: BLE001 - reported, not raised
+                error = str(failure).splitlines()[0][:200]
+            failures += error is not None
+            what = "rotary only" if kv is None else f"with the KV write into a {kv} cache"
+            print(
+                f"{target.backend} {target.arch} _rotary_kernel {what}: {'ok' if error is None else 'FAILED: ' + error}"
+            )
+    return failures
+
+
 def main() -> None:
+    if "--rope" in sys.argv[1:]:
+        raise SystemExit(1 if compile_rope() else 0)
     failures = compile_gluon()
     if "--gluon" in sys.argv[1:]:
         raise SystemExit(1 if failures else 0)
+    failures += compile_rope()
     for target in TARGETS:
         fp8 = "fp8e4nv" if target.backend == "cuda" else "fp8e4b8"
         for kv, fp8_qk in (("bf16", False), (fp8, False), (fp8, True)):

@@ -155,7 +155,7 @@ for step in $STEPS; do
     e2e-quant)
       # Llama-3-8B batch 1 and 64 x 512 + 128 (config-only folder, dummy weights quantized online): cuBLAS bf16,
       # all-Triton bf16, online FP8 through cuBLAS and Triton, int8 / int4 / MXFP4 through Triton.
-      # QUANT_ARGS: extra overrides for every run (e.g. pdl=false), QUANT_TAG: file-name suffix
+      # QUANT_ARGS: extra overrides for every run (e.g. pdl=false, fuse_rope_kv_write=false), QUANT_TAG: file-name suffix
       [ -d "$MODELS/llama3-8b-config" ] || python3 scripts/make_random_model.py llama3-8b "$MODELS/llama3-8b-config" --config-only
       for variant in ${QUANT_VARIANTS:-bf16_torch bf16_triton fp8_torch fp8_triton}; do
         case $variant in

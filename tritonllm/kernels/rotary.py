@@ -209,12 +209,13 @@ def _rotary_kernel(
         blocks, offsets = slots // CACHE_BLOCK_SIZE, slots % CACHE_BLOCK_SIZE
         k_rows = blocks * stride_kc_block + offsets * stride_kc_slot
         v_rows = blocks * stride_vc_block + offsets * stride_vc_slot
-    if axis == 2:  # V: copied, never rotated
-        _copy_heads_to_cache(
-            v_ptr, v_row_stride, num_kv_heads, tokens, token_mask, v_cache_ptr, v_rows, cache_ok, stride_vc_head,
-            v_scale_ptr, HEAD_DIM, BLOCK_HEADS, BLOCK_D, QUANTIZE_FP8, FP8_MAX, MANTISSA_BITS, MIN_NORMAL_EXP,
-        )  # fmt: skip
-    else:
+    if WRITE_CACHE:  # (constexpr first: without the cache, v's pointers are None and must not compile)
+        if axis == 2:  # V: copied, never rotated
+            _copy_heads_to_cache(
+                v_ptr, v_row_stride, num_kv_heads, tokens, token_mask, v_cache_ptr, v_rows, cache_ok, stride_vc_head,
+                v_scale_ptr, HEAD_DIM, BLOCK_HEADS, BLOCK_D, QUANTIZE_FP8, FP8_MAX, MANTISSA_BITS, MIN_NORMAL_EXP,
+            )  # fmt: skip
+    if axis < 2:
         positions = tl.load(positions_ptr + tokens, mask=token_mask, other=0).to(tl.int64)
         cs_offs = (positions * ROT_DIM)[:, None] + freq[None, :]
         cs_mask = token_mask[:, None] & (dims < ROT_DIM)[None, :]
