@@ -101,19 +101,24 @@ def compile_gluon() -> int:
 
 def compile_rope() -> int:
     """The rotary kernel for sm90 and gfx942: RoPE alone (the cache pointers None), and with the KV-cache
-    write into a bf16 and an FP8 cache; returns the number of failures."""
+    write into a bf16 and an FP8 cache, the latter also with Qwen3's q/k RMSNorm; returns the number of
+    failures."""
     failures = 0
     for target in (TARGETS[0], TARGETS[2]):
         fp8 = "fp8e4nv" if target.backend == "cuda" else "fp8e4b8"
-        for kv in (None, "bf16", fp8):
+        for kv, qk_norm in ((None, False), ("bf16", False), (fp8, False), (fp8, True)):
             types = dict(positions_ptr="*i64", q_ptr="*bf16", k_ptr="*bf16", q_out_ptr="*bf16", k_out_ptr="*bf16",
                          cache_ptr="*fp32")  # fmt: skip
             quantize = kv == fp8
             constexprs = dict(
                 HEAD_DIM=128, ROT_DIM=128, IS_NEOX=True, BLOCK_T=1, BLOCK_HEADS=32, BLOCK_D=128, PDL=False,
                 WRITE_CACHE=kv is not None, CACHE_BLOCK_SIZE=16, QUANTIZE_FP8=quantize, FP8_MAX=448.0 if quantize else 0.0,
-                MANTISSA_BITS=3 if quantize else 0, MIN_NORMAL_EXP=-6 if quantize else 0,
+                MANTISSA_BITS=3 if quantize else 0, MIN_NORMAL_EXP=-6 if quantize else 0, QK_NORM=qk_norm,
             )  # fmt: skip
+            if qk_norm:
+                types.update(q_norm_weight_ptr="*bf16", k_norm_weight_ptr="*bf16", norm_eps="fp32")
+            else:
+                constexprs.update(q_norm_weight_ptr=None, k_norm_weight_ptr=None)
             if kv is None:
                 constexprs.update(dict.fromkeys(("v_ptr", "k_cache_ptr", "v_cache_ptr", "slot_mapping_ptr"), None))
             else:
@@ -129,6 +134,7 @@ def compile_rope() -> int:
                 error = str(failure).splitlines()[0][:200]
             failures += error is not None
             what = "rotary only" if kv is None else f"with the KV write into a {kv} cache"
+            what += " and q/k RMSNorm" if qk_norm else ""
             print(
                 f"{target.backend} {target.arch} _rotary_kernel {what}: {'ok' if error is None else 'FAILED: ' + error}"
             )

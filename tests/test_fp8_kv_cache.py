@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from tritonllm import LLM, SamplingParams, platform
+from tritonllm.models.tiny import tiny_model_path
 
 
 def test_fp8_cache_takes_one_byte_per_element(tiny_llama):
@@ -86,18 +87,21 @@ def test_calculated_kv_scales_come_from_the_first_prompt_step(tiny_llama):
         LLM(model=tiny_llama, max_model_len=128, calculate_kv_scales=True)
 
 
-def test_the_fused_rope_and_cache_write_serve_what_the_two_kernels_do(tiny_llama, monkeypatch):
-    """fuse_rope_kv_write (the default): one kernel rotates q and k and writes the FP8 cache, and no
-    separate KV write runs; with it off, the rotary kernel and then the KV write store the same bytes,
-    so logprobs and tokens are the same to the bit."""
-    fused = LLM(model=tiny_llama, max_model_len=128, kv_cache_dtype="fp8")
-    separate_writes = []
+def test_the_fused_rope_and_cache_write_serve_what_the_two_kernels_do(monkeypatch):
+    """fuse_rope_kv_write (the default): one kernel normalises q and k per head (Qwen3), rotates them and
+    writes the FP8 cache, and no separate norm or KV write runs; with it off, the RMSNorm kernel, the
+    rotary kernel and then the KV write store the same bytes, so logprobs and tokens are the same to
+    the bit."""
+    qwen3 = str(tiny_model_path("Qwen3ForCausalLM"))
+    fused = LLM(model=qwen3, max_model_len=128, kv_cache_dtype="fp8")
+    separate = []
     kernels = fused.llm_engine.runner.kernels
-    monkeypatch.setattr(kernels, "write_kv_cache", lambda *args, **kw: separate_writes.append(args))
+    monkeypatch.setattr(kernels, "write_kv_cache", lambda *args, **kw: separate.append("write_kv_cache"))
+    monkeypatch.setattr(kernels, "rotary_embedding", lambda *args, **kw: separate.append("rotary_embedding"))
     fused_out = fused.generate(PROMPTS, PARAMS, use_tqdm=False)
-    assert separate_writes == []
+    assert separate == []
     monkeypatch.undo()
-    split = LLM(model=tiny_llama, max_model_len=128, kv_cache_dtype="fp8", fuse_rope_kv_write=False)
+    split = LLM(model=qwen3, max_model_len=128, kv_cache_dtype="fp8", fuse_rope_kv_write=False)
     split_out = split.generate(PROMPTS, PARAMS, use_tqdm=False)
     assert prompt_logprob_diffs(fused_out, split_out).max() == 0
     assert [o.outputs[0].token_ids for o in fused_out] == [o.outputs[0].token_ids for o in split_out]

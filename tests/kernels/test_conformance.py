@@ -232,6 +232,16 @@ def test_rope_kv_write(impl, dtype) -> None:
     assert torch.equal(got_v, ref_v)  # copied, not computed
     skipped = b["slots"][::4]  # their slots keep the rows they held
     assert torch.equal(got_k.flatten(0, 1)[skipped], b["k_cache"].flatten(0, 1)[skipped])
+    # Qwen3's per-head RMSNorm of q and k before RoPE, in the same call
+    norm = (1 + 0.2 * _randn(head_dim, dtype=dtype, seed=19), 1 + 0.2 * _randn(head_dim, dtype=dtype, seed=20), 1e-6)
+    got = impl.entries["rotary_write_kv_cache"](
+        positions, q, k, v, table, head_dim, True, got_k, got_v, slots, qk_norm=norm
+    )
+    expected = reference.rotary_write_kv_cache(
+        positions, q, k, v, table, head_dim, True, ref_k, ref_v, slots, qk_norm=norm
+    )
+    for a, e in zip((*got, got_k), (*expected, ref_k), strict=True):
+        assert_close_to_scale(a, e, _tol(dtype))
 
 
 @pytest.mark.parametrize("impl, dtype", _cases("attention"))

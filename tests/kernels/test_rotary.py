@@ -14,6 +14,7 @@ import torch
 
 from tritonllm.kernels import reference
 from tritonllm.kernels.kv_cache_write import write_kv_cache
+from tritonllm.kernels.rmsnorm import rms_norm
 from tritonllm.kernels.rotary import rotary_embedding, rotary_write_kv_cache
 
 TOLERANCES = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
@@ -85,10 +86,15 @@ def test_rotary_bfloat16_on_gpu(num_tokens, num_heads, num_kv_heads, head_dim, r
     _check(num_tokens, num_heads, num_kv_heads, head_dim, rot_dim, is_neox, torch.bfloat16, "cuda", seed=7)
 
 
-def _check_fused(num_tokens, num_heads, num_kv_heads, head_dim, rot_dim, is_neox, dtype, cache_dtype, device="cpu"):
+def _check_fused(
+    num_tokens, num_heads, num_kv_heads, head_dim, rot_dim, is_neox, dtype, cache_dtype, device="cpu", qk_norm=False,
+    exact=True,
+):  # fmt: skip
     """rotary_write_kv_cache against rotary_embedding then write_kv_cache (the unfused path the engine
-    takes with fuse_rope_kv_write=false): equal q, k and caches, bit for bit; a quarter of the tokens
-    skipped (slot -1), the slots scattered over the blocks."""
+    takes with fuse_rope_kv_write=false; with qk_norm, rms_norm of every head first): equal q, k and
+    caches, bit for bit; a quarter of the tokens skipped (slot -1), the slots scattered over the blocks.
+    exact=False: within a rounding of the model's dtype (a GPU's RMSNorm reductions may be ordered
+    differently in the two kernels), the FP8 cache within one e4m3 step."""
     gen = torch.Generator().manual_seed(num_tokens)
     block_size, num_blocks = 16, num_tokens // 8 + 3
     cache = _cos_sin_cache(4096, rot_dim, 10000.0).to(device)
@@ -103,10 +109,25 @@ def _check_fused(num_tokens, num_heads, num_kv_heads, head_dim, rot_dim, is_neox
     v_cache = torch.randn(shape, generator=gen).to(device, cache_dtype)
     scales = dict(k_scale=torch.tensor([0.02], device=device), v_scale=torch.tensor([0.03], device=device))
     caches = [(k_cache.clone(), v_cache.clone()) for _ in range(2)]
-    q_out, k_out = rotary_write_kv_cache(positions, q, k, v, cache, head_dim, is_neox, *caches[0], slots, **scales)
+    norm = None
+    if qk_norm:
+        weights = (1 + 0.3 * torch.randn(2, head_dim, generator=gen)).to(device, dtype)
+        norm = (weights[0], weights[1], 1e-6)
+    q_out, k_out = rotary_write_kv_cache(
+        positions, q, k, v, cache, head_dim, is_neox, *caches[0], slots, **scales, qk_norm=norm
+    )
+    if qk_norm:  # what the engine's unfused path runs: the RMSNorm kernel over [tokens * heads, head_dim]
+        q = rms_norm(q.reshape(-1, head_dim), norm[0], 1e-6).view(num_tokens, -1)
+        k = rms_norm(k.reshape(-1, head_dim), norm[1], 1e-6).view(num_tokens, -1)
     q_ref, k_ref = rotary_embedding(positions, q, k, cache, head_dim, is_neox)
     rows = (num_tokens, num_kv_heads, head_dim)
     write_kv_cache(k_ref.view(rows), v.reshape(rows), *caches[1], slots, **scales)
+    if not exact:
+        tol = TOLERANCES[dtype]
+        for got, expected in ((q_out, q_ref), (k_out, k_ref), *zip(caches[0], caches[1], strict=True)):
+            rtol = 0.13 if got.dtype.itemsize == 1 else tol  # e4m3: 3 mantissa bits
+            torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=rtol)
+        return
     assert torch.equal(q_out, q_ref) and torch.equal(k_out, k_ref)
     for got, expected in zip(caches[0], caches[1], strict=True):
         assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8))
@@ -125,6 +146,14 @@ def test_fused_cache_write_equals_the_two_kernels(
     _check_fused(num_tokens, num_heads, num_kv_heads, head_dim, rot_dim, is_neox, torch.float32, cache_dtype)
 
 
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float8_e4m3fn])
+def test_fused_qk_norm_equals_the_norm_kernel_then_the_two_kernels(is_neox, cache_dtype) -> None:
+    """Qwen3's per-head RMSNorm of q and k before RoPE, in the same launch (partial rotary: the norm
+    covers every dim, RoPE the first 48)."""
+    _check_fused(29, 6, 2, 64, 48, is_neox, torch.float32, cache_dtype, qk_norm=True)
+
+
 def test_fused_cache_write_rejects_a_cache_of_other_heads() -> None:
     cache = _cos_sin_cache(64, 64, 10000.0)
     q, k, v = torch.randn(3, 4 * 64), torch.randn(3, 2 * 64), torch.randn(3, 2 * 64)
@@ -139,6 +168,7 @@ def test_fused_cache_write_rejects_a_cache_of_other_heads() -> None:
 @pytest.mark.parametrize("num_tokens", [1, 7, 4099])
 def test_fused_cache_write_bfloat16_on_gpu(num_tokens, cache_dtype) -> None:
     _check_fused(num_tokens, 32, 8, 128, 128, True, torch.bfloat16, cache_dtype, "cuda")
+    _check_fused(num_tokens, 16, 8, 128, 128, True, torch.bfloat16, cache_dtype, "cuda", qk_norm=True, exact=False)
 
 
 def test_the_kernel_compiles_for_sm90_and_gfx942_with_and_without_the_cache_write() -> None:
@@ -150,4 +180,4 @@ def test_the_kernel_compiles_for_sm90_and_gfx942_with_and_without_the_cache_writ
         env=dict(os.environ, TRITON_INTERPRET="0"), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
-    assert result.stdout.count(": ok") == 6, result.stdout
+    assert result.stdout.count(": ok") == 8, result.stdout

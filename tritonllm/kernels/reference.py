@@ -175,9 +175,15 @@ def rotary_write_kv_cache(
     *,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """rotary_embedding, then write_kv_cache of the rotated k (in the model's dtype) and v; returns the
+    """rms_norm of every head of q and k when qk_norm = (q_weight, k_weight, eps) is given (Qwen3),
+    rotary_embedding, then write_kv_cache of the rotated k (in the model's dtype) and v; returns the
     rotated (q, k)."""
+    if qk_norm is not None:
+        q_weight, k_weight, eps = qk_norm
+        q = rms_norm(q.reshape(-1, head_dim), q_weight, eps).view(q.shape[0], -1)
+        k = rms_norm(k.reshape(-1, head_dim), k_weight, eps).view(k.shape[0], -1)
     q, k = rotary_embedding(positions, q, k, cos_sin_cache, head_dim, is_neox)
     num_tokens, num_kv_heads = k.shape[0], k_cache.shape[2]
     rows = (num_tokens, num_kv_heads, head_dim)

@@ -7,7 +7,8 @@ Grid (token blocks, 2): axis 1 picks q (0) or k (1), so both tensors are served 
 a decode step with few tokens still has two programs per token block; with the cache write, (token
 blocks, 3): program 1 also stores its rotated k rows into the cache and program 2 copies v there
 (FP8 caches: quantized as kv_cache_write.py does, from the rotated k rounded to the model's dtype
-first, so both paths store the same bytes). A program gathers cos/sin
+first, so both paths store the same bytes). The fused launch can also RMS-normalise every head of q
+and k first (QK_NORM: Qwen3's q_norm / k_norm), two more launches a layer saved. A program gathers cos/sin
 of its tokens' positions once and rotates its heads in blocks of BLOCK_HEADS. Rotation pairs:
 NeoX (i, i + rot_dim/2), GPT-J (2i, 2i + 1); dims from rot_dim to head_dim are copied unchanged
 (cos 1, sin 0 there).
@@ -69,6 +70,8 @@ def _rotate_heads(
     cache_ok,  # [BLOCK_T] the token is real and has a slot
     cache_stride_head,
     scale_ptr,
+    norm_weight_ptr,  # QK_NORM: [HEAD_DIM] the RMSNorm weight of every head of x (Qwen3's q_norm / k_norm)
+    norm_eps,
     HEAD_DIM: tl.constexpr,
     ROT_DIM: tl.constexpr,
     IS_NEOX: tl.constexpr,
@@ -80,19 +83,31 @@ def _rotate_heads(
     FP8_MAX: tl.constexpr,
     MANTISSA_BITS: tl.constexpr,
     MIN_NORMAL_EXP: tl.constexpr,
+    QK_NORM: tl.constexpr,
 ):
     dims = tl.arange(0, BLOCK_D)[None, None, :]
     x_rows = (tokens * x_row_stride)[:, None, None]
     out_rows = (tokens * num_heads * HEAD_DIM)[:, None, None]
+    if QK_NORM:
+        norm_w = tl.load(norm_weight_ptr + dims, mask=dims < HEAD_DIM, other=0.0).to(tl.float32)
+        norm_w_partner = tl.load(norm_weight_ptr + partner[None, None, :], mask=dims < ROT_DIM, other=0.0).to(
+            tl.float32
+        )
     for head_start in range(0, num_heads, BLOCK_HEADS):
         heads = head_start + tl.arange(0, BLOCK_HEADS)
         head_offs = (heads * HEAD_DIM)[None, :, None]
         row_mask = token_mask[:, None, None] & (heads < num_heads)[None, :, None]
         x = tl.load(x_ptr + x_rows + head_offs + dims, mask=row_mask & (dims < HEAD_DIM), other=0.0)
+        if QK_NORM:  # per head over HEAD_DIM, rounded to x's dtype as the RMSNorm kernel stores it
+            xf = x.to(tl.float32)
+            rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=2) / HEAD_DIM + norm_eps)
+            x = (xf * rstd[:, :, None] * norm_w).to(x.dtype)
         if IS_NEOX:
             # the partner read touches the same cache lines as x: both loads stay coalesced
             partner_ptrs = x_ptr + x_rows + head_offs + partner[None, None, :]
             x_partner = tl.load(partner_ptrs, mask=row_mask & (dims < ROT_DIM), other=0.0)
+            if QK_NORM:  # the partner's own weight, its head's rstd
+                x_partner = (x_partner.to(tl.float32) * rstd[:, :, None] * norm_w_partner).to(x.dtype)
         else:
             # swap neighbours in registers: a load at d ^ 1 is not provably contiguous and runs
             # element by element (3x slower); past ROT_DIM the swapped values meet sin = 0
@@ -167,6 +182,9 @@ def _rotary_kernel(
     stride_vc_block,
     stride_vc_slot,
     stride_vc_head,
+    q_norm_weight_ptr,  # QK_NORM only (else None): [HEAD_DIM] each
+    k_norm_weight_ptr,
+    norm_eps,
     HEAD_DIM: tl.constexpr,
     ROT_DIM: tl.constexpr,
     IS_NEOX: tl.constexpr,
@@ -179,6 +197,7 @@ def _rotary_kernel(
     FP8_MAX: tl.constexpr,
     MANTISSA_BITS: tl.constexpr,
     MIN_NORMAL_EXP: tl.constexpr,
+    QK_NORM: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)
@@ -226,16 +245,16 @@ def _rotary_kernel(
         if axis == 0:
             _rotate_heads(
                 q_ptr, q_out_ptr, q_row_stride, num_q_heads, tokens, token_mask, partner, cos, signed_sin,
-                k_cache_ptr, k_rows, cache_ok, stride_kc_head, k_scale_ptr,
+                k_cache_ptr, k_rows, cache_ok, stride_kc_head, k_scale_ptr, q_norm_weight_ptr, norm_eps,
                 HEAD_DIM, ROT_DIM, IS_NEOX, BLOCK_T, BLOCK_HEADS, BLOCK_D, False, QUANTIZE_FP8, FP8_MAX,
-                MANTISSA_BITS, MIN_NORMAL_EXP,
+                MANTISSA_BITS, MIN_NORMAL_EXP, QK_NORM,
             )  # fmt: skip
         else:
             _rotate_heads(
                 k_ptr, k_out_ptr, k_row_stride, num_kv_heads, tokens, token_mask, partner, cos, signed_sin,
-                k_cache_ptr, k_rows, cache_ok, stride_kc_head, k_scale_ptr,
+                k_cache_ptr, k_rows, cache_ok, stride_kc_head, k_scale_ptr, k_norm_weight_ptr, norm_eps,
                 HEAD_DIM, ROT_DIM, IS_NEOX, BLOCK_T, BLOCK_HEADS, BLOCK_D, WRITE_CACHE, QUANTIZE_FP8, FP8_MAX,
-                MANTISSA_BITS, MIN_NORMAL_EXP,
+                MANTISSA_BITS, MIN_NORMAL_EXP, QK_NORM,
             )  # fmt: skip
 
 
@@ -260,7 +279,7 @@ def rotary_embedding(
     """positions [num_tokens]; q [num_tokens, num_heads * head_dim]; k [num_tokens, num_kv_heads *
     head_dim] (rows may be strided, e.g. slices of a fused qkv output); cos_sin_cache [max_position,
     rot_dim]. Returns new (q, k) of the input shapes, the first rot_dim dims of every head rotated."""
-    return _rotate(positions, q, k, cos_sin_cache, head_dim, is_neox, None)
+    return _rotate(positions, q, k, cos_sin_cache, head_dim, is_neox, None, None)
 
 
 @register("rope_kv_write", "triton", supports=KV_WRITE_SUPPORTS, priority=10)
@@ -278,15 +297,22 @@ def rotary_write_kv_cache(
     *,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """rotary_embedding(positions, q, k, ...) and write_kv_cache(rotated k, v, k_cache, v_cache,
     slot_mapping, k_scale=, v_scale=) in one launch: v [num_tokens, num_kv_heads * head_dim] (rows may
     be strided); the caches and slots as kv_cache_write.write_kv_cache takes them. Returns the rotated
-    (q, k); the cache holds the rotated k as the model's dtype rounds it (then quantized for FP8)."""
+    (q, k); the cache holds the rotated k as the model's dtype rounds it (then quantized for FP8).
+    qk_norm (q_weight, k_weight, eps), weights [head_dim]: each head of q and k RMS-normalised first
+    (Qwen3), rounded to q's dtype as rms_norm stores it."""
     quantize = check_kv_scales(k_cache, v_cache, k_scale, v_scale, "rotary_write_kv_cache")
-    return _rotate(
-        positions, q, k, cos_sin_cache, head_dim, is_neox, (v, k_cache, v_cache, slot_mapping, k_scale, v_scale, quantize)
-    )  # fmt: skip
+    if qk_norm is not None and (qk_norm[0].shape != (head_dim,) or qk_norm[1].shape != (head_dim,)):
+        raise ValueError(
+            f"rotary_write_kv_cache: qk_norm weights must be [{head_dim}] (got {tuple(qk_norm[0].shape)}, "
+            f"{tuple(qk_norm[1].shape)})"
+        )
+    cache_write = (v, k_cache, v_cache, slot_mapping, k_scale, v_scale, quantize)
+    return _rotate(positions, q, k, cos_sin_cache, head_dim, is_neox, cache_write, qk_norm)
 
 
 def _rotate(
@@ -297,6 +323,7 @@ def _rotate(
     head_dim: int,
     is_neox: bool,
     cache_write: tuple | None,
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     num_tokens = positions.shape[0]
     rot_dim = cos_sin_cache.shape[-1]
@@ -345,14 +372,16 @@ def _rotate(
             k_cache.shape[1],
         )
     fp8_max, mantissa_bits, min_normal_exp = fp8_grid_params(k_cache.dtype) if quantize else (0.0, 0, 0)
+    q_norm_weight, k_norm_weight, norm_eps = (None, None, 0.0) if qk_norm is None else qk_norm
     args = (
         positions, q2, k2, q_out, k_out, cache, v2, k_cache, v_cache, slot_mapping, k_scale, v_scale,
         num_tokens, num_q_heads, num_kv_heads, q_row_stride, k_row_stride, v_row_stride, *cache_strides,
+        q_norm_weight, k_norm_weight, float(norm_eps),
     )  # fmt: skip
     constexprs = dict(
         HEAD_DIM=head_dim, ROT_DIM=rot_dim, IS_NEOX=is_neox, BLOCK_T=block_t, BLOCK_HEADS=block_heads, BLOCK_D=block_d,
         WRITE_CACHE=cache_write is not None, CACHE_BLOCK_SIZE=cache_block_size, QUANTIZE_FP8=quantize,
-        FP8_MAX=fp8_max, MANTISSA_BITS=mantissa_bits, MIN_NORMAL_EXP=min_normal_exp,
+        FP8_MAX=fp8_max, MANTISSA_BITS=mantissa_bits, MIN_NORMAL_EXP=min_normal_exp, QK_NORM=qk_norm is not None,
     )  # fmt: skip
     device_index = q.device.index or 0
     # the output and cache dtypes follow from the inputs'; all but num_tokens are fixed by the model and
@@ -360,7 +389,9 @@ def _rotate(
     key = (
         positions.dtype, q.dtype, k.dtype, cache.dtype, None if k_cache is None else k_cache.dtype,
         None if slot_mapping is None else slot_mapping.dtype,
-        aligned(positions, q2, k2, q_out, k_out, cache, v2, k_cache, v_cache, slot_mapping, k_scale, v_scale),
+        None if q_norm_weight is None else q_norm_weight.dtype,
+        aligned(positions, q2, k2, q_out, k_out, cache, v2, k_cache, v_cache, slot_mapping, k_scale, v_scale,
+                q_norm_weight, k_norm_weight),
         int_spec(num_tokens), num_q_heads, num_kv_heads, q_row_stride, k_row_stride, v_row_stride, cache_strides,
     )  # fmt: skip
     _ROTARY(

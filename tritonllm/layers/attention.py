@@ -44,17 +44,45 @@ class RopeTable(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
+class HeadNorm(Protocol):
+    """A per-head RMSNorm of q or k (layers/norm.py's RMSNorm over head_dim)."""
+
+    weight: torch.Tensor
+    eps: float
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
 @dataclass(frozen=True)
 class Rope:
     """RoPE for Attention to apply to q and k itself (then one kernel rotates q and k and writes the
-    KV cache, `rope_kv_write`): the step's positions and the layer's rotary embedding."""
+    KV cache, `rope_kv_write`): the step's positions, the layer's rotary embedding, and the per-head
+    RMSNorms of q and k that come before RoPE (Qwen3's q_norm, k_norm), if any."""
 
     positions: torch.Tensor  # [num_tokens]
     rotary: RopeTable
+    qk_norm: tuple[HeadNorm, HeadNorm] | None = None
 
     def head(self, n: int) -> Rope:
         """The first n tokens' (a piecewise graph's padded rows dropped)."""
-        return self if self.positions.shape[0] == n else Rope(self.positions[:n], self.rotary)
+        return self if self.positions.shape[0] == n else Rope(self.positions[:n], self.rotary, self.qk_norm)
+
+    def norm_args(self) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+        """qk_norm as rotary_write_kv_cache takes it: (q weight, k weight, eps)."""
+        if self.qk_norm is None:
+            return None
+        q_norm, k_norm = self.qk_norm
+        if q_norm.eps != k_norm.eps:
+            raise ValueError(f"q_norm and k_norm must share eps to be fused (got {q_norm.eps}, {k_norm.eps})")
+        return q_norm.weight, k_norm.weight, q_norm.eps
+
+    def apply(self, q: torch.Tensor, k: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The unfused path: the norms' and the rotary embedding's own kernels."""
+        if self.qk_norm is not None:
+            q_norm, k_norm = self.qk_norm
+            q = q_norm(q.reshape(-1, head_dim)).view(q.shape[0], -1)
+            k = k_norm(k.reshape(-1, head_dim)).view(k.shape[0], -1)
+        return self.rotary(self.positions, q, k)
 
 
 @dataclass
@@ -162,13 +190,13 @@ class Attention(nn.Module):
             rotary = rope.rotary
             q, k = self.kernels.rotary_write_kv_cache(
                 rope.positions, q, k, v, rotary.cos_sin_cache, rotary.head_dim, rotary.is_neox, k_cache, v_cache,
-                meta.slot_mapping, k_scale=self.k_scale, v_scale=self.v_scale,
+                meta.slot_mapping, k_scale=self.k_scale, v_scale=self.v_scale, qk_norm=rope.norm_args(),
             )  # fmt: skip
             k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
             v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         else:
             if rope is not None:
-                q, k = rope.rotary(rope.positions, q, k)
+                q, k = rope.apply(q, k, self.head_dim)
             k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
             v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
             if self.calibrate_kv_scales:  # on the device, no host sync; before this step's K/V are written

@@ -159,13 +159,10 @@ class LlamaAttention(nn.Module):
         self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
-        if self.qk_norm:
-            # Qwen3 normalises every head's q and k over head_dim before RoPE
-            num_tokens = hidden.shape[0]
-            q = self.q_norm(q.reshape(-1, self.head_dim)).view(num_tokens, -1)
-            k = self.k_norm(k.reshape(-1, self.head_dim)).view(num_tokens, -1)
-        # RoPE is applied by the attention layer, with the KV-cache write (one kernel: rope_kv_write)
-        return self.o_proj(self.attn(q, k, v, kv_cache, meta, Rope(positions, self.rotary_emb)))
+        # RoPE is applied by the attention layer, with the KV-cache write (one kernel: rope_kv_write); Qwen3
+        # normalises every head's q and k over head_dim before it, in the same kernel
+        qk_norm = (self.q_norm, self.k_norm) if self.qk_norm else None
+        return self.o_proj(self.attn(q, k, v, kv_cache, meta, Rope(positions, self.rotary_emb, qk_norm)))
 
 
 class LlamaMLP(nn.Module):
