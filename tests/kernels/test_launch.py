@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tritonllm import platform  # noqa: F401  # isort: skip  (switches on the interpreter before triton loads)
 
+import pytest
 import torch
 import triton
 import triton.language as tl
@@ -47,3 +48,27 @@ def test_launcher_on_cpu_launches_every_call_through_the_kernel() -> None:
         key = (x.dtype, aligned(x, out), int_spec(n), 16)
         launcher(key, (triton.cdiv(n, 16),), (x, out, n, 1.5, float(call)), dict(BLOCK=16), num_warps=1, num_stages=1)
         torch.testing.assert_close(out, x * 1.5 + call)
+
+
+def test_gluon_sm90_availability_probes_compile_and_warns_when_one_fails(monkeypatch) -> None:
+    """The availability check every kernels/*_sm90.py module shares: False off an sm90 CUDA GPU or
+    without Gluon; on one, True when every probe compiles, else False with a warning naming the kernel."""
+    import warnings
+
+    from tritonllm.kernels.launch import gluon_sm90_available
+
+    def broken() -> None:
+        raise RuntimeError("no such Gluon op")
+
+    monkeypatch.setattr(platform, "PLATFORM", "rocm")
+    assert not gluon_sm90_available(True, "X", "Y", lambda: None)
+    monkeypatch.setattr(platform, "PLATFORM", "cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert not gluon_sm90_available(False, "X", "Y", lambda: None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert gluon_sm90_available(True, "X", "Y", lambda: None, lambda: None)
+    with pytest.warns(UserWarning, match="skinny GEMM: the sm90 Gluon kernel does not compile.*portable"):
+        assert not gluon_sm90_available(True, "skinny GEMM", "the portable kernels serve it", lambda: None, broken)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert not gluon_sm90_available(True, "X", "Y", broken)

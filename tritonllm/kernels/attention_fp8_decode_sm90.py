@@ -34,14 +34,10 @@ kernels (attention.AttentionPlan.run).
 from __future__ import annotations
 
 import functools
-import warnings
 from dataclasses import dataclass
 
-import torch
-
-from tritonllm import platform
 from tritonllm.kernels.attention_split import segment_len
-from tritonllm.kernels.launch import compile_gluon_sm90
+from tritonllm.kernels.launch import compile_gluon_sm90, gluon_sm90_available
 
 try:  # recent triton ships Gluon (3.6 and 3.9 checked); without it the portable kernels serve FP8 caches
     from triton.experimental import gluon
@@ -86,15 +82,9 @@ def available() -> bool:
     """Whether this machine runs the kernel: an NVIDIA sm90 GPU (wgmma) and a Triton whose Gluon
     compiles it (Gluon's API is experimental: a version that breaks it leaves FP8 decode to the
     portable kernels, with a warning, instead of failing a step)."""
-    if not HAVE_GLUON or platform.PLATFORM != "cuda" or torch.cuda.get_device_capability(platform.DEVICE)[0] != 9:
-        return False
-    try:
-        compile_sm90()
-    except Exception as failure:  # noqa: BLE001 - any compiler error means: use the portable kernels
-        warnings.warn(f"FP8 decode: the sm90 Gluon kernel does not compile with this Triton ({failure!r:.300}); "
-                      "the portable Triton kernel serves FP8 caches instead", stacklevel=2)  # fmt: skip
-        return False
-    return True
+    return gluon_sm90_available(
+        HAVE_GLUON, "FP8 decode", "the portable Triton kernel serves FP8 caches instead", compile_sm90
+    )
 
 
 def padded_rows(group: int) -> int:

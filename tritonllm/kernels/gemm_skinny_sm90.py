@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import os
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +30,7 @@ import triton
 
 from tritonllm import platform
 from tritonllm.kernels import splitk_sm90
-from tritonllm.kernels.launch import compile_gluon_sm90, gluon_pdl_wait
+from tritonllm.kernels.launch import compile_gluon_sm90, gluon_pdl_wait, gluon_sm90_available
 
 try:  # recent triton ships Gluon; without it the portable kernels serve every shape
     from triton.experimental import gluon
@@ -130,16 +129,13 @@ def takes(a: torch.Tensor, b: torch.Tensor) -> bool:
 def available() -> bool:
     """An NVIDIA sm90 GPU and a Triton whose Gluon compiles the kernel (else, with a warning, the
     portable kernels serve every shape)."""
-    if not HAVE_GLUON or platform.PLATFORM != "cuda" or torch.cuda.get_device_capability(platform.DEVICE)[0] != 9:
-        return False
-    try:
-        compile_sm90(torch.bfloat16)
-        compile_sm90(torch.float8_e4m3fn, split=2)
-    except Exception as failure:  # noqa: BLE001 - any compiler error means: use the portable kernels
-        warnings.warn(f"skinny GEMM: the sm90 Gluon kernel does not compile with this Triton ({failure!r:.300}); "
-                      "the portable Triton kernels serve skinny GEMMs instead", stacklevel=2)  # fmt: skip
-        return False
-    return True
+    return gluon_sm90_available(
+        HAVE_GLUON,
+        "skinny GEMM",
+        "the portable Triton kernels serve skinny GEMMs instead",
+        lambda: compile_sm90(torch.bfloat16),
+        lambda: compile_sm90(torch.float8_e4m3fn, split=2),
+    )
 
 
 def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:

@@ -32,7 +32,6 @@ per tile, reset by that program) sums them in split order and writes the output:
 from __future__ import annotations
 
 import functools
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +39,7 @@ import triton
 
 from tritonllm import platform
 from tritonllm.kernels import splitk_sm90
-from tritonllm.kernels.launch import compile_gluon_sm90, gluon_pdl_wait
+from tritonllm.kernels.launch import compile_gluon_sm90, gluon_pdl_wait, gluon_sm90_available
 
 try:  # recent triton ships Gluon; without it the portable kernels serve every shape
     from triton.experimental import gluon
@@ -127,16 +126,13 @@ def takes(a: torch.Tensor, k: int, group_k: int, fp4: bool = False) -> bool:
 def available() -> bool:
     """An NVIDIA sm90 GPU and a Triton whose Gluon compiles the kernel (else, with a warning, the
     portable kernels serve every shape)."""
-    if not HAVE_GLUON or platform.PLATFORM != "cuda" or torch.cuda.get_device_capability(platform.DEVICE)[0] != 9:
-        return False
-    try:
-        compile_sm90()
-        compile_sm90(fp4=True)
-    except Exception as failure:  # noqa: BLE001 - any compiler error means: use the portable kernels
-        warnings.warn(f"W4 GEMM: the sm90 Gluon kernel does not compile with this Triton ({failure!r:.300}); "
-                      "the portable Triton kernels serve 4-bit GEMMs instead", stacklevel=2)  # fmt: skip
-        return False
-    return True
+    return gluon_sm90_available(
+        HAVE_GLUON,
+        "W4 GEMM",
+        "the portable Triton kernels serve 4-bit GEMMs instead",
+        compile_sm90,
+        lambda: compile_sm90(fp4=True),
+    )
 
 
 def compile_sm90(group_k: int = 128, block_n: int = 128, bm: int = 16, fp16: bool = False, split: int = 1,

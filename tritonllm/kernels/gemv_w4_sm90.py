@@ -29,14 +29,12 @@ from __future__ import annotations
 
 import functools
 import os
-import warnings
 from dataclasses import dataclass
 
 import torch
 
-from tritonllm import platform
 from tritonllm.kernels import gemv_w4
-from tritonllm.kernels.launch import compile_gluon_sm90, gluon_pdl_wait
+from tritonllm.kernels.launch import compile_gluon_sm90, gluon_pdl_wait, gluon_sm90_available
 
 try:  # recent triton ships Gluon; without it the portable kernel serves every GEMV
     from triton.experimental import gluon
@@ -122,16 +120,13 @@ def available() -> bool:
     """Whether this machine runs the kernel: an NVIDIA sm90 GPU and a Triton whose Gluon compiles it
     (Gluon's API is experimental: a version that breaks it leaves every GEMV to the portable kernel,
     with a warning, instead of failing a step)."""
-    if not HAVE_GLUON or platform.PLATFORM != "cuda" or torch.cuda.get_device_capability(platform.DEVICE)[0] != 9:
-        return False
-    try:
-        compile_sm90(fp4=False)
-        compile_sm90(fp4=True)
-    except Exception as failure:  # noqa: BLE001 - any compiler error means: use the portable kernel
-        warnings.warn(f"W4 GEMV: the sm90 Gluon kernel does not compile with this Triton ({failure!r:.300}); "
-                      "the portable Triton kernel serves 4-bit GEMVs instead", stacklevel=2)  # fmt: skip
-        return False
-    return True
+    return gluon_sm90_available(
+        HAVE_GLUON,
+        "W4 GEMV",
+        "the portable Triton kernel serves 4-bit GEMVs instead",
+        lambda: compile_sm90(fp4=False),
+        lambda: compile_sm90(fp4=True),
+    )
 
 
 def compile_sm90(fp4: bool, group_k: int | None = None, tiling: Tiling | None = None, even: bool = True):

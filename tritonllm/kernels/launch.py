@@ -27,7 +27,8 @@ PDL is False and the kernels compile without it.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+import warnings
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from tritonllm import platform  # isort: skip  (on CPU it switches on the interpreter before triton loads)
@@ -92,6 +93,25 @@ try:  # the same wait for Gluon kernels (kernels/*_sm90.py), which call only Glu
     gluon_pdl_wait = gluon.jit(pdl_wait.fn)
 except ImportError:  # pragma: no cover - older triton
     gluon_pdl_wait = None
+
+
+def gluon_sm90_available(have_gluon: bool, what: str, fallback: str, *probes: Callable[[], object]) -> bool:
+    """Whether this machine runs a kernels/*_sm90.py Gluon kernel: an NVIDIA sm90 GPU, a Triton with Gluon
+    (`have_gluon`), and every probe (a compile of the kernel) passing. Gluon's API is experimental: a
+    version that breaks the kernel leaves its work to the portable kernels, with a warning naming `what`
+    and `fallback`, instead of failing a step."""
+    if not have_gluon or platform.PLATFORM != "cuda" or torch.cuda.get_device_capability(platform.DEVICE)[0] != 9:
+        return False
+    try:
+        for probe in probes:
+            probe()
+    except Exception as failure:  # noqa: BLE001 - any compiler error means: use the portable kernels
+        warnings.warn(
+            f"{what}: the sm90 Gluon kernel does not compile with this Triton ({failure!r:.300}); {fallback}",
+            stacklevel=3,
+        )
+        return False
+    return True
 
 
 def compile_gluon_sm90(fn, constexprs: dict, types: dict[str, str], aligned: Sequence[str], **options):
