@@ -186,19 +186,18 @@ class Attention(nn.Module):
         pieces."""
         num_tokens = q.shape[0]
         k_cache, v_cache = kv_cache
-        if rope is not None and self.fuse_rope_kv_write and not self.calibrate_kv_scales:
+        fused = rope is not None and self.fuse_rope_kv_write and not self.calibrate_kv_scales
+        if fused:  # RoPE and the cache write in one kernel
             rotary = rope.rotary
             q, k = self.kernels.rotary_write_kv_cache(
                 rope.positions, q, k, v, rotary.cos_sin_cache, rotary.head_dim, rotary.is_neox, k_cache, v_cache,
                 meta.slot_mapping, k_scale=self.k_scale, v_scale=self.v_scale, qk_norm=rope.norm_args(),
             )  # fmt: skip
-            k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-            v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        else:
-            if rope is not None:
-                q, k = rope.apply(q, k, self.head_dim)
-            k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-            v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        elif rope is not None:
+            q, k = rope.apply(q, k, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if not fused:
             if self.calibrate_kv_scales:  # on the device, no host sync; before this step's K/V are written
                 fp8_max = torch.finfo(k_cache.dtype).max
                 torch.maximum(self.k_scale, k.abs().amax().float().reshape(1) / fp8_max, out=self.k_scale)
