@@ -220,15 +220,13 @@ def _rotary_kernel(
     # the token's cache slot (WRITE_CACHE): slots < 0 are skipped, clamped so masked addresses stay in range
     cache_ok = token_mask
     k_rows = tokens
-    v_rows = tokens
-    if WRITE_CACHE:
+    if WRITE_CACHE:  # (a constexpr: without the cache, v's pointers are None and its copy must not compile)
         slots = tl.load(slot_mapping_ptr + tokens, mask=token_mask, other=-1).to(tl.int64)
         cache_ok = token_mask & (slots >= 0)
         slots = tl.maximum(slots, 0)
         blocks, offsets = slots // CACHE_BLOCK_SIZE, slots % CACHE_BLOCK_SIZE
         k_rows = blocks * stride_kc_block + offsets * stride_kc_slot
         v_rows = blocks * stride_vc_block + offsets * stride_vc_slot
-    if WRITE_CACHE:  # (constexpr first: without the cache, v's pointers are None and must not compile)
         if axis == 2:  # V: copied, never rotated
             _copy_heads_to_cache(
                 v_ptr, v_row_stride, num_kv_heads, tokens, token_mask, v_cache_ptr, v_rows, cache_ok, stride_vc_head,
