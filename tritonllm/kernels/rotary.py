@@ -8,8 +8,8 @@ a decode step with few tokens still has two programs per token block; with the c
 blocks, 3): program 1 also stores its rotated k rows into the cache and program 2 copies v there
 (FP8 caches: quantized as kv_cache_write.py does, from the rotated k rounded to the model's dtype
 first, so both paths store the same bytes). The fused launch can also RMS-normalise every head of q
-and k first (QK_NORM: Qwen3's q_norm / k_norm), two more launches a layer saved. A program gathers cos/sin
-of its tokens' positions once and rotates its heads in blocks of BLOCK_HEADS. Rotation pairs:
+and k first (QK_NORM: Qwen3's q_norm / k_norm), two more launches a layer saved. A program gathers
+cos/sin of its tokens' positions once and rotates its heads in blocks of BLOCK_HEADS. Rotation pairs:
 NeoX (i, i + rot_dim/2), GPT-J (2i, 2i + 1); dims from rot_dim to head_dim are copied unchanged
 (cos 1, sin 0 there).
 """

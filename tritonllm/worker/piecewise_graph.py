@@ -18,8 +18,8 @@ attention writes it again. The last graph ends after the model's final norm.
 Replay of a step of n tokens, padded to the next size B: its ids and positions go to static input
 buffers (padding rows keep earlier, valid values), then for each layer graph i replays and
 `Attention.run` rotates q and k of rows [:n] and writes their KV (the step's real positions and
-slot mapping) and attends over the step's real metadata into the output buffer's rows [:n]; the last graph gives the hidden states,
-of which rows [:n] are returned. Padding rows run through the graphs but only through row-wise
+slot mapping) and attends over the step's real metadata into the output buffer's rows [:n]; the
+last graph gives the hidden states, of which rows [:n] are returned. Padding rows run through the graphs but only through row-wise
 ops (GEMMs, norms, activation): their values reach no real row, no KV slot and no logit.
 
 Memory: all sizes' graphs share one pool, captured largest first; q, k, v and the output are held
