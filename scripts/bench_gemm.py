@@ -28,7 +28,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tritonllm.kernels import gemm as g  # noqa: E402
-from tritonllm.kernels import reference, registry  # noqa: E402
+from tritonllm.kernels import gemm_block_sm90, reference, registry  # noqa: E402
 from tritonllm.kernels.quant_formats import FP4, INT4, UINT8, QuantScheme  # noqa: E402
 from tritonllm.quantization.quantize import quantize_weight  # noqa: E402
 
@@ -81,10 +81,10 @@ def torch_gemm(fmt: str, a, a_scale, weight):
     return None
 
 
-def triton_gemm(fmt: str, a, a_scale, weight, tiles: g.GemmTiles | None = None):
+def triton_gemm(fmt: str, a, a_scale, weight, tiles: g.GemmTiles | None = None, sm90: str = "never"):
     scales = g.scale_args(weight.scheme)
     return lambda: g.gemm(a, weight.data, None, out_dtype=torch.bfloat16, a_scale=a_scale, b_scale=weight.scale,
-                          b_zero=weight.zeros, tiles=tiles, **scales)  # fmt: skip
+                          b_zero=weight.zeros, tiles=tiles, sm90=sm90, **scales)  # fmt: skip
 
 
 def run_case(model: str, layer: str, n: int, k: int, m: int, formats: list[str]) -> list[dict]:
@@ -126,6 +126,10 @@ def run_case(model: str, layer: str, n: int, k: int, m: int, formats: list[str])
             fn = triton_gemm(fmt, a, a_scale, weight, tiles)
             rows.append(dict(base, format=fmt, impl="triton_persistent", us=bench_us(fn),
                              rel_error=rel_error(fn(), expected), a_bytes=a_bytes, w_bytes=1))  # fmt: skip
+        if fmt == "fp8_block" and m > 64 and gemm_block_sm90.available():  # the Hopper Gluon kernel (kernel only)
+            fn = triton_gemm(fmt, a, a_scale, weight, sm90="always")
+            rows.append(dict(base, format=fmt, impl="triton_block_sm90", us=bench_us(fn),
+                             rel_error=rel_error(fn(), expected), a_bytes=1, w_bytes=1))  # fmt: skip
         ref_fn = torch_gemm(fmt, a, a_scale, weight)
         if ref_fn is not None:
             rows.append(dict(base, format=fmt, impl="torch_gemm", us=bench_us(ref_fn), rel_error=rel_error(ref_fn(), expected),

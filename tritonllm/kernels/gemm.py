@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from tritonllm import platform
-from tritonllm.kernels import gemm_skinny_sm90, gemm_w4_sm90, gemv_w4_sm90
+from tritonllm.kernels import gemm_block_sm90, gemm_skinny_sm90, gemm_w4_sm90, gemv_w4_sm90
 from tritonllm.kernels.gemm_dequant import dequantize
 from tritonllm.kernels.gemm_gemv import gemv_kernel
 from tritonllm.kernels.gemm_persistent import descriptors_fit, gemm_persistent_kernel, tile_coords
@@ -414,8 +414,9 @@ def gemm(
     `b_scale` [N, K / 32]; decoded weights are widened to a's dtype in the kernel. `tiles` and
     `split_k` override the table and the split heuristic (tests, tile sweeps). `sm90`: the Hopper
     Gluon kernels (a 4-bit weight's GEMV at M = 1 and tensor-core GEMM at M = 2..64; the skinny TMA
-    GEMM of bf16 / fp16 / FP8 W8A8 operands at M = 1..64) run "always" where they can (tests, sweeps),
-    only where they were measured "faster" (the `triton_sm90` linear implementation), or "never"."""
+    GEMM of bf16 / fp16 / FP8 W8A8 operands at M = 1..64; the block-FP8 GEMM at M > 64) run "always"
+    where they can (tests, sweeps), only where they were measured "faster" (the `triton_sm90` linear
+    implementation), or "never"."""
     packed = b_decode in (DEC_INT4, DEC_FP4)
     k_b = b.shape[1] * 2 if packed else b.shape[1]
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != k_b:
@@ -492,6 +493,13 @@ def gemm(
         a_s = a_scale if a_scale_kind != A_NONE else None
         b_s = b_scale if b_scale_kind != B_NONE else None
         return gemm_skinny_sm90.skinny_gemm_sm90(a, b, c, bias, a_s, b_s, pdl_launch())
+    if (
+        sm90 != "never"
+        and kind == "block"
+        and gemm_block_sm90.takes(a, b, a_scale, b_scale, group_n, group_k, c.dtype)
+        and (sm90 == "always" or gemm_block_sm90.measured_faster(m, n, k))
+    ):
+        return gemm_block_sm90.block_fp8_gemm_sm90(a, b, c, bias, a_scale, b_scale, pdl_launch())
     persistent = (
         tiles.persistent and split == 1 and not (operand_scales or upcast_b) and TensorDescriptor is not None
         and (not k_grouped or tiles.block_k == group_k) and descriptors_fit(a, b, c)
