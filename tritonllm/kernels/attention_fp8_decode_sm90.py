@@ -37,7 +37,7 @@ import functools
 from dataclasses import dataclass
 
 from tritonllm.kernels.attention_split import segment_len
-from tritonllm.kernels.launch import compile_gluon_sm90, gluon_sm90_available
+from tritonllm.kernels.launch import compile_gluon_sm90, gluon_barrier, gluon_sm90_available
 
 try:  # recent triton ships Gluon (3.6 and 3.9 checked); without it the portable kernels serve FP8 caches
     from triton.experimental import gluon
@@ -53,7 +53,6 @@ try:  # recent triton ships Gluon (3.6 and 3.9 checked); without it the portable
     # Gluon's API is experimental: triton 3.6 names the cp.async copy async_copy_global_to_shared and
     # the CTA barrier thread_barrier, later versions async_load and barrier (the old names then raise)
     _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
-    _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
     _PUBLIC_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))  # else _reinterpret
 except ImportError:  # pragma: no cover - older triton
     HAVE_GLUON = False
@@ -295,7 +294,7 @@ if HAVE_GLUON:
             # tile `tile` landed (this thread's copies), then everyone's: and every thread is done
             # with the slot the next issue overwrites (read in the previous iteration)
             async_copy.wait_group(STAGES - 2)
-            _barrier()
+            gluon_barrier()
             nxt = tile + STAGES - 1
             _issue_tile(
                 ring.index(nxt % STAGES), blocks, nxt, key_start, key_end, k_head_ptr, v_head_ptr, stride_kc_block,
@@ -317,7 +316,7 @@ if HAVE_GLUON:
                     vh_smem = slot.reinterpret(gl.float16, [TILE_N, HEAD_DIM], vh_layout)
                 else:
                     vh_smem = slot._reinterpret(gl.float16, [TILE_N, HEAD_DIM], vh_layout)
-                _barrier()  # every thread has read the slot's FP8 bytes
+                gluon_barrier()  # every thread has read the slot's FP8 bytes
             vh_smem.store(v)
 
             s = warpgroup_mma_wait(0, deps=(s,))
@@ -331,7 +330,7 @@ if HAVE_GLUON:
             m_i = m_new
             p_smem.store(gl.permute(p.to(gl.float16), (1, 0)))
             fence_async_shared()
-            _barrier()
+            gluon_barrier()
             o_acc = warpgroup_mma(
                 vh_smem.permute((1, 0)), p_smem.permute((1, 0)), o_acc * gl.expand_dims(alpha, 0), is_async=True
             )

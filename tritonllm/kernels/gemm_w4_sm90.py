@@ -39,7 +39,7 @@ import triton
 
 from tritonllm import platform
 from tritonllm.kernels import splitk_sm90
-from tritonllm.kernels.launch import compile_gluon_sm90, gluon_pdl_wait, gluon_sm90_available
+from tritonllm.kernels.launch import compile_gluon_sm90, gluon_barrier, gluon_pdl_wait, gluon_sm90_available
 
 try:  # recent triton ships Gluon; without it the portable kernels serve every shape
     from triton.experimental import gluon
@@ -175,7 +175,6 @@ def w4_gemm_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
 
 
 if HAVE_GLUON:
-    _barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 
     @gluon.constexpr_function
     def _row_bases(block_n, warps):
@@ -342,7 +341,7 @@ if HAVE_GLUON:
             x_buf = x_smem.index(buf)
             x_buf.store(x)
             fence_async_shared()
-            _barrier()
+            gluon_barrier()
             acc = _step(words, s, z, x_buf, acc, mask, bias, BLOCK_N, DT, LA, FP4)
             if PREFETCH:
                 words, s, z, x = n_words, n_s, n_z, n_x

@@ -89,10 +89,13 @@ def pdl_wait(PDL: tl.constexpr):
 
 try:  # the same wait for Gluon kernels (kernels/*_sm90.py), which call only Gluon functions
     from triton.experimental import gluon
+    from triton.experimental.gluon import language as _gl
 
     gluon_pdl_wait = gluon.jit(pdl_wait.fn)
+    # the CTA-wide barrier of the Gluon kernels: Triton 3.6 (the H200 machine's) names it barrier, 3.9 thread_barrier
+    gluon_barrier = getattr(_gl, "thread_barrier", None) or _gl.barrier
 except ImportError:  # pragma: no cover - older triton
-    gluon_pdl_wait = None
+    gluon_pdl_wait = gluon_barrier = None
 
 
 def gluon_sm90_available(have_gluon: bool, what: str, fallback: str, *probes: Callable[[], object]) -> bool:

@@ -60,7 +60,8 @@ def fp8_grid(v, MIN_EXP: tl.constexpr):
     subnormals' fixed step), so that its conversion is exact."""
     exponent = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
     step = tl.exp2((tl.maximum(exponent, MIN_EXP) - 3).to(tl.float32))
-    return _round_half_even(v / step) * step
+    r = _round_half_even(v / step) * step
+    return tl.where(r == 0, v * 0.0, r)  # a negative value rounded to zero stays -0 (as the hardware rounds)
 
 
 @triton.jit

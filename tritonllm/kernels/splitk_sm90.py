@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from tritonllm.kernels.launch import gluon_barrier
+
 try:  # recent triton ships Gluon
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -51,7 +53,6 @@ def workspace(split: int, m: int, n: int, c: torch.Tensor) -> tuple[torch.Tensor
 SCALE_NONE, SCALE_ONE, SCALE_EACH = 0, 1, 2
 
 if HAVE_GLUON:
-    _barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 
     @gluon.jit
     def _store(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, n_out, m_out, ok, M, N, stride_cm, stride_asm,
@@ -85,10 +86,10 @@ if HAVE_GLUON:
             # this split's partial, then its arrival; the tile's last split sums them all (in split order)
             tile_ws = ws_ptr + gl.expand_dims(m_out * N, 0) + gl.expand_dims(n_out, 1)
             gl.store(tile_ws + pid_k * M * N, acc, mask=ok)
-            _barrier()  # every thread's partial written before the (releasing) arrival
+            gluon_barrier()  # every thread's partial written before the (releasing) arrival
             arrived = gl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
             if arrived == SPLIT_K - 1:
-                _barrier()
+                gluon_barrier()
                 acc = gl.load(tile_ws, mask=ok, other=0.0, cache_modifier=".cg")
                 for sp in gl.static_range(1, SPLIT_K):
                     acc += gl.load(tile_ws + sp * M * N, mask=ok, other=0.0, cache_modifier=".cg")
