@@ -18,19 +18,20 @@ HERE = Path(__file__).parent
 
 def main() -> None:
     data = json.loads(Path(sys.argv[1] if len(sys.argv) > 1 else HERE / "gemm_h200.json").read_text())
-    rows = [r for r in data["rows"] if r["model"] == "llama3-8b" and r["impl"] in ("triton_gemm", "torch_gemm")]
+    impls = {"triton_gemm": "triton", "torch_gemm": "torch", "triton_block_sm90": "gluon sm90"}
+    rows = [r for r in data["rows"] if r["model"] == "llama3-8b" and r["impl"] in impls]
     layers = sorted({r["layer"] for r in rows}, key=["qkv", "o", "gate_up", "down"].index)
     fig, axes = plt.subplots(1, len(layers), figsize=(5 * len(layers), 4.5), sharey=True)
     for ax, layer in zip(axes, layers):
         series = defaultdict(list)
         for r in rows:
             if r["layer"] == layer:
-                series[f"{r['format']} ({'triton' if r['impl'] == 'triton_gemm' else 'torch'})"].append(
+                series[f"{r['format']} ({impls[r['impl']]})"].append(
                     (r["m"], r["speedup_vs_bf16_cublas"])
                 )
         for label, points in sorted(series.items()):
             points.sort()
-            style = "-" if "triton" in label else "--"
+            style = "--" if "torch" in label else "-"
             ax.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", ms=3, label=label)
         n, k = next((r["n"], r["k"]) for r in rows if r["layer"] == layer)
         ax.axhline(1.0, color="gray", lw=0.8)
