@@ -2,8 +2,11 @@ import os
 
 import pytest
 import torch
+from interpreter_speedup import install as _install_interpreter_speedup
 
 from tritonllm.models.tiny import TINY_ARCHITECTURES, tiny_model_path
+
+_install_interpreter_speedup()
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one process per core already: torch threads would oversubscribe
     torch.set_num_threads(1)

@@ -1,0 +1,75 @@
+"""Two overheads of Triton's CPU interpreter (triton/runtime/interpreter.py), removed for the test suite
+without changing what any kernel computes.
+
+1. Every launch patches triton.language's builtins to interpreted ones (`_patch_lang`), finding them with
+   `inspect.getmembers` of four namespaces: the names are listed here once, before anything is patched, and
+   each launch patches the same members (those whose value is still a builtin) as the original loop would.
+2. Every call of a @triton.jit helper from inside a kernel runs `_patch_lang` again (never restored) while
+   the launch's own patch is in force: for a helper that sees the same language modules as the kernel
+   (always, in this code base) it finds no builtin left to patch and re-sets the tensor and core helpers to
+   equivalent functions, so it is skipped. A helper in a module that imports a language module the kernel's
+   does not still gets the original call.
+
+Together they were about a third of the interpreter's time in the engine tests; tokens and logprobs are
+bit-identical with and without them.
+"""
+
+import inspect
+import threading
+
+from triton.runtime import interpreter as _interp
+
+_active = threading.local()
+
+
+def _langs(fn) -> frozenset[int]:
+    """The language modules that `fn`'s globals name (those `_patch_lang(fn)` patches)."""
+    return frozenset(id(value) for value in fn.__globals__.values() if value is _interp.tl or value is _interp.tl.core)
+
+
+def install() -> None:
+    if getattr(_interp, "_tritonllm_tests_fast_calls", False):
+        return
+    original_patch_lang = _interp._patch_lang
+    grid_call = _interp.GridExecutor.__call__
+
+    def patched_grid_call(self, *args, **kwargs):
+        stack = _active.__dict__.setdefault("stack", [])
+        stack.append(_langs(self.fn))
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            stack.pop()
+
+    def device_call(self, *args, **kwargs):
+        stack = getattr(_active, "stack", None)
+        if not stack or not _langs(self.fn) <= stack[-1]:
+            original_patch_lang(self.fn)
+        fn = self.rewrite()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            raise _interp.InterpreterError(repr(e)) from e
+
+    tl = _interp.tl
+    # the names of each patched namespace's builtins, listed once while nothing is patched (inspect.getmembers
+    # of triton.language on every launch was a fifth of the interpreter's time); the loop below then patches
+    # exactly what the original's getmembers loop would: the members that are still builtins
+    builtin_names = {}
+    for pkg in (tl, tl.tensor, tl.math, tl.core, tl.core.tensor, tl.core.tensor_descriptor_base):
+        builtin_names[id(pkg)] = [name for name, member in inspect.getmembers(pkg) if tl.core.is_builtin(member)]
+    original_patch_builtin = _interp._patch_builtin
+
+    def patch_builtin(pkg, builder, scope):
+        names = builtin_names.get(id(pkg))
+        if names is None:
+            return original_patch_builtin(pkg, builder, scope)
+        for name in names:
+            member = getattr(pkg, name)
+            if tl.core.is_builtin(member):
+                _interp._patch_attr(pkg, name, member, builder, scope)
+
+    _interp._patch_builtin = patch_builtin
+    _interp.GridExecutor.__call__ = patched_grid_call
+    _interp.InterpretedFunction.__call__ = device_call
+    _interp._tritonllm_tests_fast_calls = True
