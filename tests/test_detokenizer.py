@@ -93,7 +93,9 @@ def test_logprob_strings_are_decoded_in_one_batched_call_and_cached(tokenizer):
 
 
 def test_offline_text_decoded_at_the_end_equals_the_streamed_text(tiny_llama):
-    llm = LLM(model=tiny_llama, max_model_len=128)
+    # detokenization is host-side: the torch reference kernels give it the same kind of token stream as
+    # the Triton ones (which the HF-parity tests check) without the interpreter's ~80 s for 48 steps
+    llm = LLM(model=tiny_llama, max_model_len=128, kernel_backend="torch_ref")
     params = SamplingParams(temperature=1.0, seed=5, max_tokens=24, ignore_eos=True)
     prompts = [[random.Random(i).randrange(5, 640) for _ in range(6)] for i in range(3)]
     offline = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)

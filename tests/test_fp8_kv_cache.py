@@ -28,11 +28,21 @@ PROMPTS = [{"prompt_token_ids": list(range(10 + i, 40 + 3 * i))} for i in range(
 PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, prompt_logprobs=0)
 
 
-def test_fp8_engine_matches_the_fp8_torch_reference(tiny_llama):
+# The engine runs that several tests compare against, made once for the module: greedy runs of the
+# same prompts on a fresh engine, so each test sees exactly what its own run would have produced
+@pytest.fixture(scope="module")
+def full_out(tiny_llama):
+    return LLM(model=tiny_llama, max_model_len=128).generate(PROMPTS, PARAMS, use_tqdm=False)
+
+
+@pytest.fixture(scope="module")
+def fp8_out(tiny_llama):
+    return LLM(model=tiny_llama, max_model_len=128, kv_cache_dtype="fp8").generate(PROMPTS, PARAMS, use_tqdm=False)
+
+
+def test_fp8_engine_matches_the_fp8_torch_reference(tiny_llama, fp8_out):
     """Same quantisation in both backends: the Triton path computes what the reference defines."""
-    triton_out = LLM(model=tiny_llama, max_model_len=128, kv_cache_dtype="fp8").generate(
-        PROMPTS, PARAMS, use_tqdm=False
-    )
+    triton_out = fp8_out
     ref_out = LLM(model=tiny_llama, max_model_len=128, kv_cache_dtype="fp8", kernel_backend="torch_ref").generate(
         PROMPTS, PARAMS, use_tqdm=False
     )
@@ -40,12 +50,10 @@ def test_fp8_engine_matches_the_fp8_torch_reference(tiny_llama):
     assert [o.outputs[0].token_ids for o in triton_out] == [o.outputs[0].token_ids for o in ref_out]
 
 
-def test_fp8_cache_accuracy_against_the_full_precision_cache(tiny_llama):
+def test_fp8_cache_accuracy_against_the_full_precision_cache(full_out, fp8_out):
     """e4m3 keeps 3 mantissa bits (~2.7% relative error on this model's K/V, |K| ~ 2); the tiny
     model's attention is sharp (scores ~ 4), so prompt logprobs move by ~0.2 on average."""
-    full = LLM(model=tiny_llama, max_model_len=128).generate(PROMPTS, PARAMS, use_tqdm=False)
-    fp8 = LLM(model=tiny_llama, max_model_len=128, kv_cache_dtype="fp8").generate(PROMPTS, PARAMS, use_tqdm=False)
-    diffs = prompt_logprob_diffs(full, fp8)
+    diffs = prompt_logprob_diffs(full_out, fp8_out)
     assert diffs.mean() < 0.3 and diffs.max() < 1.0
 
 
@@ -54,7 +62,7 @@ def test_unknown_kv_cache_dtype_is_refused(tiny_llama):
         LLM(model=tiny_llama, kv_cache_dtype="int3")
 
 
-def test_calculated_kv_scales_come_from_the_first_prompt_step(tiny_llama):
+def test_calculated_kv_scales_come_from_the_first_prompt_step(tiny_llama, full_out):
     """calculate_kv_scales: each layer's K/V scale is amax / 448 of the first prompt step's K/V (the
     scales then stay), and the cache tracks the full-precision one about as closely as with scale 1
     (e4m3 is a floating-point format: the scale guards its range, not its relative precision)."""
@@ -79,8 +87,7 @@ def test_calculated_kv_scales_come_from_the_first_prompt_step(tiny_llama):
         attn = layer.self_attn.attn
         assert attn.k_scale.item() == pytest.approx(seen[i][0] / fp8_max, rel=1e-6)
         assert attn.v_scale.item() == pytest.approx(seen[i][1] / fp8_max, rel=1e-6)
-    full = LLM(model=tiny_llama, max_model_len=128).generate(PROMPTS, PARAMS, use_tqdm=False)
-    diffs = prompt_logprob_diffs(full, fp8)
+    diffs = prompt_logprob_diffs(full_out, fp8)
     # as with scale 1 (mean ~0.2 on this sharp random model); the largest single move is 1.17 here
     assert diffs.mean() < 0.3 and diffs.max() < 1.5
     with pytest.raises(ValueError, match="calculate_kv_scales needs an FP8 KV cache"):
