@@ -96,9 +96,13 @@ def test_w8a8_layers_take_their_input_quantized_by_the_norm_and_activation_kerne
     x = torch.randn(3, layer.input_layernorm.weight.shape[0])
     out = layer.input_layernorm(x)
     assert isinstance(out, QuantizedActivation) and out.data.dtype == torch.float8_e4m3fn and out.scale.shape == (3, 1)
-    # weight-only and block-FP8 layers quantize (or not) their own input: nothing is fused
+    # block-FP8: the norm and the activation quantize per 1 x 128 group (one scale a group of a row)
     block = LLM(model=str(export_quantized(fitted, tmp_path / "b", "fp8-block")), max_model_len=64)
-    assert block.llm_engine.model.model.layers[0].input_layernorm._quant_for == ()
+    block_layer = block.llm_engine.model.model.layers[0]
+    assert block_layer.mlp.act_fn._quant_for == (block_layer.mlp.down_proj,)
+    out = block_layer.input_layernorm(x)
+    assert isinstance(out, QuantizedActivation) and out.scale.shape == (3, -(-x.shape[1] // 128))
+    # weight-only layers take their input as it is: nothing is fused
     w8a16 = LLM(model=str(export_quantized(fitted, tmp_path / "w", "ct-int8-w8a16")), max_model_len=64)
     assert w8a16.llm_engine.model.model.layers[0].mlp.act_fn._quant_for == ()
 

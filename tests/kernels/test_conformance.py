@@ -96,6 +96,37 @@ def test_silu_and_mul_quant(impl, dtype, quant_dtype) -> None:
         _same_quantized(got, reference.silu_and_mul_quant(x, quant_dtype, static), dtype)
 
 
+FP8 = QUANT_DTYPES[0]
+
+
+@pytest.mark.parametrize("hidden", [200, 384], ids=["ragged", "three-groups"])
+@pytest.mark.parametrize("impl, dtype", _cases("rms_norm"))
+def test_rms_norm_quant_per_group(impl, dtype, hidden) -> None:
+    """Block-FP8's 1 x 128 activation groups quantized in the norm's kernel: one scale per group of a
+    row, column-major as quantize_per_group lays them out (a partial last group at hidden 200)."""
+    x, residual = _randn(37, hidden, dtype=dtype, seed=35), _randn(37, hidden, dtype=dtype, seed=36)
+    x[5, 130:140] *= 50  # one group of one row much larger: its own scale, the row's others unchanged
+    weight = _randn(hidden, dtype=dtype, seed=37)
+    for res in (None, residual):
+        got, got_res = impl.entries["rms_norm_quant"](x, res, weight, 1e-6, FP8, None, group=128)
+        ref, ref_res = reference.rms_norm_quant(x, res, weight, 1e-6, FP8, None, group=128)
+        assert got.scale.shape == (37, -(-hidden // 128))
+        assert impl.name == "torch_ref" or got.scale.stride() == (1, 37)  # the kernels: column-major
+        _same_quantized(got, ref, dtype)
+        if res is not None:
+            assert_close_to_scale(got_res, ref_res, _tol(dtype))
+    assert got.scale[5, 1] > 10 * got.scale[5, 0]
+
+
+@pytest.mark.parametrize("impl, dtype", _cases("activation"))
+def test_silu_and_mul_quant_per_group(impl, dtype) -> None:
+    x = 3 * _randn(29, 2 * 300, dtype=dtype, seed=38)
+    got = impl.entries["silu_and_mul_quant"](x, FP8, None, group=128)
+    expected = reference.silu_and_mul_quant(x, FP8, None, group=128)
+    assert got.scale.shape == (29, 3)
+    _same_quantized(got, expected, dtype)
+
+
 @pytest.mark.parametrize("impl, dtype", _cases("rotary"))
 def test_rotary(impl, dtype) -> None:
     head_dim, num_tokens = 64, 23

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec, pdl_wait
-from tritonllm.kernels.quant import min_exponent, quantize_rows_and_store
+from tritonllm.kernels.quant import fused_scales, min_exponent, quantize_rows_and_store
 from tritonllm.kernels.quant_formats import QuantizedActivation, qmax
 from tritonllm.kernels.registry import FLOATS, Supports, register
 
@@ -58,10 +58,12 @@ def _silu_and_mul_quant_kernel(
     MIN_EXP: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    GROUP: tl.constexpr = 0,
     PDL: tl.constexpr = False,
 ):
     """silu(gate) * up, rounded to x's dtype as the unfused kernel stores it, then quantized per row
-    for the quantized down projection: a program holds BLOCK_ROWS whole rows (the row's amax)."""
+    (or per GROUP columns of a row) for the quantized down projection: a program holds BLOCK_ROWS
+    whole rows (the row's amax)."""
     pdl_wait(PDL)
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     cols = tl.arange(0, BLOCK_D)
@@ -73,7 +75,7 @@ def _silu_and_mul_quant_kernel(
     g = gate.to(tl.float32)
     out = (g / (1.0 + tl.exp(-g)) * up.to(tl.float32)).to(gate.dtype).to(tl.float32)
     q_ptrs = q_ptr + (rows64 * d)[:, None] + cols[None, :]
-    quantize_rows_and_store(out, q_ptrs, mask, scale_ptr, rows64, num_rows, STATIC, QMAX, IS_INT, MIN_EXP)
+    quantize_rows_and_store(out, q_ptrs, mask, scale_ptr, rows64, num_rows, STATIC, QMAX, IS_INT, MIN_EXP, GROUP)
 
 
 _SILU_AND_MUL_QUANT = Launcher(_silu_and_mul_quant_kernel)
@@ -114,18 +116,17 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 @register("activation", "triton")
 def silu_and_mul_quant(
-    x: torch.Tensor, quant_dtype: torch.dtype, static_scale: torch.Tensor | None = None
+    x: torch.Tensor, quant_dtype: torch.dtype, static_scale: torch.Tensor | None = None, group: int = 0
 ) -> QuantizedActivation:
-    """silu_and_mul quantized per row (or with static_scale, float32 [1]) in the same kernel, for
-    the quantized down projection: [num_rows, d] in quant_dtype and float32 [num_rows, 1] scales."""
+    """silu_and_mul quantized per row (or with static_scale, float32 [1]; or per `group` columns of a
+    row, block-FP8's 1 x 128) in the same kernel, for the quantized down projection: [num_rows, d] in
+    quant_dtype and float32 scales [num_rows, 1] (per group: [num_rows, d / group], column-major)."""
     if x.shape[-1] % 2:
         raise ValueError(f"silu_and_mul needs an even last dim ([gate | up]), got {x.shape[-1]}")
     d = x.shape[-1] // 2
     num_rows = x.numel() // (2 * d) if d else 0
     q = torch.empty((num_rows, d), dtype=quant_dtype, device=x.device)
-    scale = (
-        static_scale if static_scale is not None else torch.empty((num_rows, 1), dtype=torch.float32, device=x.device)
-    )
+    scale = fused_scales(num_rows, d, static_scale, group, x.device)
     if num_rows == 0:
         return QuantizedActivation(q, scale, x.dtype)
     x2 = x.reshape(num_rows, 2 * d)
@@ -139,9 +140,9 @@ def silu_and_mul_quant(
     row_stride = x2.stride(0)
     constexprs = dict(
         STATIC=static_scale is not None, QMAX=qmax(quant_dtype), IS_INT=quant_dtype == torch.int8,
-        MIN_EXP=min_exponent(quant_dtype), BLOCK_ROWS=block_rows, BLOCK_D=block_d,
+        MIN_EXP=min_exponent(quant_dtype), BLOCK_ROWS=block_rows, BLOCK_D=block_d, GROUP=group,
     )  # fmt: skip
-    key = (x.dtype, quant_dtype, aligned(x2, q, scale), int_spec(num_rows), d, row_stride)
+    key = (x.dtype, quant_dtype, aligned(x2, q, scale), int_spec(num_rows), d, row_stride, group)
     _SILU_AND_MUL_QUANT(
         key, (triton.cdiv(num_rows, block_rows),), (x2, q, scale, num_rows, d, row_stride), constexprs,
         num_warps=num_warps, num_stages=DEFAULT_NUM_STAGES, device_index=x.device.index or 0,

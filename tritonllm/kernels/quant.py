@@ -67,17 +67,41 @@ def fp8_grid(v, MIN_EXP: tl.constexpr):
 @triton.jit
 def quantize_rows_and_store(
     out, q_ptrs, mask, scale_ptr, rows, num_rows,
-    STATIC: tl.constexpr, QMAX: tl.constexpr, IS_INT: tl.constexpr, MIN_EXP: tl.constexpr,
+    STATIC: tl.constexpr, QMAX: tl.constexpr, IS_INT: tl.constexpr, MIN_EXP: tl.constexpr, GROUP: tl.constexpr = 0,
 ):  # fmt: skip
-    """The epilogue of an op that quantizes its own output for a per-token W8A8 GEMM (RMSNorm,
-    SiLU-mul): out [BLOCK_ROWS, cols] float32 holds whole rows; each row's scale is its amax / QMAX
-    (stored at scale_ptr + row), or the STATIC scale read from scale_ptr."""
-    if STATIC:
-        scale = tl.load(scale_ptr) + tl.zeros([out.shape[0]], dtype=tl.float32)
+    """The epilogue of an op that quantizes its own output for a W8A8 GEMM (RMSNorm, SiLU-mul): out
+    [BLOCK_ROWS, cols] float32 holds whole rows; each row's scale is its amax / QMAX (stored at
+    scale_ptr + row), or the STATIC scale read from scale_ptr. GROUP > 0: one scale per GROUP columns
+    of a row (block-FP8's 1 x 128 groups; cols a multiple of GROUP), stored column-major as
+    quantize_per_group lays them out (scale_ptr + group * num_rows + row)."""
+    if GROUP > 0:
+        R: tl.constexpr = out.shape[0]
+        G: tl.constexpr = out.shape[1] // GROUP
+        grouped = tl.reshape(out, (R, G, GROUP))
+        scale = tl.maximum(tl.max(tl.abs(grouped), axis=2), 1e-12) / QMAX  # [R, G]
+        in_group = tl.max(tl.reshape(mask, (R, G, GROUP)).to(tl.int32), axis=2) > 0
+        groups = tl.arange(0, G)
+        tl.store(scale_ptr + groups[None, :] * num_rows + rows[:, None], scale, mask=in_group)
+        q = tl.reshape(grouped / scale[:, :, None], (R, G * GROUP))
+        round_and_store(q_ptrs, q, mask, QMAX, IS_INT, MIN_EXP)
     else:
-        scale = tl.maximum(tl.max(tl.abs(out), axis=1), 1e-12) / QMAX
-        tl.store(scale_ptr + rows, scale, mask=rows < num_rows)
-    round_and_store(q_ptrs, out / scale[:, None], mask, QMAX, IS_INT, MIN_EXP)
+        if STATIC:
+            scale = tl.load(scale_ptr) + tl.zeros([out.shape[0]], dtype=tl.float32)
+        else:
+            scale = tl.maximum(tl.max(tl.abs(out), axis=1), 1e-12) / QMAX
+            tl.store(scale_ptr + rows, scale, mask=rows < num_rows)
+        round_and_store(q_ptrs, out / scale[:, None], mask, QMAX, IS_INT, MIN_EXP)
+
+
+def fused_scales(num_rows: int, cols: int, static_scale: torch.Tensor | None, group: int, device) -> torch.Tensor:
+    """The scale tensor an op that quantizes its own output fills (quantize_rows_and_store): static_scale
+    itself, float32 [num_rows, 1] per row, or with group > 0 float32 [num_rows, cdiv(cols, group)]
+    column-major (quantize_per_group's layout)."""
+    if static_scale is not None:
+        return static_scale
+    if group:
+        return torch.empty((triton.cdiv(cols, group), num_rows), dtype=torch.float32, device=device).t()
+    return torch.empty((num_rows, 1), dtype=torch.float32, device=device)
 
 
 @triton.jit

@@ -45,6 +45,15 @@ ACT_SCHEMES = ("token", "tensor", "group", "mx", "none")
 BLOCK = 128  # block-wise weight scales: 128 x 128; their activation groups: 1 x 128
 MX_GROUP = 32  # OCP microscaling: one e8m0 scale per 32 elements along K
 FLOAT_FORMAT = "float"  # an unquantized layer
+# activation schemes that the op before a linear layer can quantize for it in its own kernel (RMSNorm,
+# SiLU-mul: kernels/quant.py quantize_rows_and_store): per token, static per tensor, per 1 x 128 group
+FUSABLE_ACTS = ("token", "tensor", "group")
+
+
+def activation_group(scheme: QuantScheme) -> int:
+    """The column group of one activation scale when the op before quantizes for `scheme`: BLOCK for
+    block-FP8's 1 x 128 groups, 0 for one scale a row (or a static one)."""
+    return BLOCK if scheme.act == "group" else 0
 
 
 @dataclass(frozen=True)

@@ -57,21 +57,29 @@ def rms_norm_quant(
     eps: float,
     quant_dtype: torch.dtype,
     static_scale: torch.Tensor | None = None,
+    group: int = 0,
 ) -> tuple[QuantizedActivation, torch.Tensor | None]:
     """rms_norm (or fused_add_rms_norm with a residual) whose output, as rounded to x's dtype, is
-    quantized for the next linear layer: per token (dynamic, float32 [M, 1]) or with static_scale
-    ([1]). Returns (QuantizedActivation, residual_out or None)."""
+    quantized for the next linear layer: per token (dynamic, float32 [M, 1]), with static_scale
+    ([1]), or per `group` (128) columns of a token (block-FP8, float32 [M, K / 128]). Returns
+    (QuantizedActivation, residual_out or None)."""
     if residual is None:
         out, residual_out = rms_norm(x, weight, eps), None
     else:
         out, residual_out = fused_add_rms_norm(x, residual, weight, eps)
-    return quantize_rows(out, quant_dtype, static_scale), residual_out
+    return quantize_rows(out, quant_dtype, static_scale, group), residual_out
 
 
-def quantize_rows(x: torch.Tensor, dtype: torch.dtype, static_scale: torch.Tensor | None) -> QuantizedActivation:
-    """x [..., K] -> QuantizedActivation per token (or with static_scale), as kernels/quant.py does."""
-    act = "token" if static_scale is None else "tensor"
-    data, scale = quantize_activation(x.reshape(-1, x.shape[-1]), QuantScheme(dtype, "channel", act), static_scale)
+def quantize_rows(
+    x: torch.Tensor, dtype: torch.dtype, static_scale: torch.Tensor | None, group: int = 0
+) -> QuantizedActivation:
+    """x [..., K] -> QuantizedActivation per token (or with static_scale, or per 1 x 128 group with
+    group = 128), as kernels/quant.py does."""
+    if group and group != BLOCK:
+        raise ValueError(f"activation groups are {BLOCK} columns (block-FP8), not {group}")
+    act = "group" if group else "token" if static_scale is None else "tensor"
+    scheme = QuantScheme(dtype, "block" if group else "channel", act)
+    data, scale = quantize_activation(x.reshape(-1, x.shape[-1]), scheme, static_scale)
     return QuantizedActivation(data, scale, x.dtype)
 
 
@@ -119,10 +127,11 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 @register("activation", "torch_ref", priority=0)
 def silu_and_mul_quant(
-    x: torch.Tensor, quant_dtype: torch.dtype, static_scale: torch.Tensor | None = None
+    x: torch.Tensor, quant_dtype: torch.dtype, static_scale: torch.Tensor | None = None, group: int = 0
 ) -> QuantizedActivation:
-    """silu_and_mul's output (rounded to x's dtype) quantized per token (or with static_scale)."""
-    return quantize_rows(silu_and_mul(x), quant_dtype, static_scale)
+    """silu_and_mul's output (rounded to x's dtype) quantized per token (or with static_scale, or per
+    `group` columns of a token)."""
+    return quantize_rows(silu_and_mul(x), quant_dtype, static_scale, group)
 
 
 # ---- KV cache write and paged attention ----------------------------------------------------
@@ -429,7 +438,11 @@ def quantized_linear(
     activations are quantized per weight.scheme.act first (weight-only: used as they are; a
     QuantizedActivation: already quantized by the op before)."""
     if isinstance(x, QuantizedActivation):  # quantized by the op before (rms_norm_quant, silu_and_mul_quant)
-        a, out_dtype = x.data.float() * x.scale.float().reshape(-1, 1), x.dtype
+        if x.scale.dim() == 2 and x.scale.shape[1] > 1:  # per 1 x 128 group (block-FP8)
+            a = x.data.float() * x.scale.float().repeat_interleave(BLOCK, 1)[:, : x.data.shape[1]]
+        else:
+            a = x.data.float() * x.scale.float().reshape(-1, 1)
+        out_dtype = x.dtype
     elif weight.scheme.act == "none":
         a, out_dtype = x.reshape(-1, x.shape[-1]).float(), x.dtype
     else:

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec, pdl_wait
-from tritonllm.kernels.quant import min_exponent, quantize_rows_and_store
+from tritonllm.kernels.quant import fused_scales, min_exponent, quantize_rows_and_store
 from tritonllm.kernels.quant_formats import QuantizedActivation, qmax
 from tritonllm.kernels.registry import FLOATS, Supports, register
 
@@ -45,6 +45,7 @@ def _rms_norm_kernel(
     QMAX: tl.constexpr = 448.0,
     IS_INT: tl.constexpr = False,
     MIN_EXP: tl.constexpr = -6,
+    GROUP: tl.constexpr = 0,  # QUANT: 0 per row, or one scale per GROUP columns (block-FP8's 1 x 128)
     PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)
@@ -70,7 +71,8 @@ def _rms_norm_kernel(
     out = xf * rstd[:, None] * w[None, :]
     if QUANT:  # the output as the unfused path stores it (x's dtype), quantized per row for the next GEMM
         out = out.to(x.dtype).to(tl.float32)
-        quantize_rows_and_store(out, q_ptr + out_offs, mask, scale_ptr, rows64, num_rows, STATIC, QMAX, IS_INT, MIN_EXP)
+        quantize_rows_and_store(out, q_ptr + out_offs, mask, scale_ptr, rows64, num_rows, STATIC, QMAX, IS_INT, MIN_EXP,
+                                GROUP)  # fmt: skip
     else:
         tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -111,8 +113,10 @@ def _launch(
     eps: float,
     quant_dtype: torch.dtype | None = None,
     static_scale: torch.Tensor | None = None,
+    group: int = 0,
 ) -> tuple[torch.Tensor | QuantizedActivation, torch.Tensor | None]:
-    """(rms_norm output, or with quant_dtype that output quantized per row; residual_out or None)."""
+    """(rms_norm output, or with quant_dtype that output quantized per row (per `group` columns of a row
+    with group > 0); residual_out or None)."""
     hidden = x.shape[-1]
     if weight.shape != (hidden,):
         raise ValueError(f"rms_norm weight has shape {tuple(weight.shape)}, expected ({hidden},)")
@@ -122,11 +126,7 @@ def _launch(
         q = scale = None
     else:  # the output lives only as q; `out` stands in for its unused pointer
         q = torch.empty((num_rows, hidden), dtype=quant_dtype, device=x.device)
-        scale = (
-            static_scale
-            if static_scale is not None
-            else torch.empty((num_rows, 1), dtype=torch.float32, device=x.device)
-        )
+        scale = fused_scales(num_rows, hidden, static_scale, group, x.device)
         out = QuantizedActivation(q, scale, x.dtype)
     residual_out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else None
     if num_rows == 0:
@@ -153,14 +153,14 @@ def _launch(
     constexprs = dict(
         HAS_RESIDUAL=residual is not None, BLOCK_ROWS=block_rows, BLOCK_H=block_h, QUANT=q is not None,
         STATIC=static_scale is not None, QMAX=qmax(quant_dtype) if q is not None else 448.0,
-        IS_INT=quant_dtype == torch.int8, MIN_EXP=min_exponent(quant_dtype) if q is not None else -6,
+        IS_INT=quant_dtype == torch.int8, MIN_EXP=min_exponent(quant_dtype) if q is not None else -6, GROUP=group,
     )  # fmt: skip
     device_index = x.device.index or 0
     # out and residual_out have x's dtype; all but num_rows are fixed by the model: raw values
     key = (
         x.dtype, res_rows.dtype, weight.dtype, out_t.dtype, res_out.dtype,
         aligned(x_rows, res_rows, weight, out_t, res_out, q_arg, scale_arg), int_spec(num_rows),
-        hidden, inner_rows, x_outer, x_inner, res_outer, res_inner,
+        hidden, inner_rows, x_outer, x_inner, res_outer, res_inner, group,
     )  # fmt: skip
     _RMS_NORM(
         key, (triton.cdiv(num_rows, block_rows),), args, constexprs, num_warps=num_warps, num_stages=DEFAULT_NUM_STAGES,
@@ -193,7 +193,9 @@ def rms_norm_quant(
     eps: float,
     quant_dtype: torch.dtype,
     static_scale: torch.Tensor | None = None,
+    group: int = 0,
 ) -> tuple[QuantizedActivation, torch.Tensor | None]:
-    """rms_norm (with the residual add when given) whose output is quantized per row in the same
-    kernel, for the quantized linear layer after it (kernels/reference.py defines the values)."""
-    return _launch(x, residual, weight, eps, quant_dtype, static_scale)
+    """rms_norm (with the residual add when given) whose output is quantized per row (or per `group`
+    columns of a row) in the same kernel, for the quantized linear layer after it
+    (kernels/reference.py defines the values)."""
+    return _launch(x, residual, weight, eps, quant_dtype, static_scale, group)

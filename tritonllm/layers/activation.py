@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tritonllm.kernels.quant_formats import QuantizedActivation
+from tritonllm.kernels.quant_formats import QuantizedActivation, activation_group
 from tritonllm.kernels.registry import default_kernels
 from tritonllm.layers.linear import Linear
 
@@ -25,5 +25,7 @@ class SiluAndMul(nn.Module):
         next layer when quantize_for set one)."""
         if self._quant_for:
             qweight = self._quant_for[0].qweight
-            return self.kernels.silu_and_mul_quant(x, qweight.scheme.weight_dtype, qweight.input_scale)
+            return self.kernels.silu_and_mul_quant(
+                x, qweight.scheme.weight_dtype, qweight.input_scale, group=activation_group(qweight.scheme)
+            )
         return self.kernels.silu_and_mul(x)

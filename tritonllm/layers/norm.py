@@ -1,11 +1,13 @@
 """RMSNorm, optionally fused with the residual add that precedes it in a pre-norm block, and with
-the quantization of the next linear layer's input when that layer quantizes it per token."""
+the quantization of the next linear layer's input when that layer quantizes it per token (or per
+1 x 128 group)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from tritonllm.kernels.quant_formats import activation_group
 from tritonllm.kernels.registry import default_kernels
 from tritonllm.layers.linear import Linear
 
@@ -20,7 +22,7 @@ class RMSNorm(nn.Module):
 
     def quantize_for(self, linear: Linear) -> None:
         """Quantize the output for `linear` in the norm's kernel, where its method allows it (W8A8 per
-        token or with a static input scale); otherwise this is a no-op."""
+        token, with a static input scale, or per 1 x 128 group for block-FP8); otherwise a no-op."""
         self._quant_for = (linear,) if linear.method.input_quant_fusable else ()
 
     def forward(
@@ -31,8 +33,9 @@ class RMSNorm(nn.Module):
         if self._quant_for:  # the output as the next layer's GEMM reads it: a QuantizedActivation
             qweight = self._quant_for[0].qweight
             out, residual_out = self.kernels.rms_norm_quant(
-                x, residual, self.weight, self.eps, qweight.scheme.weight_dtype, qweight.input_scale
-            )
+                x, residual, self.weight, self.eps, qweight.scheme.weight_dtype, qweight.input_scale,
+                group=activation_group(qweight.scheme),
+            )  # fmt: skip
             return out if residual is None else (out, residual_out)
         if residual is None:
             return self.kernels.rms_norm(x, self.weight, self.eps)

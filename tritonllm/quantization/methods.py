@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from tritonllm.distributed.shard import WHOLE, RankSlice, TensorDims, narrow_to_rank
-from tritonllm.kernels.quant_formats import BLOCK, QuantizedWeight
+from tritonllm.kernels.quant_formats import BLOCK, FUSABLE_ACTS, QuantizedWeight
 from tritonllm.quantization.config import LayerQuant
 from tritonllm.quantization.quantize import quantize_weight
 
@@ -67,8 +67,8 @@ class LinearMethod:
 
 class UnquantizedMethod(LinearMethod):
     format_name = "float"
-    # whether the op before the layer may quantize its input (per token, or with the static
-    # input_scale) in its own kernel: RMSNorm / SiLU-mul with quantization fused in
+    # whether the op before the layer may quantize its input (per token, with the static input_scale,
+    # or per 1 x 128 group) in its own kernel: RMSNorm / SiLU-mul with quantization fused in
     input_quant_fusable = False
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
@@ -94,7 +94,7 @@ class OnlineQuantMethod(UnquantizedMethod):
     def __init__(self, layer_quant: LayerQuant) -> None:
         self.layer_quant = layer_quant
         self.format_name = layer_quant.scheme.format_name
-        self.input_quant_fusable = layer_quant.scheme.act in ("token", "tensor")
+        self.input_quant_fusable = layer_quant.scheme.act in FUSABLE_ACTS
 
     def finish_loading(self, layer: nn.Module) -> None:
         layer.qweight = quantize_weight(layer.weight.data, self.layer_quant.scheme)
@@ -111,7 +111,7 @@ class CheckpointQuantMethod(LinearMethod):
         self.layer_quant = layer_quant
         self.scheme = layer_quant.scheme
         self.format_name = layer_quant.scheme.format_name
-        self.input_quant_fusable = layer_quant.scheme.act in ("token", "tensor")
+        self.input_quant_fusable = layer_quant.scheme.act in FUSABLE_ACTS
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
         lq = self.layer_quant
