@@ -17,6 +17,10 @@ bit-identical with and without them.
 import inspect
 import threading
 
+# isort: skip_file
+# tritonllm.platform first: it sets TRITON_INTERPRET on the CPU, which must precede Triton's import (a
+# triton.language imported before it keeps compiled @jit functions that the interpreter cannot call)
+from tritonllm import platform  # noqa: F401
 from triton.runtime import interpreter as _interp
 
 _active = threading.local()
