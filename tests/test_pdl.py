@@ -57,10 +57,14 @@ DECODE_KERNELS = {
     "moe_gemv.moe_gemv_kernel", "moe.fused_moe_kernel", "moe_route.moe_route_kernel", "sampling._sample_kernel",
     "sampling._sampling_mask_kernel", "sampling._log_softmax_kernel", "gemv_w4_sm90.w4_gemv_sm90_kernel",
     "gemm_w4_sm90.w4_gemm_sm90_kernel", "gemm_skinny_sm90.skinny_gemm_sm90_kernel",
+    "gemm_block_sm90.block_fp8_gemm_sm90_kernel",
 }  # fmt: skip
 # kernels that read operands no kernel writes (weights) before the wait, so that the weight stream starts
 # while the previous kernel drains: the memory parameters they may touch before pdl_wait(PDL)
-READ_BEFORE_WAIT = {"gemm_skinny_sm90.skinny_gemm_sm90_kernel": {"w_desc"}}
+READ_BEFORE_WAIT = {
+    "gemm_skinny_sm90.skinny_gemm_sm90_kernel": {"w_desc"},
+    "gemm_block_sm90.block_fp8_gemm_sm90_kernel": {"b_desc"},
+}
 
 
 def _memory_names_before_wait(fn) -> set[str]:

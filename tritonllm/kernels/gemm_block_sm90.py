@@ -114,16 +114,6 @@ def block_fp8_gemm_sm90(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias:
 if HAVE_GLUON:
 
     @gluon.jit
-    def _load_step(a_desc, b_desc, off_m, off_n, step, steps, bar, a_buf, b_buf, LOAD_A: gl.constexpr,
-                   LOAD_B: gl.constexpr):  # fmt: skip
-        """TMA copies of K step `step`'s A and/or B tiles into a_buf / b_buf, counted on bar (none past the end)."""
-        k = step * a_desc.block_type.shape[1]
-        if LOAD_B:
-            _tma_load(b_desc, [off_n, k], bar, b_buf, pred=step < steps)
-        if LOAD_A:
-            _tma_load(a_desc, [off_m, k], bar, a_buf, pred=step < steps)
-
-    @gluon.jit
     def _mma_step(a_smem, b_smem, ready, step, dead, STAGES: gl.constexpr):
         """Issue K step `step`'s MMA (asynchronous) once its stage has arrived, into the registers of
         `dead` (a product already added: its values are ignored)."""
@@ -144,9 +134,10 @@ if HAVE_GLUON:
         """Step `done`'s MMA has completed: its stage takes step done + STAGES (if any)."""
         stage = done % STAGES
         j = done + STAGES
+        k = j * a_desc.block_type.shape[1]
         mbarrier.expect(ready.index(stage), STEP_BYTES, pred=j < steps)
-        _load_step(a_desc, b_desc, off_m, off_n, j, steps, ready.index(stage), a_smem.index(stage),
-                   b_smem.index(stage), True, True)  # fmt: skip
+        _tma_load(b_desc, [off_n, k], ready.index(stage), b_smem.index(stage), pred=j < steps)
+        _tma_load(a_desc, [off_m, k], ready.index(stage), a_smem.index(stage), pred=j < steps)
 
     @gluon.jit
     def block_fp8_gemm_sm90_kernel(
@@ -176,7 +167,6 @@ if HAVE_GLUON:
         off_n = pid_n * BLOCK_N
         steps = gl.cdiv(K, BLOCK_K)
 
-        a_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
         b_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for s in gl.static_range(STAGES):
@@ -187,12 +177,11 @@ if HAVE_GLUON:
         # for it), then, once that kernel's writes are visible, the activations'
         for s in gl.static_range(STAGES):
             mbarrier.expect(ready.index(s), STEP_BYTES, pred=s < steps)
-            _load_step(a_desc, b_desc, off_m, off_n, s, steps, ready.index(s), a_smem.index(s), b_smem.index(s),
-                       False, True)  # fmt: skip
+            _tma_load(b_desc, [off_n, s * BLOCK_K], ready.index(s), b_smem.index(s), pred=s < steps)
         gluon_pdl_wait(PDL)
+        a_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
         for s in gl.static_range(STAGES):
-            _load_step(a_desc, b_desc, off_m, off_n, s, steps, ready.index(s), a_smem.index(s), b_smem.index(s),
-                       True, False)  # fmt: skip
+            _tma_load(a_desc, [off_m, s * BLOCK_K], ready.index(s), a_smem.index(s), pred=s < steps)
 
         rows = gl.minimum(off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ACC)), M - 1)
         a_scale_rows = a_scale_ptr + rows.to(gl.int64) * stride_asm
