@@ -26,12 +26,12 @@ import torch
 import triton
 
 from tritonllm.kernels import gemm_skinny_sm90 as skinny
+from tritonllm.kernels.gemm_persistent import descriptors_fit
 from tritonllm.kernels.launch import compile_gluon_sm90, gluon_pdl_wait, gluon_sm90_available
 
 HAVE_GLUON = skinny.HAVE_GLUON
 if HAVE_GLUON:
     from tritonllm.kernels.gemm_skinny_sm90 import (
-        TensorDescriptor,
         _tma_load,
         fence_async_shared,
         gl,
@@ -63,12 +63,11 @@ def takes(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torc
     blocks and 1 x 128 activation groups of float32 scales, K a multiple of 128, TMA-describable rows,
     a 16-bit output, an sm90 GPU."""
     m, k = a.shape
-    ok_tensor = lambda t: t.stride(1) == 1 and t.stride(0) % 16 == 0 and t.data_ptr() % 16 == 0  # noqa: E731
     return (
         HAVE_GLUON and m >= MIN_M and a.dtype == b.dtype == torch.float8_e4m3fn and group_n == BLOCK
         and group_k == BLOCK and k % BLOCK == 0 and a_scale.dtype == b_scale.dtype == torch.float32
         and a_scale.dim() == 2 and b_scale.dim() == 2 and out_dtype in (torch.bfloat16, torch.float16)
-        and ok_tensor(a) and ok_tensor(b) and available()
+        and descriptors_fit(a, b) and available()
     )  # fmt: skip
 
 
@@ -80,11 +79,6 @@ def available() -> bool:
     )
 
 
-def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
-    block = [rows, BLOCK]
-    return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, gl.float8e4nv))
-
-
 def compile_sm90(out_dtype: torch.dtype = torch.bfloat16, stages: int = STAGES, has_bias: bool = False):
     """Compile for sm90 without a GPU (launch.compile_gluon_sm90): tests, available()."""
     from triton.runtime.jit import mangle_type
@@ -92,7 +86,7 @@ def compile_sm90(out_dtype: torch.dtype = torch.bfloat16, stages: int = STAGES, 
     t = torch.empty((BLOCK, 256), dtype=torch.float8_e4m3fn)
     out = "*fp16" if out_dtype == torch.float16 else "*bf16"
     constexprs = dict(BLOCK_M=BLOCK_M, STAGES=stages, GROUP_M=GROUP_M, UNROLL=UNROLL, HAS_BIAS=has_bias, PDL=True)
-    types = dict(a_desc=mangle_type(_descriptor(t, BLOCK_M)), b_desc=mangle_type(_descriptor(t, BLOCK)), c_ptr=out,
+    types = dict(a_desc=mangle_type(skinny.descriptor(t, BLOCK_M)), b_desc=mangle_type(skinny.descriptor(t, BLOCK)), c_ptr=out,
                  bias_ptr=out, a_scale_ptr="*fp32", b_scale_ptr="*fp32")  # fmt: skip
     return compile_gluon_sm90(block_fp8_gemm_sm90_kernel, constexprs, types, ("stride_cm", "stride_ask"), num_warps=8)
 
@@ -104,7 +98,7 @@ def block_fp8_gemm_sm90(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias:
     (m, k), n = a.shape, b.shape[0]
     grid = (triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK),)
     block_fp8_gemm_sm90_kernel[grid](
-        _descriptor(a, BLOCK_M), _descriptor(b, BLOCK), c, bias if bias is not None else c, a_scale, b_scale,
+        skinny.descriptor(a, BLOCK_M), skinny.descriptor(b, BLOCK), c, bias if bias is not None else c, a_scale, b_scale,
         m, n, k, c.stride(0), a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
         BLOCK_M=BLOCK_M, STAGES=STAGES, GROUP_M=GROUP_M, UNROLL=UNROLL, HAS_BIAS=bias is not None, num_warps=8, **pdl,
     )  # fmt: skip

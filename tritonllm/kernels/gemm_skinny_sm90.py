@@ -138,8 +138,9 @@ def available() -> bool:
     )
 
 
-def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
-    """A TMA descriptor of [rows, ROW_BYTES] boxes of a [R, K] tensor (128-byte swizzle)."""
+def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """A TMA descriptor of [rows, ROW_BYTES] boxes of a [R, K] tensor (128-byte swizzle; also the block-FP8
+    GEMM's: 128 FP8 values a row)."""
     block = [rows, ROW_BYTES // t.element_size()]
     return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[t.dtype]))
 
@@ -153,7 +154,7 @@ def compile_sm90(dtype: torch.dtype = torch.bfloat16, block_n: int = 128, bm: in
     out = "*fp16" if dtype == torch.float16 else "*bf16"
     constexprs = dict(BLOCK_N=block_n, BLOCK_M=bm, STAGES=stages, HAS_BIAS=False, W_SCALE=2 if scales else 0,
                       A_SCALE=2 if scales else 0, SPLIT_K=split, PDL=True)  # fmt: skip
-    types = dict(w_desc=mangle_type(_descriptor(w, block_n)), x_desc=mangle_type(_descriptor(w, bm)), c_ptr=out,
+    types = dict(w_desc=mangle_type(descriptor(w, block_n)), x_desc=mangle_type(descriptor(w, bm)), c_ptr=out,
                  bias_ptr=out, w_scale_ptr="*fp32", a_scale_ptr="*fp32", ws_ptr="*fp32", cnt_ptr="*i32")  # fmt: skip
     return compile_gluon_sm90(skinny_gemm_sm90_kernel, constexprs, types, ("stride_cm",), num_warps=warps)
 
@@ -175,7 +176,7 @@ def skinny_gemm_sm90(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: to
     ws, cnt = splitk_sm90.workspace(split, m, n, c)
     kind = lambda s: 0 if s is None else 1 if s.numel() == 1 else 2  # noqa: E731  (splitk_sm90.SCALE_*)
     skinny_gemm_sm90_kernel[(tiles, split)](
-        _descriptor(b, p.block_n), _descriptor(a, block_m(m)), c, bias if bias is not None else c,
+        descriptor(b, p.block_n), descriptor(a, block_m(m)), c, bias if bias is not None else c,
         b_scale if b_scale is not None else ws, a_scale if a_scale is not None else ws, ws, cnt,
         m, n, k, k_per_split, c.stride(0), a_scale.stride(0) if kind(a_scale) == 2 else 0,
         BLOCK_N=p.block_n, BLOCK_M=block_m(m), STAGES=p.stages, HAS_BIAS=bias is not None,

@@ -437,12 +437,8 @@ def quantized_linear(
     """y = dequant(quantize(x)) @ dequant(weight).T (+ bias) in float32, returned in x's dtype:
     activations are quantized per weight.scheme.act first (weight-only: used as they are; a
     QuantizedActivation: already quantized by the op before)."""
-    if isinstance(x, QuantizedActivation):  # quantized by the op before (rms_norm_quant, silu_and_mul_quant)
-        if x.scale.dim() == 2 and x.scale.shape[1] > 1:  # per 1 x 128 group (block-FP8)
-            a = x.data.float() * x.scale.float().repeat_interleave(BLOCK, 1)[:, : x.data.shape[1]]
-        else:
-            a = x.data.float() * x.scale.float().reshape(-1, 1)
-        out_dtype = x.dtype
+    if isinstance(x, QuantizedActivation):  # quantized for this layer's scheme by the op before
+        a, out_dtype = dequantize_activation(x.data, x.scale, weight.scheme), x.dtype
     elif weight.scheme.act == "none":
         a, out_dtype = x.reshape(-1, x.shape[-1]).float(), x.dtype
     else:
