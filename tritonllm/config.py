@@ -161,6 +161,7 @@ _ENGINE_FLAGS = (
     "pdl",
     "gc_freeze",
     "fuse_rope_kv_write",
+    "fuse_attention_epilogue",
 )  # EngineConfig's booleans outside the groups
 
 
@@ -184,6 +185,10 @@ class EngineConfig:
     # each attention layer's RoPE and KV-cache write in one kernel (the rope_kv_write op) instead of two
     # launches; false: the rotary kernel, then the KV write (ablation)
     fuse_rope_kv_write: bool = True
+    # split-KV decode: the split kernel merges its partial results itself and, before a W8A8 o_proj,
+    # quantizes the attention output (kernels/attention_split.py); false: a merge kernel, then a
+    # quantization kernel (ablation)
+    fuse_attention_epilogue: bool = True
 
     @staticmethod
     def from_dict(values: dict[str, Any]) -> EngineConfig:

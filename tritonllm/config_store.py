@@ -37,6 +37,7 @@ class RunConfig:
     pdl: bool = True  # false: no programmatic dependent launch (ablation; NVIDIA sm90+ only)
     gc_freeze: bool = True  # false: the start-up heap stays in Python's cyclic GC (ablation)
     fuse_rope_kv_write: bool = True  # false: RoPE and the KV-cache write as two kernels (ablation)
+    fuse_attention_epilogue: bool = True  # false: split-KV merge and o_proj's input quantization as kernels (ablation)
     output_json: str | None = None  # a path: also write the results there as JSON
 
 

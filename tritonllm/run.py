@@ -57,6 +57,7 @@ def main(cfg: DictConfig) -> None:
             "pdl": cfg.pdl,
             "gc_freeze": cfg.gc_freeze,
             "fuse_rope_kv_write": cfg.fuse_rope_kv_write,
+            "fuse_attention_epilogue": cfg.fuse_attention_epilogue,
         }
     )
     hydra_cfg = HydraConfig.get()

@@ -12,10 +12,11 @@ import dataclasses
 import pytest
 import torch
 from closeness import assert_close_per_row  # this folder (pytest puts it on sys.path)
+from launch_spy import LaunchSpy  # this folder
 from test_attention import GPU_FP8_REL_RMS, GPU_REL_RMS, TOL, PagedBatch, make_batch
 
 from tritonllm import platform
-from tritonllm.kernels import attention, reference
+from tritonllm.kernels import attention, launch, quant, reference
 from tritonllm.kernels.attention import (
     ATTENTION_CONFIGS,
     choose_num_splits,
@@ -24,6 +25,7 @@ from tritonllm.kernels.attention import (
     paged_attention_with_tiles,
 )
 from tritonllm.kernels.kv_cache_write import write_kv_cache
+from tritonllm.kernels.quant_formats import OutputQuant, QuantizedActivation
 
 FP8_DTYPES = [torch.float8_e4m3fn, torch.float8_e4m3fnuz]
 
@@ -140,6 +142,132 @@ def test_attention_configs_are_launchable(family: str) -> None:
 def test_cpu_uses_interpreter_tiles() -> None:
     assert attention.gpu_family() == "interpreter"
     assert choose_tiles(1, 4, 256, 3, 2) == ATTENTION_CONFIGS["interpreter"].decode_few
+
+
+# ---- the merge, and o_proj's input quantization, in the split kernel ---------------------------
+
+
+class _CountingLauncher:
+    """A kernels.launch.Launcher stand-in that counts its launches."""
+
+    def __init__(self, launcher) -> None:
+        self.launcher, self.launches = launcher, 0
+
+    def __call__(self, *args, **kwargs) -> None:
+        self.launches += 1
+        self.launcher(*args, **kwargs)
+
+
+def _spies(monkeypatch: pytest.MonkeyPatch) -> tuple:
+    """Launch counters of the merge kernel and the two activation-quantization kernels."""
+    merge = _CountingLauncher(attention._MERGE)
+    monkeypatch.setattr(attention, "_MERGE", merge)
+    spies = [merge]
+    for name in ("_quant_token_kernel", "_quant_group_kernel"):
+        spies.append(LaunchSpy(getattr(quant, name)))
+        monkeypatch.setattr(quant, name, spies[-1])
+    return tuple(spies)
+
+
+def _counters_at_zero() -> bool:
+    return not launch.arrival_counters(platform.DEVICE).any()
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+def test_merge_in_split_kernel_matches_merge_kernel(monkeypatch: pytest.MonkeyPatch, sinks: bool) -> None:
+    """The split kernel's last program per KV head merges its heads (no merge launch), as the merge
+    kernel does: a sequence without a query, one of a single key, segments left empty."""
+    merge, _, _ = _spies(monkeypatch)
+    batch = make_batch([1, 0, 1, 1], [300, 12, 0, 95], 8, 2, 64, 16, seed=40)
+    features = (
+        {"sinks": torch.randn(8, generator=torch.Generator().manual_seed(41)).to(platform.DEVICE)} if sinks else {}
+    )
+    tiles = choose_tiles(1, 4, 64, 4, 2, 7)
+    fused = paged_attention_with_tiles(*batch.args(), tiles, num_splits=7, merge_in_kernel=True, **features)
+    assert merge.launches == 0 and _counters_at_zero()
+    separate = paged_attention_with_tiles(*batch.args(), tiles, num_splits=7, merge_in_kernel=False, **features)
+    assert merge.launches == 1
+    torch.testing.assert_close(fused, separate, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fused, reference.paged_attention(*batch.args(), **features), **TOL[torch.float32])
+
+
+QUANTS = {
+    "fp8_token": (FP8_DTYPES[0], None, 0),
+    "fp8_static": (FP8_DTYPES[0], 0.02, 0),
+    "fp8_group": (FP8_DTYPES[0], None, 128),
+    "int8_token": (torch.int8, None, 0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(QUANTS))
+def test_split_kernel_quantizes_the_output(monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """With the merge in the split kernel, the sequence's last merger also quantizes its token's row for
+    o_proj (no merge or quantization launch): the same values and scales as quantizing the merged
+    output afterwards (the unfused path, which launches both), and close to the reference's."""
+    dtype, static, group = QUANTS[case]
+    quantize = OutputQuant(dtype, None if static is None else torch.tensor([static], device=platform.DEVICE), group)
+    merge, token, per_group = _spies(monkeypatch)
+    batch = make_batch([1, 1, 0, 1], [250, 0, 40, 77], 8, 2, 64, 16, seed=42)
+    tiles = choose_tiles(1, 4, 64, 4, 2, 5)
+    got = paged_attention_with_tiles(*batch.args(), tiles, num_splits=5, quantize=quantize)
+    assert isinstance(got, QuantizedActivation) and got.data.shape == (3, 512) and got.data.dtype == dtype
+    assert merge.launches == token.launches == per_group.launches == 0 and _counters_at_zero()
+    unfused = paged_attention_with_tiles(*batch.args(), tiles, num_splits=5, merge_in_kernel=False, quantize=quantize)
+    assert merge.launches == 1 and token.launches + per_group.launches == 1
+    torch.testing.assert_close(got.scale, unfused.scale, rtol=1e-5, atol=0)
+    assert (got.data.float() != unfused.data.float()).float().mean() < 0.01
+    expected = reference.paged_attention(*batch.args(), quantize=quantize)
+    torch.testing.assert_close(got.scale, expected.scale, rtol=1e-5, atol=0)
+    assert (got.data.float() != expected.data.float()).float().mean() < 0.01
+    if static is not None:
+        assert got.scale is quantize.static_scale
+
+
+def test_split_kernel_quantization_is_checked() -> None:
+    """The comparison above catches a wrong scale: the output quantized with the wrong static scale
+    differs from the per-token one."""
+    batch = make_batch([1, 1], [250, 77], 8, 2, 64, 16, seed=43)
+    tiles = choose_tiles(1, 4, 64, 2, 2, 5)
+    per_token = paged_attention_with_tiles(*batch.args(), tiles, num_splits=5, quantize=OutputQuant(FP8_DTYPES[0]))
+    wrong = torch.tensor([1.0], device=platform.DEVICE)
+    static = paged_attention_with_tiles(
+        *batch.args(), tiles, num_splits=5, quantize=OutputQuant(FP8_DTYPES[0], wrong)
+    )  # fmt: skip
+    assert (per_token.data.float() != static.data.float()).float().mean() > 0.5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ctx_lens", [[600], [8191], [3000, 17, 900, 5000]], ids=["one", "long", "four"])
+def test_gpu_merge_and_quantization_in_split_kernel(ctx_lens: list[int]) -> None:
+    """Llama-3-8B heads in bf16, the engine's split counts: the split kernel's merge (and its FP8
+    quantization of each token's row) against the merge and quantization kernels, and both against the
+    float32 reference; the arrival counters back at zero."""
+    batch = make_batch([1] * len(ctx_lens), ctx_lens, 32, 8, 128, 16, dtype=torch.bfloat16, device="cuda", seed=45)
+    as_float = dataclasses.replace(
+        batch, q=batch.q.float(), k_cache=batch.k_cache.float(), v_cache=batch.v_cache.float()
+    )
+    expected = reference.paged_attention(*as_float.args()).reshape(len(ctx_lens), -1)
+    plan = attention.plan_attention(*batch.args()[3:8], 32, 8, 128, 16)
+    assert plan.num_splits > 1 and plan.counters is not None
+    fused = paged_attention(*batch.args(), plan=plan).reshape(len(ctx_lens), -1).clone()
+    unfused = attention.plan_attention(*batch.args()[3:8], 32, 8, 128, 16, merge_in_kernel=False)
+    separate = paged_attention(*batch.args(), plan=unfused).reshape(len(ctx_lens), -1)
+    assert_close_per_row(fused.float(), expected, GPU_REL_RMS)
+    assert (fused.float() - separate.float()).abs().max() <= 2e-2 * separate.float().abs().max()
+    for quantize in (OutputQuant(torch.float8_e4m3fn), OutputQuant(torch.float8_e4m3fn, None, 128)):
+        got = paged_attention(*batch.args(), plan=plan, quantize=quantize)
+        ref = paged_attention(*batch.args(), plan=unfused, quantize=quantize)
+        assert launch.arrival_counters(batch.q.device).sum() == 0
+        torch.testing.assert_close(got.scale, ref.scale, rtol=2e-2, atol=0)
+        scale = got.scale.repeat_interleave(128, 1) if quantize.group else got.scale
+        assert_close_per_row(got.data.float() * scale, expected, 0.05)  # e4m3: 3 mantissa bits
+        assert (got.data.float() != ref.data.float()).float().mean() < 0.02
+
+
+def test_merge_in_kernel_needs_a_split_plan() -> None:
+    batch = make_batch([1], [50], 4, 1, 64, 16, seed=44)
+    with pytest.raises(ValueError, match="merge_in_kernel=True"):
+        paged_attention_with_tiles(*batch.args(), choose_tiles(1, 4, 64, 1, 1), num_splits=1, merge_in_kernel=True)
 
 
 # ---- FP8 KV caches ------------------------------------------------------------------------------

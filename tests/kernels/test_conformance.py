@@ -14,6 +14,7 @@ from closeness import assert_close_to_scale  # this folder (pytest puts it on sy
 
 from tritonllm import platform
 from tritonllm.kernels import reference, registry
+from tritonllm.kernels.quant_formats import OutputQuant
 from tritonllm.layers.rotary import build_cos_sin_cache
 
 DEVICE = platform.DEVICE
@@ -284,6 +285,28 @@ def test_attention(impl, dtype) -> None:
     args = (b["q"], b["k_cache"], b["v_cache"], *meta, 0.125)
     got = impl.entries["paged_attention"](*args, plan=plan, k_new=b["k"], v_new=b["v"])
     assert_close_to_scale(got, reference.paged_attention(*args), 5 * _tol(dtype))
+
+
+@pytest.mark.parametrize("impl, dtype", _cases("attention"))
+@pytest.mark.parametrize("group", [0, 128], ids=["per_token", "per_group"])
+def test_attention_quantized_output(impl, dtype, group) -> None:
+    """`quantize`: the output quantized for a W8A8 o_proj (per token, or per 1 x 128 group), as the
+    reference quantizes its own output: scales to the attention's rounding, values to e4m3's step."""
+    b = _paged_batch(dtype)
+    reference.write_kv_cache(b["k"], b["v"], b["k_cache"], b["v_cache"], b["slots"])
+    meta = (b["block_tables"], b["seq_lens"], b["query_start_loc"], b["max_query_len"], b["max_seq_len"])
+    plan = impl.entries["plan_attention"](*meta, *b["shape"], kv_dtype=b["k_cache"].dtype)
+    args = (b["q"], b["k_cache"], b["v_cache"], *meta, 0.125)
+    fp8 = QUANT_DTYPES[0]
+    quant = OutputQuant(fp8, None, group)
+    got = impl.entries["paged_attention"](*args, plan=plan, k_new=b["k"], v_new=b["v"], quantize=quant)
+    expected = reference.paged_attention(*args, quantize=quant)
+    assert got.data.dtype == fp8 and got.data.shape == (35, 6 * 64) and got.dtype == dtype
+    assert got.scale.shape == expected.scale.shape
+    torch.testing.assert_close(got.scale, expected.scale, rtol=5 * _tol(dtype), atol=0)
+    dequantized = got.data.float() * (got.scale.repeat_interleave(group, 1) if group else got.scale)
+    reference_out = reference.paged_attention(*args).reshape(35, -1).float()
+    assert_close_to_scale(dequantized, reference_out, 1 / 16 + 5 * _tol(dtype))  # e4m3: 3 mantissa bits
 
 
 @pytest.mark.parametrize("impl, dtype", _cases("sampling"))

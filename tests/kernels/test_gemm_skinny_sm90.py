@@ -19,7 +19,7 @@ from seeded import randn  # this folder
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
 from tritonllm.kernels import gemm_skinny_sm90 as sk
-from tritonllm.kernels import registry, splitk_sm90
+from tritonllm.kernels import launch, registry
 from tritonllm.kernels.quant import quantize_per_token
 from tritonllm.kernels.quant_formats import QuantScheme
 from tritonllm.quantization.quantize import quantize_weight
@@ -116,7 +116,7 @@ def test_every_plan_matches(plan, m, dtype, monkeypatch, spy) -> None:
         assert_close_to_scale(first, expected, 1e-2)
         assert torch.equal(again, first)  # deterministic: the splits summed in order, every call
     assert spy.launches == 4
-    assert not splitk_sm90.counters(platform.DEVICE).any(), "a tile's arrival counter was left non-zero"
+    assert not launch.arrival_counters(platform.DEVICE).any(), "a tile's arrival counter was left non-zero"
 
 
 @pytest.mark.gpu

@@ -18,7 +18,7 @@ from seeded import randn as _randn  # this folder
 
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
-from tritonllm.kernels import gemm_w4_sm90, reference, splitk_sm90
+from tritonllm.kernels import gemm_w4_sm90, launch, reference
 from tritonllm.kernels.quant_formats import E2M1_VALUES, FP4, INT4, QuantizedWeight, QuantScheme, pack_int4
 from tritonllm.quantization.quantize import quantize_weight
 
@@ -126,7 +126,7 @@ def test_every_plan_matches(plan, m, monkeypatch, spy) -> None:
         assert_close_to_scale(first, x.float() @ reference.dequantize_weight(weight).T, 1e-2)
         assert torch.equal(_gemm(x, weight), first)  # deterministic: the splits summed in order, every call
     assert spy.launches == 4
-    assert not splitk_sm90.counters(x.device).any(), "a tile's arrival counter was left non-zero"
+    assert not launch.arrival_counters(x.device).any(), "a tile's arrival counter was left non-zero"
 
 
 @pytest.mark.gpu

@@ -50,6 +50,7 @@ class LLM:
         pdl: bool = True,
         gc_freeze: bool = True,
         fuse_rope_kv_write: bool = True,
+        fuse_attention_epilogue: bool = True,
         quantization: str | None = None,
         load_format: str = "auto",
         kv_cache_dtype: str = "auto",
@@ -100,6 +101,7 @@ class LLM:
             pdl=pdl,
             gc_freeze=gc_freeze,
             fuse_rope_kv_write=fuse_rope_kv_write,
+            fuse_attention_epilogue=fuse_attention_epilogue,
         )
         self._start(config)
 

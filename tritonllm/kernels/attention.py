@@ -39,7 +39,10 @@ min(max_seq_len, W) when built with the window (plan_attention's sliding_window)
 
 Pure-decode batches with too few (sequence, KV head) pairs to fill the GPU take the split-KV path
 of attention_split.py instead (choose_num_splits). Tiles and split parameters come from a table per
-GPU family (ATTENTION_CONFIGS), picked at run time.
+GPU family (ATTENTION_CONFIGS), picked at run time. The split kernel merges its partial results
+itself where the arrival counters allow (`merge_in_kernel`), and can then also quantize each token's
+output for the next linear layer (`quantize`: the o_proj of a W8A8 model), which otherwise takes a
+quantization kernel after the attention.
 
 Two registered implementations of the attention op (kernels/registry.py) share this plan:
 `triton_unified` (the portable kernels above, every GPU) and `triton_fp8_decode_sm90`, which also
@@ -65,7 +68,9 @@ from tritonllm.kernels import attention_fp8_decode_sm90 as fp8_sm90
 from tritonllm.kernels.attention_split import merge_splits_kernel, split_kv_decode_kernel
 from tritonllm.kernels.attention_unified import unified_attention_kernel
 from tritonllm.kernels.kv_cache_write import FP8_KV_DTYPES, KV_WRITE_SUPPORTS, check_kv_scales
-from tritonllm.kernels.launch import Launcher, aligned, int_spec
+from tritonllm.kernels.launch import MAX_ARRIVAL_COUNTERS, Launcher, aligned, arrival_counters, int_spec
+from tritonllm.kernels.quant import fused_scales, min_exponent, quantize_rows
+from tritonllm.kernels.quant_formats import BLOCK, OutputQuant, QuantizedActivation, qmax
 from tritonllm.kernels.registry import FLOATS, Supports, register
 
 try:  # triton >= 3.4: host-side tensor descriptors (TMA on Hopper)
@@ -339,6 +344,7 @@ class AttentionPlan:
         kv_dtype: torch.dtype | None = None,
         reuse_output: bool = False,
         sliding_window: int | None = None,
+        merge_in_kernel: bool | None = None,
     ) -> None:
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
@@ -406,6 +412,18 @@ class AttentionPlan:
         self._bt_stride = block_tables.stride(0)
         # the step's integer arguments; Launcher adds the tiles (constexprs, warps, stages) and device
         self._step_key = (num_splits, *int_spec(num_seqs, self._bt_stride))
+        # split-KV: merged by the split kernel's last program per KV head (None: where the counters and
+        # register budget allow; False: by the merge kernel, the ablation; True: required)
+        self.counters = None
+        if num_splits > 1 and merge_in_kernel is not False:
+            counters = arrival_counters(seq_lens.device)
+            if counters is not None and num_seqs * (num_kv_heads + 1) <= MAX_ARRIVAL_COUNTERS:
+                self.counters = counters
+        if merge_in_kernel and self.counters is None:
+            raise ValueError(
+                f"merge_in_kernel=True needs split-KV (num_splits {num_splits}) and the arrival counters (none while a "
+                "graph is captured before they exist; launch.arrival_counters); use merge_in_kernel=None"
+            )
         if num_splits > 1:
             # one float32 workspace: partial outputs, maxima and sums, each 16-byte aligned
             rows = num_seqs * num_heads * num_splits
@@ -430,13 +448,16 @@ class AttentionPlan:
         sliding_window: int | None = None,
         sinks: torch.Tensor | None = None,
         softcap: float | None = None,
-    ) -> torch.Tensor:
+        quantize: OutputQuant | None = None,
+    ) -> torch.Tensor | QuantizedActivation:
         """Attention of one layer: q [num_tokens, num_heads, head_dim] over its caches
         [num_blocks, block_size, num_kv_heads, head_dim]; returns [num_tokens, num_heads, head_dim]
         (`out`, when given: a contiguous tensor of that shape in q's dtype, written in place).
         k_new, v_new [num_tokens, num_kv_heads, head_dim] (optional): this step's keys and values,
         already written to the cache, which the descriptor path reads contiguously. sliding_window,
-        sinks, softcap: the optional features (module docstring), off when None."""
+        sinks, softcap: the optional features (module docstring), off when None. quantize: return the
+        output [num_tokens, num_heads * head_dim] quantized for the next linear layer instead (a
+        QuantizedActivation, as quant.quantize_rows makes it), in the split kernel where it merges."""
         num_tokens = q.shape[0]
         if q.shape[1:] != (self.num_heads, self.head_dim) or k_cache.shape[1:] != (
             self.block_size, self.num_kv_heads, self.head_dim
@@ -460,7 +481,7 @@ class AttentionPlan:
                 if self.reuse_output:
                     self._out = out
         if num_tokens == 0 or self.num_seqs == 0:
-            return out
+            return _quantized(out, quantize)
         flags = self._flags.get((q.dtype, k_cache.dtype))
         if flags is None:
             flags = self._flags[q.dtype, k_cache.dtype] = self._dtype_flags(q.dtype, k_cache.dtype, kv_scaled)
@@ -472,15 +493,17 @@ class AttentionPlan:
         )  # fmt: skip
         if self.fp8_tiles is not None and not features.any and flags[0] and q.dtype in (torch.bfloat16, torch.float16):
             self._run_fp8_sm90(out, q, k_cache, v_cache, scale, k_scale, v_scale, strides, layer_key)
-            return out
+            return _quantized(out, quantize)
         if self.num_splits > 1:
-            self._run_split(out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key, features)
-            return out
+            quantized = self._run_split(
+                out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key, features, quantize
+            )  # fmt: skip
+            return quantized if quantized is not None else _quantized(out, quantize)
         descs = (None, None)
         if self.new_kv_desc and not flags[0] and k_new is not None and v_new is not None:
             descs = self._new_kv_descriptors(k_new, v_new)
         self._run_unified(out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key, descs, features)
-        return out
+        return _quantized(out, quantize)
 
     def _new_kv_descriptors(self, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple:
         """Tensor descriptors over [num_tokens, num_kv_heads * head_dim] views of the new K/V, with
@@ -567,26 +590,55 @@ class AttentionPlan:
                device_index=self.device_index)  # fmt: skip
 
     def _run_split(
-        self, out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key, features,
-    ) -> None:  # fmt: skip
-        """Split-KV decode (attention_split.py): partial results per segment, then their merge into out."""
+        self, out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key, features, quantize,
+    ) -> QuantizedActivation | None:  # fmt: skip
+        """Split-KV decode (attention_split.py): partial results per segment, merged into out by the split
+        kernel itself or the merge kernel after it. Returns the quantized output when the kernel made
+        it (quantize given, merged in the kernel), else None."""
         tiles, num_splits = self.tiles, self.num_splits
+        merge = self.counters is not None
+        row = self.num_heads * self.head_dim
+        row_pad = triton.next_power_of_2(row)
+        quant = merge and quantize is not None and quantize.group in (0, BLOCK) and row_pad <= 16384
+        qdata = qscale = out
+        if quant:
+            qdata = torch.empty((q.shape[0], row), dtype=quantize.dtype, device=q.device)
+            qscale = fused_scales(q.shape[0], row, quantize.static_scale, quantize.group, q.device)
         args = (
             self.partial_out, self.partial_max, self.partial_sum, q, k_cache, v_cache, self.block_tables,
             self.seq_lens, self.query_start_loc, k_scale, num_splits, scale * _LOG2_E, features.window,
-            features.softcap2, strides[0], strides[1], self._bt_stride, *strides[2:],
+            features.softcap2, strides[0], strides[1], self._bt_stride, *strides[2:], out, qdata, qscale,
+            self.counters if merge else out, v_scale, features.sinks, q.shape[0], self.num_heads * self.head_dim,
+            self.head_dim,
         )  # fmt: skip
+        group_pad = triton.next_power_of_2(self.group)
+        splits_pad = triton.next_power_of_2(num_splits)
+        # every constexpr, in order, whether used or not: Launcher's fast path needs them all
         constexprs = dict(
             GROUP=self.group, BLOCK_SIZE=self.block_size, HEAD_DIM=self.head_dim, BLOCK_M=tiles.block_m,
             TILE_N=tiles.tile_n, KV_SCALED=flags[0], FP8_DOT_F16=flags[1], FP8_QK=flags[2], FP8_MAX=flags[3],
-            SLIDING=features.sliding, SOFTCAP=features.softcapped,
+            SLIDING=features.sliding, SOFTCAP=features.softcapped, MERGE=merge, GROUP_PAD=group_pad,
+            SPLITS_PAD=splits_pad, CHUNK=max(1, min(splits_pad, 4096 // (group_pad * self.head_dim))),
+            SINKS=features.has_sinks, QUANT=quant, ROW_PAD=row_pad if quant else 1,
+            STATIC=quant and quantize.static_scale is not None, QMAX=qmax(quantize.dtype) if quant else 1.0,
+            IS_INT=quant and quantize.dtype == torch.int8, MIN_EXP=min_exponent(quantize.dtype) if quant else 0,
+            QGROUP=quantize.group if quant else 0,
         )  # fmt: skip
-        key = (self._step_key, layer_key)
+        key = (self._step_key, layer_key, *int_spec(q.shape[0]), quantize.dtype if quant else None, aligned(qscale))
         _SPLIT(
             key, (self.num_seqs, self.num_kv_heads, num_splits), args, constexprs, num_warps=tiles.num_warps,
             num_stages=tiles.num_stages, device_index=self.device_index,
         )  # fmt: skip
-        self._merge(out, v_scale, flags[0], key, tiles.tile_n, features)
+        if not merge:
+            self._merge(out, v_scale, flags[0], key, tiles.tile_n, features)
+        return QuantizedActivation(qdata, qscale, q.dtype) if quant else None
+
+
+def _quantized(out: torch.Tensor, quantize: OutputQuant | None) -> torch.Tensor | QuantizedActivation:
+    """out [num_tokens, num_heads, head_dim] as run returns it: itself, or quantized by its own kernel."""
+    if quantize is None:
+        return out
+    return quantize_rows(out.view(out.shape[0], -1), quantize)
 
 
 _UNIFIED = Launcher(unified_attention_kernel)
@@ -605,16 +657,18 @@ ATTENTION_SUPPORTS = Supports(
 
 @register("attention", "triton_unified", supports=ATTENTION_SUPPORTS, priority=10)
 def plan_attention(
-    *metadata: object, kv_dtype: torch.dtype | None = None, sliding_window: int | None = None
-) -> AttentionPlan:
+    *metadata: object, kv_dtype: torch.dtype | None = None, sliding_window: int | None = None,
+    merge_in_kernel: bool | None = None,
+) -> AttentionPlan:  # fmt: skip
     """A step's attention set-up for every layer of one shape: AttentionPlan's positional arguments
     (block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, num_heads, num_kv_heads,
     head_dim, block_size), portable kernels only; sliding_window: the layers' window, which bounds the
-    keys split-KV divides. Its runs return one shared output buffer: each layer consumes its attention
-    output before the next layer runs."""
+    keys split-KV divides; merge_in_kernel: AttentionPlan's. Its runs return one shared output buffer:
+    each layer consumes its attention output before the next layer runs."""
     return AttentionPlan(
-        *metadata, kv_dtype=kv_dtype, fp8_gluon=False, reuse_output=True, sliding_window=sliding_window
-    )
+        *metadata, kv_dtype=kv_dtype, fp8_gluon=False, reuse_output=True, sliding_window=sliding_window,
+        merge_in_kernel=merge_in_kernel,
+    )  # fmt: skip
 
 
 @register("attention", "triton_unified")
@@ -638,7 +692,8 @@ def paged_attention(
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,
     softcap: float | None = None,
-) -> torch.Tensor:
+    quantize: OutputQuant | None = None,
+) -> torch.Tensor | QuantizedActivation:
     """Causal attention of a flat ragged batch over the paged KV cache.
 
     q [num_tokens, num_heads, head_dim]; caches [num_blocks, block_size, num_kv_heads, head_dim];
@@ -655,6 +710,9 @@ def paged_attention(
     Optional features, as kernels/reference.py's paged_attention: `sliding_window` W (a query at p
     sees keys p - W < k <= p), `sinks` float32 [num_heads] (one logit per head in the softmax
     denominator only), `softcap` c (scores = c * tanh(scores / c) after scaling, before masking).
+    `quantize` (the next linear layer's input quantization): the output [num_tokens, num_heads * head_dim]
+    quantized as quant.quantize_rows does it, a QuantizedActivation (by the split kernel itself where
+    it merges, else by a quantization kernel after the attention).
     """
     if plan is None:
         plan = AttentionPlan(block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, q.shape[1],
@@ -662,7 +720,7 @@ def paged_attention(
                              sliding_window=sliding_window)  # fmt: skip
     return plan.run(
         q, k_cache, v_cache, scale, k_scale=k_scale, v_scale=v_scale, k_new=k_new, v_new=v_new, out=out,
-        sliding_window=sliding_window, sinks=sinks, softcap=softcap,
+        sliding_window=sliding_window, sinks=sinks, softcap=softcap, quantize=quantize,
     )  # fmt: skip
 
 
@@ -688,10 +746,14 @@ FP8_DECODE_SM90_SUPPORTS = Supports(
 @register("attention", "triton_fp8_decode_sm90", entry="plan_attention", supports=FP8_DECODE_SM90_SUPPORTS,
           priority=20)  # fmt: skip
 def plan_attention_fp8_decode_sm90(
-    *metadata: object, kv_dtype: torch.dtype | None = None, sliding_window: int | None = None
-) -> AttentionPlan:
+    *metadata: object, kv_dtype: torch.dtype | None = None, sliding_window: int | None = None,
+    merge_in_kernel: bool | None = None,
+) -> AttentionPlan:  # fmt: skip
     """`plan_attention`, with the sm90 Gluon kernel for pure-decode steps it serves (without features)."""
-    return AttentionPlan(*metadata, kv_dtype=kv_dtype, fp8_gluon=None, reuse_output=True, sliding_window=sliding_window)
+    return AttentionPlan(
+        *metadata, kv_dtype=kv_dtype, fp8_gluon=None, reuse_output=True, sliding_window=sliding_window,
+        merge_in_kernel=merge_in_kernel,
+    )  # fmt: skip
 
 
 @register("attention", "triton_fp8_decode_sm90", entry="paged_attention")
@@ -732,17 +794,20 @@ def paged_attention_with_tiles(
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,
     softcap: float | None = None,
-) -> torch.Tensor:
+    merge_in_kernel: bool | None = None,
+    quantize: OutputQuant | None = None,
+) -> torch.Tensor | QuantizedActivation:
     """`paged_attention` with explicit tiles and split count (tests and sweeps); same contract
     otherwise. num_splits > 1 takes the split-KV path, which serves pure-decode batches only
     (max_query_len <= 1); tiles.block_m then counts the query heads of one KV head. The tiles are
-    the Triton kernels', so the sm90 FP8 decode kernel is off unless fp8_gluon asks for it."""
+    the Triton kernels', so the sm90 FP8 decode kernel is off unless fp8_gluon asks for it.
+    merge_in_kernel: AttentionPlan's (split-KV merged by the split kernel: None where it can)."""
     plan = AttentionPlan(
         block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, q.shape[1], k_cache.shape[2],
         q.shape[2], k_cache.shape[1], tiles=tiles, num_splits=num_splits, fp8_dot_f16=fp8_dot_f16, fp8_qk=fp8_qk,
-        new_kv_desc=new_kv_desc, fp8_gluon=fp8_gluon,
+        new_kv_desc=new_kv_desc, fp8_gluon=fp8_gluon, merge_in_kernel=merge_in_kernel,
     )  # fmt: skip
     return plan.run(
         q, k_cache, v_cache, scale, k_scale=k_scale, v_scale=v_scale, k_new=k_new, v_new=v_new,
-        sliding_window=sliding_window, sinks=sinks, softcap=softcap,
+        sliding_window=sliding_window, sinks=sinks, softcap=softcap, quantize=quantize,
     )  # fmt: skip

@@ -31,6 +31,14 @@ head's sink logit enters the final denominator once.
 Split kernel grid: (num_seqs, num_kv_heads, num_splits). A program holds the query rows of the GROUP
 query heads sharing its KV head (padded to BLOCK_M >= 16 rows for tl.dot), so each K/V tile is read
 once per KV head. Merge kernel grid: (num_seqs, num_heads).
+
+Merge in the split kernel (MERGE): each program that wrote a partial counts its arrival on its
+(sequence, KV head)'s counter (launch.arrival_counters: zeroed, and left at zero); the last of them
+merges the GROUP heads and writes them, so no merge kernel follows. With QUANT as well, those mergers
+count in on the sequence's counter and the last quantizes the token's whole output row for the next
+linear layer (kernels/quant.py: per token, with a static scale, or per QGROUP columns), so no
+quantization kernel follows either. Counters: [num_seqs * num_kv_heads] per KV head, then
+[num_seqs] per sequence.
 """
 
 from __future__ import annotations
@@ -42,6 +50,9 @@ import triton.language as tl
 from tritonllm import platform  # noqa: F401
 from tritonllm.kernels.attention_tile import _attend_tile, _prepare_q
 from tritonllm.kernels.launch import pdl_wait
+from tritonllm.kernels.quant import quantize_rows_and_store
+
+_LOG2_E = tl.constexpr(1.4426950408889634)  # a kernel reads only constexpr globals
 
 
 @triton.jit
@@ -85,6 +96,15 @@ def split_kv_decode_kernel(
     stride_vc_block,
     stride_vc_slot,
     stride_vc_head,
+    out_ptr,  # MERGE: [num_tokens, num_heads, head_dim] in q's dtype (strides below)
+    q_out_ptr,  # QUANT: [num_tokens, num_heads * head_dim] contiguous, FP8 e4m3 or int8
+    q_scale_ptr,  # QUANT: its scales (quant.fused_scales' layout)
+    counter_ptr,  # MERGE: int32 arrival counters (module docstring)
+    v_scale_ptr,
+    sinks_ptr,
+    num_tokens,
+    stride_o_token,
+    stride_o_head,
     GROUP: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -96,6 +116,18 @@ def split_kv_decode_kernel(
     FP8_MAX: tl.constexpr,
     SLIDING: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    MERGE: tl.constexpr = False,
+    GROUP_PAD: tl.constexpr = 1,
+    SPLITS_PAD: tl.constexpr = 1,
+    CHUNK: tl.constexpr = 1,
+    SINKS: tl.constexpr = False,
+    QUANT: tl.constexpr = False,
+    ROW_PAD: tl.constexpr = 1,
+    STATIC: tl.constexpr = False,
+    QMAX: tl.constexpr = 1.0,
+    IS_INT: tl.constexpr = False,
+    MIN_EXP: tl.constexpr = 0,
+    QGROUP: tl.constexpr = 0,
     PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)
@@ -152,6 +184,101 @@ def split_kv_decode_kernel(
     tl.store(partial_max_ptr + row, m_i, mask=row_ok)
     tl.store(partial_sum_ptr + row, l_i, mask=row_ok)
     tl.store(partial_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None])
+    if MERGE:
+        _merge_in_kernel(
+            out_ptr, q_out_ptr, q_scale_ptr, counter_ptr, partial_out_ptr, partial_max_ptr, partial_sum_ptr,
+            v_scale_ptr, sinks_ptr, seq, kv_head, q_start, tl.cdiv(seq_len - key_lo, split_len), num_splits,
+            num_tokens, stride_o_token, stride_o_head, GROUP, HEAD_DIM, GROUP_PAD, SPLITS_PAD, CHUNK, KV_SCALED,
+            SINKS, QUANT, ROW_PAD, STATIC, QMAX, IS_INT, MIN_EXP, QGROUP,
+        )  # fmt: skip
+
+
+@triton.jit
+def _merge_in_kernel(
+    out_ptr, q_out_ptr, q_scale_ptr, counter_ptr, partial_out_ptr, partial_max_ptr, partial_sum_ptr, v_scale_ptr,
+    sinks_ptr, seq, kv_head, token, num_used, num_splits, num_tokens, stride_o_token, stride_o_head,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    CHUNK: tl.constexpr, KV_SCALED: tl.constexpr, SINKS: tl.constexpr, QUANT: tl.constexpr, ROW_PAD: tl.constexpr,
+    STATIC: tl.constexpr, QMAX: tl.constexpr, IS_INT: tl.constexpr, MIN_EXP: tl.constexpr, QGROUP: tl.constexpr,
+):  # fmt: skip
+    """The split kernel's tail with MERGE: this program's arrival; the KV head's last segment merges
+    its GROUP heads into out, and (QUANT) the sequence's last merger quantizes the token's row."""
+    tl.debug_barrier()  # every thread's partial stored before the (releasing) arrival
+    num_kv_heads = tl.num_programs(1)
+    num_heads = num_kv_heads * GROUP
+    head_counter = counter_ptr + seq * num_kv_heads + kv_head
+    if tl.atomic_add(head_counter, 1, sem="acq_rel", scope="gpu") == num_used - 1:
+        heads = kv_head * GROUP + tl.arange(0, GROUP_PAD)
+        head_ok = tl.arange(0, GROUP_PAD) < GROUP
+        acc = merged_heads(
+            partial_out_ptr, partial_max_ptr, partial_sum_ptr, v_scale_ptr, sinks_ptr, seq, heads, head_ok, num_heads,
+            num_used, num_splits, HEAD_DIM, SPLITS_PAD, CHUNK, KV_SCALED, SINKS,
+        )  # fmt: skip
+        offs_d = tl.arange(0, HEAD_DIM)
+        o_offs = token.to(tl.int64) * stride_o_token + heads[:, None] * stride_o_head + offs_d[None, :]
+        tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
+        tl.atomic_xchg(head_counter, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+        if QUANT:
+            tl.debug_barrier()  # the merged heads stored before the arrival
+            seq_counter = counter_ptr + tl.num_programs(0) * num_kv_heads + seq
+            if tl.atomic_add(seq_counter, 1, sem="acq_rel", scope="gpu") == num_kv_heads - 1:
+                # the token's row (as rounded to out's dtype) quantized as quant.quantize_per_token does
+                cols = tl.arange(0, ROW_PAD)
+                col_ok = cols < num_heads * HEAD_DIM
+                row_offs = token.to(tl.int64) * stride_o_token + (cols // HEAD_DIM) * stride_o_head + cols % HEAD_DIM
+                x = tl.load(out_ptr + row_offs, mask=col_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+                rows = token.to(tl.int64) + tl.arange(0, 1)
+                q_ptrs = q_out_ptr + rows[:, None] * (num_heads * HEAD_DIM) + cols[None, :]
+                quantize_rows_and_store(
+                    tl.reshape(x, (1, ROW_PAD)), q_ptrs, col_ok[None, :], q_scale_ptr, rows, num_tokens, STATIC, QMAX,
+                    IS_INT, MIN_EXP, QGROUP,
+                )  # fmt: skip
+                tl.atomic_xchg(seq_counter, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def merged_heads(
+    partial_out_ptr, partial_max_ptr, partial_sum_ptr, v_scale_ptr, sinks_ptr, seq, heads, head_ok, num_heads, num_used,
+    num_splits, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr, KV_SCALED: tl.constexpr,
+    SINKS: tl.constexpr,
+):  # fmt: skip
+    """The attention output, float32 [H, HEAD_DIM], of query heads `heads` [H] (head_ok: the real ones;
+    padded ones give 0) of `seq`, from the partial results of its num_used non-empty segments: the
+    maxima and sums of all segments at once ([H, SPLITS_PAD]), the partial outputs CHUNK segments at a
+    time ([H, CHUNK, HEAD_DIM]). Loads bypass L1: other programs of the same launch may have written them."""
+    offs_s = tl.arange(0, SPLITS_PAD)
+    rows = (seq * num_heads + heads).to(tl.int64) * num_splits  # each head's first partial row
+    used = head_ok[:, None] & (offs_s < num_used)[None, :]
+    m_s = tl.load(
+        partial_max_ptr + rows[:, None] + offs_s[None, :], mask=used, other=float("-inf"), cache_modifier=".cg"
+    )
+    m = tl.max(m_s, 1)  # finite for real heads: segment 0 always holds the first visible key
+    if SINKS:  # the head's sink logit (natural log) joins the denominator once, here
+        sink = tl.load(sinks_ptr + heads, mask=head_ok, other=0.0) * _LOG2_E
+        m = tl.maximum(m, sink)
+    m = tl.where(head_ok, m, 0.0)
+    l_s = tl.load(partial_sum_ptr + rows[:, None] + offs_s[None, :], mask=used, other=0.0, cache_modifier=".cg")
+    denominator = tl.sum(l_s * tl.math.exp2(m_s - m[:, None]), 1)  # unused segments weigh 0
+    if SINKS:
+        denominator += tl.math.exp2(sink - m)
+    offs_c = tl.arange(0, CHUNK)
+    offs_d = tl.arange(0, HEAD_DIM)
+    acc = tl.zeros([heads.shape[0], HEAD_DIM], dtype=tl.float32)
+    for first in range(0, num_used, CHUNK):
+        seg_rows = rows[:, None] + first + offs_c[None, :]  # [H, CHUNK]
+        seg_ok = head_ok[:, None] & (first + offs_c < num_used)[None, :]
+        weight = tl.math.exp2(
+            tl.load(partial_max_ptr + seg_rows, mask=seg_ok, other=float("-inf"), cache_modifier=".cg") - m[:, None]
+        )
+        part = tl.load(
+            partial_out_ptr + seg_rows[:, :, None] * HEAD_DIM + offs_d[None, None, :], mask=seg_ok[:, :, None], other=0.0,
+            cache_modifier=".cg",
+        )  # fmt: skip
+        acc += tl.sum(part * weight[:, :, None], 1)
+    acc = acc / tl.where(head_ok, denominator, 1.0)[:, None]
+    if KV_SCALED:
+        acc = acc * tl.load(v_scale_ptr)
+    return acc
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -187,24 +314,11 @@ def merge_splits_kernel(
     if SLIDING:
         vis_len = vis_len - first_visible_key(vis_len, window, SLIDING)
     num_used = tl.cdiv(vis_len, segment_len(vis_len, num_splits, TILE_N))  # non-empty segments
-
-    offs_s = tl.arange(0, SPLITS_PAD)
+    heads = head + tl.arange(0, 1)
+    acc = merged_heads(
+        partial_out_ptr, partial_max_ptr, partial_sum_ptr, v_scale_ptr, sinks_ptr, seq, heads, heads >= 0,
+        tl.num_programs(1), num_used, num_splits, HEAD_DIM, SPLITS_PAD, SPLITS_PAD, KV_SCALED, SINKS,
+    )  # fmt: skip
     offs_d = tl.arange(0, HEAD_DIM)
-    split_ok = offs_s < num_used
-    rows = (seq * tl.num_programs(1) + head).to(tl.int64) * num_splits + offs_s
-    m_s = tl.load(partial_max_ptr + rows, mask=split_ok, other=float("-inf"))
-    m = tl.max(m_s, 0)  # finite: segment 0 always holds the first visible key
-    if SINKS:  # the head's sink logit (natural log) joins the denominator once, here
-        sink = tl.load(sinks_ptr + head) * 1.4426950408889634
-        m = tl.maximum(m, sink)
-    weight = tl.math.exp2(m_s - m)  # 0 for unused segments
-    l_s = tl.load(partial_sum_ptr + rows, mask=split_ok, other=0.0)
-    acc_s = tl.load(partial_out_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=split_ok[:, None], other=0.0)
-    denominator = tl.sum(l_s * weight, 0)
-    if SINKS:
-        denominator += tl.math.exp2(sink - m)
-    acc = tl.sum(acc_s * weight[:, None], 0) / denominator
-    if KV_SCALED:
-        acc = acc * tl.load(v_scale_ptr)
-    o_offs = q_start.to(tl.int64) * stride_o_token + head * stride_o_head + offs_d
+    o_offs = q_start.to(tl.int64) * stride_o_token + heads[:, None] * stride_o_head + offs_d[None, :]
     tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty))

@@ -87,6 +87,24 @@ def pdl_wait(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
+# Arrival counters of kernels whose programs count themselves in and let the last one finish the
+# work (the split-K GEMMs' sums, split-KV attention's merge): one zeroed int32 tensor per device that
+# every such kernel leaves at zero. Kernels touch them only after pdl_wait, so two never share them.
+_ARRIVAL_COUNTERS: dict[torch.device, torch.Tensor] = {}
+MAX_ARRIVAL_COUNTERS = 1 << 16
+
+
+def arrival_counters(device: torch.device) -> torch.Tensor | None:
+    """The device's counters, allocated on first use; None while a CUDA graph is being captured before
+    they exist (an allocation there would be zeroed only on replay; the engine's warm-ups run eagerly
+    first, and `ensure_arrival_counters` allocates them up front)."""
+    device = torch.device(device)
+    counters = _ARRIVAL_COUNTERS.get(device)
+    if counters is None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        counters = _ARRIVAL_COUNTERS[device] = torch.zeros(MAX_ARRIVAL_COUNTERS, dtype=torch.int32, device=device)
+    return counters
+
+
 try:  # the same wait for Gluon kernels (kernels/*_sm90.py), which call only Gluon functions
     from triton.experimental import gluon
     from triton.experimental.gluon import language as _gl

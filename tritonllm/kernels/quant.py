@@ -20,7 +20,7 @@ import triton.language as tl
 
 from tritonllm import platform  # noqa: F401  (switches on the interpreter on CPU first)
 from tritonllm.kernels.launch import pdl_launch, pdl_wait
-from tritonllm.kernels.quant_formats import MX_GROUP, qmax
+from tritonllm.kernels.quant_formats import MX_GROUP, OutputQuant, QuantizedActivation, qmax
 
 # NVIDIA FP8 GPUs (sm89+; FP8 activations are made nowhere else: platform.has_fp8) convert float32 to
 # e4m3 in hardware, rounding to nearest even with saturation (cvt.rn.satfinite): the same values as the
@@ -187,6 +187,16 @@ def quantize_per_token(
             num_warps=4 if block <= 1024 else 8, **pdl_launch(),
         )  # fmt: skip
     return q, scale
+
+
+def quantize_rows(x: torch.Tensor, quant: OutputQuant) -> QuantizedActivation:
+    """x [M, K] quantized as an op that fuses it would (quantize_rows_and_store): per token, with
+    quant's static scale, or per quant.group columns."""
+    if quant.group:
+        q, scale = quantize_per_group(x, quant.dtype, quant.group)
+    else:
+        q, scale = quantize_per_token(x, quant.dtype, quant.static_scale)
+    return QuantizedActivation(q, scale, x.dtype)
 
 
 def quantize_per_group(

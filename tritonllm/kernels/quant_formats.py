@@ -32,6 +32,7 @@ strings ("fp8:block:group") are what registered linear implementations declare t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -54,6 +55,19 @@ def activation_group(scheme: QuantScheme) -> int:
     """The column group of one activation scale when the op before quantizes for `scheme`: BLOCK for
     block-FP8's 1 x 128 groups, 0 for one scale a row (or a static one)."""
     return BLOCK if scheme.act == "group" else 0
+
+
+class OutputQuant(NamedTuple):
+    """How an op quantizes its output for the next linear layer (that layer's scheme: the ops' `quantize_for`):
+    into `dtype`, per token, with `static_scale` (float32 [1]) if given, or per `group` columns (BLOCK)."""
+
+    dtype: torch.dtype
+    static_scale: torch.Tensor | None = None
+    group: int = 0
+
+    @staticmethod
+    def of(weight: QuantizedWeight) -> OutputQuant:
+        return OutputQuant(weight.scheme.weight_dtype, weight.input_scale, activation_group(weight.scheme))
 
 
 @dataclass(frozen=True)

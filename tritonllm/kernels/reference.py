@@ -15,6 +15,7 @@ from tritonllm.kernels.quant import E4M3_EMAX, EPS
 from tritonllm.kernels.quant_formats import (
     BLOCK,
     MX_GROUP,
+    OutputQuant,
     QuantizedActivation,
     QuantizedWeight,
     QuantScheme,
@@ -221,7 +222,8 @@ def paged_attention(
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,
     softcap: float | None = None,
-) -> torch.Tensor:
+    quantize: OutputQuant | None = None,
+) -> torch.Tensor | QuantizedActivation:
     """Causal attention of a flat ragged batch over the paged KV cache (`plan` is the Triton
     backend's per-step set-up, k_new/v_new the step's K/V that it may read contiguously; both are
     already reflected in the cache, so the reference ignores them). `out` (optional, q's shape and
@@ -239,6 +241,8 @@ def paged_attention(
     position p sees only keys at p - W < position <= p (Mistral, gpt-oss, Gemma); `sinks` float32
     [num_heads]: one extra logit per head in the softmax's denominator that attends to nothing
     (gpt-oss); `softcap` c: scores become c * tanh(scores / c) before the softmax (Gemma 2).
+    `quantize`: the output [num_tokens, num_heads * head_dim] quantized for the next linear layer
+    (quantize_rows), returned as a QuantizedActivation.
     """
     num_heads, head_dim = q.shape[1], q.shape[2]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -275,6 +279,8 @@ def paged_attention(
         else:
             probs = scores.softmax(-1)
         out[starts[i] : starts[i + 1]] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
+    if quantize is not None:
+        return quantize_rows(out.reshape(out.shape[0], -1), quantize.dtype, quantize.static_scale, quantize.group)
     return out
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from tritonllm.kernels.launch import gluon_barrier
+from tritonllm.kernels.launch import MAX_ARRIVAL_COUNTERS, arrival_counters, gluon_barrier
 
 try:  # recent triton ships Gluon
     from triton.experimental import gluon
@@ -22,22 +22,11 @@ try:  # recent triton ships Gluon
 except ImportError:  # pragma: no cover - older triton
     HAVE_GLUON = False
 
-# per-tile arrival counters of split programs (kernel-owned: every count returns to 0 by the kernel's end)
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-MAX_TILES = 1 << 16
-
-
-def counters(device: torch.device) -> torch.Tensor:
-    if device not in _COUNTERS:
-        _COUNTERS[device] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
-    return _COUNTERS[device]
-
 
 def usable_split(split: int, tiles: int, device: torch.device) -> int:
-    """`split`, or 1 where the counters cannot serve it: more tiles than counters, or none allocated yet
-    while a CUDA graph is being captured (an allocation there would be zeroed only on replay; the
-    engine's warm-ups run eagerly first)."""
-    if split > 1 and (tiles > MAX_TILES or (device not in _COUNTERS and torch.cuda.is_current_stream_capturing())):
+    """`split`, or 1 where the arrival counters cannot serve it: more tiles than counters, or none
+    allocated yet while a CUDA graph is being captured (launch.arrival_counters)."""
+    if split > 1 and (tiles > MAX_ARRIVAL_COUNTERS or arrival_counters(device) is None):
         return 1
     return split
 
@@ -46,7 +35,7 @@ def workspace(split: int, m: int, n: int, c: torch.Tensor) -> tuple[torch.Tensor
     """(float32 partials [split, M, N], the counters) for a split launch; (c, c) stand-ins without one."""
     if split == 1:
         return c, c
-    return torch.empty((split, m, n), dtype=torch.float32, device=c.device), counters(c.device)
+    return torch.empty((split, m, n), dtype=torch.float32, device=c.device), arrival_counters(c.device)
 
 
 # scale kinds of the epilogue: none, one value for every row (or column), one a row (column)

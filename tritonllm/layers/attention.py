@@ -14,7 +14,9 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from tritonllm.kernels.quant_formats import OutputQuant, QuantizedActivation
 from tritonllm.kernels.registry import Kernels, default_kernels
+from tritonllm.layers.linear import Linear
 
 
 class AttentionSplit(Protocol):
@@ -104,13 +106,19 @@ class AttentionMetadata:
 
     def attention_plan(
         self, kernels: Kernels, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
-        kv_dtype: torch.dtype, sliding_window: int | None = None,
+        kv_dtype: torch.dtype, sliding_window: int | None = None, fuse_epilogue: bool = True,
     ) -> object:  # fmt: skip
         """The set-up of `kernels`' attention implementation for layers of this shape (and sliding
-        window, which bounds the keys a split-KV decode divides), built once."""
-        key = (kernels.choice["attention"], num_heads, num_kv_heads, head_dim, block_size, kv_dtype, sliding_window)
+        window, which bounds the keys a split-KV decode divides), built once. fuse_epilogue False: split-KV
+        results merged by a kernel of their own (ablation)."""
+        key = (
+            kernels.choice["attention"], num_heads, num_kv_heads, head_dim, block_size, kv_dtype, sliding_window,
+            fuse_epilogue,
+        )  # fmt: skip
         if key not in self._plans:
             window = {} if sliding_window is None else {"sliding_window": sliding_window}
+            if not fuse_epilogue:
+                window["merge_in_kernel"] = False
             self._plans[key] = kernels.plan_attention(
                 self.block_tables, self.seq_lens, self.query_start_loc, self.max_query_len, self.max_seq_len,
                 num_heads, num_kv_heads, head_dim, block_size, kv_dtype=kv_dtype, **window,
@@ -156,6 +164,16 @@ class Attention(nn.Module):
         # with RoPE given to forward: one rope_kv_write kernel rotates q, k and writes the cache (EngineConfig.
         # fuse_rope_kv_write); False: the rotary kernel, then the KV write (ablation)
         self.fuse_rope_kv_write = True
+        # split-KV decode merged (and o_proj's input quantized) in the split kernel (EngineConfig.
+        # fuse_attention_epilogue); False: by kernels after it (ablation)
+        self.fuse_epilogue = True
+        self._quant_for: tuple = ()  # (the linear layer whose input this layer quantizes,): no submodule
+
+    def quantize_for(self, linear: Linear) -> None:
+        """Return the output quantized for `linear` (o_proj) where its method allows it, as RMSNorm does:
+        the attention kernels quantize it (in the split-KV kernel itself where it merges, else right
+        after). A no-op for float layers and schemes that quantize their own input."""
+        self._quant_for = (linear,) if linear.method.input_quant_fusable else ()
 
     def forward(
         self,
@@ -165,7 +183,7 @@ class Attention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],  # each [num_blocks, block_size, num_kv_heads, head_dim]
         meta: AttentionMetadata,
         rope: Rope | None = None,  # q and k not yet rotated: this layer applies RoPE first
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | QuantizedActivation:
         if meta.piecewise is not None:
             return meta.piecewise.split(self, q, k, v, kv_cache, rope)
         return self.run(q, k, v, kv_cache, meta, rope=rope)
@@ -179,11 +197,11 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
         out: torch.Tensor | None = None,
         rope: Rope | None = None,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | QuantizedActivation:
         """RoPE of q and k (when `rope` is given), this step's K/V into the cache (slot -1: skipped),
         then paged attention of q over it; returns [num_tokens, num_heads * head_dim], written into
-        `out` when given (contiguous, that shape, q's dtype). Piecewise graphs call this between their
-        pieces."""
+        `out` when given (contiguous, that shape, q's dtype), else quantized for the next layer when
+        quantize_for set one. Piecewise graphs call this between their pieces."""
         num_tokens = q.shape[0]
         k_cache, v_cache = kv_cache
         fused = rope is not None and self.fuse_rope_kv_write and not self.calibrate_kv_scales
@@ -225,13 +243,24 @@ class Attention(nn.Module):
                 k_cache.shape[1],
                 k_cache.dtype,
                 self.sliding_window,
+                self.fuse_epilogue,
             ),
             k_new=k,
             v_new=v,
             out=None if out is None else out.view(num_tokens, self.num_heads, self.head_dim),
             **self._feature_args(),
+            **self._quantize_args(out),
         )
+        if isinstance(out, QuantizedActivation):
+            return out
         return out.view(num_tokens, self.num_heads * self.head_dim)
+
+    def _quantize_args(self, out: torch.Tensor | None) -> dict:
+        """paged_attention's `quantize`, when this layer's output goes quantized to o_proj (and not into a
+        given `out`, as piecewise graphs ask)."""
+        if not self._quant_for or out is not None or not self.fuse_epilogue:
+            return {}
+        return {"quantize": OutputQuant.of(self._quant_for[0].qweight)}
 
     def _feature_args(self) -> dict:
         """The optional features' arguments of paged_attention, only those this layer uses."""

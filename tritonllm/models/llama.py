@@ -148,6 +148,7 @@ class LlamaAttention(nn.Module):
             sinks=flags.attention_sinks,
         )  # fmt: skip
         self.sinks = self.attn.sinks  # HF's name for them: self_attn.sinks
+        self.attn.quantize_for(self.o_proj)  # a W8A8 o_proj: the attention kernels quantize its input
 
     def load_param(self, name: str, loaded: torch.Tensor | CheckpointSlice, shard_id: str | None = None) -> None:
         """The checkpoint's per-head sinks [num_attention_heads]: this rank's heads' (the only tensor

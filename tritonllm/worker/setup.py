@@ -52,6 +52,7 @@ def set_up_rank(config: EngineConfig, path: str, tp: TensorParallel) -> RankSetu
     for attn in model.modules():
         if isinstance(attn, Attention):
             attn.fuse_rope_kv_write = config.fuse_rope_kv_write
+            attn.fuse_epilogue = config.fuse_attention_epilogue
     # this engine's kernels, bound to its model's layers by the runner: another engine in the same
     # process may choose others
     context = KernelContext(
