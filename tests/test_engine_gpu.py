@@ -63,3 +63,30 @@ def test_an_uncapturable_kernel_runs_its_steps_eagerly_with_the_same_tokens(tiny
     want = [o.outputs[0].token_ids for o in auto.generate(prompts, params, use_tqdm=False)]
     agree = sum(a == b for g, w in zip(got, want) for a, b in zip(g, w)) / sum(len(w) for w in want)
     assert agree > 0.9, (got, want)  # bf16: a near-tie may flip late tokens
+
+
+def test_fp8_batch1_decode_with_the_attention_epilogue_fused_matches_unfused(monkeypatch):
+    """Online FP8 at batch 1 with a long max_model_len: every decode step (CUDA graphs) takes split-KV
+    attention, whose kernel merges its results and quantizes o_proj's input (fuse_attention_epilogue:
+    no merge kernel is launched, captured or not). Greedy tokens and their logprobs as with the merge
+    and quantization kernels after it."""
+    from tritonllm.kernels import attention
+
+    merges = []
+    merge = attention._MERGE
+    monkeypatch.setattr(attention, "_MERGE", lambda *args, **kwargs: merges.append(1) or merge(*args, **kwargs))
+    path = str(fitted_tiny_model_path("LlamaForCausalLM"))
+    prompts = [{"prompt_token_ids": list(range(100, 160))}]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=0)
+    runs = []
+    for fused in (True, False):
+        merges.clear()
+        llm = LLM(model=path, dtype="bfloat16", max_model_len=2048, max_num_seqs=4, quantization="fp8",
+                  fuse_attention_epilogue=fused)  # fmt: skip
+        out = llm.generate(prompts, params, use_tqdm=False)[0].outputs[0]
+        runs.append((out.token_ids, [lp[t].logprob for t, lp in zip(out.token_ids, out.logprobs)]))
+        del llm
+        assert bool(merges) != fused  # split-KV ran, merged by its own kernel only when fused
+    (fused_ids, fused_lp), (ids, lp) = runs
+    assert fused_ids == ids
+    assert max(abs(a - b) for a, b in zip(fused_lp, lp)) < 0.05
