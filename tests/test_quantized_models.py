@@ -107,6 +107,30 @@ def test_w8a8_layers_take_their_input_quantized_by_the_norm_and_activation_kerne
     assert w8a16.llm_engine.model.model.layers[0].mlp.act_fn._quant_for == ()
 
 
+def test_split_kv_decode_quantizes_o_projs_input_in_the_attention_kernel(fitted, float_run, monkeypatch) -> None:
+    """Decode steps on split-KV attention (a GPU of 64 SMs and 8-key splits pretended): the split kernel
+    merges its results and quantizes o_proj's input itself (no merge kernel runs), and the FP8 model
+    still tracks the float one within its bounds, as without the fusion."""
+    import dataclasses
+
+    from tritonllm.kernels import attention
+
+    config = dataclasses.replace(attention.ATTENTION_CONFIGS["interpreter"], split_min_keys=8)
+    monkeypatch.setattr(attention, "attention_config", lambda: config)
+    monkeypatch.setattr(attention, "_num_multiprocessors", lambda: 64)
+    merges = []
+    merge = attention._MERGE
+    monkeypatch.setattr(attention, "_MERGE", lambda *args, **kwargs: merges.append(1) or merge(*args, **kwargs))
+    splits = []
+    plan = attention.AttentionPlan.__init__
+    monkeypatch.setattr(
+        attention.AttentionPlan, "__init__", lambda self, *a, **k: plan(self, *a, **k) or splits.append(self.num_splits)
+    )
+    fused = _run(fitted, quantization="fp8")
+    assert max(splits) > 1 and not merges
+    _compare("online fp8, attention epilogue fused", fused, float_run, BOUNDS["fp8"])
+
+
 def test_online_quantization_frees_the_float_weights(fitted) -> None:
     llm = LLM(model=fitted, max_model_len=64, quantization="int8")
     layer = llm.llm_engine.model.model.layers[0].mlp.down_proj
