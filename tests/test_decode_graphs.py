@@ -8,7 +8,7 @@ import torch
 from tritonllm import LLM, SamplingParams, platform
 from tritonllm.worker.cuda_graph import capture_sizes
 
-NUM_STEPS = 12
+NUM_STEPS = 8
 
 
 def test_capture_sizes_cover_every_batch() -> None:

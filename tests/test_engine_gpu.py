@@ -75,18 +75,39 @@ def test_fp8_batch1_decode_with_the_attention_epilogue_fused_matches_unfused(mon
     merges = []
     merge = attention._MERGE
     monkeypatch.setattr(attention, "_MERGE", lambda *args, **kwargs: merges.append(1) or merge(*args, **kwargs))
+    # split-KV ran, merged by its own kernel only when fused
+    _fused_matches_unfused("fuse_attention_epilogue", merges, False, max_model_len=2048, quantization="fp8")
+
+
+def test_bf16_batch1_decode_with_the_gated_activation_fused_matches_unfused(monkeypatch):
+    """Batch-1 bf16 decode with gate_up's SiLU-mul in the skinny GEMM's epilogue (fuse_gated_activation).
+    The tiny model's gate_up is too narrow for an unsplit plan, so both runs take one (PLAN_OVERRIDE):
+    greedy tokens equal, logprobs as with the GEMM and then the activation kernel."""
+    from tritonllm.kernels import gemm_skinny_sm90 as sk
+
+    if not sk.available():
+        pytest.skip("the skinny GEMM runs on sm90 GPUs only")
+    calls = []
+    gated = sk.gated_skinny_gemm_sm90
+    monkeypatch.setattr(sk, "gated_skinny_gemm_sm90", lambda *a, **kw: calls.append(1) or gated(*a, **kw))
+    monkeypatch.setattr(sk, "PLAN_OVERRIDE", sk.Plan(128, 1, 6))
+    _fused_matches_unfused("fuse_gated_activation", calls, True, max_model_len=512, kernels={"linear": "triton_sm90"})
+
+
+def _fused_matches_unfused(flag: str, launches: list, launched_when_fused: bool, **llm_args) -> None:
+    """Batch-1 greedy decode of the fitted tiny Llama in bf16 with `flag` on, then off: `launches` (filled by a
+    spied kernel) non-empty exactly when `flag` is launched_when_fused; greedy tokens equal, logprobs close."""
     path = str(fitted_tiny_model_path("LlamaForCausalLM"))
     prompts = [{"prompt_token_ids": list(range(100, 160))}]
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=0)
     runs = []
     for fused in (True, False):
-        merges.clear()
-        llm = LLM(model=path, dtype="bfloat16", max_model_len=2048, max_num_seqs=4, quantization="fp8",
-                  fuse_attention_epilogue=fused)  # fmt: skip
+        launches.clear()
+        llm = LLM(model=path, dtype="bfloat16", max_num_seqs=4, **llm_args, **{flag: fused})
         out = llm.generate(prompts, params, use_tqdm=False)[0].outputs[0]
         runs.append((out.token_ids, [lp[t].logprob for t, lp in zip(out.token_ids, out.logprobs)]))
         del llm
-        assert bool(merges) != fused  # split-KV ran, merged by its own kernel only when fused
+        assert bool(launches) == (fused == launched_when_fused), (flag, fused, len(launches))
     (fused_ids, fused_lp), (ids, lp) = runs
     assert fused_ids == ids
     assert max(abs(a - b) for a, b in zip(fused_lp, lp)) < 0.05

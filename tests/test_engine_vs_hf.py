@@ -1,5 +1,5 @@
 """The whole engine against HuggingFace transformers on the same tiny model folders (CPU, float32):
-prompt logprobs and per-step logprobs within 1e-3, greedy tokens identical for 32 steps."""
+prompt logprobs and per-step logprobs within 1e-3, greedy tokens identical for 20 steps (the 40-token prompt decodes into its fourth block)."""
 
 import pytest
 import torch
@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 from tritonllm import LLM, SamplingParams
 from tritonllm.models.tiny import TINY_MOE_ARCHITECTURES, tiny_model_path
 
-NUM_STEPS = 32
+NUM_STEPS = 20
 TOL = 1e-3
 
 
@@ -44,7 +44,7 @@ def test_moe_models_match_hf_with_chunked_prefill_and_prefix_caching(architectur
     the last prompt sharing the third's first 32 tokens (a prefix-cache hit)."""
     shared = [*prompts[:3], prompts[2][:32] + prompts[3]]
     check_against_hf(
-        str(tiny_model_path(architecture)), shared, num_steps=12, block_size=16, max_model_len=256,
+        str(tiny_model_path(architecture)), shared, num_steps=8, block_size=16, max_model_len=256,
         max_num_batched_tokens=24, enable_chunked_prefill=True, enable_prefix_caching=True, kernel_backend=kernels,
     )  # fmt: skip
 

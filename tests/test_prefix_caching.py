@@ -112,7 +112,7 @@ def run(llm: LLM, prompts: list[list[int]], waves: bool, check_every_step: bool 
     requests find the earlier ones' blocks, checking the block invariant after every step."""
     engine = llm.llm_engine
     params = [
-        SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=6 + i % 5, ignore_eos=True)
+        SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=3 + i % 4, ignore_eos=True)
         for i in range(len(prompts))
     ]
     order = (

@@ -162,6 +162,7 @@ _ENGINE_FLAGS = (
     "gc_freeze",
     "fuse_rope_kv_write",
     "fuse_attention_epilogue",
+    "fuse_gated_activation",
 )  # EngineConfig's booleans outside the groups
 
 
@@ -189,6 +190,11 @@ class EngineConfig:
     # quantizes the attention output (kernels/attention_split.py); false: a merge kernel, then a
     # quantization kernel (ablation)
     fuse_attention_epilogue: bool = True
+    # a gated MLP's SiLU-mul in the gate_up GEMM's epilogue where the linear implementation has such a
+    # kernel (triton_sm90's skinny GEMM); off by default: on the H200 at batch 1 the epilogue cost more
+    # than the activation kernel it saves, which PDL overlaps with the next GEMM's weight copies
+    # (experiments/gemm/README.md, session 18); true: the ablation's other arm
+    fuse_gated_activation: bool = False
 
     @staticmethod
     def from_dict(values: dict[str, Any]) -> EngineConfig:

@@ -38,6 +38,7 @@ class RunConfig:
     gc_freeze: bool = True  # false: the start-up heap stays in Python's cyclic GC (ablation)
     fuse_rope_kv_write: bool = True  # false: RoPE and the KV-cache write as two kernels (ablation)
     fuse_attention_epilogue: bool = True  # false: split-KV merge and o_proj's input quantization as kernels (ablation)
+    fuse_gated_activation: bool = False  # true: gate_up's SiLU-mul in the skinny GEMM's epilogue (ablation)
     output_json: str | None = None  # a path: also write the results there as JSON
 
 

@@ -58,6 +58,7 @@ def main(cfg: DictConfig) -> None:
             "gc_freeze": cfg.gc_freeze,
             "fuse_rope_kv_write": cfg.fuse_rope_kv_write,
             "fuse_attention_epilogue": cfg.fuse_attention_epilogue,
+            "fuse_gated_activation": cfg.fuse_gated_activation,
         }
     )
     hydra_cfg = HydraConfig.get()

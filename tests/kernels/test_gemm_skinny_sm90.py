@@ -132,6 +132,79 @@ def test_linear_sm90_takes_it_where_measured_faster(monkeypatch, spy) -> None:
     assert spy.launches == 1
 
 
+def _silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("m", [1, 2, 5, 16])
+@pytest.mark.parametrize("inter, k", [(200, 1008), (1000, 4160), (14336, 4096)])
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_gated_epilogue_is_the_gemm_then_the_silu_mul(m, inter, k, fp8, spy, monkeypatch) -> None:
+    """gate_up's SiLU-mul in the GEMM's epilogue (GATED): each program's gate rows and the matching up rows,
+    I ragged (a partial last program, whose gate box reads into the up rows); the same values as the GEMM
+    then activation kernels (both round the GEMM's output and the product to bf16), and close to the
+    float32 reference. FP8 at M <= 2 also quantizes per token in the launch (the last program to arrive; not
+    taken when serving, GATED_QUANT_MAX_M):
+    the same FP8 values and scales as silu_and_mul_quant, the counters left at zero."""
+    from tritonllm.kernels.activation import silu_and_mul, silu_and_mul_quant
+
+    monkeypatch.setattr(sk, "PLAN_OVERRIDE", sk.Plan(128, 1, 6))  # unsplit, as the fused launch: equal sums
+    n = 2 * inter
+    if fp8:
+        a, a_scale, weight, expected = _fp8_operands(m, n, k, seed=95)
+        b, b_scale = weight.data, weight.scale
+        unfused = g.gemm(a, b, out_dtype=torch.bfloat16, a_scale=a_scale, sm90="always", **g.scale_args(FP8),
+                         b_scale=b_scale)  # fmt: skip
+    else:
+        a, b = randn(m, k, seed=96, dtype=torch.bfloat16), randn(n, k, seed=97, dtype=torch.bfloat16)
+        a_scale = b_scale = None
+        expected = a.float() @ b.float().T
+        unfused = g.gemm(a, b, sm90="always")
+    h = sk.gated_skinny_gemm_sm90(a, b, None, a_scale, b_scale, torch.bfloat16, None, launch.pdl_launch())
+    assert spy.launches == 2
+    assert torch.equal(h, silu_and_mul(unfused)), "the fused SiLU-mul differs from the GEMM then silu_and_mul"
+    assert_close_to_scale(h, _silu_mul(expected), 2e-2)
+    # a negative check: gate and up swapped is caught by the reference comparison
+    assert not torch.allclose(h.float(), _silu_mul(expected.flip(-1)), atol=1e-2 * _silu_mul(expected).abs().max())
+    if fp8 and m <= 2:
+        q, scale = sk.gated_skinny_gemm_sm90(a, b, None, a_scale, b_scale, torch.bfloat16, torch.float8_e4m3fn,
+                                             launch.pdl_launch())  # fmt: skip
+        want = silu_and_mul_quant(unfused, torch.float8_e4m3fn)
+        assert torch.equal(scale, want.scale), "per-token scales differ from silu_and_mul_quant's"
+        assert torch.equal(q.view(torch.uint8), want.data.view(torch.uint8)), "FP8 values differ"
+        assert not launch.arrival_counters(platform.DEVICE).any(), "the arrival counter was left non-zero"
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gated_linear_serves_batch_1_decode_and_declines_the_rest() -> None:
+    """The triton_sm90 linear implementation's gated_linear entry: the fused kernel for FP8 per-channel
+    gate_up (its output unquantized) and bf16 at M <= 4; None where it does not serve (an output to
+    quantize beyond GATED_QUANT_MAX_M, static or per-group quantization, K split by the plan)."""
+    from tritonllm.kernels.linear import gated_linear_sm90
+    from tritonllm.kernels.quant_formats import OutputQuant, QuantizedActivation
+
+    inter, k = 14336, 4096
+    q, scale, weight, expected = _fp8_operands(1, 2 * inter, k, seed=98)
+    x = QuantizedActivation(q, scale, torch.bfloat16)
+    assert_close_to_scale(gated_linear_sm90(x, weight, None, None), _silu_mul(expected), 2e-2)
+    quantized = gated_linear_sm90(x, weight, None, OutputQuant(torch.float8_e4m3fn))
+    assert (quantized is None) == (sk.GATED_QUANT_MAX_M < 1)
+    assert gated_linear_sm90(x, weight, None, OutputQuant(torch.float8_e4m3fn, torch.ones(1, device=q.device))) is None
+    assert gated_linear_sm90(x, weight, None, OutputQuant(torch.float8_e4m3fn, group=128)) is None
+    q3, s3, w3, _ = _fp8_operands(3, 2 * inter, k, seed=99)
+    assert (
+        gated_linear_sm90(QuantizedActivation(q3, s3, torch.bfloat16), w3, None, OutputQuant(torch.float8_e4m3fn))
+        is None
+    )
+    assert gated_linear_sm90(QuantizedActivation(q3, s3, torch.bfloat16), w3, None, None).shape == (3, inter)
+    small = randn(2 * 200, 1000, seed=100, dtype=torch.bfloat16)  # few tiles: the plan splits K
+    assert gated_linear_sm90(randn(1, 1000, seed=101, dtype=torch.bfloat16), small, None, None) is None
+
+
 def test_gemm_leaves_it_alone_off_hopper(spy) -> None:
     """Without an sm90 GPU (CPU, other GPUs) gemm(sm90="always") runs the portable kernels."""
     if platform.is_gpu() and sk.available():
@@ -164,6 +237,8 @@ from tritonllm.kernels import gemm_skinny_sm90 as sk
 for dtype, scales in ((torch.bfloat16, False), (torch.float8_e4m3fn, True)):
     ptx = sk.compile_sm90(dtype, bm=64, split=2, scales=scales).asm["ptx"]
     print(dtype, "cp.async.bulk.tensor" in ptx, "wgmma.mma_async" in ptx, "mbarrier.try_wait" in ptx, ".local" in ptx)
+ptx = sk.compile_sm90(torch.float8_e4m3fn, bm=8, scales=True, gated=2).asm["ptx"]
+print("gated", "cvt.rn.satfinite.e4m3x2.f32" in ptx, "atom.global.gpu.acq_rel.add" in ptx and "max.s32" in ptx, ".local" in ptx)
 """
 
 
@@ -175,5 +250,6 @@ def test_compiles_for_sm90_without_spills() -> None:
     result = subprocess.run([sys.executable, "-c", _COMPILE], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
-    lines = result.stdout.split("\n")[:2]
-    assert lines == ["torch.bfloat16 True True True False", "torch.float8_e4m3fn True True True False"], result.stdout
+    lines = result.stdout.split("\n")[:3]
+    assert lines == ["torch.bfloat16 True True True False", "torch.float8_e4m3fn True True True False",
+                     "gated True True False"], result.stdout  # fmt: skip

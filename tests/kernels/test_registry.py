@@ -109,3 +109,29 @@ def test_moe_selection_follows_the_expert_formats_not_the_linear_layers() -> Non
     assert select_kernels({}, mxfp4).choice["moe"] == "triton"
     other = KernelContext("cpu", torch.float32, features={"moe": frozenset({"fp8:block:none"})})  # W8A16 experts
     assert select_kernels({}, other).choice["moe"] == "torch_ref"
+
+
+def test_an_optional_entry_left_out_answers_none_and_the_layer_runs_the_unfused_ops(monkeypatch) -> None:
+    """linear's gated_linear (registry.OPTIONAL_ENTRIES): an implementation without it is still complete, its
+    entry answers None, and SiluAndMul.gated runs the GEMM and then the activation; where a method answers
+    with a fused result, that is the layer's output (and fuse_gemm False never asks)."""
+    from tritonllm.layers.activation import SiluAndMul
+    from tritonllm.layers.linear import Linear
+
+    registry.register("linear", "gemm_only", entry="linear")(reference.linear)
+    registry.register("linear", "gemm_only", entry="quantized_linear")(reference.quantized_linear)
+    monkeypatch.setitem(registry._REGISTRY["linear"], "gemm_only", registry._REGISTRY["linear"].pop("gemm_only"))
+    kernels = select_kernels({"linear": "gemm_only"})
+    assert kernels.gated_linear(torch.ones(1, 4), torch.ones(8, 4), None, None) is None
+    gate_up, act = Linear(4, 8, False, torch.float32), SiluAndMul()
+    gate_up.weight.data = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+    gate_up.kernels = act.kernels = kernels
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+    gate, up = (x @ gate_up.weight.T).chunk(2, dim=-1)
+    want = torch.nn.functional.silu(gate) * up
+    act.fuse_gemm = True
+    torch.testing.assert_close(act.gated(gate_up, x), want)
+    monkeypatch.setattr(type(gate_up.method), "apply_gated", lambda self, layer, x, quant: torch.zeros(3, 4))
+    assert not act.gated(gate_up, x).any()  # the method's fused result is taken as it is
+    act.fuse_gemm = False
+    torch.testing.assert_close(act.gated(gate_up, x), want)

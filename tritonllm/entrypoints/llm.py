@@ -51,6 +51,7 @@ class LLM:
         gc_freeze: bool = True,
         fuse_rope_kv_write: bool = True,
         fuse_attention_epilogue: bool = True,
+        fuse_gated_activation: bool = False,
         quantization: str | None = None,
         load_format: str = "auto",
         kv_cache_dtype: str = "auto",
@@ -102,6 +103,7 @@ class LLM:
             gc_freeze=gc_freeze,
             fuse_rope_kv_write=fuse_rope_kv_write,
             fuse_attention_epilogue=fuse_attention_epilogue,
+            fuse_gated_activation=fuse_gated_activation,
         )
         self._start(config)
 

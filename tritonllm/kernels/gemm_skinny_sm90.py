@@ -30,7 +30,13 @@ import triton
 
 from tritonllm import platform
 from tritonllm.kernels import splitk_sm90
-from tritonllm.kernels.launch import compile_gluon_sm90, gluon_pdl_wait, gluon_sm90_available
+from tritonllm.kernels.launch import (
+    arrival_counters,
+    compile_gluon_sm90,
+    gluon_barrier,
+    gluon_pdl_wait,
+    gluon_sm90_available,
+)
 
 try:  # recent triton ships Gluon; without it the portable kernels serve every shape
     from triton.experimental import gluon
@@ -146,16 +152,18 @@ def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
 
 
 def compile_sm90(dtype: torch.dtype = torch.bfloat16, block_n: int = 128, bm: int = 16, split: int = 1,
-                 stages: int = 6, warps: int = 4, scales: bool = False):  # fmt: skip
+                 stages: int = 6, warps: int = 4, scales: bool = False, gated: int = 0):  # fmt: skip
     """Compile for sm90 without a GPU (launch.compile_gluon_sm90): tests, available()."""
     from triton.runtime.jit import mangle_type
 
     w = torch.empty((block_n, 256), dtype=dtype)
     out = "*fp16" if dtype == torch.float16 else "*bf16"
     constexprs = dict(BLOCK_N=block_n, BLOCK_M=bm, STAGES=stages, HAS_BIAS=False, W_SCALE=2 if scales else 0,
-                      A_SCALE=2 if scales else 0, SPLIT_K=split, PDL=True)  # fmt: skip
-    types = dict(w_desc=mangle_type(descriptor(w, block_n)), x_desc=mangle_type(descriptor(w, bm)), c_ptr=out,
-                 bias_ptr=out, w_scale_ptr="*fp32", a_scale_ptr="*fp32", ws_ptr="*fp32", cnt_ptr="*i32")  # fmt: skip
+                      A_SCALE=2 if scales else 0, SPLIT_K=split, PDL=True, GATED=gated, QMAX=448.0,
+                      TAIL=16384)  # fmt: skip
+    types = dict(w_desc=mangle_type(descriptor(w, block_n // 2 if gated else block_n)),
+                 x_desc=mangle_type(descriptor(w, bm)), c_ptr=out, bias_ptr=out, w_scale_ptr="*fp32",
+                 a_scale_ptr="*fp32", ws_ptr="*fp32", cnt_ptr="*i32", q_ptr="*fp8e4nv", qs_ptr="*fp32")  # fmt: skip
     return compile_gluon_sm90(skinny_gemm_sm90_kernel, constexprs, types, ("stride_cm",), num_warps=warps)
 
 
@@ -177,12 +185,66 @@ def skinny_gemm_sm90(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: to
     kind = lambda s: 0 if s is None else 1 if s.numel() == 1 else 2  # noqa: E731  (splitk_sm90.SCALE_*)
     skinny_gemm_sm90_kernel[(tiles, split)](
         descriptor(b, p.block_n), descriptor(a, block_m(m)), c, bias if bias is not None else c,
-        b_scale if b_scale is not None else ws, a_scale if a_scale is not None else ws, ws, cnt,
+        b_scale if b_scale is not None else ws, a_scale if a_scale is not None else ws, ws, cnt, ws, ws,
         m, n, k, k_per_split, c.stride(0), a_scale.stride(0) if kind(a_scale) == 2 else 0,
         BLOCK_N=p.block_n, BLOCK_M=block_m(m), STAGES=p.stages, HAS_BIAS=bias is not None,
         W_SCALE=kind(b_scale), A_SCALE=kind(a_scale), SPLIT_K=split, num_warps=p.warps, **pdl,
     )  # fmt: skip
     return c
+
+
+# the largest M at which gate_up's SiLU-mul also quantizes its output in the GEMM (GATED 2) when serving
+# models: 0, none. The last program to arrive quantizes the M rows of h alone (4 warps, one division a
+# value), after every program's arrival: on the H200 at Llama-3-8B's gate_up and M = 1 that launch took
+# 34.8 us against 29.2 for the GEMM and 3.7 for the SiLU-mul + quantization kernel, whose 16 warps run
+# while the down projection's weight copies start (PDL); batch-1 FP8 decode ran 343.0 against 358.1 tok/s
+# (experiments/gemm/README.md, session 18). Kept callable (tests) for a distributed quantization to build on.
+GATED_QUANT_MAX_M = 0
+
+
+def gated_takes(a: torch.Tensor, b: torch.Tensor, quantized: bool) -> bool:
+    """Whether gated_skinny_gemm_sm90 serves a [M, K] and gate_up's b [2 I, K] here: the skinny GEMM takes
+    them and is measured faster, its plan does not split K (the SiLU-mul needs whole sums), and, for a
+    quantized output, M <= GATED_QUANT_MAX_M and the device's arrival counters exist."""
+    m, k = a.shape
+    n = b.shape[0]
+    if not (n % 2 == 0 and takes(a, b) and measured_faster(m, n, k, a.dtype)):
+        return False
+    if plan(m, n, k, a.element_size()).split != 1:
+        return False
+    return not quantized or (m <= GATED_QUANT_MAX_M and arrival_counters(a.device) is not None)
+
+
+def gated_skinny_gemm_sm90(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, a_scale: torch.Tensor | None,
+                           b_scale: torch.Tensor | None, out_dtype: torch.dtype, quant_dtype: torch.dtype | None,
+                           pdl: dict) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """silu(gate) * up of gate_up = (a . b^T) x scales (+ bias), b = [gate | up] [2 I, K], in one launch
+    (gated_takes): h [M, I] in out_dtype, or with quant_dtype (FP8) h quantized per token, (q [M, I],
+    scales float32 [M, 1]), as kernels/activation.py's silu_and_mul(_quant) would give them."""
+    (m, k), n = a.shape, b.shape[0]
+    inter = n // 2
+    p = plan(m, n, k, a.element_size())
+    programs = triton.cdiv(inter, p.block_n // 2)
+    h = torch.empty((m, inter), dtype=out_dtype, device=a.device)
+    kind = lambda s: 0 if s is None else 1 if s.numel() == 1 else 2  # noqa: E731  (splitk_sm90.SCALE_*)
+    if quant_dtype is None:
+        q = qs = cnt = h
+    else:
+        q = torch.empty((m, inter), dtype=quant_dtype, device=a.device)
+        qs = torch.empty((m, 1), dtype=torch.float32, device=a.device)
+        cnt = arrival_counters(a.device)
+    warps = p.warps
+    skinny_gemm_sm90_kernel[(programs, 1)](
+        descriptor(b, p.block_n // 2), descriptor(a, block_m(m)), h, bias if bias is not None else h,
+        b_scale if b_scale is not None else h, a_scale if a_scale is not None else h, h, cnt, q, qs,
+        m, n, k, k, h.stride(0), a_scale.stride(0) if kind(a_scale) == 2 else 0,
+        BLOCK_N=p.block_n, BLOCK_M=block_m(m), STAGES=p.stages, HAS_BIAS=bias is not None,
+        W_SCALE=kind(b_scale), A_SCALE=kind(a_scale), SPLIT_K=1, GATED=1 if quant_dtype is None else 2,
+        QMAX=float(torch.finfo(quant_dtype).max) if quant_dtype is not None else 448.0,
+        TAIL=min(triton.next_power_of_2(inter), 4096 * warps),
+        num_warps=warps, **pdl,
+    )  # fmt: skip
+    return h if quant_dtype is None else (q, qs)
 
 
 if HAVE_GLUON:
@@ -193,14 +255,86 @@ if HAVE_GLUON:
         _tma_load(desc, [row, k], bar, buf, pred=pred)
 
     @gluon.jit
+    def _issue_w(desc, row, half, k, bar, buf, pred, GATED: gl.constexpr):
+        """A stage's weight rows: the box at row, or (GATED: boxes of half the stage's rows) gate rows
+        row.. into the stage's first half and the matching up rows half + row.. into its second."""
+        if GATED:
+            HALF: gl.constexpr = desc.block_type.shape[0]
+            _tma_load(desc, [row, k], bar, buf.slice(0, HALF), pred=pred)
+            _tma_load(desc, [half + row, k], bar, buf.slice(HALF, HALF), pred=pred)
+        else:
+            _tma_load(desc, [row, k], bar, buf, pred=pred)
+
+    @gluon.jit
+    def gated_epilogue(acc, h_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, cnt_ptr, q_ptr, qs_ptr, pid_n, M, inter,
+                       stride_hm, stride_asm, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, ACC: gl.constexpr,
+                       HAS_BIAS: gl.constexpr, W_SCALE: gl.constexpr, A_SCALE: gl.constexpr, GATED: gl.constexpr,
+                       QMAX: gl.constexpr, TAIL: gl.constexpr):  # fmt: skip
+        """h[m, j] = silu(gate[m, j]) * up[m, j] for this program's BLOCK_N / 2 columns j, from the accumulator
+        of its gate rows (first half) and up rows (second half). Each product is rounded to h's dtype first,
+        and h too, as the unfused GEMM and SiLU-mul store them. GATED = 2: each program also maxes its rows'
+        amax over its columns into counter slots 1..M and counts in on slot 0; the last to arrive quantizes
+        h per token (scale = amax / QMAX, as kernels/quant.py) into q [M, inter] and qs [M] and zeroes the
+        slots: the SiLU-mul kernel's work, without its launch."""
+        WARPS: gl.constexpr = gl.num_warps()
+        HALF: gl.constexpr = BLOCK_N // 2
+        r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
+        col = pid_n * HALF + r % HALF
+        m_out = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
+        acc = splitk_sm90.scaled(acc, bias_ptr, w_scale_ptr, a_scale_ptr, gl.where(r < HALF, col, inter + col),
+                                 col < inter, m_out, M, stride_asm, HAS_BIAS, W_SCALE, A_SCALE)  # fmt: skip
+        acc = acc.to(h_ptr.dtype.element_ty).to(gl.float32)
+        # the gate and up halves of the accumulator, row for row, through shared memory
+        e_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        e_smem.store(acc)
+        gluon_barrier()
+        HL: gl.constexpr = gl.BlockedLayout([1, BLOCK_M // 2], [16, 2], [WARPS, 1], [1, 0])
+        gate = e_smem.slice(0, HALF).load(HL)
+        up = e_smem.slice(HALF, HALF).load(HL)
+        h = (gate / (1.0 + gl.exp(-gate)) * up).to(h_ptr.dtype.element_ty)
+        hc = pid_n * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, HL))
+        hm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, HL))
+        ok = gl.expand_dims(hc < inter, 1) & gl.expand_dims(hm < M, 0)
+        gl.store(h_ptr + gl.expand_dims(hm.to(gl.int64) * stride_hm, 0) + gl.expand_dims(hc, 1), h, mask=ok)
+        if GATED == 2:
+            # each row's amax over every program's columns: an atomic max on the float's bits (non-negative
+            # floats order as their int32 bits) in the counter slots after the arrival counter
+            amax = gl.max(gl.where(ok, gl.abs(h.to(gl.float32)), 0.0), axis=0)
+            gl.atomic_max(cnt_ptr + 1 + hm, amax.to(gl.int32, bitcast=True), mask=hm < M, sem="relaxed", scope="gpu")
+            gluon_barrier()  # every thread's h and amax written before the (releasing) arrival
+            arrived = gl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
+            if arrived == gl.num_programs(0) - 1:
+                gluon_barrier()
+                TL: gl.constexpr = gl.BlockedLayout([TAIL // (32 * WARPS)], [32], [WARPS], [0])
+                for m in range(M):
+                    offs = gl.arange(0, TAIL, layout=TL)
+                    # the row's first values and its amax (read and reset to zero) in flight together
+                    first = gl.load(h_ptr + m * stride_hm + offs, mask=offs < inter, other=0.0, cache_modifier=".cg")
+                    bits = gl.atomic_xchg(cnt_ptr + 1 + m, 0, sem="relaxed", scope="gpu")
+                    scale = gl.maximum(bits.to(gl.float32, bitcast=True), 1e-12) / QMAX
+                    gl.store(qs_ptr + m, scale)
+                    for k0 in range(0, inter, TAIL):
+                        v = first.to(gl.float32)
+                        if k0 > 0:
+                            v = gl.load(h_ptr + m * stride_hm + k0 + offs, mask=k0 + offs < inter, other=0.0,
+                                        cache_modifier=".cg").to(gl.float32)  # fmt: skip
+                        v = gl.minimum(gl.maximum(v / scale, -QMAX), QMAX)
+                        gl.store(q_ptr + m * inter + k0 + offs, v.to(q_ptr.dtype.element_ty), mask=k0 + offs < inter)
+                gl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+
+    @gluon.jit
     def skinny_gemm_sm90_kernel(
-        w_desc, x_desc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, ws_ptr, cnt_ptr,
+        w_desc, x_desc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, ws_ptr, cnt_ptr, q_ptr, qs_ptr,
         M, N, K, K_PER_SPLIT, stride_cm, stride_asm,
         BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr,
         W_SCALE: gl.constexpr, A_SCALE: gl.constexpr, SPLIT_K: gl.constexpr, PDL: gl.constexpr = False,
+        GATED: gl.constexpr = 0, QMAX: gl.constexpr = 448.0, TAIL: gl.constexpr = 1024,
     ):  # fmt: skip
         """c[m, n] = sum_k a[m, k] w[n, k] x scales (+ bias[n]) for BLOCK_N weight rows and all M
-        (<= BLOCK_M) activation rows a program, over the K range of its split (program_id 1)."""
+        (<= BLOCK_M) activation rows a program, over the K range of its split (program_id 1).
+        GATED (gate_up, w = [gate | up], N = 2 I): a program's rows are BLOCK_N / 2 gate rows and the
+        same up rows, and it writes silu(gate) * up [M, I] to c (gated_epilogue); GATED = 2 quantizes
+        that per token into q_ptr / qs_ptr as well (SPLIT_K 1)."""
         WARPS: gl.constexpr = gl.num_warps()
         DT: gl.constexpr = w_desc.dtype
         BLOCK_K: gl.constexpr = w_desc.block_type.shape[1]
@@ -210,7 +344,7 @@ if HAVE_GLUON:
 
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(1)
-        n0 = pid_n * BLOCK_N
+        n0 = pid_n * BLOCK_N // 2 if GATED else pid_n * BLOCK_N  # gated: the first gate row (its up row: + N / 2)
         k0 = pid_k * K_PER_SPLIT
         steps = gl.cdiv(gl.minimum(K, k0 + K_PER_SPLIT) - k0, BLOCK_K)
 
@@ -224,7 +358,7 @@ if HAVE_GLUON:
         # then, once the previous kernel's writes are visible, the activations
         for i in gl.static_range(STAGES - 1):
             mbarrier.expect(ready.index(i), STEP_BYTES, pred=i < steps)
-            _issue(w_desc, n0, k0 + i * BLOCK_K, ready.index(i), w_smem.index(i), i < steps)
+            _issue_w(w_desc, n0, N // 2, k0 + i * BLOCK_K, ready.index(i), w_smem.index(i), i < steps, GATED)
         gluon_pdl_wait(PDL)
         x_smem = gl.allocate_shared_memory(DT, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
         for i in gl.static_range(STAGES - 1):
@@ -240,12 +374,17 @@ if HAVE_GLUON:
             j = i + STAGES - 1
             sj = j % STAGES
             mbarrier.expect(ready.index(sj), STEP_BYTES, pred=j < steps)
-            _issue(w_desc, n0, k0 + j * BLOCK_K, ready.index(sj), w_smem.index(sj), j < steps)
+            _issue_w(w_desc, n0, N // 2, k0 + j * BLOCK_K, ready.index(sj), w_smem.index(sj), j < steps, GATED)
             _issue(x_desc, 0, k0 + j * BLOCK_K, ready.index(sj), x_smem.index(sj), j < steps)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         for b in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(b))
 
-        splitk_sm90.finish_tile(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, ws_ptr, cnt_ptr, pid_n, pid_k, M, N,
-                                stride_cm, stride_asm, BLOCK_N, BLOCK_M, ACC, HAS_BIAS, W_SCALE, A_SCALE,
-                                SPLIT_K)  # fmt: skip
+        if GATED:
+            gated_epilogue(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, cnt_ptr, q_ptr, qs_ptr, pid_n, M, N // 2,
+                           stride_cm, stride_asm, BLOCK_N, BLOCK_M, ACC, HAS_BIAS, W_SCALE, A_SCALE, GATED, QMAX,
+                           TAIL)  # fmt: skip
+        else:
+            splitk_sm90.finish_tile(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, ws_ptr, cnt_ptr, pid_n, pid_k, M,
+                                    N, stride_cm, stride_asm, BLOCK_N, BLOCK_M, ACC, HAS_BIAS, W_SCALE, A_SCALE,
+                                    SPLIT_K)  # fmt: skip

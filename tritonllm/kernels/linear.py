@@ -8,9 +8,10 @@ import torch
 
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
-from tritonllm.kernels import gemv_w4_sm90
+from tritonllm.kernels import gemm_skinny_sm90, gemv_w4_sm90
+from tritonllm.kernels.launch import pdl_launch
 from tritonllm.kernels.quant import quantize_per_group, quantize_per_token
-from tritonllm.kernels.quant_formats import QuantizedActivation, QuantizedWeight
+from tritonllm.kernels.quant_formats import OutputQuant, QuantizedActivation, QuantizedWeight
 from tritonllm.kernels.registry import FLOATS, Supports, register
 
 TRITON_FORMATS = frozenset({
@@ -83,3 +84,37 @@ def quantized_linear_sm90(
     x: torch.Tensor | QuantizedActivation, weight: QuantizedWeight, bias: torch.Tensor | None
 ) -> torch.Tensor:
     return quantized_linear(x, weight, bias, gluon=True)
+
+
+@register("linear", "triton_sm90", entry="gated_linear")
+def gated_linear_sm90(
+    x: torch.Tensor | QuantizedActivation,
+    weight: torch.Tensor | QuantizedWeight,
+    bias: torch.Tensor | None,
+    quant: OutputQuant | None,
+) -> torch.Tensor | QuantizedActivation | None:
+    """silu(gate) * up of a gate_up layer (weight [gate | up] [2 I, K]) in the skinny GEMM's epilogue
+    (kernels/gemm_skinny_sm90.py), for 16-bit weights or FP8 W8A8 with per-channel scales and an input
+    quantized per token; with `quant` (the down projection's: FP8, per token, dynamic) the same launch
+    quantizes its output at M <= GATED_QUANT_MAX_M. None where the kernel does not serve (the caller
+    runs the GEMM, then the activation op)."""
+    if quant is not None and (quant.dtype != torch.float8_e4m3fn or quant.static_scale is not None or quant.group):
+        return None
+    if isinstance(weight, QuantizedWeight):
+        if weight.scheme.format_name != "fp8:channel:token" or not isinstance(x, QuantizedActivation):
+            return None
+        a, b, a_scale, b_scale, out_dtype = x.data, weight.data, x.scale, weight.scale, x.dtype
+        if a_scale.dim() != 2 or b_scale.dtype != torch.float32 or not b_scale.is_contiguous():
+            return None
+    elif isinstance(x, QuantizedActivation) or quant is not None:
+        return None
+    else:
+        a, b, a_scale, b_scale, out_dtype = _rows(x), weight, None, None, x.dtype
+    if not gemm_skinny_sm90.gated_takes(a, b, quantized=quant is not None):
+        return None
+    out = gemm_skinny_sm90.gated_skinny_gemm_sm90(
+        a, b, bias, a_scale, b_scale, out_dtype, quant.dtype if quant is not None else None, pdl_launch()
+    )
+    if quant is None:
+        return out.view(*x.shape[:-1], out.shape[-1])
+    return QuantizedActivation(out[0], out[1], out_dtype)

@@ -37,9 +37,13 @@ OPS: dict[str, tuple[str, ...]] = {
     # RoPE of q, k and the KV-cache write of the rotated k and v in one entry point (one kernel)
     "rope_kv_write": ("rotary_write_kv_cache",),
     "sampling": ("sample", "log_softmax"),
-    "linear": ("linear", "quantized_linear"),
+    "linear": ("linear", "quantized_linear", "gated_linear"),
     "moe": ("moe_route", "fused_moe"),
 }
+# entry points an implementation may leave out: fused kernels only some implementations have. Left out,
+# the entry returns None and its caller runs the unfused ops (linear's gated_linear: gate_up's GEMM with
+# the SiLU-mul in its epilogue; without it, the GEMM and then the activation op)
+OPTIONAL_ENTRIES: dict[str, frozenset[str]] = {"linear": frozenset({"gated_linear"})}
 ENTRY_OPS: dict[str, str] = {entry: op for op, entries in OPS.items() for entry in entries}
 FLOATS = frozenset({torch.float32, torch.float16, torch.bfloat16})
 PLATFORMS = frozenset({"cuda", "rocm", "cpu"})  # platform.PLATFORM; cpu: Triton kernels run under the interpreter
@@ -117,7 +121,7 @@ class Implementation:
 
     @property
     def complete(self) -> bool:
-        return set(self.entries) == set(OPS[self.op])
+        return set(OPS[self.op]) - OPTIONAL_ENTRIES.get(self.op, frozenset()) <= set(self.entries)
 
 
 _REGISTRY: dict[str, dict[str, Implementation]] = {op: {} for op in OPS}
@@ -189,6 +193,11 @@ def _choose(op: str, choice: str, context: KernelContext) -> Implementation:
     return impl
 
 
+def _not_fused(*_args: object, **_kwargs: object) -> None:
+    """An optional entry point (OPTIONAL_ENTRIES) that the chosen implementation leaves out."""
+    return None
+
+
 class Kernels:
     """One engine's chosen implementations: each entry point as an attribute
     (`kernels.rms_norm(x, w, eps)`), and `choice` (op -> implementation name)."""
@@ -197,8 +206,8 @@ class Kernels:
         self.choice: dict[str, str] = {op: impl.name for op, impl in chosen.items()}
         self._capturable = {op: impl.supports.graphs for op, impl in chosen.items()}
         # plain attributes: a layer's call is an ordinary attribute lookup, on the hot path
-        for impl in chosen.values():
-            self.__dict__.update(impl.entries)
+        for op, impl in chosen.items():
+            self.__dict__.update(dict.fromkeys(OPTIONAL_ENTRIES.get(op, ()), _not_fused), **impl.entries)
 
     def uncapturable(self, ops: Iterable[str]) -> list[str]:
         """Of `ops`, those whose chosen implementation cannot be captured into a CUDA/HIP graph."""

@@ -44,12 +44,12 @@ SCALE_NONE, SCALE_ONE, SCALE_EACH = 0, 1, 2
 if HAVE_GLUON:
 
     @gluon.jit
-    def _store(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, n_out, m_out, ok, M, N, stride_cm, stride_asm,
-               HAS_BIAS: gl.constexpr, W_SCALE: gl.constexpr, A_SCALE: gl.constexpr):  # fmt: skip
-        """c[m, n] = acc[n, m] x the weight's scale of n x the activations' scale of m (+ bias[n]); scale
-        kinds SCALE_NONE (0), SCALE_ONE (1), SCALE_EACH (2)."""
+    def scaled(acc, bias_ptr, w_scale_ptr, a_scale_ptr, n_w, n_ok, m_out, M, stride_asm, HAS_BIAS: gl.constexpr,
+               W_SCALE: gl.constexpr, A_SCALE: gl.constexpr):  # fmt: skip
+        """acc[n, m] x the weight's scale of row n_w[n] x the activations' scale of m (+ bias[n_w[n]]) where
+        n_ok; scale kinds SCALE_NONE (0), SCALE_ONE (1), SCALE_EACH (2)."""
         if W_SCALE == 2:
-            acc = acc * gl.expand_dims(gl.load(w_scale_ptr + n_out, mask=n_out < N, other=0.0), 1)
+            acc = acc * gl.expand_dims(gl.load(w_scale_ptr + n_w, mask=n_ok, other=0.0), 1)
         elif W_SCALE == 1:
             acc = acc * gl.load(w_scale_ptr)
         if A_SCALE == 2:
@@ -57,7 +57,15 @@ if HAVE_GLUON:
         elif A_SCALE == 1:
             acc = acc * gl.load(a_scale_ptr)
         if HAS_BIAS:
-            acc += gl.expand_dims(gl.load(bias_ptr + n_out, mask=n_out < N, other=0.0).to(gl.float32), 1)
+            acc += gl.expand_dims(gl.load(bias_ptr + n_w, mask=n_ok, other=0.0).to(gl.float32), 1)
+        return acc
+
+    @gluon.jit
+    def _store(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, n_out, m_out, ok, M, N, stride_cm, stride_asm,
+               HAS_BIAS: gl.constexpr, W_SCALE: gl.constexpr, A_SCALE: gl.constexpr):  # fmt: skip
+        """c[m, n] = acc[n, m], scaled (+ bias)."""
+        acc = scaled(acc, bias_ptr, w_scale_ptr, a_scale_ptr, n_out, n_out < N, m_out, M, stride_asm, HAS_BIAS,
+                     W_SCALE, A_SCALE)  # fmt: skip
         offs = gl.expand_dims(m_out.to(gl.int64) * stride_cm, 0) + gl.expand_dims(n_out, 1)
         gl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=ok)
 

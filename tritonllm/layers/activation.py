@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tritonllm.kernels.quant_formats import QuantizedActivation, activation_group
+from tritonllm.kernels.quant_formats import OutputQuant, QuantizedActivation, activation_group
 from tritonllm.kernels.registry import default_kernels
 from tritonllm.layers.linear import Linear
 
@@ -15,10 +15,24 @@ class SiluAndMul(nn.Module):
         super().__init__()
         self.kernels = default_kernels()  # the engine binds its own (kernels/registry.py)
         self._quant_for: tuple = ()  # (the linear layer whose input this op quantizes,): no submodule
+        # gated(): the SiLU-mul in the gate_up GEMM's epilogue where the linear implementation has such a
+        # kernel (EngineConfig.fuse_gated_activation, off by default); False: a kernel after the GEMM
+        self.fuse_gemm = False
 
     def quantize_for(self, linear: Linear) -> None:
         """Quantize the output for `linear` in this op's kernel where its method allows it (as RMSNorm)."""
         self._quant_for = (linear,) if linear.method.input_quant_fusable else ()
+
+    def gated(self, gate_up: Linear, x: torch.Tensor | QuantizedActivation) -> torch.Tensor | QuantizedActivation:
+        """silu(gate) * up of gate_up(x) (quantized for the next layer as forward quantizes it): in the GEMM's
+        epilogue where gate_up's linear implementation serves it (its `gated_linear` entry), else the GEMM
+        and then this op's kernel."""
+        if self.fuse_gemm:
+            quant = OutputQuant.of(self._quant_for[0].qweight) if self._quant_for else None
+            fused = gate_up.method.apply_gated(gate_up, x, quant)
+            if fused is not None:
+                return fused
+        return self(gate_up(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | QuantizedActivation:
         """x [num_tokens, 2 * d] = [gate | up] -> silu(gate) * up [num_tokens, d] (quantized for the

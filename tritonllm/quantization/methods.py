@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from tritonllm.distributed.shard import WHOLE, RankSlice, TensorDims, narrow_to_rank
-from tritonllm.kernels.quant_formats import BLOCK, FUSABLE_ACTS, QuantizedWeight
+from tritonllm.kernels.quant_formats import BLOCK, FUSABLE_ACTS, OutputQuant, QuantizedWeight
 from tritonllm.quantization.config import LayerQuant
 from tritonllm.quantization.quantize import quantize_weight
 
@@ -49,6 +49,11 @@ class LinearMethod:
     """What every linear method shares: reading a tensor-parallel rank's part of a checkpoint tensor."""
 
     format_name: str
+
+    def apply_gated(self, layer: nn.Module, x: torch.Tensor, quant: OutputQuant | None) -> torch.Tensor | None:
+        """silu(gate) * up of this gate_up layer's output in one kernel (quantized per `quant`), or None where
+        the kernels have none for this format (layers/activation.py's SiluAndMul.gated)."""
+        return None
 
     def shard_dims(self, name: str, shape: torch.Size) -> TensorDims:
         """Along which dims checkpoint tensor `name` runs over the layer's rows and columns."""
@@ -87,6 +92,9 @@ class UnquantizedMethod(LinearMethod):
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return layer.kernels.linear(x, layer.weight, layer.bias)
 
+    def apply_gated(self, layer: nn.Module, x: torch.Tensor, quant: OutputQuant | None) -> torch.Tensor | None:
+        return layer.kernels.gated_linear(x, layer.weight, layer.bias, quant)
+
 
 class OnlineQuantMethod(UnquantizedMethod):
     """Float weights loaded as they are, quantized once loading is done."""
@@ -102,6 +110,9 @@ class OnlineQuantMethod(UnquantizedMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return layer.kernels.quantized_linear(x, layer.qweight, layer.bias)
+
+    def apply_gated(self, layer: nn.Module, x: torch.Tensor, quant: OutputQuant | None) -> torch.Tensor | None:
+        return layer.kernels.gated_linear(x, layer.qweight, layer.bias, quant)
 
 
 class CheckpointQuantMethod(LinearMethod):
@@ -172,6 +183,9 @@ class CheckpointQuantMethod(LinearMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return layer.kernels.quantized_linear(x, layer.qweight, layer.bias)
+
+    def apply_gated(self, layer: nn.Module, x: torch.Tensor, quant: OutputQuant | None) -> torch.Tensor | None:
+        return layer.kernels.gated_linear(x, layer.qweight, layer.bias, quant)
 
 
 def _e4m3fn_to_fnuz(weight: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,6 +22,7 @@ from tritonllm.distributed.parallel_state import TensorParallel
 from tritonllm.engine.kv_cache import cdiv
 from tritonllm.kernels.launch import set_pdl
 from tritonllm.kernels.registry import OPS, KernelContext, Kernels, select_kernels
+from tritonllm.layers.activation import SiluAndMul
 from tritonllm.layers.attention import Attention
 from tritonllm.models.loader import fit_rope_tables, layer_features, linear_formats, load_model, model_max_len, used_ops
 from tritonllm.worker.model_runner import ModelRunner
@@ -49,10 +50,12 @@ def set_up_rank(config: EngineConfig, path: str, tp: TensorParallel) -> RankSetu
     device = platform.DEVICE
     model, hf_config = load_model(path, dtype, device, config.model.quantization, config.model.load_format, tp=tp)
     kv_dtype = config.cache.torch_kv_dtype(dtype)
-    for attn in model.modules():
-        if isinstance(attn, Attention):
-            attn.fuse_rope_kv_write = config.fuse_rope_kv_write
-            attn.fuse_epilogue = config.fuse_attention_epilogue
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.fuse_rope_kv_write = config.fuse_rope_kv_write
+            module.fuse_epilogue = config.fuse_attention_epilogue
+        elif isinstance(module, SiluAndMul):
+            module.fuse_gemm = config.fuse_gated_activation
     # this engine's kernels, bound to its model's layers by the runner: another engine in the same
     # process may choose others
     context = KernelContext(
