@@ -17,6 +17,11 @@ Operands: bf16 / fp16 (float32 accumulation), FP8 e4m3 W8A8 with per-channel (or
 and per-token (or one) activation scales applied in the epilogue. K splits (skinny grids) are summed
 in the kernel by each tile's last split program (kernels/splitk_sm90.py). Plans (rows a program,
 K splits, stages, warps) come from `plan`, swept by experiments/gemm/skinny_sm90/sweep.py.
+
+Gated (gated_skinny_gemm_sm90, the `fuse_gated_activation` ablation, off by default): for gate_up =
+[gate | up] each stage holds a program's gate rows and the matching up rows, and the epilogue writes
+silu(gate) * up, optionally quantized per token by the last program to arrive. Measured slower at batch
+1 than the GEMM and the activation kernel (experiments/gemm/README.md, session 18).
 """
 
 from __future__ import annotations
@@ -327,8 +332,8 @@ if HAVE_GLUON:
         w_desc, x_desc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, ws_ptr, cnt_ptr, q_ptr, qs_ptr,
         M, N, K, K_PER_SPLIT, stride_cm, stride_asm,
         BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr,
-        W_SCALE: gl.constexpr, A_SCALE: gl.constexpr, SPLIT_K: gl.constexpr, PDL: gl.constexpr = False,
-        GATED: gl.constexpr = 0, QMAX: gl.constexpr = 448.0, TAIL: gl.constexpr = 1024,
+        W_SCALE: gl.constexpr, A_SCALE: gl.constexpr, SPLIT_K: gl.constexpr, GATED: gl.constexpr = 0,
+        QMAX: gl.constexpr = 448.0, TAIL: gl.constexpr = 1024, PDL: gl.constexpr = False,
     ):  # fmt: skip
         """c[m, n] = sum_k a[m, k] w[n, k] x scales (+ bias[n]) for BLOCK_N weight rows and all M
         (<= BLOCK_M) activation rows a program, over the K range of its split (program_id 1).
