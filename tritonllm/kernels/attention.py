@@ -608,7 +608,7 @@ class AttentionPlan:
             self.partial_out, self.partial_max, self.partial_sum, q, k_cache, v_cache, self.block_tables,
             self.seq_lens, self.query_start_loc, k_scale, num_splits, scale * _LOG2_E, features.window,
             features.softcap2, strides[0], strides[1], self._bt_stride, *strides[2:], out, qdata, qscale,
-            self.counters if merge else out, v_scale, features.sinks, q.shape[0], self.num_heads * self.head_dim,
+            self.counters if merge else out, v_scale, features.sinks, q.shape[0], row,
             self.head_dim,
         )  # fmt: skip
         group_pad = triton.next_power_of_2(self.group)

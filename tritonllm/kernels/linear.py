@@ -10,7 +10,7 @@ from tritonllm import platform
 from tritonllm.kernels import gemm as g
 from tritonllm.kernels import gemm_skinny_sm90, gemv_w4_sm90
 from tritonllm.kernels.launch import pdl_launch
-from tritonllm.kernels.quant import quantize_per_group, quantize_per_token
+from tritonllm.kernels.quant import quantize_per_group, quantize_rows
 from tritonllm.kernels.quant_formats import OutputQuant, QuantizedActivation, QuantizedWeight
 from tritonllm.kernels.registry import FLOATS, Supports, register
 
@@ -65,12 +65,12 @@ def quantized_linear(
         if scheme.is_fp8 and not platform.has_fp8():  # no FP8 conversions here: the kernel decodes bytes
             data = data.view(torch.uint8)
         y = g.gemm(x2, data, bias, b_zero=weight.zeros, **scales)
-    elif scheme.act in ("token", "tensor"):
-        q, scale = quantize_per_token(x2, scheme.weight_dtype, weight.input_scale)
+    elif scheme.act == "mx":  # 1 x 32 e8m0 scales both sides
+        q, scale = quantize_per_group(x2, scheme.weight_dtype, scales["group_k"], mx=True)
         y = g.gemm(q, weight.data, bias, a_scale=scale, **scales)
-    else:  # "group" (1 x 128 with 128 x 128 weight blocks) or "mx" (1 x 32 e8m0 both sides)
-        q, scale = quantize_per_group(x2, scheme.weight_dtype, scales["group_k"], mx=scheme.act == "mx")
-        y = g.gemm(q, weight.data, bias, a_scale=scale, **scales)
+    else:  # per token, static, or 1 x 128 groups (128 x 128 weight blocks): as a fused op before would quantize
+        act = quantize_rows(x2, OutputQuant.of(weight))
+        y = g.gemm(act.data, weight.data, bias, a_scale=act.scale, **scales)
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
