@@ -42,6 +42,7 @@ from tritonllm.kernels.launch import (
     gluon_pdl_wait,
     gluon_sm90_available,
 )
+from tritonllm.kernels.splitk_sm90 import scale_kind
 
 try:  # recent triton ships Gluon; without it the portable kernels serve every shape
     from triton.experimental import gluon
@@ -187,13 +188,12 @@ def skinny_gemm_sm90(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: to
     if splitk_sm90.usable_split(split, tiles, a.device) == 1:
         split, k_per_split = 1, k
     ws, cnt = splitk_sm90.workspace(split, m, n, c)
-    kind = lambda s: 0 if s is None else 1 if s.numel() == 1 else 2  # noqa: E731  (splitk_sm90.SCALE_*)
     skinny_gemm_sm90_kernel[(tiles, split)](
         descriptor(b, p.block_n), descriptor(a, block_m(m)), c, bias if bias is not None else c,
         b_scale if b_scale is not None else ws, a_scale if a_scale is not None else ws, ws, cnt, ws, ws,
-        m, n, k, k_per_split, c.stride(0), a_scale.stride(0) if kind(a_scale) == 2 else 0,
+        m, n, k, k_per_split, c.stride(0), a_scale.stride(0) if scale_kind(a_scale) == splitk_sm90.SCALE_EACH else 0,
         BLOCK_N=p.block_n, BLOCK_M=block_m(m), STAGES=p.stages, HAS_BIAS=bias is not None,
-        W_SCALE=kind(b_scale), A_SCALE=kind(a_scale), SPLIT_K=split, num_warps=p.warps, **pdl,
+        W_SCALE=scale_kind(b_scale), A_SCALE=scale_kind(a_scale), SPLIT_K=split, num_warps=p.warps, **pdl,
     )  # fmt: skip
     return c
 
@@ -231,7 +231,6 @@ def gated_skinny_gemm_sm90(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor 
     p = plan(m, n, k, a.element_size())
     programs = triton.cdiv(inter, p.block_n // 2)
     h = torch.empty((m, inter), dtype=out_dtype, device=a.device)
-    kind = lambda s: 0 if s is None else 1 if s.numel() == 1 else 2  # noqa: E731  (splitk_sm90.SCALE_*)
     if quant_dtype is None:
         q = qs = cnt = h
     else:
@@ -242,9 +241,9 @@ def gated_skinny_gemm_sm90(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor 
     skinny_gemm_sm90_kernel[(programs, 1)](
         descriptor(b, p.block_n // 2), descriptor(a, block_m(m)), h, bias if bias is not None else h,
         b_scale if b_scale is not None else h, a_scale if a_scale is not None else h, h, cnt, q, qs,
-        m, n, k, k, h.stride(0), a_scale.stride(0) if kind(a_scale) == 2 else 0,
+        m, n, k, k, h.stride(0), a_scale.stride(0) if scale_kind(a_scale) == splitk_sm90.SCALE_EACH else 0,
         BLOCK_N=p.block_n, BLOCK_M=block_m(m), STAGES=p.stages, HAS_BIAS=bias is not None,
-        W_SCALE=kind(b_scale), A_SCALE=kind(a_scale), SPLIT_K=1, GATED=1 if quant_dtype is None else 2,
+        W_SCALE=scale_kind(b_scale), A_SCALE=scale_kind(a_scale), SPLIT_K=1, GATED=1 if quant_dtype is None else 2,
         QMAX=float(torch.finfo(quant_dtype).max) if quant_dtype is not None else 448.0,
         TAIL=min(triton.next_power_of_2(inter), 4096 * warps),
         num_warps=warps, **pdl,

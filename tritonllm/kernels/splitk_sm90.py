@@ -41,6 +41,12 @@ def workspace(split: int, m: int, n: int, c: torch.Tensor) -> tuple[torch.Tensor
 # scale kinds of the epilogue: none, one value for every row (or column), one a row (column)
 SCALE_NONE, SCALE_ONE, SCALE_EACH = 0, 1, 2
 
+
+def scale_kind(scale: torch.Tensor | None) -> int:
+    """The epilogue's kind of a scale tensor: none, one value, or one a row (column)."""
+    return SCALE_NONE if scale is None else SCALE_ONE if scale.numel() == 1 else SCALE_EACH
+
+
 if HAVE_GLUON:
 
     @gluon.jit

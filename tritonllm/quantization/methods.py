@@ -96,7 +96,17 @@ class UnquantizedMethod(LinearMethod):
         return layer.kernels.gated_linear(x, layer.weight, layer.bias, quant)
 
 
-class OnlineQuantMethod(UnquantizedMethod):
+class QuantizedWeightCalls:
+    """The kernel calls of a method whose loaded layer holds a QuantizedWeight (`layer.qweight`)."""
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return layer.kernels.quantized_linear(x, layer.qweight, layer.bias)
+
+    def apply_gated(self, layer: nn.Module, x: torch.Tensor, quant: OutputQuant | None) -> torch.Tensor | None:
+        return layer.kernels.gated_linear(x, layer.qweight, layer.bias, quant)
+
+
+class OnlineQuantMethod(QuantizedWeightCalls, UnquantizedMethod):
     """Float weights loaded as they are, quantized once loading is done."""
 
     def __init__(self, layer_quant: LayerQuant) -> None:
@@ -108,14 +118,8 @@ class OnlineQuantMethod(UnquantizedMethod):
         layer.qweight = quantize_weight(layer.weight.data, self.layer_quant.scheme)
         del layer.weight  # the float copy is not kept
 
-    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return layer.kernels.quantized_linear(x, layer.qweight, layer.bias)
 
-    def apply_gated(self, layer: nn.Module, x: torch.Tensor, quant: OutputQuant | None) -> torch.Tensor | None:
-        return layer.kernels.gated_linear(x, layer.qweight, layer.bias, quant)
-
-
-class CheckpointQuantMethod(LinearMethod):
+class CheckpointQuantMethod(QuantizedWeightCalls, LinearMethod):
     """A layer quantized in the checkpoint (quantization/config.py lists the published layouts)."""
 
     def __init__(self, layer_quant: LayerQuant) -> None:
@@ -180,12 +184,6 @@ class CheckpointQuantMethod(LinearMethod):
             weight, scale = _e4m3fn_to_fnuz(weight, scale)
         input_scale = layer.input_scale.data.amax().reshape(1) if self.layer_quant.static_input else None
         layer.qweight = QuantizedWeight(self.scheme, weight, scale, input_scale)
-
-    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return layer.kernels.quantized_linear(x, layer.qweight, layer.bias)
-
-    def apply_gated(self, layer: nn.Module, x: torch.Tensor, quant: OutputQuant | None) -> torch.Tensor | None:
-        return layer.kernels.gated_linear(x, layer.qweight, layer.bias, quant)
 
 
 def _e4m3fn_to_fnuz(weight: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
