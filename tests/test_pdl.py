@@ -64,6 +64,7 @@ DECODE_KERNELS = {
 READ_BEFORE_WAIT = {
     "gemm_skinny_sm90.skinny_gemm_sm90_kernel": {"w_desc"},
     "gemm_block_sm90.block_fp8_gemm_sm90_kernel": {"b_desc"},
+    "gemm_w4_tma_sm90.w4_tma_gemm_sm90_kernel": {"w_desc", "s_desc"},  # the weight's words and scales
 }
 
 

@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import w4_checks as w4  # this folder
 from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
 from launch_spy import LaunchSpy  # this folder
 from seeded import randn as _randn  # this folder
 
 from tritonllm import platform
-from tritonllm.kernels import gemm as g
-from tritonllm.kernels import gemm_w4_sm90, launch, reference
-from tritonllm.kernels.quant_formats import E2M1_VALUES, FP4, INT4, QuantizedWeight, QuantScheme, pack_int4
+from tritonllm.kernels import gemm_w4_sm90, gemm_w4_tma_sm90, reference
 from tritonllm.quantization.quantize import quantize_weight
 
 needs_sm90 = pytest.mark.skipif(
@@ -28,23 +27,12 @@ needs_sm90 = pytest.mark.skipif(
 ROOT = Path(__file__).resolve().parents[2]
 
 
-MXFP4 = QuantScheme(FP4, "mx", "none")
-
-
-def _scheme(group: int) -> QuantScheme:
-    return QuantScheme(INT4, "group", "none", group_size=group)
-
-
 @pytest.fixture
 def spy(monkeypatch) -> LaunchSpy:
     spy = LaunchSpy(gemm_w4_sm90.w4_gemm_sm90_kernel)
     monkeypatch.setattr(gemm_w4_sm90, "w4_gemm_sm90_kernel", spy)
+    monkeypatch.setattr(gemm_w4_tma_sm90, "FORCE", "never")  # the TMA kernel would take these shapes first
     return spy
-
-
-def _gemm(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None, mode: str = "always"):
-    return g.gemm(x, weight.data, bias, b_scale=weight.scale, b_zero=weight.zeros, sm90=mode,
-                  **g.scale_args(weight.scheme))  # fmt: skip
 
 
 @pytest.mark.gpu
@@ -56,11 +44,7 @@ def _gemm(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = 
 def test_matches_the_dequantized_weight(group, m, n, k, dtype, spy) -> None:
     """Ragged M (rows past M masked) and N, K of 2 to 33 steps, every group size, both 16-bit dtypes,
     with the bias (one split) and the plan's K splits."""
-    x = _randn(m, k, seed=70, dtype=dtype)
-    bias = _randn(n, seed=71, dtype=dtype)
-    weight = quantize_weight(_randn(n, k, seed=72), _scheme(group))
-    expected = x.float() @ reference.dequantize_weight(weight).T + bias.float()
-    assert_close_to_scale(_gemm(x, weight, bias), expected, 1e-2)
+    w4.check_against_dequantized(m, n, k, w4.int4_scheme(group), dtype, seed=70)
     assert spy.launches == 1, "the Gluon W4 GEMM did not run"
 
 
@@ -73,12 +57,8 @@ def test_mxfp4_matches_the_dequantized_weight(m, n, k, plan, monkeypatch, spy) -
     """MXFP4 (e2m1, e8m0 per 32; bf16 activations), with the bias, K splits and two warpgroups."""
     if plan:
         monkeypatch.setattr(gemm_w4_sm90, "PLAN_OVERRIDE", gemm_w4_sm90.Plan.parse(plan))
-    x = _randn(m, k, seed=80, dtype=torch.bfloat16)
-    bias = _randn(n, seed=81, dtype=torch.bfloat16)
-    weight = quantize_weight(_randn(n, k, seed=82), MXFP4)
-    expected = x.float() @ reference.dequantize_weight(weight).T + bias.float()
-    assert_close_to_scale(_gemm(x, weight, bias), expected, 1e-2)
-    assert spy.launches == 1, "the Gluon W4 GEMM did not run"
+    w4.check_against_dequantized(m, n, k, w4.MXFP4, torch.bfloat16, seed=80)
+    assert spy.launches == 1
 
 
 @pytest.mark.gpu
@@ -86,15 +66,7 @@ def test_mxfp4_matches_the_dequantized_weight(m, n, k, plan, monkeypatch, spy) -
 def test_every_e2m1_code_decodes_exactly(spy) -> None:
     """Every e2m1 code (the subnormal 0.5 too) under scales 2**-27 .. 2**23, picked out column by column
     with one-hot activations (all 128 columns of a K step): exact."""
-    codes = torch.arange(16, dtype=torch.uint8).repeat(3, 8)[
-        :, torch.randperm(128, generator=torch.Generator().manual_seed(83))
-    ]
-    exps = torch.tensor([[127, 120, 100, 150], [130, 127, 104, 140], [127, 126, 101, 127]], dtype=torch.uint8)
-    fp4 = QuantizedWeight(MXFP4, pack_int4(codes).to(platform.DEVICE), exps.to(platform.DEVICE))
-    eye = torch.eye(128, device=platform.DEVICE, dtype=torch.bfloat16)
-    got = torch.cat([_gemm(eye[i : i + 16], fp4) for i in range(0, 128, 16)]).T.float().cpu()
-    values = torch.tensor(E2M1_VALUES)[codes.long()] * torch.exp2(exps.float() - 127).repeat_interleave(32, 1)
-    assert torch.equal(got, values.bfloat16().float())
+    w4.check_every_e2m1_code()
     assert spy.launches == 8
 
 
@@ -119,30 +91,17 @@ def test_every_plan_matches(plan, m, monkeypatch, spy) -> None:
     second call, the counters back at zero), prefetch on and off, two and four warpgroups, at K = 4,224
     and 4,096."""
     monkeypatch.setattr(gemm_w4_sm90, "PLAN_OVERRIDE", gemm_w4_sm90.Plan.parse(plan))
-    for k in (4224, 4096):
-        x = _randn(m, k, seed=73, dtype=torch.bfloat16)
-        weight = quantize_weight(_randn(200, k, seed=74), _scheme(128))
-        first = _gemm(x, weight)
-        assert_close_to_scale(first, x.float() @ reference.dequantize_weight(weight).T, 1e-2)
-        assert torch.equal(_gemm(x, weight), first)  # deterministic: the splits summed in order, every call
+    w4.check_plan(m, 200, seed=73)
     assert spy.launches == 4
-    assert not launch.arrival_counters(x.device).any(), "a tile's arrival counter was left non-zero"
 
 
 @pytest.mark.gpu
 @needs_sm90
-def test_every_code_decodes_exactly(spy) -> None:
-    """Every int4 code under zero points 0 / 8 / 15 and power-of-two scales, picked out column by
+@pytest.mark.parametrize("group", [32, 128])
+def test_every_code_decodes_exactly(group, spy) -> None:
+    """Every int4 code under zero points 0 / 8 / 15 / 3 and power-of-two scales, picked out column by
     column with one-hot activations (all 128 columns of a K step: the column permutation): exact."""
-    codes = torch.arange(16, dtype=torch.uint8).repeat(3, 8)  # [3, 128]
-    codes = codes[:, torch.randperm(128, generator=torch.Generator().manual_seed(75))]
-    scale = torch.tensor([[1.0], [0.5], [4.0]]).bfloat16()
-    zeros = torch.tensor([[0.0], [8.0], [15.0]]).bfloat16()
-    int4 = QuantizedWeight(_scheme(128), pack_int4(codes).to(platform.DEVICE), scale.to(platform.DEVICE),
-                           zeros=zeros.to(platform.DEVICE))  # fmt: skip
-    eye = torch.eye(128, device=platform.DEVICE, dtype=torch.bfloat16)
-    got = torch.cat([_gemm(eye[i : i + 16], int4) for i in range(0, 128, 16)]).T.float().cpu()
-    assert torch.equal(got, ((codes.float() - zeros.float()) * scale.float()).bfloat16().float())
+    w4.check_every_int4_code(group)
     assert spy.launches == 8
 
 
@@ -150,22 +109,17 @@ def test_every_code_decodes_exactly(spy) -> None:
 @needs_sm90
 def test_a_broken_decode_is_caught(monkeypatch) -> None:
     """Negative check: with the nibble mask shifted the kernel's output fails the same comparison."""
-    weight = quantize_weight(_randn(128, 1024, seed=76), _scheme(128))
-    x = _randn(16, 1024, seed=77, dtype=torch.bfloat16)
-    expected = x.float() @ reference.dequantize_weight(weight).T
-    assert_close_to_scale(_gemm(x, weight), expected, 1e-2)
-    monkeypatch.setattr(gemm_w4_sm90, "INT4_PAIR_MASK", 0x000E000F)
-    with pytest.raises(AssertionError):
-        assert_close_to_scale(_gemm(x, weight), expected, 1e-2)
+    monkeypatch.setattr(gemm_w4_tma_sm90, "FORCE", "never")
+    w4.check_broken_mask_caught(gemm_w4_sm90, monkeypatch)
 
 
 def test_gemm_leaves_it_alone_off_hopper(spy) -> None:
     """Without an sm90 GPU (here: the interpreter) gemm() at M = 2..64 runs the portable kernels."""
     if platform.is_gpu() and gemm_w4_sm90.available():
         pytest.skip("an sm90 GPU: the kernel is meant to run here")
-    weight = quantize_weight(_randn(16, 256, seed=78), _scheme(32))
+    weight = quantize_weight(_randn(16, 256, seed=78), w4.int4_scheme(32))
     x = _randn(3, 256, seed=79, dtype=platform.DEFAULT_DTYPE)
-    assert_close_to_scale(_gemm(x, weight), x.float() @ reference.dequantize_weight(weight).T, 1e-2)
+    assert_close_to_scale(w4.w4_gemm(x, weight), x.float() @ reference.dequantize_weight(weight).T, 1e-2)
     assert spy.launches == 0
 
 
@@ -256,7 +210,7 @@ def test_decode_and_column_order_in_torch(fp4: bool) -> None:
     times the activations permuted the kernel's way equals the dequantized product (MXFP4 with the
     activations x 2**63, nothing taken back); a wrong magnitude mask, or a wrong permutation, fails."""
     n = 6
-    weight = quantize_weight(_randn(n, 128, seed=84), MXFP4 if fp4 else _scheme(32))
+    weight = quantize_weight(_randn(n, 128, seed=84), w4.MXFP4 if fp4 else w4.int4_scheme(32))
     x = _randn(3, 128, seed=85).bfloat16().float()
     words = weight.data.cpu().contiguous().view(torch.int32)
     s, z = weight.scale.cpu(), None if fp4 else weight.zeros.cpu()

@@ -19,7 +19,7 @@ from seeded import randn as _randn  # this folder
 
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
-from tritonllm.kernels import gemv_w4_sm90, reference, registry
+from tritonllm.kernels import gemm_w4_tma_sm90, gemv_w4_sm90, reference, registry
 from tritonllm.kernels.quant_formats import E2M1_VALUES, FP4, INT4, QuantizedWeight, QuantScheme, pack_int4
 from tritonllm.quantization.quantize import quantize_weight
 
@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def spy(monkeypatch) -> LaunchSpy:
     spy = LaunchSpy(gemv_w4_sm90.w4_gemv_sm90_kernel)
     monkeypatch.setattr(gemv_w4_sm90, "w4_gemv_sm90_kernel", spy)
+    monkeypatch.setattr(gemm_w4_tma_sm90, "FORCE", "never")  # the TMA kernel would take these shapes first
     return spy
 
 

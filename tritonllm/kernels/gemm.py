@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from tritonllm import platform
-from tritonllm.kernels import gemm_block_sm90, gemm_skinny_sm90, gemm_w4_sm90, gemv_w4_sm90
+from tritonllm.kernels import gemm_block_sm90, gemm_skinny_sm90, gemm_w4_sm90, gemm_w4_tma_sm90, gemv_w4_sm90
 from tritonllm.kernels.gemm_dequant import dequantize
 from tritonllm.kernels.gemm_gemv import gemv_kernel
 from tritonllm.kernels.gemm_persistent import descriptors_fit, gemm_persistent_kernel, tile_coords
@@ -475,6 +475,8 @@ def gemm(
         return c
     if sm90 != "never" and packed and (words := as_words(b)) is not None:  # Hopper: the Gluon kernels
         fp4, zero = b_decode == DEC_FP4, b_zero if zeros else None
+        if gemm_w4_tma_sm90.measured_faster(m, n, k, fp4) and gemm_w4_tma_sm90.takes(a, words, group_k, fp4):
+            return gemm_w4_tma_sm90.w4_tma_gemm_sm90(a, words, c, bias, b_scale, zero, group_k, fp4, pdl_launch())
         if (
             m == 1
             and gemv_w4_sm90.takes(a, k, group_k)

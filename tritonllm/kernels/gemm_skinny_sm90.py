@@ -182,12 +182,7 @@ def skinny_gemm_sm90(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: to
     (m, k), n = a.shape, b.shape[0]
     p = plan(m, n, k, a.element_size())
     block_k = ROW_BYTES // a.element_size()
-    k_per_split = triton.cdiv(triton.cdiv(k, p.split), block_k) * block_k
-    split = triton.cdiv(k, k_per_split)
-    tiles = triton.cdiv(n, p.block_n)
-    if splitk_sm90.usable_split(split, tiles, a.device) == 1:
-        split, k_per_split = 1, k
-    ws, cnt = splitk_sm90.workspace(split, m, n, c)
+    split, k_per_split, tiles, ws, cnt = splitk_sm90.plan_splits(m, n, k, p.split, block_k, p.block_n, c)
     skinny_gemm_sm90_kernel[(tiles, split)](
         descriptor(b, p.block_n), descriptor(a, block_m(m)), c, bias if bias is not None else c,
         b_scale if b_scale is not None else ws, a_scale if a_scale is not None else ws, ws, cnt, ws, ws,

@@ -158,12 +158,7 @@ def w4_gemm_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
     order (deterministic) and writes c: one launch, no reduce kernel."""
     (m, k), n = a.shape, words.shape[0]
     p = plan(m, n, k, fp4)
-    k_per_split = triton.cdiv(triton.cdiv(k, p.split), BLOCK_K) * BLOCK_K
-    split = triton.cdiv(k, k_per_split)
-    tiles = triton.cdiv(n, p.block_n)
-    if splitk_sm90.usable_split(split, tiles, a.device) == 1:
-        split, k_per_split = 1, k
-    ws, cnt = splitk_sm90.workspace(split, m, n, c)
+    split, k_per_split, tiles, ws, cnt = splitk_sm90.plan_splits(m, n, k, p.split, BLOCK_K, p.block_n, c)
     w4_gemm_sm90_kernel[(tiles, split)](
         a, words, c, bias if bias is not None else c, scale, scale if fp4 else zero, ws, cnt,
         m, n, k, k_per_split // 8, a.stride(0), words.stride(0), c.stride(0), scale.stride(0), scale.stride(1),

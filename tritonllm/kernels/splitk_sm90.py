@@ -11,6 +11,7 @@ on the output. The counters are one zeroed int32 tensor per device that every ke
 from __future__ import annotations
 
 import torch
+import triton
 
 from tritonllm.kernels.launch import MAX_ARRIVAL_COUNTERS, arrival_counters, gluon_barrier
 
@@ -36,6 +37,19 @@ def workspace(split: int, m: int, n: int, c: torch.Tensor) -> tuple[torch.Tensor
     if split == 1:
         return c, c
     return torch.empty((split, m, n), dtype=torch.float32, device=c.device), arrival_counters(c.device)
+
+
+def plan_splits(m: int, n: int, k: int, split: int, block_k: int, block_n: int,
+                c: torch.Tensor) -> tuple[int, int, int, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """A launch's K splits: (splits, columns a split (whole K steps of block_k), tiles of block_n rows, the
+    float32 partials and the counters (workspace)) for `split` asked and an output c [M, N]; one split where
+    the counters cannot serve more (usable_split)."""
+    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    split = triton.cdiv(k, k_per_split)
+    tiles = triton.cdiv(n, block_n)
+    if usable_split(split, tiles, c.device) == 1:
+        split, k_per_split = 1, k
+    return (split, k_per_split, tiles, *workspace(split, m, n, c))
 
 
 # scale kinds of the epilogue: none, one value for every row (or column), one a row (column)
