@@ -33,10 +33,11 @@ HAVE_GLUON = skinny.HAVE_GLUON
 if HAVE_GLUON:
     from tritonllm.kernels.gemm_skinny_sm90 import (
         _tma_load,
-        fence_async_shared,
         gl,
         gluon,
         mbarrier,
+        release_ring,
+        ring_barriers,
         warpgroup_mma,
         warpgroup_mma_wait,
     )
@@ -162,10 +163,7 @@ if HAVE_GLUON:
         steps = gl.cdiv(K, BLOCK_K)
 
         b_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(STAGES):
-            mbarrier.init(ready.index(s), count=1)
-        fence_async_shared()
+        ready = ring_barriers(STAGES)
 
         # every stage filled: the weight's copies first (not written by the previous kernel: no wait
         # for it), then, once that kernel's writes are visible, the activations'
@@ -212,8 +210,7 @@ if HAVE_GLUON:
             old = warpgroup_mma_wait(num_outstanding=0, deps=(_mma_step(a_smem, b_smem, ready, i, old, STAGES),))
             acc = _promote(acc, old, a_scale_rows, b_scale_block, i, stride_ask, stride_bsk)
             _refill(a_desc, b_desc, off_m, off_n, i, steps, ready, a_smem, b_smem, STAGES, STEP_BYTES)
-        for t in gl.static_range(STAGES):
-            mbarrier.invalidate(ready.index(t))
+        release_ring(ready, STAGES)
 
         offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ACC))
         offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, ACC))

@@ -249,6 +249,22 @@ def gated_skinny_gemm_sm90(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor 
 if HAVE_GLUON:
 
     @gluon.jit
+    def ring_barriers(STAGES: gl.constexpr):
+        """One mbarrier a ring stage (count 1: the stage's bytes arrive through TMA), initialised and fenced
+        (the TMA ring of this kernel, gemm_block_sm90's and gemm_w4_tma_sm90's)."""
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for b in gl.static_range(STAGES):
+            mbarrier.init(ready.index(b), count=1)
+        fence_async_shared()
+        return ready
+
+    @gluon.jit
+    def release_ring(ready, STAGES: gl.constexpr):
+        """The ring's mbarriers invalidated (the kernel's end)."""
+        for b in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(b))
+
+    @gluon.jit
     def _issue(desc, row, k, bar, buf, pred):
         """One TMA copy of the box at (row, k) into buf, counted on bar."""
         _tma_load(desc, [row, k], bar, buf, pred=pred)
@@ -348,10 +364,7 @@ if HAVE_GLUON:
         steps = gl.cdiv(gl.minimum(K, k0 + K_PER_SPLIT) - k0, BLOCK_K)
 
         w_smem = gl.allocate_shared_memory(DT, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for b in gl.static_range(STAGES):
-            mbarrier.init(ready.index(b), count=1)
-        fence_async_shared()
+        ready = ring_barriers(STAGES)
 
         # the first STAGES - 1 steps: weights first (not written by the kernel before: no wait for it),
         # then, once the previous kernel's writes are visible, the activations
@@ -376,8 +389,7 @@ if HAVE_GLUON:
             _issue_w(w_desc, n0, N // 2, k0 + j * BLOCK_K, ready.index(sj), w_smem.index(sj), j < steps, GATED)
             _issue(x_desc, 0, k0 + j * BLOCK_K, ready.index(sj), x_smem.index(sj), j < steps)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        for b in gl.static_range(STAGES):
-            mbarrier.invalidate(ready.index(b))
+        release_ring(ready, STAGES)
 
         if GATED:
             gated_epilogue(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, cnt_ptr, q_ptr, qs_ptr, pid_n, M, N // 2,

@@ -48,6 +48,7 @@ try:  # recent triton ships Gluon; without it the portable kernels serve every s
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    from tritonllm.kernels.gemm_skinny_sm90 import release_ring, ring_barriers
     from tritonllm.kernels.gemm_w4_sm90 import _decode, _row_bases, _words_layout
 
     # Triton 3.6 (the H200 machine's) names the TMA load async_copy_global_to_shared, 3.9 async_load
@@ -305,10 +306,7 @@ if HAVE_GLUON:
 
         w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4, 4], w_desc.layout)
         s_smem = gl.allocate_shared_memory(s_desc.dtype, [STAGES, GS, BLOCK_N], s_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for b in gl.static_range(STAGES):
-            mbarrier.init(ready.index(b), count=1)
-        fence_async_shared()
+        ready = ring_barriers(STAGES)
 
         # the first STAGES steps: weights first (not written by the kernel before: no wait for it), then,
         # once the previous kernel's writes are visible, the activations
@@ -347,8 +345,7 @@ if HAVE_GLUON:
             # synchronous: the A operand's registers are rewritten by the next step's decode (an asynchronous
             # MMA reading them was measured wrong on the H200, and no faster: experiments/quant4/README.md)
             acc = warpgroup_mma(a_op, x_buf.permute((1, 0)), acc)
-        for b in gl.static_range(STAGES):
-            mbarrier.invalidate(ready.index(b))
+        release_ring(ready, STAGES)
 
         splitk_sm90.finish_tile(acc, c_ptr, bias_ptr, c_ptr, c_ptr, ws_ptr, cnt_ptr, pid_n, gl.program_id(1), M, N,
                                 stride_cm, 0, BLOCK_N, BLOCK_M, ACC, HAS_BIAS, 0, 0, SPLIT_K)  # fmt: skip
