@@ -246,17 +246,27 @@ if HAVE_GLUON:
         return gl.convert_layout(gl.reshape(x, [BLOCK_N, 128]), LA)
 
     @gluon.jit
+    def a_operand_order(x, BLOCK_M: gl.constexpr, FP4: gl.constexpr):
+        """The [BLOCK_M, 128] activation tile of a K step with its columns in the order _decode gives the
+        weight's (MXFP4: x 2**63, the scale the decoded weight lacks)."""
+        if FP4:
+            x = (x.to(gl.float32) * 9223372036854775808.0).to(x.dtype)  # 2**63, exact
+        x = gl.reshape(x, [BLOCK_M, 4, 4, 2, 2, 2])  # physical column 32 t + 8 u + 4 e + 2 c1 + h
+        return gl.reshape(gl.permute(x, [0, 2, 4, 5, 1, 3]), [BLOCK_M, 128])  # [m, u, c1, h, t, e]
+
+    @gluon.jit
+    def e8m0_bf16(e):
+        """The bf16 bits of 2**(e - 64) for e8m0 scale bytes e (the decoded MXFP4 weight is value x 2**-63)."""
+        return (e.to(gl.int32) + 63) << 7
+
+    @gluon.jit
     def _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw, stride_sk, GROUP_K: gl.constexpr,
                    BLOCK_M: gl.constexpr, FP4: gl.constexpr):  # fmt: skip
         """The K step at word kw: words [BLOCK_N, 4, 4], scales and zero points [BLOCK_N, 4] (a row's and
         quad lane's; MXFP4: the scales twice), the [BLOCK_M, 128] activation tile with its columns in the
         A operand's order (MXFP4: x 2**63)."""
         g = kw // (GROUP_K // 8) * stride_sk
-        x = gl.load(a_ptrs + kw * 8, mask=rows_in, other=0.0)
-        if FP4:
-            x = (x.to(gl.float32) * 9223372036854775808.0).to(x.dtype)  # 2**63, exact
-        x = gl.reshape(x, [BLOCK_M, 4, 4, 2, 2, 2])  # physical column 32 t + 8 u + 4 e + 2 c1 + h
-        x = gl.reshape(gl.permute(x, [0, 2, 4, 5, 1, 3]), [BLOCK_M, 128])  # [m, u, c1, h, t, e]
+        x = a_operand_order(gl.load(a_ptrs + kw * 8, mask=rows_in, other=0.0), BLOCK_M, FP4)
         s = gl.load(s_ptrs + g)
         z = s if FP4 else gl.load(z_ptrs + g)
         return gl.load(w_ptrs + kw), s, z, x
@@ -268,7 +278,7 @@ if HAVE_GLUON:
         (MXFP4: (2**(e - 64), ...)) as 16-bit pairs in a word, then the MMA with the activation tile in
         shared memory."""
         if FP4:
-            s2 = (s.to(gl.int32) + 63) << 7  # the bf16 2**(e - 64)
+            s2 = e8m0_bf16(s)
             zs2 = s2  # no zero points
         else:
             sd = s.to(DT)

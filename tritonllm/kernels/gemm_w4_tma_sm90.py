@@ -45,20 +45,16 @@ from tritonllm.kernels.launch import compile_gluon_sm90, gluon_barrier, gluon_pd
 try:  # recent triton ships Gluon; without it the portable kernels serve every shape
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from tritonllm.kernels.gemm_skinny_sm90 import release_ring, ring_barriers
-    from tritonllm.kernels.gemm_w4_sm90 import _decode, _row_bases, _words_layout
+    from tritonllm.kernels.gemm_skinny_sm90 import _tma_load, release_ring, ring_barriers
+    from tritonllm.kernels.gemm_w4_sm90 import _decode, _row_bases, _words_layout, a_operand_order, e8m0_bf16
 
-    # Triton 3.6 (the H200 machine's) names the TMA load async_copy_global_to_shared, 3.9 async_load
-    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     HAVE_GLUON = True
     _BLOCK_K = gl.constexpr(128)
-    _GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.int32: gl.int32, torch.uint8: gl.uint8}
 except ImportError:  # pragma: no cover - older triton
     HAVE_GLUON = False
-    _GL = {}
 
 BLOCK_K = 128  # columns a K step: a thread's four words a row (the A layout's)
 MAX_M = 64
@@ -269,7 +265,7 @@ if HAVE_GLUON:
         else:
             v = s_smem.index(stage).permute((1, 0)).load(L2)  # [BLOCK_N, 1]
         if FP4:
-            s2 = (v.to(gl.int32) + 63) << 7  # the bf16 2**(e - 64)
+            s2 = e8m0_bf16(v)
             s2 = s2 | (s2 << 16)
             zs2 = s2  # no zero points
         else:
@@ -327,11 +323,7 @@ if HAVE_GLUON:
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
             words = w_smem.index(s).load(LW)
             s2, zs2 = _step_scales(s_smem, s, BLOCK_N, LW, GS, FP4)
-            x = x_ring.index(s).load(LX)
-            if FP4:
-                x = (x.to(gl.float32) * 9223372036854775808.0).to(DT)  # 2**63, exact
-            x = gl.reshape(x, [BLOCK_M, 4, 4, 2, 2, 2])  # physical column 32 t + 8 u + 4 e + 2 c1 + h
-            x = gl.reshape(gl.permute(x, [0, 2, 4, 5, 1, 3]), [BLOCK_M, _BLOCK_K])  # [m, u, c1, h, t, e]
+            x = a_operand_order(x_ring.index(s).load(LX), BLOCK_M, FP4)
             x_buf = x_smem.index(i % 2)
             x_buf.store(x)
             fence_async_shared()
