@@ -11,7 +11,9 @@ quantization included) too. Each output is checked against float32 of the dequan
 Reports median us, TFLOP/s, TB/s (operands + output read/written once) and the ratios. Timing
 replays each call from a CUDA graph by default (triton.testing.do_bench_cudagraph: GPU time only,
 as the engine's graph-replayed steps pay it); `--timing eager` times ordinary launches
-(do_bench), host launch time included, which dominates at small M.
+(do_bench), host launch time included, which dominates at small M. Each timed call reads its weight
+cold in L2 as a model's step does (scripts/cold_l2.py: calls rotate through copies of the weight);
+`--l2 warm` times one copy, L2-resident wherever it fits (how the figures before session 20 were taken).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from scripts.cold_l2 import rotating  # noqa: E402
 from tritonllm.kernels import gemm as g  # noqa: E402
 from tritonllm.kernels import gemm_block_sm90, reference, registry  # noqa: E402
 from tritonllm.kernels.quant_formats import FP4, INT4, UINT8, QuantScheme  # noqa: E402
@@ -59,29 +62,39 @@ TIMING = {
     "eager": lambda fn: triton.testing.do_bench(fn, warmup=5, rep=25),
 }
 bench = TIMING["graph"]
+COLD_L2 = [True]
 
 
-def bench_us(fn) -> float:
-    fn()  # compile (and allocate) outside the timed graph
-    return bench(fn) * 1000
+def bench_us(make, weight) -> float:
+    """Median us of make(weight)() (make(copy)() for the copies of weight when L2 is cold)."""
+    return bench(rotating(make, weight, COLD_L2[0])) * 1000
 
 
 def rel_error(got: torch.Tensor, expected: torch.Tensor) -> float:
     return float((got.float() - expected).abs().max() / expected.abs().max().clamp(min=1e-6))
 
 
-def torch_gemm(fmt: str, a, a_scale, weight):
-    """torch's own GEMM of the format on the same quantized operands (None: torch has none)."""
+def torch_gemm(fmt: str, a, a_scale):
+    """A maker of torch's own GEMM of the format on the same quantized operands (None: torch has none)."""
+    if fmt not in ("fp8", "int8") or (fmt == "int8" and a.shape[0] <= 16):
+        return None
+    return lambda weight: _torch_gemm(fmt, a, a_scale, weight)
+
+
+def _torch_gemm(fmt: str, a, a_scale, weight):
     if fmt == "fp8":
         scale_b = weight.scale.reshape(1, -1)
         return lambda: torch._scaled_mm(a, weight.data.t(), scale_a=a_scale, scale_b=scale_b, out_dtype=torch.bfloat16)
-    if fmt == "int8" and a.shape[0] > 16:
-        scale_b = weight.scale.reshape(1, -1)
-        return lambda: (torch._int_mm(a, weight.data.t()).float() * a_scale * scale_b).to(torch.bfloat16)
-    return None
+    scale_b = weight.scale.reshape(1, -1)
+    return lambda: (torch._int_mm(a, weight.data.t()).float() * a_scale * scale_b).to(torch.bfloat16)
 
 
-def triton_gemm(fmt: str, a, a_scale, weight, tiles: g.GemmTiles | None = None, sm90: str = "never"):
+def triton_gemm(a, a_scale, tiles: g.GemmTiles | None = None, sm90: str = "never"):
+    """A maker of the Triton GEMM's call on a quantized weight."""
+    return lambda weight: _triton_gemm(a, a_scale, weight, tiles, sm90)
+
+
+def _triton_gemm(a, a_scale, weight, tiles, sm90):
     scales = g.scale_args(weight.scheme)
     return lambda: g.gemm(a, weight.data, None, out_dtype=torch.bfloat16, a_scale=a_scale, b_scale=weight.scale,
                           b_zero=weight.zeros, tiles=tiles, sm90=sm90, **scales)  # fmt: skip
@@ -93,20 +106,20 @@ def run_case(model: str, layer: str, n: int, k: int, m: int, formats: list[str])
     w = (torch.randn(n, k, device="cuda", generator=gen, dtype=torch.float32) * 0.02).to(torch.bfloat16)
     flops = 2 * m * n * k
     rows = []
-    cublas_us = bench_us(lambda: torch.matmul(x, w.t()))
+    cublas_us = bench_us(lambda w: lambda: torch.matmul(x, w.t()), w)
     base = dict(model=model, layer=layer, n=n, k=k, m=m)
     rows.append(dict(base, format="bf16", impl="torch.matmul", us=cublas_us))
     for fmt in formats:
         if fmt == "bf16":
             expected = x.float() @ w.float().t()
             got = g.gemm(x, w)
-            rows.append(dict(base, format="bf16", impl="triton_gemm", us=bench_us(lambda: g.gemm(x, w)),
+            rows.append(dict(base, format="bf16", impl="triton_gemm", us=bench_us(lambda w: lambda: g.gemm(x, w), w),
                              rel_error=rel_error(got, expected), a_bytes=2, w_bytes=2))  # fmt: skip
             if m >= PERSISTENT_MIN_M:
                 tiles = replace(g.pick_tiles("float", m), persistent=True)
-                fn = lambda tiles=tiles: g.gemm(x, w, tiles=tiles)  # noqa: E731
-                rows.append(dict(base, format="bf16", impl="triton_persistent", us=bench_us(fn),
-                                 rel_error=rel_error(fn(), expected), a_bytes=2, w_bytes=2))  # fmt: skip
+                make = lambda w, tiles=tiles: lambda: g.gemm(x, w, tiles=tiles)  # noqa: E731
+                rows.append(dict(base, format="bf16", impl="triton_persistent", us=bench_us(make, w),
+                                 rel_error=rel_error(make(w)(), expected), a_bytes=2, w_bytes=2))  # fmt: skip
             continue
         scheme = SCHEMES[fmt]
         weight = quantize_weight(w, scheme)
@@ -117,34 +130,34 @@ def run_case(model: str, layer: str, n: int, k: int, m: int, formats: list[str])
             expected_a = reference.dequantize_activation(a, a_scale, scheme)
         expected = expected_a @ reference.dequantize_weight(weight).t()
         a_bytes = 2 if scheme.act == "none" else 1
-        fn = triton_gemm(fmt, a, a_scale, weight)
+        make = triton_gemm(a, a_scale)
         w_bytes = 0.5 if scheme.packed else 1
-        rows.append(dict(base, format=fmt, impl="triton_gemm", us=bench_us(fn), rel_error=rel_error(fn(), expected),
-                         a_bytes=a_bytes, w_bytes=w_bytes))  # fmt: skip
+        rows.append(dict(base, format=fmt, impl="triton_gemm", us=bench_us(make, weight),
+                         rel_error=rel_error(make(weight)(), expected), a_bytes=a_bytes, w_bytes=w_bytes))  # fmt: skip
         if fmt in ("fp8", "int8") and m >= PERSISTENT_MIN_M:  # the persistent descriptor kernel, same tiles
             tiles = replace(g.pick_tiles("w8a8", m), persistent=True)
-            fn = triton_gemm(fmt, a, a_scale, weight, tiles)
-            rows.append(dict(base, format=fmt, impl="triton_persistent", us=bench_us(fn),
-                             rel_error=rel_error(fn(), expected), a_bytes=a_bytes, w_bytes=1))  # fmt: skip
+            make = triton_gemm(a, a_scale, tiles)
+            rows.append(dict(base, format=fmt, impl="triton_persistent", us=bench_us(make, weight),
+                             rel_error=rel_error(make(weight)(), expected), a_bytes=a_bytes, w_bytes=1))  # fmt: skip
         if fmt == "fp8_block" and m > 64 and gemm_block_sm90.available():  # the Hopper Gluon kernel (kernel only)
-            fn = triton_gemm(fmt, a, a_scale, weight, sm90="always")
-            rows.append(dict(base, format=fmt, impl="triton_block_sm90", us=bench_us(fn),
-                             rel_error=rel_error(fn(), expected), a_bytes=1, w_bytes=1))  # fmt: skip
-        ref_fn = torch_gemm(fmt, a, a_scale, weight)
-        if ref_fn is not None:
-            rows.append(dict(base, format=fmt, impl="torch_gemm", us=bench_us(ref_fn), rel_error=rel_error(ref_fn(), expected),
-                             a_bytes=a_bytes, w_bytes=1))  # fmt: skip
+            make = triton_gemm(a, a_scale, sm90="always")
+            rows.append(dict(base, format=fmt, impl="triton_block_sm90", us=bench_us(make, weight),
+                             rel_error=rel_error(make(weight)(), expected), a_bytes=1, w_bytes=1))  # fmt: skip
+        make = torch_gemm(fmt, a, a_scale)
+        if make is not None:
+            rows.append(dict(base, format=fmt, impl="torch_gemm", us=bench_us(make, weight),
+                             rel_error=rel_error(make(weight)(), expected), a_bytes=a_bytes, w_bytes=1))  # fmt: skip
         for impl in registry.implementations("linear"):  # the whole layer: activation quantization included
             context = registry.KernelContext("cuda", torch.bfloat16, None, None, frozenset({scheme.format_name}))
             if impl.name == "torch_ref" or impl.supports.refusal(context) is not None:
                 continue
-            layer_fn = lambda impl=impl, weight=weight: impl.entries["quantized_linear"](x, weight, None)  # noqa: E731
+            layer = lambda weight, impl=impl: lambda: impl.entries["quantized_linear"](x, weight, None)  # noqa: E731
             rows.append(
                 dict(
                     base,
                     format=fmt,
                     impl=f"linear:{impl.name}",
-                    us=bench_us(layer_fn),
+                    us=bench_us(layer, weight),
                     a_bytes=a_bytes,
                     w_bytes=w_bytes,
                 )
@@ -167,9 +180,13 @@ def main() -> None:
     parser.add_argument(
         "--timing", choices=sorted(TIMING), default="graph", help="graph: GPU time; eager: with launches"
     )
+    parser.add_argument(
+        "--l2", choices=["cold", "warm"], default="cold", help="weights cold in L2 (as in a model) or not"
+    )
     args = parser.parse_args()
     global bench
     bench = TIMING[args.timing]
+    COLD_L2[0] = args.l2 == "cold"
     rows = []
     for model in args.models:
         for layer, n, k in MODELS[model]:
@@ -182,7 +199,7 @@ def main() -> None:
                 )
                 print(f"{model} {layer} N={n} K={k} M={m}: {line}", flush=True)
                 args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                                "triton": triton.__version__, "timing": args.timing, "rows": rows}, indent=1))  # fmt: skip
+                                                "triton": triton.__version__, "timing": args.timing, "l2": args.l2, "rows": rows}, indent=1))  # fmt: skip
     bad = [r for r in rows if r.get("rel_error", 0) > 2e-2]
     print(f"{len(rows)} timings; outputs off by more than 2% of their scale: {len(bad)}")
     for r in bad:

@@ -1,7 +1,9 @@
 """The Hopper int4 tensor-core GEMM (kernels/gemm_w4_sm90.py) at M = 1..64 on Llama-3-8B layer shapes,
 per plan (rows a program, K splits, prefetch), beside the portable kernels that gemm() runs today and
 bf16 torch.matmul in the same run (CUDA-graph replay, triton.testing.do_bench_cudagraph); every output
-checked against the float32 product with the dequantized weight. On the GPU:
+checked against the float32 product with the dequantized weight. Each timed call reads its weight cold in
+L2, as a model's step does (scripts/cold_l2.py: the calls rotate through copies of the weight;
+--warm-l2 times one copy, the sessions-9-to-19 figures). On the GPU:
 
     python experiments/quant4/gemm_sm90/sweep.py OUT.json [--ms 2 4 16 64] [--plans auto 64:4:1 256:2:1:16 ...]
 """
@@ -19,6 +21,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+from scripts.cold_l2 import rotating  # noqa: E402
 from tritonllm.kernels import gemm as g  # noqa: E402
 from tritonllm.kernels import gemm_w4_sm90, reference  # noqa: E402
 from tritonllm.kernels.quant_formats import FP4, INT4, QuantScheme  # noqa: E402
@@ -36,6 +39,7 @@ def main() -> None:
     parser.add_argument("--plans", nargs="+", default=["auto", "64:4:1", "64:2:1", "64:1:1", "128:4:1:8", "128:1:1:8",
                                                        "256:2:1:16", "256:1:1:16"],
                         help="BLOCK_N:SPLIT:PREFETCH[:WARPS] (auto: gemm_w4_sm90.plan)")  # fmt: skip
+    parser.add_argument("--warm-l2", action="store_true", help="time one weight copy (L2-warm where it fits)")
     args = parser.parse_args()
     scheme = QuantScheme(FP4, "mx", "none") if args.mxfp4 else QuantScheme(INT4, "group", "none", group_size=args.group)
     rows = []
@@ -48,11 +52,14 @@ def main() -> None:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             expected = x.float() @ w_deq.T
 
-            def call(x=x, q=q, mode="always"):
-                return g.gemm(x, q.data, b_scale=q.scale, b_zero=q.zeros, sm90=mode, **g.scale_args(scheme))
+            def w4(mode, x=x):
+                return lambda wq: lambda: g.gemm(x, wq.data, b_scale=wq.scale, b_zero=wq.zeros, sm90=mode,
+                                                **g.scale_args(scheme))  # fmt: skip
 
-            bf16 = triton.testing.do_bench_cudagraph(lambda x=x, w=w: x @ w.T)
-            portable = triton.testing.do_bench_cudagraph(lambda call=call: call(mode="never"))
+            cold = not args.warm_l2
+            call = rotating(w4("always"), q, cold)
+            bf16 = triton.testing.do_bench_cudagraph(rotating(lambda w, x=x: lambda: x @ w.T, w, cold))
+            portable = triton.testing.do_bench_cudagraph(rotating(w4("never"), q, cold))
             line = f"{layer} {n}x{k} M={m}: bf16 {bf16 * 1e3:.1f}us portable {portable * 1e3:.1f}us ({bf16 / portable:.2f}x)"
             for spec in args.plans if m > 1 else ["gemv"]:
                 gemm_w4_sm90.PLAN_OVERRIDE = None if spec in ("auto", "gemv") else gemm_w4_sm90.Plan.parse(spec)
@@ -62,7 +69,7 @@ def main() -> None:
                 p = gemm_w4_sm90.plan(m, n, k, args.mxfp4)
                 rows.append(dict(layer=layer, n=n, k=k, m=m, group=32 if args.mxfp4 else args.group, plan=spec,
                                  format="mxfp4" if args.mxfp4 else "int4",
-                                 resolved=dataclasses.asdict(p), us=us * 1e3, bf16_us=bf16 * 1e3,
+                                 resolved=dataclasses.asdict(p), us=us * 1e3, bf16_us=bf16 * 1e3, l2="warm" if args.warm_l2 else "cold",
                                  portable_us=portable * 1e3, speedup_vs_bf16=bf16 / us,
                                  tb_s=weight_bytes / us / 1e9, rel_err=err))  # fmt: skip
                 line += f" | {spec} {us * 1e3:.1f}us {bf16 / us:.2f}x err {err:.1e}"
