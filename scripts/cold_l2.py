@@ -46,14 +46,24 @@ def copies_needed(weight_bytes: int, l2_bytes: int | None = None) -> int:
     return max(1, -(-L2_MULTIPLE * l2_bytes // max(1, weight_bytes)))
 
 
-def rotating(make: Callable[[object], Callable[[], object]], weight, cold: bool = True,
-             l2_bytes: int | None = None) -> Callable[[], object]:  # fmt: skip
-    """A callable that runs make(copy)() for the next copy of `weight` on each call (cold: enough copies
-    to cover L2_MULTIPLE L2s; not cold: the weight alone, L2-warm wherever it fits). Each copy's call
-    runs once here, so that a graph capture of the callable finds everything built."""
+def copies(weight, cold: bool = True, l2_bytes: int | None = None) -> list:
+    """`weight` and, when cold, clones of it: enough copies to cover L2_MULTIPLE L2s."""
     count = copies_needed(nbytes(weight), l2_bytes) if cold else 1
-    calls = [make(weight)] + [make(clone(weight)) for _ in range(count - 1)]
-    for call in calls:  # each copy's first call outside any graph capture (lazily built state, compiles)
+    return [weight] + [clone(weight) for _ in range(count - 1)]
+
+
+def rotate(make: Callable[[object], Callable[[], object]], weights: list) -> Callable[[], object]:
+    """A callable that runs make(w)() for the next of `weights` on each call. Each one's call runs once
+    here, so that a graph capture of the callable finds everything built (compiles, lazily built state)."""
+    calls = [make(w) for w in weights]
+    for call in calls:
         call()
     cycle = itertools.cycle(calls)
     return lambda: next(cycle)()
+
+
+def rotating(make: Callable[[object], Callable[[], object]], weight, cold: bool = True,
+             l2_bytes: int | None = None) -> Callable[[], object]:  # fmt: skip
+    """rotate(make, copies(weight, cold, l2_bytes)): cold, consecutive calls read different copies; not
+    cold, every call reads `weight` itself (L2-warm wherever it fits)."""
+    return rotate(make, copies(weight, cold, l2_bytes))

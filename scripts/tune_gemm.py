@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from scripts import cold_l2  # noqa: E402
 from tritonllm.kernels import gemm as g  # noqa: E402
 from tritonllm.kernels import reference  # noqa: E402
 from tritonllm.kernels.quant_formats import FP4, INT4, QuantScheme  # noqa: E402
@@ -143,26 +144,29 @@ def cases(suites: list[str]) -> list[tuple[str, int, int, int, list[tuple[T, int
 
 
 def operands(fmt: str, n: int, k: int, m: int):
-    """(run(tiles, split) -> output, float32 expected output, torch FP8 GEMM or None, bf16 x, bf16 w)."""
+    """(run(weight, tiles, split) -> output, the weight run takes (bf16 w or its quantized form), float32
+    expected output, torch's FP8 GEMM on a weight or None, bf16 x, bf16 w)."""
     gen = torch.Generator(device="cuda").manual_seed(m * 7 + n + k)
     x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
     w = (torch.randn(n, k, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
     scheme = SCHEMES[fmt]
     if scheme is None:
-        return (lambda t, s: g.gemm(x, w, tiles=t, split_k=s)), x.float() @ w.float().t(), None, x, w
+        return (lambda wt, t, s: g.gemm(x, wt, tiles=t, split_k=s)), w, x.float() @ w.float().t(), None, x, w
     weight = quantize_weight(w, scheme)
     if scheme.act == "none":  # weight-only: x as it is
-        args = dict(g.scale_args(scheme), out_dtype=torch.bfloat16, b_scale=weight.scale, b_zero=weight.zeros)
+        args = dict(g.scale_args(scheme), out_dtype=torch.bfloat16)
         expected = x.float() @ reference.dequantize_weight(weight).t()
-        return (lambda t, s: g.gemm(x, weight.data, tiles=t, split_k=s, **args)), expected, None, x, w
+        run = lambda q, t, s: g.gemm(x, q.data, tiles=t, split_k=s, b_scale=q.scale, b_zero=q.zeros, **args)  # noqa: E731
+        return run, weight, expected, None, x, w
     a, a_scale = reference.quantize_activation(x, scheme)
     expected = reference.dequantize_activation(a, a_scale, scheme) @ reference.dequantize_weight(weight).t()
-    args = dict(g.scale_args(scheme), out_dtype=torch.bfloat16, a_scale=a_scale, b_scale=weight.scale)
+    args = dict(g.scale_args(scheme), out_dtype=torch.bfloat16, a_scale=a_scale)
     torch_fp8 = None
     if fmt == "fp8":
-        sb = weight.scale.reshape(1, -1)
-        torch_fp8 = lambda: torch._scaled_mm(a, weight.data.t(), scale_a=a_scale, scale_b=sb, out_dtype=torch.bfloat16)  # noqa: E731
-    return (lambda t, s: g.gemm(a, weight.data, tiles=t, split_k=s, **args)), expected, torch_fp8, x, w
+        torch_fp8 = lambda q: lambda: torch._scaled_mm(a, q.data.t(), scale_a=a_scale, scale_b=q.scale.reshape(1, -1),  # noqa: E731
+                                                       out_dtype=torch.bfloat16)  # fmt: skip
+    run = lambda q, t, s: g.gemm(a, q.data, tiles=t, split_k=s, b_scale=q.scale, **args)  # noqa: E731
+    return run, weight, expected, torch_fp8, x, w
 
 
 _OPERANDS: dict = {}
@@ -173,9 +177,10 @@ def _compile(task) -> int:
     fmt, n, k, m, tiles, split = task
     if (fmt, n, k, m) not in _OPERANDS:
         _OPERANDS.clear()
-        _OPERANDS[fmt, n, k, m] = operands(fmt, n, k, m)[0]
+        _OPERANDS[fmt, n, k, m] = operands(fmt, n, k, m)[:2]
     try:
-        _OPERANDS[fmt, n, k, m](tiles, split)
+        run, weight = _OPERANDS[fmt, n, k, m]
+        run(weight, tiles, split)
         torch.cuda.synchronize()
         return 0
     except Exception:  # noqa: BLE001 - a candidate that does not build is reported when timed
@@ -239,6 +244,9 @@ def main() -> None:
     )
     parser.add_argument("--jobs", type=int, default=16)
     parser.add_argument("--rep", type=int, default=5, help="ms of replays per timing")
+    parser.add_argument(
+        "--l2", choices=["cold", "warm"], default="cold", help="weights cold in L2 (as in a model) or not"
+    )
     parser.add_argument("--write-tuned", type=Path, help="write OUT.json's skinny winners here; no sweep")
     parser.add_argument("--merge", nargs="*", type=Path, default=[], help="with --write-tuned: more sweeps' rows")
     parser.add_argument("--update", action="store_true", help="with --write-tuned: keep the file's other entries")
@@ -261,20 +269,22 @@ def main() -> None:
             failed = sum(pool.map(_compile, tasks, chunksize=1))
         print(f"{len(tasks)} kernels compiled by {args.jobs} processes, {failed} failed", flush=True)
     bench = lambda fn: triton.testing.do_bench_cudagraph(fn, rep=args.rep) * 1000  # noqa: E731
+    cold = args.l2 == "cold"
     rows = []
     for fmt, n, k, m, cands in todo:
-        run, expected, torch_fp8, x, w = operands(fmt, n, k, m)
-        base = dict(format=fmt, n=n, k=k, m=m)
-        cublas = bench(lambda x=x, w=w: torch.matmul(x, w.t()))
+        run, weight, expected, torch_fp8, x, w = operands(fmt, n, k, m)
+        weights = cold_l2.copies(weight, cold)  # each timed call reads its weight cold in L2 (scripts/cold_l2.py)
+        base = dict(format=fmt, n=n, k=k, m=m, l2=args.l2)
+        cublas = bench(cold_l2.rotating(lambda wb, x=x: lambda: torch.matmul(x, wb.t()), w, cold))
         ref = dict(base, impl="cublas_bf16", us=cublas)
         rows.append(ref)
         if torch_fp8 is not None:
-            rows.append(dict(base, impl="torch_scaled_mm", us=bench(torch_fp8)))
+            rows.append(dict(base, impl="torch_scaled_mm", us=bench(cold_l2.rotate(torch_fp8, weights))))
         best = None
         for tiles, split in cands:
             try:
-                err = float((run(tiles, split).float() - expected).abs().max() / expected.abs().max())
-                us = bench(lambda: run(tiles, split))  # noqa: B023
+                err = float((run(weight, tiles, split).float() - expected).abs().max() / expected.abs().max())
+                us = bench(cold_l2.rotate(lambda q: lambda: run(q, tiles, split), weights))  # noqa: B023
             except Exception as e:  # noqa: BLE001
                 rows.append(dict(base, impl="triton", tiles=asdict(tiles), split=split, error=str(e)[:200]))
                 continue

@@ -4,7 +4,8 @@ the timing, as the fused RMSNorm / SiLU-mul quantization leaves them), per plan 
 splits, stages, warps), beside bf16 torch.matmul (cuBLAS), torch._scaled_mm (FP8, where it takes the
 shape) and the portable Triton kernels that gemm() runs without it, all in the same run
 (CUDA-graph replay, triton.testing.do_bench_cudagraph); every output checked against the float32
-product of its operands. On the GPU:
+product of its operands. Each timed call reads its weight cold in L2, as a model's step does
+(scripts/cold_l2.py; --warm-l2: one weight copy, how sessions 14-19 timed). On the GPU:
 
     python experiments/gemm/skinny_sm90/sweep.py OUT.json [--ms 1 4 16 64] [--dtypes bf16 fp8] [--plans auto 128:4:6 ...]
 """
@@ -22,6 +23,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+from scripts.cold_l2 import copies, rotate  # noqa: E402
 from tritonllm.kernels import gemm as g  # noqa: E402
 from tritonllm.kernels import gemm_skinny_sm90 as sk  # noqa: E402
 from tritonllm.kernels.quant import quantize_per_token  # noqa: E402
@@ -34,23 +36,23 @@ bench = triton.testing.do_bench_cudagraph
 
 
 def operands(dtype: str, w: torch.Tensor, x: torch.Tensor):
-    """(the call of gemm() with sm90=mode, the float32 reference, torch's own kernel or None)."""
+    """(call(weight, mode): gemm() with sm90=mode on a copy of the weight, the weight as call takes it,
+    the float32 reference, torch's own kernel on a weight or None)."""
     if dtype == "bf16":
-        return (lambda mode: g.gemm(x, w, sm90=mode)), x.float() @ w.float().T, None
+        return (lambda wt, mode: g.gemm(x, wt, sm90=mode)), w, x.float() @ w.float().T, None
     q_w = quantize_weight(w.float(), FP8)
     q_x, s_x = quantize_per_token(x, torch.float8_e4m3fn)
-    args = dict(out_dtype=torch.bfloat16, a_scale=s_x, b_scale=q_w.scale, **g.scale_args(FP8))
+    args = dict(out_dtype=torch.bfloat16, a_scale=s_x, **g.scale_args(FP8))
     expected = (q_x.float() * s_x) @ (q_w.data.float() * q_w.scale[:, None]).T
-    s_w = q_w.scale.reshape(1, -1)
 
-    def scaled_mm():
-        return torch._scaled_mm(q_x, q_w.data.T, scale_a=s_x, scale_b=s_w, out_dtype=torch.bfloat16)
+    def scaled_mm(q):
+        return torch._scaled_mm(q_x, q.data.T, scale_a=s_x, scale_b=q.scale.reshape(1, -1), out_dtype=torch.bfloat16)
 
     try:
-        scaled_mm()
+        scaled_mm(q_w)
     except RuntimeError:  # row-wise scales need M, N, K multiples of 16 (cuBLAS / CUTLASS)
         scaled_mm = None
-    return (lambda mode: g.gemm(q_x, q_w.data, sm90=mode, **args)), expected, scaled_mm
+    return (lambda q, mode: g.gemm(q_x, q.data, sm90=mode, b_scale=q.scale, **args)), q_w, expected, scaled_mm
 
 
 def main() -> None:
@@ -60,26 +62,29 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp8"], choices=["bf16", "fp8"])
     parser.add_argument("--plans", nargs="+", default=["auto", "128:1:6", "128:2:6", "128:4:6", "64:2:8", "128:2:4:8"],
                         help="BLOCK_N:SPLIT[:STAGES[:WARPS]] (auto: gemm_skinny_sm90.plan)")  # fmt: skip
+    parser.add_argument("--warm-l2", action="store_true", help="time one weight copy (L2-warm where it fits)")
     args = parser.parse_args()
+    cold = not args.warm_l2
     rows = []
     for layer, n, k in SHAPES:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         for m in args.ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            bf16 = bench(lambda x=x, w=w: x @ w.T)
+            bf16 = bench(rotate(lambda wb, x=x: lambda: x @ wb.T, copies(w, cold)))
             for dtype in args.dtypes:
-                call, expected, torch_own = operands(dtype, w, x)
+                call, weight, expected, torch_own = operands(dtype, w, x)
+                weights = copies(weight, cold)
                 weight_bytes = n * k * (2 if dtype == "bf16" else 1)
-                portable = bench(lambda call=call: call("never"))
-                own = bench(torch_own) if torch_own is not None else None
+                portable = bench(rotate(lambda q, call=call: lambda: call(q, "never"), weights))
+                own = bench(rotate(lambda q, own=torch_own: lambda: own(q), weights)) if torch_own is not None else None
                 line = f"{layer} {n}x{k} M={m} {dtype}: bf16 {bf16 * 1e3:.1f}us portable {bf16 / portable:.2f}x"
                 line += f" _scaled_mm {bf16 / own:.2f}x" if own else ""
                 for spec in args.plans:
                     sk.PLAN_OVERRIDE = None if spec == "auto" else sk.Plan.parse(spec)
-                    got = call("always")
+                    got = call(weight, "always")
                     err = ((got.float() - expected).abs().max() / expected.abs().max()).item()
-                    us = bench(lambda call=call: call("always"))
-                    rows.append(dict(layer=layer, n=n, k=k, m=m, dtype=dtype, plan=spec,
+                    us = bench(rotate(lambda q, call=call: lambda: call(q, "always"), weights))
+                    rows.append(dict(layer=layer, n=n, k=k, m=m, dtype=dtype, plan=spec, l2="warm" if args.warm_l2 else "cold",
                                      resolved=dataclasses.asdict(sk.plan(m, n, k, 2 if dtype == "bf16" else 1)),
                                      us=us * 1e3, bf16_us=bf16 * 1e3, portable_us=portable * 1e3,
                                      torch_own_us=own * 1e3 if own else None, speedup_vs_bf16=bf16 / us,
