@@ -51,6 +51,28 @@ def test_matches_the_dequantized_weight(group, m, n, k, dtype, spy) -> None:
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("m", [2, 17, 64])
+@pytest.mark.parametrize("n, k", [(45, 256), (130, 4224), (1000, 1024)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_scale_after_matches_the_dequantized_weight(m, n, k, dtype, monkeypatch, spy) -> None:
+    """The scale applied after each step's MMA (int4, groups of 128; TRITONLLM_W4_SCALE_AFTER=1): ragged
+    shapes, both 16-bit dtypes, the bias and the plan's K splits."""
+    monkeypatch.setattr(gemm_w4_sm90, "SCALE_AFTER", True)
+    w4.check_against_dequantized(m, n, k, w4.int4_scheme(128), dtype, seed=90)
+    assert spy.launches == 1
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_scale_after_decodes_every_code_exactly_and_a_broken_mask_is_caught(monkeypatch, spy) -> None:
+    monkeypatch.setattr(gemm_w4_sm90, "SCALE_AFTER", True)
+    w4.check_every_int4_code(128)
+    assert spy.launches == 8
+    w4.check_broken_mask_caught(gemm_w4_sm90, monkeypatch)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("m", [2, 17, 64])
 @pytest.mark.parametrize("n, k", [(45, 256), (130, 4224)])
 @pytest.mark.parametrize("plan", [None, "64:3:1", "128:1:0:8"])
 def test_mxfp4_matches_the_dequantized_weight(m, n, k, plan, monkeypatch, spy) -> None:
@@ -83,6 +105,9 @@ def test_every_e2m1_code_decodes_exactly(spy) -> None:
         "128:2:1:8",
         "256:1:1:8",
         "256:2:1:16",
+        "64:3:1:4:1",
+        "128:2:0:8:1",
+        "256:1:1:16:1",
     ],
 )
 @pytest.mark.parametrize("m", [3, 24, 64])
@@ -166,6 +191,7 @@ def test_supported_shapes_and_plans() -> None:
     assert [gemm_w4_sm90.block_m(m) for m in (2, 16, 17, 32, 33, 64)] == [16, 16, 32, 32, 64, 64]
     assert gemm_w4_sm90.Plan.parse("64:3:0") == gemm_w4_sm90.Plan(64, 3, False)
     assert gemm_w4_sm90.Plan.parse("128:2:1:8") == gemm_w4_sm90.Plan(128, 2, True, 8)
+    assert gemm_w4_sm90.Plan.parse("64:4:1:4:1") == gemm_w4_sm90.Plan(64, 4, True, 4, scale_after=True)
     plan = gemm_w4_sm90.plan(16, 6144, 4096)
     assert plan.block_n == 64 and 1 <= plan.split <= 4
     assert gemm_w4_sm90.plan(16, 4096, 512).split == 1  # each split at least four K steps
@@ -176,15 +202,31 @@ def test_supported_shapes_and_plans() -> None:
     assert gemm_w4_sm90.plan(64, 128 * sms, 4096) == gemm_w4_sm90.Plan(128, 1, True, 8)
 
 
+def test_scale_after_is_off_unless_asked_and_never_for_mxfp4(monkeypatch) -> None:
+    assert gemm_w4_sm90.SCALE_AFTER is (os.environ.get("TRITONLLM_W4_SCALE_AFTER") == "1")
+    monkeypatch.setattr(gemm_w4_sm90, "SCALE_AFTER", False)
+    assert not gemm_w4_sm90.plan(16, 6144, 4096).scale_after
+    monkeypatch.setattr(gemm_w4_sm90, "SCALE_AFTER", True)
+    on = gemm_w4_sm90.plan(16, 6144, 4096)
+    assert on.scale_after and on.block_n == 64  # the same plan otherwise
+    assert not gemm_w4_sm90.plan(16, 6144, 4096, fp4=True).scale_after
+
+
 @pytest.mark.skipif(not gemm_w4_sm90.HAVE_GLUON, reason="this Triton has no Gluon")
-@pytest.mark.parametrize("fp4, most", [(False, 3.6), (True, 4.5)], ids=["int4", "mxfp4"])
-def test_sm90_sass_per_weight(fp4: bool, most: float) -> None:
+@pytest.mark.parametrize(
+    "fp4, scale_after, most",
+    [(False, False, 3.6), (True, False, 4.5), (False, True, 2.9)],
+    ids=["int4", "mxfp4", "int4-scale-after"],
+)
+def test_sm90_sass_per_weight(fp4: bool, scale_after: bool, most: float) -> None:
     """Built for sm90 with Triton's bundled ptxas (a subprocess: this one runs the interpreter): the K
     loop at 128 rows a program takes under `most` instructions a weight (int4: one shift and LOP3 a
-    nibble pair, a packed subtract and FMA, its share of loads and MMAs; MXFP4: two shifts and two LOP3
+    nibble pair, a packed subtract and FMA, its share of loads and MMAs (3.20); with the scale after
+    the MMA no packed FMA, one float32 FMA an accumulator value (2.71); MXFP4: two shifts and two LOP3
     a pair, a packed multiply; the M = 1 GEMV: 4.7 / 5.7), no spills."""
     env = dict(os.environ, TRITON_INTERPRET="0")
     args = [sys.executable, "scripts/sass_loop_mix.py", "--gemm", "--block-n", "128"] + (["--fp4"] if fp4 else [])
+    args += ["--scale-after"] if scale_after else []
     result = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     per_weight = float(re.search(r"([0-9.]+) a weight", result.stdout).group(1))

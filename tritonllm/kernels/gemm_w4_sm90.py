@@ -32,7 +32,8 @@ per tile, reset by that program) sums them in split order and writes the output:
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -65,16 +66,23 @@ class Plan:
     split: int  # K splits (float32 partials, summed by each tile's last split program)
     prefetch: bool = True  # the next K step's loads issued before this step's decode and MMA
     warps: int = 4  # 4, 8 or 16: one, two or four warpgroups sharing each activation tile
+    # int4 with groups of 128 (a K step is one group): the decode leaves the scale out (q - z, exact) and
+    # each step's MMA product is scaled in float32 (see _step_scale_after); other formats ignore it
+    scale_after: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Plan:
-        """ "BLOCK_N:SPLIT:PREFETCH[:WARPS]"."""
-        block_n, split, prefetch, *warps = (int(v) for v in text.split(":"))
-        return cls(block_n, split, bool(prefetch), *warps)
+        """ "BLOCK_N:SPLIT:PREFETCH[:WARPS[:SCALE_AFTER]]"."""
+        block_n, split, prefetch, *rest = (int(v) for v in text.split(":"))
+        return cls(block_n, split, bool(prefetch), *rest[:1], *(bool(v) for v in rest[1:]))
 
 
 # sweeps (experiments/quant4/gemm_sm90/sweep.py) set this to time one plan at every shape
 PLAN_OVERRIDE: Plan | None = None
+# the scale applied after each step's MMA (Plan.scale_after) in the default plans: 12-15% fewer SASS
+# instructions a weight at M <= 16 (scripts/sass_loop_mix.py --gemm --scale-after), not yet timed on a
+# GPU, so off unless TRITONLLM_W4_SCALE_AFTER=1 (experiments/quant4/README.md, session 20)
+SCALE_AFTER = os.environ.get("TRITONLLM_W4_SCALE_AFTER", "0") == "1"
 
 
 def measured_faster(m: int, n: int, k: int, fp4: bool = False) -> bool:
@@ -99,6 +107,10 @@ def plan(m: int, n: int, k: int, fp4: bool = False) -> Plan:
     two warpgroups a program sharing each activation tile, no split (M = 64: 50.5 against 68.5 us)."""
     if PLAN_OVERRIDE is not None:
         return PLAN_OVERRIDE
+    return replace(_plan(m, n, k, fp4), scale_after=SCALE_AFTER and not fp4)
+
+
+def _plan(m: int, n: int, k: int, fp4: bool) -> Plan:
     if fp4 and m > 32 and triton.cdiv(n, 128) >= platform.num_multiprocessors():
         return Plan(256, 1, True, 16)  # MXFP4 gate_up at M = 64: 56.6 against 66.0 us with two warpgroups
     if m > 16 and triton.cdiv(n, 128) >= platform.num_multiprocessors():
@@ -136,11 +148,11 @@ def available() -> bool:
 
 
 def compile_sm90(group_k: int = 128, block_n: int = 128, bm: int = 16, fp16: bool = False, split: int = 1,
-                 prefetch: bool = True, warps: int = 4, fp4: bool = False):  # fmt: skip
+                 prefetch: bool = True, warps: int = 4, fp4: bool = False, scale_after: bool = False):  # fmt: skip
     """Compile for sm90 without a GPU (launch.compile_gluon_sm90): tests, scripts/sass_loop_mix.py,
     available()."""
     constexprs = dict(GROUP_K=32 if fp4 else group_k, BLOCK_N=block_n, BLOCK_M=bm, FP16=fp16, FP4=fp4,
-                      HAS_BIAS=False, SPLIT_K=split, PREFETCH=prefetch, PDL=True)  # fmt: skip
+                      HAS_BIAS=False, SPLIT_K=split, PREFETCH=prefetch, SCALE_AFTER=scale_after, PDL=True)  # fmt: skip
     act = "*fp16" if fp16 else "*bf16"
     scale = "*u8" if fp4 else "*fp16"
     types = dict(a_ptr=act, w_ptr="*i32", c_ptr=act, bias_ptr=act, s_ptr=scale, z_ptr=scale, ws_ptr="*fp32",
@@ -164,7 +176,8 @@ def w4_gemm_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
         m, n, k, k_per_split // 8, a.stride(0), words.stride(0), c.stride(0), scale.stride(0), scale.stride(1),
         *(FP4_MASKS if fp4 else (INT4_PAIR_MASK, FP16_BIAS if a.dtype == torch.float16 else BF16_BIAS)),
         GROUP_K=group_k, BLOCK_N=p.block_n, BLOCK_M=block_m(m), FP16=a.dtype == torch.float16, FP4=fp4,
-        HAS_BIAS=bias is not None, SPLIT_K=split, PREFETCH=p.prefetch, num_warps=p.warps, **pdl,
+        HAS_BIAS=bias is not None, SPLIT_K=split, PREFETCH=p.prefetch,
+        SCALE_AFTER=p.scale_after and group_k == BLOCK_K and not fp4, num_warps=p.warps, **pdl,
     )  # fmt: skip
     return c
 
@@ -212,6 +225,21 @@ if HAVE_GLUON:
         return gl.join(lo, hi)
 
     @gluon.jit
+    def _pair_int4_unscaled(words, P: gl.constexpr, mask, bias, zb2, DT: gl.constexpr):
+        """Nibbles P and P + 4 of each word as the 16-bit floats q - z, exact, [..., 2] (low, high): the LOP3
+        of _pair_int4 (128 + q), then one packed subtract of the thread's (128 + z, 128 + z) (fp16: 1024)."""
+        x = words if P == 0 else words >> (4 * P)
+        if DT == gl.float16:
+            lo, hi = gl.inline_asm_elementwise(
+                "{ .reg .b32 t; lop3.b32 t, $2, $3, $4, 0xEA; sub.f16x2 t, t, $5; mov.b32 {$0, $1}, t; }",
+                "=h,=h,r,r,r,r", [x, mask, bias, zb2], dtype=(gl.float16, gl.float16), is_pure=True, pack=1)  # fmt: skip
+        else:
+            lo, hi = gl.inline_asm_elementwise(
+                "{ .reg .b32 t; lop3.b32 t, $2, $3, $4, 0xEA; sub.bf16x2 t, t, $5; mov.b32 {$0, $1}, t; }",
+                "=h,=h,r,r,r,r", [x, mask, bias, zb2], dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)  # fmt: skip
+        return gl.join(lo, hi)
+
+    @gluon.jit
     def _pair_fp4(words, P: gl.constexpr, mag, sign, s2):
         """Nibbles P and P + 4 of each word, e2m1 codes, as bf16 (value x scale x 2**-63), [..., 2]: the
         magnitude bits go to bf16 bits 6..8 (22..24), the sign to 15 (31): the bf16x2 of value x 2**-126
@@ -231,11 +259,16 @@ if HAVE_GLUON:
         return gl.join(lo, hi)
 
     @gluon.jit
-    def _decode(words, m0, m1, s2, zs2, BLOCK_N: gl.constexpr, DT: gl.constexpr, LA: gl.constexpr, FP4: gl.constexpr):
+    def _decode(words, m0, m1, s2, zs2, BLOCK_N: gl.constexpr, DT: gl.constexpr, LA: gl.constexpr, FP4: gl.constexpr,
+                SCALE_AFTER: gl.constexpr = False):  # fmt: skip
         """[BLOCK_N, 4, 4] words -> the [BLOCK_N, 128] A operand in layout LA. Logical column
         k' = 16 c + 8 h + 2 t + e (c = 2 u + c1) holds physical column 32 t + 8 u + 4 e + 2 c1 + h.
-        m0, m1: the format's masks (int4: INT4_PAIR_MASK and the bias; MXFP4: FP4_MASKS)."""
-        if FP4:
+        m0, m1: the format's masks (int4: INT4_PAIR_MASK and the bias; MXFP4: FP4_MASKS). SCALE_AFTER
+        (int4): q - z unscaled, zs2 then the pair (128 + z, 128 + z)."""
+        if SCALE_AFTER:
+            h0 = gl.join(_pair_int4_unscaled(words, 0, m0, m1, zs2, DT), _pair_int4_unscaled(words, 1, m0, m1, zs2, DT))
+            h1 = gl.join(_pair_int4_unscaled(words, 2, m0, m1, zs2, DT), _pair_int4_unscaled(words, 3, m0, m1, zs2, DT))
+        elif FP4:
             h0 = gl.join(_pair_fp4(words, 0, m0, m1, s2), _pair_fp4(words, 1, m0, m1, s2))
             h1 = gl.join(_pair_fp4(words, 2, m0, m1, s2), _pair_fp4(words, 3, m0, m1, s2))
         else:
@@ -272,6 +305,19 @@ if HAVE_GLUON:
         return gl.load(w_ptrs + kw), s, z, x
 
     @gluon.jit
+    def _step_scale_after(words, z, s_acc, x_buf, acc, mask, bias, BLOCK_N: gl.constexpr, DT: gl.constexpr,
+                          LA: gl.constexpr):  # fmt: skip
+        """One K step of one group of 128 (int4): decode q - z exactly (the scale left out), the MMA into a
+        fresh accumulator, then acc += s x that product in float32 (s_acc: the rows' scales in the
+        accumulator's row layout). One packed FMA a weight pair fewer than _step, and the product is
+        scaled in float32 rather than the weight rounded to 16 bits after scaling."""
+        zb = (z.to(gl.float32) + (1024.0 if DT == gl.float16 else 128.0)).to(DT)
+        zb2 = zb.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+        a_op = _decode(words, mask, bias, zb2, gl.expand_dims(zb2 | (zb2 << 16), 2), BLOCK_N, DT, LA, False, True)
+        step = warpgroup_mma(a_op, x_buf.permute((1, 0)), acc, use_acc=False)
+        return acc + gl.expand_dims(s_acc.to(gl.float32), 1) * step
+
+    @gluon.jit
     def _step(words, s, z, x_buf, acc, mask, bias, BLOCK_N: gl.constexpr, DT: gl.constexpr, LA: gl.constexpr,
               FP4: gl.constexpr):  # fmt: skip
         """One K step into the accumulator: decode the words with the thread's (s, s) and (-z s, -z s)
@@ -293,7 +339,8 @@ if HAVE_GLUON:
         a_ptr, w_ptr, c_ptr, bias_ptr, s_ptr, z_ptr, ws_ptr, cnt_ptr,
         M, N, K, KW_PER_SPLIT, stride_am, stride_wn, stride_cm, stride_sn, stride_sk, mask, bias,
         GROUP_K: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, FP16: gl.constexpr, FP4: gl.constexpr,
-        HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr, PREFETCH: gl.constexpr, PDL: gl.constexpr = False,
+        HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr, PREFETCH: gl.constexpr, SCALE_AFTER: gl.constexpr = False,
+        PDL: gl.constexpr = False,
     ):  # fmt: skip
         """c[m, n] = sum_k a[m, k] w[n, k] (+ bias[n]) for BLOCK_N weight rows and all M (<= BLOCK_M)
         activation rows a program, over the K range of its split (program_id 1)."""
@@ -334,22 +381,35 @@ if HAVE_GLUON:
         s_ptrs = s_ptr + s_off
         z_ptrs = z_ptr + s_off
         words, s, z, x = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw_start, stride_sk, GROUP_K, BLOCK_M, FP4)
+        if SCALE_AFTER:  # the rows' scales in the accumulator's row layout (a K step is one group of 128)
+            na = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
+            s_acc_ptrs = s_ptr + gl.where(na < N, na, 0).to(gl.int64) * stride_sn
+            s_acc = gl.load(s_acc_ptrs + kw_start // 16 * stride_sk)
         buf = 0
         for kw in range(kw_start, kw_end, 16):
             if PREFETCH:  # the next step's loads in flight during this one's decode and MMA (the last reloads itself)
                 nxt = gl.minimum(kw + 16, kw_end - 16)
                 n_words, n_s, n_z, n_x = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, nxt, stride_sk, GROUP_K,
                                                     BLOCK_M, FP4)  # fmt: skip
+                if SCALE_AFTER:
+                    n_s_acc = gl.load(s_acc_ptrs + nxt // 16 * stride_sk)
             else:
                 words, s, z, x = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw, stride_sk, GROUP_K, BLOCK_M,
                                             FP4)  # fmt: skip
+                if SCALE_AFTER:
+                    s_acc = gl.load(s_acc_ptrs + kw // 16 * stride_sk)
             x_buf = x_smem.index(buf)
             x_buf.store(x)
             fence_async_shared()
             gluon_barrier()
-            acc = _step(words, s, z, x_buf, acc, mask, bias, BLOCK_N, DT, LA, FP4)
+            if SCALE_AFTER:
+                acc = _step_scale_after(words, z, s_acc, x_buf, acc, mask, bias, BLOCK_N, DT, LA)
+            else:
+                acc = _step(words, s, z, x_buf, acc, mask, bias, BLOCK_N, DT, LA, FP4)
             if PREFETCH:
                 words, s, z, x = n_words, n_s, n_z, n_x
+                if SCALE_AFTER:
+                    s_acc = n_s_acc
             buf = 1 - buf
 
         splitk_sm90.finish_tile(acc, c_ptr, bias_ptr, c_ptr, c_ptr, ws_ptr, cnt_ptr, pid_n, gl.program_id(1), M, N,
