@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -245,6 +245,16 @@ PY
       # the fused MoE beside torch at Qwen3-30B-A3B's layer (BENCH_MOE_KINDS="bfloat16 fp8_block mxfp4")
       python3 scripts/bench_moe.py "$OUT/moe_bench.json" --shapes ${BENCH_MOE_SHAPES:-qwen3} \
         --kinds ${BENCH_MOE_KINDS:-bfloat16 fp8_block mxfp4} 2>&1 | tee "$OUT/moe_bench.log" | tail -30 ;;
+    w4-scale-after)
+      # the W4 GEMM's opt-in scale-after mode (session 20, not yet run on a GPU): its GPU tests, the layer
+      # sweep (weights cold in L2) against the default plans, then Llama-3-8B int4 end to end with and without it
+      python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemm_w4_sm90.py -k "scale_after or every_plan" 2>&1 | tail -3
+      python3 experiments/quant4/gemm_sm90/sweep.py "$OUT/w4_scale_after.json" --ms 2 16 32 64 --plans auto auto_sa \
+        2>&1 | grep -v "^compile" | tail -20
+      for sa in 0 1; do
+        OUT="$OUT" TRITONLLM_W4_SCALE_AFTER=$sa QUANT_VARIANTS=int4_gluon QUANT_EXPS="${W4_EXPS:-throughput_64x512}" \
+          QUANT_TAG=_scale_after$sa bash "$0" e2e-quant
+      done ;;
     host-profile)
       # py-spy host profile of nano-vllm's benchmark (overlap on), folded stacks
       ensure_model qwen3-0.6b
