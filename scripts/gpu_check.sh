@@ -247,13 +247,18 @@ PY
         --kinds ${BENCH_MOE_KINDS:-bfloat16 fp8_block mxfp4} 2>&1 | tee "$OUT/moe_bench.log" | tail -30 ;;
     w4-scale-after)
       # the W4 GEMM's opt-in scale-after mode (session 20, not yet run on a GPU): its GPU tests, the layer
-      # sweep (weights cold in L2) against the default plans, then Llama-3-8B int4 end to end with and without it
+      # sweep (weights cold in L2) against the default plans, then Llama-3-8B int4 decode steps with and without it
       python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemm_w4_sm90.py -k "scale_after or every_plan" 2>&1 | tail -3
       python3 experiments/quant4/gemm_sm90/sweep.py "$OUT/w4_scale_after.json" --ms 2 16 32 64 --plans auto auto_sa \
         2>&1 | grep -v "^compile" | tail -20
-      for sa in 0 1; do
-        OUT="$OUT" TRITONLLM_W4_SCALE_AFTER=$sa QUANT_VARIANTS=int4_gluon QUANT_EXPS="${W4_EXPS:-throughput_64x512}" \
-          QUANT_TAG=_scale_after$sa bash "$0" e2e-quant
+      [ -d "$MODELS/llama3-8b-config" ] || python3 scripts/make_random_model.py llama3-8b "$MODELS/llama3-8b-config" --config-only
+      for seqs in ${W4_SEQS:-4 16 64}; do  # the decode step at 4 / 16 / 64 sequences (M = 4 / 16 / 64 GEMMs)
+        for sa in 0 1; do
+          TRITONLLM_W4_SCALE_AFTER=$sa python3 scripts/profile_steps.py --model "$MODELS/llama3-8b-config" \
+            --load-format dummy --quantization int4 --kernel linear=triton_sm90 --num-requests $seqs --prompt-len 512 \
+            --output-len 160 --temperature 0 --steps 40 --output-json "$OUT/w4_step_${seqs}seqs_scale_after$sa.json" \
+            2>&1 | grep -E '"step_ms"'
+        done
       done ;;
     host-profile)
       # py-spy host profile of nano-vllm's benchmark (overlap on), folded stacks
