@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -258,6 +258,26 @@ PY
             --load-format dummy --quantization int4 --kernel linear=triton_sm90 --num-requests $seqs --prompt-len 512 \
             --output-len 160 --temperature 0 --steps 40 --output-json "$OUT/w4_step_${seqs}seqs_scale_after$sa.json" \
             2>&1 | grep -E '"step_ms"'
+        done
+      done ;;
+    pdl-steps)
+      # decode step time with PDL on and off (Llama-3-8B, dummy weights, 512 + 160, greedy) at PDL_SEQS sequences
+      # for PDL_VARIANTS (fp8 / int4 / mxfp4 quantized online, bf16: the Triton sm90 linears; bf16_torch: cuBLAS):
+      # session 20 found PDL costing the W4 GEMM 15% a step at 64 sequences; which other kernels does it cost?
+      [ -d "$MODELS/llama3-8b-config" ] || python3 scripts/make_random_model.py llama3-8b "$MODELS/llama3-8b-config" --config-only
+      for variant in ${PDL_VARIANTS:-fp8 bf16}; do
+        case $variant in
+          bf16) args="--kernel linear=triton_sm90" ;;
+          bf16_torch) args="--kernel linear=torch" ;;
+          *) args="--quantization $variant --kernel linear=triton_sm90" ;;
+        esac
+        for seqs in ${PDL_SEQS:-4 16 64}; do
+          for pdl in pdl no-pdl; do
+            printf '%s %s seqs %s: ' "$variant" "$pdl" "$seqs"
+            python3 scripts/profile_steps.py --model "$MODELS/llama3-8b-config" --load-format dummy $args --$pdl \
+              --num-requests $seqs --prompt-len 512 --output-len 160 --temperature 0 --steps 40 --kernel-table 12 \
+              --output-json "$OUT/steps_${variant}_${seqs}seqs_$pdl.json" 2>&1 | grep -E '"step_ms"'
+          done
         done
       done ;;
     host-profile)
