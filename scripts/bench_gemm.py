@@ -29,7 +29,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.cold_l2 import rotating  # noqa: E402
+from scripts.cold_l2 import copies, rotate  # noqa: E402
 from tritonllm.kernels import gemm as g  # noqa: E402
 from tritonllm.kernels import gemm_block_sm90, reference, registry  # noqa: E402
 from tritonllm.kernels.quant_formats import FP4, INT4, UINT8, QuantScheme  # noqa: E402
@@ -65,9 +65,9 @@ bench = TIMING["graph"]
 COLD_L2 = [True]
 
 
-def bench_us(make, weight) -> float:
-    """Median us of make(weight)() (make(copy)() for the copies of weight when L2 is cold)."""
-    return bench(rotating(make, weight, COLD_L2[0])) * 1000
+def bench_us(make, weights: list) -> float:
+    """Median us of make(w)() over a weight's copies (copies(): one unless L2 is cold), in turn."""
+    return bench(rotate(make, weights)) * 1000
 
 
 def rel_error(got: torch.Tensor, expected: torch.Tensor) -> float:
@@ -106,19 +106,20 @@ def run_case(model: str, layer: str, n: int, k: int, m: int, formats: list[str])
     w = (torch.randn(n, k, device="cuda", generator=gen, dtype=torch.float32) * 0.02).to(torch.bfloat16)
     flops = 2 * m * n * k
     rows = []
-    cublas_us = bench_us(lambda w: lambda: torch.matmul(x, w.t()), w)
+    w_copies = copies(w, COLD_L2[0])  # one set a case, shared by the bf16 timings
+    cublas_us = bench_us(lambda w: lambda: torch.matmul(x, w.t()), w_copies)
     base = dict(model=model, layer=layer, n=n, k=k, m=m)
     rows.append(dict(base, format="bf16", impl="torch.matmul", us=cublas_us))
     for fmt in formats:
         if fmt == "bf16":
             expected = x.float() @ w.float().t()
             got = g.gemm(x, w)
-            rows.append(dict(base, format="bf16", impl="triton_gemm", us=bench_us(lambda w: lambda: g.gemm(x, w), w),
+            rows.append(dict(base, format="bf16", impl="triton_gemm", us=bench_us(lambda w: lambda: g.gemm(x, w), w_copies),
                              rel_error=rel_error(got, expected), a_bytes=2, w_bytes=2))  # fmt: skip
             if m >= PERSISTENT_MIN_M:
                 tiles = replace(g.pick_tiles("float", m), persistent=True)
                 make = lambda w, tiles=tiles: lambda: g.gemm(x, w, tiles=tiles)  # noqa: E731
-                rows.append(dict(base, format="bf16", impl="triton_persistent", us=bench_us(make, w),
+                rows.append(dict(base, format="bf16", impl="triton_persistent", us=bench_us(make, w_copies),
                                  rel_error=rel_error(make(w)(), expected), a_bytes=2, w_bytes=2))  # fmt: skip
             continue
         scheme = SCHEMES[fmt]
@@ -129,23 +130,24 @@ def run_case(model: str, layer: str, n: int, k: int, m: int, formats: list[str])
             a, a_scale = reference.quantize_activation(x, scheme)
             expected_a = reference.dequantize_activation(a, a_scale, scheme)
         expected = expected_a @ reference.dequantize_weight(weight).t()
+        weights = copies(weight, COLD_L2[0])  # one set a format, shared by its timings
         a_bytes = 2 if scheme.act == "none" else 1
         make = triton_gemm(a, a_scale)
         w_bytes = 0.5 if scheme.packed else 1
-        rows.append(dict(base, format=fmt, impl="triton_gemm", us=bench_us(make, weight),
+        rows.append(dict(base, format=fmt, impl="triton_gemm", us=bench_us(make, weights),
                          rel_error=rel_error(make(weight)(), expected), a_bytes=a_bytes, w_bytes=w_bytes))  # fmt: skip
         if fmt in ("fp8", "int8") and m >= PERSISTENT_MIN_M:  # the persistent descriptor kernel, same tiles
             tiles = replace(g.pick_tiles("w8a8", m), persistent=True)
             make = triton_gemm(a, a_scale, tiles)
-            rows.append(dict(base, format=fmt, impl="triton_persistent", us=bench_us(make, weight),
+            rows.append(dict(base, format=fmt, impl="triton_persistent", us=bench_us(make, weights),
                              rel_error=rel_error(make(weight)(), expected), a_bytes=a_bytes, w_bytes=1))  # fmt: skip
         if fmt == "fp8_block" and m > 64 and gemm_block_sm90.available():  # the Hopper Gluon kernel (kernel only)
             make = triton_gemm(a, a_scale, sm90="always")
-            rows.append(dict(base, format=fmt, impl="triton_block_sm90", us=bench_us(make, weight),
+            rows.append(dict(base, format=fmt, impl="triton_block_sm90", us=bench_us(make, weights),
                              rel_error=rel_error(make(weight)(), expected), a_bytes=1, w_bytes=1))  # fmt: skip
         make = torch_gemm(fmt, a, a_scale)
         if make is not None:
-            rows.append(dict(base, format=fmt, impl="torch_gemm", us=bench_us(make, weight),
+            rows.append(dict(base, format=fmt, impl="torch_gemm", us=bench_us(make, weights),
                              rel_error=rel_error(make(weight)(), expected), a_bytes=a_bytes, w_bytes=1))  # fmt: skip
         for impl in registry.implementations("linear"):  # the whole layer: activation quantization included
             context = registry.KernelContext("cuda", torch.bfloat16, None, None, frozenset({scheme.format_name}))
@@ -157,7 +159,7 @@ def run_case(model: str, layer: str, n: int, k: int, m: int, formats: list[str])
                     base,
                     format=fmt,
                     impl=f"linear:{impl.name}",
-                    us=bench_us(layer, weight),
+                    us=bench_us(layer, weights),
                     a_bytes=a_bytes,
                     w_bytes=w_bytes,
                 )

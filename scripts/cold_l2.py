@@ -7,7 +7,7 @@ benchmarks here rotate each timed call through copies of its weight whose bytes 
 times the L2: consecutive calls never find their weight there. The activations stay the same tensor
 (in a model the previous kernel has just written them: warm).
 
-    fn = rotating(lambda w: (lambda: gemm(x, w)), weight)   # then time fn as before
+    fn = rotate(lambda w: (lambda: gemm(x, w)), copies(weight))   # then time fn as before
 """
 
 from __future__ import annotations
@@ -60,10 +60,3 @@ def rotate(make: Callable[[object], Callable[[], object]], weights: list) -> Cal
         call()
     cycle = itertools.cycle(calls)
     return lambda: next(cycle)()
-
-
-def rotating(make: Callable[[object], Callable[[], object]], weight, cold: bool = True,
-             l2_bytes: int | None = None) -> Callable[[], object]:  # fmt: skip
-    """rotate(make, copies(weight, cold, l2_bytes)): cold, consecutive calls read different copies; not
-    cold, every call reads `weight` itself (L2-warm wherever it fits)."""
-    return rotate(make, copies(weight, cold, l2_bytes))

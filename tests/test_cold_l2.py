@@ -34,7 +34,7 @@ def test_consecutive_calls_read_different_copies_and_each_copy_ran_once_up_front
     q = _weight()
     l2 = 3 * cold_l2.nbytes(q)  # 4 L2s: 12 copies
     seen: list[int] = []
-    fn = cold_l2.rotating(lambda w: lambda: seen.append(w.data.data_ptr()), q, cold=True, l2_bytes=l2)
+    fn = cold_l2.rotate(lambda w: lambda: seen.append(w.data.data_ptr()), cold_l2.copies(q, cold=True, l2_bytes=l2))
     warmup, seen[:] = list(seen), []
     assert len(warmup) == len(set(warmup)) == 12 and warmup[0] == q.data.data_ptr()
     for _ in range(24):
@@ -45,7 +45,7 @@ def test_consecutive_calls_read_different_copies_and_each_copy_ran_once_up_front
 def test_warm_mode_times_the_weight_itself() -> None:
     q = _weight()
     seen: list[int] = []
-    fn = cold_l2.rotating(lambda w: lambda: seen.append(w.data.data_ptr()), q, cold=False, l2_bytes=1)
+    fn = cold_l2.rotate(lambda w: lambda: seen.append(w.data.data_ptr()), cold_l2.copies(q, cold=False, l2_bytes=1))
     for _ in range(3):
         fn()
     assert set(seen) == {q.data.data_ptr()}
