@@ -4,6 +4,7 @@ its numerics are GPU tests; on the CPU it must compile for sm90 and stay out of 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -56,7 +57,7 @@ def test_matches_the_dequantized_weight(group, m, n, k, dtype, spy) -> None:
 def test_scale_after_matches_the_dequantized_weight(m, n, k, dtype, monkeypatch, spy) -> None:
     """The scale applied after each step's MMA (int4, groups of 128; TRITONLLM_W4_SCALE_AFTER=1): ragged
     shapes, both 16-bit dtypes, the bias and the plan's K splits."""
-    monkeypatch.setattr(gemm_w4_sm90, "SCALE_AFTER", True)
+    monkeypatch.setattr(gemm_w4_sm90, "SCALE_AFTER", "1")
     w4.check_against_dequantized(m, n, k, w4.int4_scheme(128), dtype, seed=90)
     assert spy.launches == 1
 
@@ -64,7 +65,7 @@ def test_scale_after_matches_the_dequantized_weight(m, n, k, dtype, monkeypatch,
 @pytest.mark.gpu
 @needs_sm90
 def test_scale_after_decodes_every_code_exactly_and_a_broken_mask_is_caught(monkeypatch, spy) -> None:
-    monkeypatch.setattr(gemm_w4_sm90, "SCALE_AFTER", True)
+    monkeypatch.setattr(gemm_w4_sm90, "SCALE_AFTER", "1")
     w4.check_every_int4_code(128)
     assert spy.launches == 8
     w4.check_broken_mask_caught(gemm_w4_sm90, monkeypatch)
@@ -197,18 +198,23 @@ def test_supported_shapes_and_plans() -> None:
     assert gemm_w4_sm90.plan(16, 4096, 512).split == 1  # each split at least four K steps
     sms = platform.num_multiprocessors()
     wide = gemm_w4_sm90.plan(32, 128 * sms, 4096)  # 128-row programs fill the SMs: two warpgroups, no split
-    assert wide == gemm_w4_sm90.Plan(128, 1, True, 8)
+    assert wide == gemm_w4_sm90.Plan(128, 1, True, 8, scale_after=True)
     assert gemm_w4_sm90.plan(64, 128 * sms, 4096, fp4=True) == gemm_w4_sm90.Plan(256, 1, True, 16)  # MXFP4 M > 32
     assert gemm_w4_sm90.plan(64, 128 * sms, 4096) == gemm_w4_sm90.Plan(128, 1, True, 8)
 
 
-def test_scale_after_is_off_unless_asked_and_never_for_mxfp4(monkeypatch) -> None:
-    assert gemm_w4_sm90.SCALE_AFTER is (os.environ.get("TRITONLLM_W4_SCALE_AFTER") == "1")
-    monkeypatch.setattr(gemm_w4_sm90, "SCALE_AFTER", False)
+def test_scale_after_is_on_to_m32_for_int4_only_and_forced_by_the_environment(monkeypatch) -> None:
+    assert gemm_w4_sm90.SCALE_AFTER == os.environ.get("TRITONLLM_W4_SCALE_AFTER", "auto")
+    monkeypatch.setattr(gemm_w4_sm90, "SCALE_AFTER", "auto")
+    for m in (2, 16, 32):
+        assert gemm_w4_sm90.plan(m, 6144, 4096).scale_after
+    assert not gemm_w4_sm90.plan(33, 6144, 4096).scale_after  # M = 64's bucket: timed slower there
+    assert not gemm_w4_sm90.plan(16, 6144, 4096, fp4=True).scale_after  # MXFP4 never
+    monkeypatch.setattr(gemm_w4_sm90, "SCALE_AFTER", "0")
     assert not gemm_w4_sm90.plan(16, 6144, 4096).scale_after
-    monkeypatch.setattr(gemm_w4_sm90, "SCALE_AFTER", True)
-    on = gemm_w4_sm90.plan(16, 6144, 4096)
-    assert on.scale_after and on.block_n == 64  # the same plan otherwise
+    monkeypatch.setattr(gemm_w4_sm90, "SCALE_AFTER", "1")
+    on = gemm_w4_sm90.plan(64, 6144, 4096)
+    assert on == dataclasses.replace(gemm_w4_sm90.plan(64, 6144, 4096), scale_after=True)  # the same plan otherwise
     assert not gemm_w4_sm90.plan(16, 6144, 4096, fp4=True).scale_after
 
 

@@ -79,10 +79,13 @@ class Plan:
 
 # sweeps (experiments/quant4/gemm_sm90/sweep.py) set this to time one plan at every shape
 PLAN_OVERRIDE: Plan | None = None
-# the scale applied after each step's MMA (Plan.scale_after) in the default plans: 12-15% fewer SASS
-# instructions a weight at M <= 16 (scripts/sass_loop_mix.py --gemm --scale-after), not yet timed on a
-# GPU, so off unless TRITONLLM_W4_SCALE_AFTER=1 (experiments/quant4/README.md, session 20)
-SCALE_AFTER = os.environ.get("TRITONLLM_W4_SCALE_AFTER", "0") == "1"
+# the scale applied after each step's MMA (Plan.scale_after) in the default plans, int4 only: on at
+# M <= 32, where the H200 timed it 0-6% faster at every Llama-3-8B layer (cold L2; gate_up M = 2: 33.1
+# against 35.2 us) and the int4 decode step 1.5% faster at 4 and 16 sequences; off at M = 64 (gate_up's
+# two-warpgroup plan 68.5 against 50.9 us, down 36.3 against 35.1). TRITONLLM_W4_SCALE_AFTER=1 / 0
+# forces it on / off everywhere (experiments/quant4/README.md, session 21)
+SCALE_AFTER = os.environ.get("TRITONLLM_W4_SCALE_AFTER", "auto")
+SCALE_AFTER_MAX_M = 32
 
 
 def measured_faster(m: int, n: int, k: int, fp4: bool = False) -> bool:
@@ -107,7 +110,8 @@ def plan(m: int, n: int, k: int, fp4: bool = False) -> Plan:
     two warpgroups a program sharing each activation tile, no split (M = 64: 50.5 against 68.5 us)."""
     if PLAN_OVERRIDE is not None:
         return PLAN_OVERRIDE
-    return replace(_plan(m, n, k, fp4), scale_after=SCALE_AFTER and not fp4)
+    on = m <= SCALE_AFTER_MAX_M if SCALE_AFTER == "auto" else SCALE_AFTER == "1"
+    return replace(_plan(m, n, k, fp4), scale_after=on and not fp4)
 
 
 def _plan(m: int, n: int, k: int, fp4: bool) -> Plan:
