@@ -112,12 +112,23 @@ def test_single_sequence_decode_takes_split_path(monkeypatch: pytest.MonkeyPatch
 
 @pytest.mark.parametrize(
     "num_seqs, max_seq_len, expected",
-    [(1, 8192, 32), (1, 1024, 4), (4, 8192, 9), (16, 8192, 3), (32, 8192, 1), (128, 8192, 1), (1, 300, 1), (0, 100, 1)],
+    [
+        (1, 8192, 33),
+        (1, 1024, 32),
+        (1, 520, 16),
+        (4, 640, 9),
+        (4, 8192, 9),
+        (16, 8192, 3),
+        (32, 8192, 1),
+        (128, 8192, 1),
+        (1, 40, 1),
+        (0, 100, 1),
+    ],
 )
 def test_choose_num_splits_on_h200(
     monkeypatch: pytest.MonkeyPatch, num_seqs: int, max_seq_len: int, expected: int
 ) -> None:
-    """Hopper table, 132 SMs, 8 KV heads: ~2 waves of programs, >= 256 keys a split, none once
+    """Hopper table, 132 SMs, 8 KV heads: ~2 waves of programs, >= 32 keys a split, none once
     the unsplit grid fills a wave."""
     monkeypatch.setattr(attention, "attention_config", lambda: ATTENTION_CONFIGS["hopper"])
     assert choose_num_splits(num_seqs, 8, max_seq_len, 132) == expected

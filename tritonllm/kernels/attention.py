@@ -130,6 +130,11 @@ ATTENTION_CONFIGS: dict[str, AttentionConfig] = {
     # 240 us). Split-KV (sweep of split counts x tiles, experiments/attention_kernels):
     # 1 x 1024 best 16.8 us (4 splits, 128-key tiles) vs 17.6 us with this table; 1 x 8192 best 23.0 us
     # (64 splits) vs 24.3 us; 32 x 1024 best unsplit. Within run-to-run noise, so the table stays.
+    # split_min_keys 256 -> 32 (session 21, graph-replayed, merge in the kernel,
+    # experiments/attention_kernels/h200_session21): 1 x 520 11.6 us at 2 splits against 6.9 at 16;
+    # 1 x 1024 11.0 (4) against 7.0 (32); 4 x 640 12.5 (2) against 9.1-9.6 (8-12); 4 x 4096 and 16 x any
+    # unchanged (the wave rule binds first). Decode graphs are captured at max_model_len, so this moves
+    # eager decode steps (no graph, or a batch above the largest graph), not the graphed ones.
     "hopper": AttentionConfig(
         decode_few=AttentionTiles(block_m=16, tile_n=128, num_warps=4, num_stages=3),
         decode_many=AttentionTiles(block_m=16, tile_n=64, num_warps=4, num_stages=2),
@@ -140,7 +145,7 @@ ATTENTION_CONFIGS: dict[str, AttentionConfig] = {
         decode_fp8=AttentionTiles(block_m=16, tile_n=128, num_warps=4, num_stages=3),
         few_programs_per_sm=4,
         split_programs_per_sm=2,
-        split_min_keys=256,
+        split_min_keys=32,
         max_splits=64,
         prefill_new_kv_desc=True,
     ),
