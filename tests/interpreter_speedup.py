@@ -12,6 +12,12 @@ without changing what any kernel computes.
 
 Together they were about a third of the interpreter's time in the engine tests; tokens and logprobs are
 bit-identical with and without them.
+
+Also `language_restorer`: Triton's interpreter leaves some of its patches in place (a @triton.jit helper called
+from Python, or one whose module names a language module its kernel's does not, is patched and never restored),
+and a later compilation for a real GPU in the same process (the tests that build sm90 kernels on the CPU) then
+meets interpreted builtins ("'block_argument' object has no attribute 'dtype'"). The restorer puts every
+patched namespace back as it was before the first test; conftest runs it after each test.
 """
 
 import inspect
@@ -29,6 +35,27 @@ _active = threading.local()
 def _langs(fn) -> frozenset[int]:
     """The language modules that `fn`'s globals name (those `_patch_lang(fn)` patches)."""
     return frozenset(id(value) for value in fn.__globals__.values() if value is _interp.tl or value is _interp.tl.core)
+
+
+def language_restorer():
+    """A callable that puts triton.language's namespaces (those the interpreter patches) back to their state now."""
+    tl = _interp.tl
+    spaces = [tl, tl.core, tl.math, tl.tensor, tl.dtype, tl.core.condition, tl.core.tensor_descriptor_base]
+    saved = [(space, dict(vars(space))) for space in spaces]
+
+    def restore() -> None:
+        for space, before in saved:
+            now = vars(space)
+            for name in [n for n in now if n not in before and n != "__annotations__"]:
+                delattr(space, name)
+            for name, value in before.items():
+                if now.get(name, _MISSING) is not value:
+                    setattr(space, name, value)
+
+    return restore
+
+
+_MISSING = object()
 
 
 def install() -> None:

@@ -215,7 +215,9 @@ def quantize_per_group(
         scale = torch.empty((m, num_groups), dtype=torch.uint8, device=x.device)
     else:
         scale = torch.empty((num_groups, m), dtype=torch.float32, device=x.device).t()
-    groups_per_program = max(1, min(triton.next_power_of_2(num_groups), 1024 // group if platform.is_gpu() else 1))
+    # the interpreter's cost is per program: 256 columns a program there (still several programs a row in
+    # the kernel tests' wide rows), 1024 on a GPU
+    groups_per_program = max(1, min(triton.next_power_of_2(num_groups), (1024 if platform.is_gpu() else 256) // group))
     if m:
         grid = (m, triton.cdiv(num_groups, groups_per_program))
         _quant_group_kernel[grid](
