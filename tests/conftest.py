@@ -18,6 +18,7 @@ def _triton_language_as_imported():
     yield
     _restore_language()
 
+
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one process per core already: torch threads would oversubscribe
     torch.set_num_threads(1)
 
