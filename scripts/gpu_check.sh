@@ -7,6 +7,8 @@
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
+# The GPU image lacks Hydra, FastAPI and gguf (a dependency: the quantization modules import it): fetch their
+# wheels first with `../shared/gpu/fetch_wheels.sh gguf` (then drop .whl/numpy-*: the image has its own).
 set -uo pipefail
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 if [ -d .whl ]; then
