@@ -287,9 +287,11 @@ _CDNA = {
     "weight_only": [(32, GemmTiles(32, 64, 128, 4, 2, 8, 8)), (None, GemmTiles(128, 128, 64, 8, 2, 4))],
     "w4a16": [(32, GemmTiles(32, 64, 128, 4, 2, 8, 8)), (None, GemmTiles(128, 128, 64, 8, 2, 4))],
 }  # fmt: skip
-# The interpreter runs each program in Python: small tiles, few programs (tests' shapes are small)
+# The interpreter runs each program in Python: small tiles, few programs (tests' shapes are small); 4-bit
+# weights take 128-column K steps (one group of 128, or several smaller ones): half the decode steps
 _CPU = {
-    kind: [(None, GemmTiles(32, 64, 64, 1, 1, 4, 4))] for kind in ("float", "w8a8", "block", "weight_only", "w4a16")
+    kind: [(None, GemmTiles(32, 64, 128 if kind == "w4a16" else 64, 1, 1, 4, 4))]
+    for kind in ("float", "w8a8", "block", "weight_only", "w4a16")
 }
 GEMM_TABLES = {"hopper": _HOPPER, "ampere": _AMPERE, "cdna": _CDNA, "cpu": _CPU}
 # shared memory (LDS) per block that the pipelined A and B tiles may take
