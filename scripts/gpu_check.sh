@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -262,6 +262,13 @@ PY
             2>&1 | grep -E '"step_ms"'
         done
       done ;;
+    w4-m64-plans)
+      # the W4 GEMM's opt-in plan fields of session 21 (not yet run on a GPU): words two steps ahead, the activation
+      # loaded at its own step (181 -> 128 registers at M = 64: four programs an SM, not two); GPU plan tests, then
+      # the layer sweep at M = 32 / 48 / 64 (weights cold in L2) against the default plans
+      python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemm_w4_sm90.py -k "every_plan" 2>&1 | tail -3
+      python3 experiments/quant4/gemm_sm90/sweep.py "$OUT/w4_m64_plans.json" --ms ${W4_MS:-32 48 64} --plans auto \
+        ${W4_PLANS:-64:2:1:4:0:0 64:4:1:4:0:0 64:4:2:4:0:0 64:2:2 64:4:2 128:2:1:8:0:0} 2>&1 | grep -v "^compile" | tail -20 ;;
     pdl-steps)
       # decode step time with PDL on and off (Llama-3-8B, dummy weights, 512 + 160, greedy) at PDL_SEQS sequences
       # for PDL_VARIANTS (fp8 / int4 / mxfp4 quantized online, bf16: the Triton sm90 linears; bf16_torch: cuBLAS):

@@ -6,7 +6,7 @@ much as by HBM (experiments/quant4/README.md), so this count is the figure a dec
 
     python scripts/sass_loop_mix.py [--fp4] [--block-n 16] [--block-w 128] [--warps 4]
     python scripts/sass_loop_mix.py --gluon [--fp4]   # the Hopper kernel (kernels/gemv_w4_sm90.py)
-    python scripts/sass_loop_mix.py --gemm [--fp4] [--block-n 128] [--block-m 16] [--scale-after]   # the Hopper W4 MMA GEMM (M 2..64)
+    python scripts/sass_loop_mix.py --gemm [--fp4] [--block-n 128] [--block-m 16] [--scale-after] [--prefetch 2] [--x-at-step]   # the Hopper W4 MMA GEMM (M 2..64)
 """
 
 from __future__ import annotations
@@ -58,10 +58,13 @@ def main(argv: list[str] | None = None) -> collections.Counter:
     parser.add_argument("--gemm", action="store_true", help="the sm90 Gluon int4 GEMM (kernels/gemm_w4_sm90.py)")
     parser.add_argument("--block-m", type=int, default=16, help="--gemm: activation rows (the MMA's N)")
     parser.add_argument("--scale-after", action="store_true", help="--gemm: the scale applied after each MMA")
+    parser.add_argument("--prefetch", type=int, default=1, help="--gemm: K steps of words loaded ahead (0, 1, 2)")
+    parser.add_argument("--x-at-step", action="store_true", help="--gemm: the activation tile loaded at its step")
     args = parser.parse_args(argv)
     if args.gemm:  # a thread's weights a K step: BLOCK_N x 128 over the warpgroup's 128 threads
         kernel = gemm_w4_sm90.compile_sm90(block_n=args.block_n, bm=args.block_m, fp4=args.fp4,
-                                           scale_after=args.scale_after)  # fmt: skip
+                                           scale_after=args.scale_after, prefetch=args.prefetch,
+                                           x_ahead=not args.x_at_step)  # fmt: skip
         return report(kernel, args.block_n)
     if args.gluon:
         kernel = gemv_w4_sm90.compile_sm90(fp4=args.fp4)

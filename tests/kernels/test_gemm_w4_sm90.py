@@ -5,6 +5,7 @@ its numerics are GPU tests; on the CPU it must compile for sm90 and stay out of 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -109,6 +110,11 @@ def test_every_e2m1_code_decodes_exactly(spy) -> None:
         "64:3:1:4:1",
         "128:2:0:8:1",
         "256:1:1:16:1",
+        "64:3:2",  # words two steps ahead (session 21, opt-in)
+        "64:2:1:4:0:0",  # the activation loaded at its own step
+        "64:4:2:4:0:0",
+        "64:3:2:4:1:0",
+        "128:2:2:8",
     ],
 )
 @pytest.mark.parametrize("m", [3, 24, 64])
@@ -193,6 +199,7 @@ def test_supported_shapes_and_plans() -> None:
     assert gemm_w4_sm90.Plan.parse("64:3:0") == gemm_w4_sm90.Plan(64, 3, False)
     assert gemm_w4_sm90.Plan.parse("128:2:1:8") == gemm_w4_sm90.Plan(128, 2, True, 8)
     assert gemm_w4_sm90.Plan.parse("64:4:1:4:1") == gemm_w4_sm90.Plan(64, 4, True, 4, scale_after=True)
+    assert gemm_w4_sm90.Plan.parse("64:4:2:4:0:0") == gemm_w4_sm90.Plan(64, 4, 2, 4, False, x_ahead=False)
     plan = gemm_w4_sm90.plan(16, 6144, 4096)
     assert plan.block_n == 64 and 1 <= plan.split <= 4
     assert gemm_w4_sm90.plan(16, 4096, 512).split == 1  # each split at least four K steps
@@ -239,6 +246,35 @@ def test_sm90_sass_per_weight(fp4: bool, scale_after: bool, most: float) -> None
     assert 2 < per_weight < most, result.stdout
     assert "no spills" in result.stdout
     assert result.stdout.count("HGMMA") == 1  # tensor cores, not FMAs
+
+
+@pytest.mark.skipif(not gemm_w4_sm90.HAVE_GLUON, reason="this Triton has no Gluon")
+def test_m64_plan_options_build_for_sm90_without_spills() -> None:
+    """Words two steps ahead and the activation loaded at its own step (opt-in plan fields, session 21)
+    compile for sm90 at M = 64 without spills, and the activation at its step frees registers (181 -> 128 a
+    thread on Triton 3.9: four programs an SM instead of two). A subprocess: this one runs the interpreter."""
+    code = (
+        "import json, os, subprocess, tempfile, triton\n"
+        "from tritonllm.kernels import gemm_w4_sm90 as g\n"
+        "tool = os.path.join(os.path.dirname(triton.__file__), 'backends', 'nvidia', 'bin', 'cuobjdump')\n"
+        "out = {}\n"
+        "for name, kw in [('default', {}), ('x_at_step', {'x_ahead': False}), ('words2', {'prefetch': 2}),\n"
+        "                 ('words2_x_at_step', {'prefetch': 2, 'x_ahead': False})]:\n"
+        "    k = g.compile_sm90(block_n=64, bm=64, split=2, **kw)\n"
+        "    f = tempfile.NamedTemporaryFile(suffix='.cubin', delete=False); f.write(k.asm['cubin']); f.close()\n"
+        "    text = subprocess.run([tool, '--dump-resource-usage', f.name], capture_output=True, text=True).stdout\n"
+        "    line = next(l for l in text.splitlines() if 'REG:' in l)\n"
+        "    out[name] = [int(line.split('REG:')[1].split()[0]), int(line.split('STACK:')[1].split()[0])]\n"
+        "print(json.dumps(out))\n"
+    )
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    usage = json.loads(result.stdout.strip().splitlines()[-1])
+    assert all(stack == 0 for _, stack in usage.values()), usage
+    assert usage["x_at_step"][0] < usage["default"][0] - 32, usage
 
 
 def _emulated_step(words: torch.Tensor, s: torch.Tensor, z: torch.Tensor | None, fp4: bool, masks=None):

@@ -64,17 +64,23 @@ FP4_MASKS = (0x01C001C0, -(2**31) | 0x8000)  # e2m1 magnitudes at bf16 bits 6..8
 class Plan:
     block_n: int  # weight rows a program (the MMA's M: 64 a warpgroup pass)
     split: int  # K splits (float32 partials, summed by each tile's last split program)
-    prefetch: bool = True  # the next K step's loads issued before this step's decode and MMA
+    # the next K step's loads issued before this step's decode and MMA (1); 2: the words, scales and zero
+    # points two steps ahead and the activation tile one (more weight bytes in flight a program; opt-in, not yet
+    # timed on a GPU); 0: none
+    prefetch: int = 1
     warps: int = 4  # 4, 8 or 16: one, two or four warpgroups sharing each activation tile
     # int4 with groups of 128 (a K step is one group): the decode leaves the scale out (q - z, exact) and
     # each step's MMA product is scaled in float32 (see _step_scale_after); other formats ignore it
     scale_after: bool = False
+    # with prefetch 1 or 2, the activation tile loaded a step ahead too (True), or at its own step (False: its
+    # registers freed: at M = 64 the kernel holds 181 registers a thread, two programs an SM; opt-in, untimed)
+    x_ahead: bool = True
 
     @classmethod
     def parse(cls, text: str) -> Plan:
-        """ "BLOCK_N:SPLIT:PREFETCH[:WARPS[:SCALE_AFTER]]"."""
+        """ "BLOCK_N:SPLIT:PREFETCH[:WARPS[:SCALE_AFTER[:X_AHEAD]]]"."""
         block_n, split, prefetch, *rest = (int(v) for v in text.split(":"))
-        return cls(block_n, split, bool(prefetch), *rest[:1], *(bool(v) for v in rest[1:]))
+        return cls(block_n, split, prefetch, *rest[:1], *(bool(v) for v in rest[1:]))
 
 
 # sweeps (experiments/quant4/gemm_sm90/sweep.py) set this to time one plan at every shape
@@ -152,11 +158,13 @@ def available() -> bool:
 
 
 def compile_sm90(group_k: int = 128, block_n: int = 128, bm: int = 16, fp16: bool = False, split: int = 1,
-                 prefetch: bool = True, warps: int = 4, fp4: bool = False, scale_after: bool = False):  # fmt: skip
+                 prefetch: int = 1, warps: int = 4, fp4: bool = False, scale_after: bool = False,
+                 x_ahead: bool = True):  # fmt: skip
     """Compile for sm90 without a GPU (launch.compile_gluon_sm90): tests, scripts/sass_loop_mix.py,
     available()."""
     constexprs = dict(GROUP_K=32 if fp4 else group_k, BLOCK_N=block_n, BLOCK_M=bm, FP16=fp16, FP4=fp4,
-                      HAS_BIAS=False, SPLIT_K=split, PREFETCH=prefetch, SCALE_AFTER=scale_after, PDL=True)  # fmt: skip
+                      HAS_BIAS=False, SPLIT_K=split, PREFETCH=prefetch, SCALE_AFTER=scale_after, PDL=True,
+                      X_AHEAD=x_ahead)  # fmt: skip
     act = "*fp16" if fp16 else "*bf16"
     scale = "*u8" if fp4 else "*fp16"
     types = dict(a_ptr=act, w_ptr="*i32", c_ptr=act, bias_ptr=act, s_ptr=scale, z_ptr=scale, ws_ptr="*fp32",
@@ -180,8 +188,9 @@ def w4_gemm_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
         m, n, k, k_per_split // 8, a.stride(0), words.stride(0), c.stride(0), scale.stride(0), scale.stride(1),
         *(FP4_MASKS if fp4 else (INT4_PAIR_MASK, FP16_BIAS if a.dtype == torch.float16 else BF16_BIAS)),
         GROUP_K=group_k, BLOCK_N=p.block_n, BLOCK_M=block_m(m), FP16=a.dtype == torch.float16, FP4=fp4,
-        HAS_BIAS=bias is not None, SPLIT_K=split, PREFETCH=p.prefetch,
-        SCALE_AFTER=p.scale_after and group_k == BLOCK_K and not fp4, num_warps=p.warps, **pdl,
+        HAS_BIAS=bias is not None, SPLIT_K=split, PREFETCH=int(p.prefetch),
+        SCALE_AFTER=p.scale_after and group_k == BLOCK_K and not fp4, num_warps=p.warps,
+        **({} if p.x_ahead else {"X_AHEAD": False}), **pdl,
     )  # fmt: skip
     return c
 
@@ -297,13 +306,26 @@ if HAVE_GLUON:
         return (e.to(gl.int32) + 63) << 7
 
     @gluon.jit
+    def _load_words(w_ptrs, s_ptrs, z_ptrs, kw, stride_sk, GROUP_K: gl.constexpr, FP4: gl.constexpr):
+        """The K step at word kw: words [BLOCK_N, 4, 4], scales and zero points [BLOCK_N, 4] (a row's and
+        quad lane's; MXFP4: the scales twice)."""
+        g = kw // (GROUP_K // 8) * stride_sk
+        s = gl.load(s_ptrs + g)
+        z = s if FP4 else gl.load(z_ptrs + g)
+        return gl.load(w_ptrs + kw), s, z
+
+    @gluon.jit
+    def _load_x(a_ptrs, rows_in, kw, BLOCK_M: gl.constexpr, FP4: gl.constexpr):
+        """The K step's [BLOCK_M, 128] activation tile with its columns in the A operand's order (MXFP4: x 2**63)."""
+        return a_operand_order(gl.load(a_ptrs + kw * 8, mask=rows_in, other=0.0), BLOCK_M, FP4)
+
+    @gluon.jit
     def _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw, stride_sk, GROUP_K: gl.constexpr,
                    BLOCK_M: gl.constexpr, FP4: gl.constexpr):  # fmt: skip
-        """The K step at word kw: words [BLOCK_N, 4, 4], scales and zero points [BLOCK_N, 4] (a row's and
-        quad lane's; MXFP4: the scales twice), the [BLOCK_M, 128] activation tile with its columns in the
-        A operand's order (MXFP4: x 2**63)."""
+        """The K step at word kw: _load_words' words, scales and zero points, and _load_x's activation tile
+        (issued in this order, the order the timed default plans were compiled in)."""
         g = kw // (GROUP_K // 8) * stride_sk
-        x = a_operand_order(gl.load(a_ptrs + kw * 8, mask=rows_in, other=0.0), BLOCK_M, FP4)
+        x = _load_x(a_ptrs, rows_in, kw, BLOCK_M, FP4)
         s = gl.load(s_ptrs + g)
         z = s if FP4 else gl.load(z_ptrs + g)
         return gl.load(w_ptrs + kw), s, z, x
@@ -344,7 +366,7 @@ if HAVE_GLUON:
         M, N, K, KW_PER_SPLIT, stride_am, stride_wn, stride_cm, stride_sn, stride_sk, mask, bias,
         GROUP_K: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, FP16: gl.constexpr, FP4: gl.constexpr,
         HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr, PREFETCH: gl.constexpr, SCALE_AFTER: gl.constexpr = False,
-        PDL: gl.constexpr = False,
+        PDL: gl.constexpr = False, X_AHEAD: gl.constexpr = True,
     ):  # fmt: skip
         """c[m, n] = sum_k a[m, k] w[n, k] (+ bias[n]) for BLOCK_N weight rows and all M (<= BLOCK_M)
         activation rows a program, over the K range of its split (program_id 1)."""
@@ -384,17 +406,35 @@ if HAVE_GLUON:
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
         s_ptrs = s_ptr + s_off
         z_ptrs = z_ptr + s_off
-        words, s, z, x = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw_start, stride_sk, GROUP_K, BLOCK_M, FP4)
+        if X_AHEAD or PREFETCH == 0:
+            words, s, z, x = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw_start, stride_sk, GROUP_K, BLOCK_M,
+                                        FP4)  # fmt: skip
+        else:  # the activation tile is loaded at its own step
+            words, s, z = _load_words(w_ptrs, s_ptrs, z_ptrs, kw_start, stride_sk, GROUP_K, FP4)
         if SCALE_AFTER:  # the rows' scales in the accumulator's row layout (a K step is one group of 128)
             na = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
             s_acc_ptrs = s_ptr + gl.where(na < N, na, 0).to(gl.int64) * stride_sn
             s_acc = gl.load(s_acc_ptrs + kw_start // 16 * stride_sk)
+        if PREFETCH == 2:  # the step after the first's words (the last steps reload the last)
+            w1, s1, z1 = _load_words(w_ptrs, s_ptrs, z_ptrs, gl.minimum(kw_start + 16, kw_end - 16), stride_sk,
+                                     GROUP_K, FP4)  # fmt: skip
         buf = 0
         for kw in range(kw_start, kw_end, 16):
-            if PREFETCH:  # the next step's loads in flight during this one's decode and MMA (the last reloads itself)
+            if PREFETCH == 2:  # words two steps ahead, the activation one, in flight during this step
                 nxt = gl.minimum(kw + 16, kw_end - 16)
-                n_words, n_s, n_z, n_x = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, nxt, stride_sk, GROUP_K,
-                                                    BLOCK_M, FP4)  # fmt: skip
+                w2, s2_, z2 = _load_words(w_ptrs, s_ptrs, z_ptrs, gl.minimum(kw + 32, kw_end - 16), stride_sk,
+                                          GROUP_K, FP4)  # fmt: skip
+                if X_AHEAD:
+                    n_x = _load_x(a_ptrs, rows_in, nxt, BLOCK_M, FP4)
+                if SCALE_AFTER:
+                    n_s_acc = gl.load(s_acc_ptrs + nxt // 16 * stride_sk)
+            elif PREFETCH:  # the next step's loads in flight during this one's decode and MMA (the last reloads itself)
+                nxt = gl.minimum(kw + 16, kw_end - 16)
+                if X_AHEAD:
+                    n_words, n_s, n_z, n_x = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, nxt, stride_sk,
+                                                        GROUP_K, BLOCK_M, FP4)  # fmt: skip
+                else:
+                    n_words, n_s, n_z = _load_words(w_ptrs, s_ptrs, z_ptrs, nxt, stride_sk, GROUP_K, FP4)
                 if SCALE_AFTER:
                     n_s_acc = gl.load(s_acc_ptrs + nxt // 16 * stride_sk)
             else:
@@ -402,6 +442,9 @@ if HAVE_GLUON:
                                             FP4)  # fmt: skip
                 if SCALE_AFTER:
                     s_acc = gl.load(s_acc_ptrs + kw // 16 * stride_sk)
+            if PREFETCH != 0:
+                if not X_AHEAD:
+                    x = _load_x(a_ptrs, rows_in, kw, BLOCK_M, FP4)
             x_buf = x_smem.index(buf)
             x_buf.store(x)
             fence_async_shared()
@@ -410,8 +453,17 @@ if HAVE_GLUON:
                 acc = _step_scale_after(words, z, s_acc, x_buf, acc, mask, bias, BLOCK_N, DT, LA)
             else:
                 acc = _step(words, s, z, x_buf, acc, mask, bias, BLOCK_N, DT, LA, FP4)
-            if PREFETCH:
-                words, s, z, x = n_words, n_s, n_z, n_x
+            if PREFETCH == 2:
+                words, s, z = w1, s1, z1
+                w1, s1, z1 = w2, s2_, z2
+                if X_AHEAD:
+                    x = n_x
+                if SCALE_AFTER:
+                    s_acc = n_s_acc
+            elif PREFETCH:
+                words, s, z = n_words, n_s, n_z
+                if X_AHEAD:
+                    x = n_x
                 if SCALE_AFTER:
                     s_acc = n_s_acc
             buf = 1 - buf
