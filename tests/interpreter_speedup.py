@@ -37,6 +37,9 @@ def _langs(fn) -> frozenset[int]:
     return frozenset(id(value) for value in fn.__globals__.values() if value is _interp.tl or value is _interp.tl.core)
 
 
+_MISSING = object()
+
+
 def language_restorer():
     """A callable that puts triton.language's namespaces (those the interpreter patches) back to their state now."""
     tl = _interp.tl
@@ -53,9 +56,6 @@ def language_restorer():
                     setattr(space, name, value)
 
     return restore
-
-
-_MISSING = object()
 
 
 def install() -> None:

@@ -190,7 +190,7 @@ def w4_gemm_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
         GROUP_K=group_k, BLOCK_N=p.block_n, BLOCK_M=block_m(m), FP16=a.dtype == torch.float16, FP4=fp4,
         HAS_BIAS=bias is not None, SPLIT_K=split, PREFETCH=int(p.prefetch),
         SCALE_AFTER=p.scale_after and group_k == BLOCK_K and not fp4, num_warps=p.warps,
-        **({} if p.x_ahead else {"X_AHEAD": False}), **pdl,
+        X_AHEAD=p.x_ahead, **pdl,
     )  # fmt: skip
     return c
 
@@ -420,31 +420,26 @@ if HAVE_GLUON:
                                      GROUP_K, FP4)  # fmt: skip
         buf = 0
         for kw in range(kw_start, kw_end, 16):
-            if PREFETCH == 2:  # words two steps ahead, the activation one, in flight during this step
+            if PREFETCH != 0:  # the next step's loads in flight during this one's decode and MMA (words PREFETCH
+                # steps ahead; the last steps reload the last)
                 nxt = gl.minimum(kw + 16, kw_end - 16)
-                w2, s2_, z2 = _load_words(w_ptrs, s_ptrs, z_ptrs, gl.minimum(kw + 32, kw_end - 16), stride_sk,
-                                          GROUP_K, FP4)  # fmt: skip
-                if X_AHEAD:
-                    n_x = _load_x(a_ptrs, rows_in, nxt, BLOCK_M, FP4)
-                if SCALE_AFTER:
-                    n_s_acc = gl.load(s_acc_ptrs + nxt // 16 * stride_sk)
-            elif PREFETCH:  # the next step's loads in flight during this one's decode and MMA (the last reloads itself)
-                nxt = gl.minimum(kw + 16, kw_end - 16)
-                if X_AHEAD:
+                if X_AHEAD and PREFETCH == 1:
                     n_words, n_s, n_z, n_x = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, nxt, stride_sk,
                                                         GROUP_K, BLOCK_M, FP4)  # fmt: skip
                 else:
-                    n_words, n_s, n_z = _load_words(w_ptrs, s_ptrs, z_ptrs, nxt, stride_sk, GROUP_K, FP4)
+                    n_words, n_s, n_z = _load_words(w_ptrs, s_ptrs, z_ptrs, gl.minimum(kw + 16 * PREFETCH, kw_end - 16),
+                                                    stride_sk, GROUP_K, FP4)  # fmt: skip
+                    if X_AHEAD:
+                        n_x = _load_x(a_ptrs, rows_in, nxt, BLOCK_M, FP4)
                 if SCALE_AFTER:
                     n_s_acc = gl.load(s_acc_ptrs + nxt // 16 * stride_sk)
+                if not X_AHEAD:
+                    x = _load_x(a_ptrs, rows_in, kw, BLOCK_M, FP4)
             else:
                 words, s, z, x = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw, stride_sk, GROUP_K, BLOCK_M,
                                             FP4)  # fmt: skip
                 if SCALE_AFTER:
                     s_acc = gl.load(s_acc_ptrs + kw // 16 * stride_sk)
-            if PREFETCH != 0:
-                if not X_AHEAD:
-                    x = _load_x(a_ptrs, rows_in, kw, BLOCK_M, FP4)
             x_buf = x_smem.index(buf)
             x_buf.store(x)
             fence_async_shared()
@@ -453,15 +448,12 @@ if HAVE_GLUON:
                 acc = _step_scale_after(words, z, s_acc, x_buf, acc, mask, bias, BLOCK_N, DT, LA)
             else:
                 acc = _step(words, s, z, x_buf, acc, mask, bias, BLOCK_N, DT, LA, FP4)
-            if PREFETCH == 2:
-                words, s, z = w1, s1, z1
-                w1, s1, z1 = w2, s2_, z2
-                if X_AHEAD:
-                    x = n_x
-                if SCALE_AFTER:
-                    s_acc = n_s_acc
-            elif PREFETCH:
-                words, s, z = n_words, n_s, n_z
+            if PREFETCH != 0:
+                if PREFETCH == 2:
+                    words, s, z = w1, s1, z1
+                    w1, s1, z1 = n_words, n_s, n_z
+                else:
+                    words, s, z = n_words, n_s, n_z
                 if X_AHEAD:
                     x = n_x
                 if SCALE_AFTER:
