@@ -210,6 +210,18 @@ def test_supported_shapes_and_plans() -> None:
     assert gemm_w4_sm90.plan(64, 128 * sms, 4096) == gemm_w4_sm90.Plan(128, 1, True, 8)
 
 
+def test_activation_at_its_own_step_past_one_wave_of_64_row_tiles(monkeypatch) -> None:
+    """On the H200's 132 SMs: int4 qkv (96 programs x 4 splits) at M = 48 / 64 takes x_ahead off (four programs
+    an SM instead of two), o and down (64 x 4: one wave of two an SM) keep it, as do M <= 32 and MXFP4."""
+    monkeypatch.setattr(gemm_w4_sm90.platform, "num_multiprocessors", lambda: 132)
+    for m in (33, 48, 64):
+        assert gemm_w4_sm90.plan(m, 6144, 4096) == gemm_w4_sm90.Plan(64, 4, x_ahead=False)
+        assert gemm_w4_sm90.plan(m, 4096, 4096) == gemm_w4_sm90.Plan(64, 4)
+        assert gemm_w4_sm90.plan(m, 4096, 14336) == gemm_w4_sm90.Plan(64, 4)
+        assert gemm_w4_sm90.plan(m, 6144, 4096, fp4=True).x_ahead
+    assert gemm_w4_sm90.plan(32, 6144, 4096).x_ahead
+
+
 def test_scale_after_is_on_to_m32_for_int4_only_and_forced_by_the_environment(monkeypatch) -> None:
     assert gemm_w4_sm90.SCALE_AFTER == os.environ.get("TRITONLLM_W4_SCALE_AFTER", "auto")
     monkeypatch.setattr(gemm_w4_sm90, "SCALE_AFTER", "auto")

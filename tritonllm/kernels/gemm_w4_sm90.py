@@ -65,15 +65,15 @@ class Plan:
     block_n: int  # weight rows a program (the MMA's M: 64 a warpgroup pass)
     split: int  # K splits (float32 partials, summed by each tile's last split program)
     # the next K step's loads issued before this step's decode and MMA (1); 2: the words, scales and zero
-    # points two steps ahead and the activation tile one (more weight bytes in flight a program; opt-in, not yet
-    # timed on a GPU); 0: none
+    # points two steps ahead and the activation tile one (more weight bytes in flight a program; opt-in: on the
+    # H200 at M = 32..64 no better than 1, session 22); 0: none
     prefetch: int = 1
     warps: int = 4  # 4, 8 or 16: one, two or four warpgroups sharing each activation tile
     # int4 with groups of 128 (a K step is one group): the decode leaves the scale out (q - z, exact) and
     # each step's MMA product is scaled in float32 (see _step_scale_after); other formats ignore it
     scale_after: bool = False
     # with prefetch 1 or 2, the activation tile loaded a step ahead too (True), or at its own step (False: its
-    # registers freed: at M = 64 the kernel holds 181 registers a thread, two programs an SM; opt-in, untimed)
+    # registers freed: at M = 64 the kernel holds 181 registers a thread, two programs an SM; see _plan)
     x_ahead: bool = True
 
     @classmethod
@@ -127,7 +127,13 @@ def _plan(m: int, n: int, k: int, fp4: bool) -> Plan:
         return Plan(128, 1, True, 8)
     programs = triton.cdiv(n, 64)
     want = round(4 * platform.num_multiprocessors() / programs)
-    return Plan(64, max(1, min(4, want, k // (4 * BLOCK_K))))
+    split = max(1, min(4, want, k // (4 * BLOCK_K)))
+    # 64-row tiles (M > 32) hold 181 registers a thread with the activation loaded a step ahead: two programs
+    # an SM. Where the grid needs more than that wave, the activation at its own step (128 registers, four an
+    # SM) wins: int4 qkv (6144 x 4096, 384 programs) at M = 48 / 64 ran 17.5 / 18.7 us against 23.5 / 25.3;
+    # within one wave it loses or ties (down 40.4 against 34.6, o 15.3 against 15.2; session 22)
+    x_ahead = fp4 or m <= 32 or programs * split <= 2 * platform.num_multiprocessors()
+    return Plan(64, split, x_ahead=x_ahead)
 
 
 def supported(m: int, k: int, group_k: int) -> bool:
