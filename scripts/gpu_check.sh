@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [llama3-8b-config]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -187,7 +187,11 @@ for step in $STEPS; do
       python3 -m tritonllm.entrypoints.cli serve "$SERVE_PATH" --host 127.0.0.1 --port 8123 --served-model-name m \
         --uvicorn-log-level warning ${SERVE_ARGS:-} > "$OUT/serve.log" 2>&1 &
       SERVER=$!
-      for _ in $(seq 600); do curl -sf http://127.0.0.1:8123/health > /dev/null && break; sleep 1; done
+      for _ in $(seq 600); do
+        curl -sf http://127.0.0.1:8123/health > /dev/null && break
+        kill -0 $SERVER 2> /dev/null || { echo "the server exited at start-up:"; tail -5 "$OUT/serve.log"; break; }
+        sleep 1
+      done
       # each run its own prompts (--seed): a repeated seed would be served from the prefix cache (earlier
       # sessions' "again" runs at 16 req/s were, hence their lower TTFT and TPOT); a repeated rate is saved apart
       seed=0
@@ -203,10 +207,11 @@ for step in $STEPS; do
       # the offline references: the same requests all at once, OFFLINE_COUNTS at a time (req/s; decode TPOT at
       # that concurrency), one LLM, after the server has given the GPU back
       [ "${OFFLINE_COUNTS-unset}" = "" ] || python3 - "$SERVE_PATH" "$OUT/offline_reference.json" ${OFFLINE_COUNTS:-64 16 24 32} <<'PY' 2>&1 | grep -v Warning
-import json, sys
+import json, os, sys
 from tritonllm.entrypoints.llm import LLM
 from tritonllm.workloads import run_random
-llm, rows = LLM(model=sys.argv[1] or None), []
+# OFFLINE_LOAD_FORMAT=dummy: random weights, as the server's SERVE_ARGS="--load-format dummy" gives them
+llm, rows = LLM(model=sys.argv[1] or None, load_format=os.environ.get("OFFLINE_LOAD_FORMAT", "auto")), []
 for count in map(int, sys.argv[3:]):
     work = dict(kind="random", num_requests=count, prompt_len_min=512, prompt_len_max=512, output_len_min=128,
                 output_len_max=128, token_id_max=10000, temperature=0.8, detokenize=True, seed=0,
@@ -269,6 +274,19 @@ PY
       python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemm_w4_sm90.py -k "every_plan" 2>&1 | tail -3
       python3 experiments/quant4/gemm_sm90/sweep.py "$OUT/w4_m64_plans.json" --ms ${W4_MS:-32 48 64} --plans auto \
         ${W4_PLANS:-64:2:1:4:0:0 64:4:1:4:0:0 64:4:2:4:0:0 64:2:2 64:4:2 128:2:1:8:0:0} 2>&1 | grep -v "^compile" | tail -20 ;;
+    llama3-8b-config)
+      # a config-only Llama-3-8B folder (config + tokenizer) for runs with --load-format dummy / model.load_format=dummy
+      [ -d "$MODELS/llama3-8b-config" ] || python3 scripts/make_random_model.py llama3-8b "$MODELS/llama3-8b-config" --config-only ;;
+    mixed-step)
+      # issue 15: what a prompt joining MIXED_DECODES running decodes adds to its step, per piecewise_first_size
+      # (the padded token counts of the piecewise graphs; "eager": piecewise graphs off); Llama-3-8B, dummy weights
+      [ -d "$MODELS/llama3-8b-config" ] || python3 scripts/make_random_model.py llama3-8b "$MODELS/llama3-8b-config" --config-only
+      for first in ${MIXED_FIRST_SIZES:-256 128 64 eager}; do
+        case $first in eager) args="--no-piecewise-graphs" ;; *) args="--piecewise-first-size $first" ;; esac
+        python3 experiments/serving/mixed_step.py --model "$MODELS/llama3-8b-config" --load-format dummy $args \
+          --decodes ${MIXED_DECODES:-13} --prompt-lens ${MIXED_LENS:-128 256 400 499 512 640 1000 2000} \
+          --output-json "$OUT/mixed_step_$first.json" 2>&1 | grep -E "^\{|Error" | tee "$OUT/mixed_step_$first.log"
+      done ;;
     pdl-steps)
       # decode step time with PDL on and off (Llama-3-8B, dummy weights, 512 + 160, greedy) at PDL_SEQS sequences
       # for PDL_VARIANTS (fp8 / int4 / mxfp4 quantized online, bf16: the Triton sm90 linears; bf16_torch: cuBLAS):

@@ -90,6 +90,9 @@ def test_flags_map_to_llm_kwargs():
             "4",
             "--distributed-launcher",
             "torchrun",
+            "--piecewise-first-size",
+            "64",
+            "--no-align-prefill-chunks",
         ]
     )
     assert args.port == 9001
@@ -106,6 +109,7 @@ def test_flags_map_to_llm_kwargs():
         "enable_chunked_prefill": False,
         "enforce_eager": True,
         "piecewise_graphs": False,
+        "piecewise_first_size": 64,
         "pdl": False,
         "gc_freeze": False,
         "fuse_rope_kv_write": False,
@@ -118,6 +122,7 @@ def test_flags_map_to_llm_kwargs():
         "seed": 3,
         "num_gpu_blocks_override": 100,
         "scheduling_policy": "priority",
+        "align_prefill_chunks": False,
         "kernel_backend": "torch_ref",
         "async_scheduling": False,
         "kernels": {"attention": "torch_ref", "rms_norm": "triton"},

@@ -87,6 +87,39 @@ def test_chunked_prefill_mixes_decodes_and_chunks_in_one_step(tiny_llama):
     engine.runner.execute(sched).result()
 
 
+def test_a_new_prompt_yields_tokens_so_its_step_ends_on_a_padded_size(tiny_llama):
+    """Padded sizes 8, 16, ..., 64: three decodes + a 14-token prompt (17 tokens) would run at 24, so the
+    prompt takes 13 (16 tokens) and its last token joins the next step; a step just short of a size, or
+    one that would have to give up more than the padding it saves, is left alone. Tokens as without."""
+    prompt = list(range(100, 114))
+    greedy = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    tokens, counts = {}, {}
+    for align in (True, False):
+        llm = make_llm(tiny_llama, max_num_batched_tokens=64, piecewise_first_size=8, align_prefill_chunks=align)
+        engine = llm.llm_engine
+        assert engine.scheduler.step_sizes == ([8, 16, 24, 32, 40, 48, 56, 64] if align else [])
+        for i in range(3):
+            engine.add_request(f"d{i}", [5 + i, 6, 7, 8], greedy)
+        engine.step()  # 12 tokens: 4 over 8 and 4 short of 16, so nothing yields
+        engine.add_request("p", prompt, greedy)
+        out, steps = {}, []
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                if o.finished:
+                    out[o.request_id] = o.outputs[0].token_ids
+            steps.append(engine.stats.steps[-1].num_scheduled_tokens)
+        tokens[align], counts[align] = out, steps
+    assert counts[False][0] == 17
+    assert counts[True][:2] == [16, 4]  # three decodes + 13 of the prompt, then three decodes + its last
+    assert tokens[True] == tokens[False]
+    sched = make_llm(tiny_llama, max_num_batched_tokens=64, piecewise_first_size=8).llm_engine.scheduler
+    assert sched._aligned(3, 14) == 13  # 17 -> 16
+    assert sched._aligned(3, 12) == 12  # 15: short of 16, runs padded by one
+    assert sched._aligned(3, 18) == 18  # 21: 5 over 16, 3 short of 24
+    assert sched._aligned(10, 7) == 6  # 17 -> 16, whatever came before it in the step
+    assert sched._aligned(16, 1) == 1  # 17: yielding would leave the prompt nothing this step
+
+
 def test_prompt_logprobs_survive_chunking(tiny_llama):
     prompt = {"prompt_token_ids": list(range(20, 61))}
     params = SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=2)

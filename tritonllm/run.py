@@ -54,6 +54,7 @@ def main(cfg: DictConfig) -> None:
             "parallel": OmegaConf.to_container(cfg.parallel),
             "enforce_eager": cfg.enforce_eager,
             "piecewise_graphs": cfg.piecewise_graphs,
+            "piecewise_first_size": cfg.piecewise_first_size,
             "pdl": cfg.pdl,
             "gc_freeze": cfg.gc_freeze,
             "fuse_rope_kv_write": cfg.fuse_rope_kv_write,

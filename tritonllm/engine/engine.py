@@ -38,6 +38,7 @@ from tritonllm.models.loader import kv_sliding_window
 from tritonllm.outputs import RequestOutput
 from tritonllm.sampling_params import SamplingParams
 from tritonllm.worker.model_runner import PendingStep
+from tritonllm.worker.piecewise_graph import piecewise_sizes
 from tritonllm.worker.setup import set_up_rank
 
 logger = logging.getLogger(__name__)
@@ -90,7 +91,8 @@ class LLMEngine:
         self.kv_cache = KVCacheManager(
             rank.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching, kv_sliding_window(self.model)
         )
-        self.scheduler = Scheduler(config.scheduler, self.kv_cache)
+        step_sizes = piecewise_sizes(config.scheduler.max_num_batched_tokens, config.piecewise_first_size)
+        self.scheduler = Scheduler(config.scheduler, self.kv_cache, step_sizes)
         sched = config.scheduler
         self.async_scheduling = platform.is_gpu() if sched.async_scheduling is None else sched.async_scheduling
         self.stats = EngineStats()

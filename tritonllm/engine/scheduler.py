@@ -6,7 +6,9 @@ budget leaves), then waiting requests are admitted in policy order. A prompt lon
 budget left is chunked (or waits, with chunked prefill off). When blocks run out, the most
 recently admitted running request is preempted: its blocks are freed and it is recomputed later,
 ahead of new arrivals. Policies: `fcfs` (arrival order) and `priority` (lower `priority` first,
-then arrival; the victim of a preemption is the lowest-priority running request).
+then arrival; the victim of a preemption is the lowest-priority running request). A step's last
+new prompt may yield its last few tokens to the next step so that the step ends on one of the
+padded token counts the forward runs at (`align_prefill_chunks`, see `_aligned`).
 
 The scheduler does its own bookkeeping when it schedules: a request's `num_computed_tokens`
 advances by the step's tokens, and a step that samples adds an output placeholder, resolved
@@ -57,9 +59,13 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager) -> None:
+    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, step_sizes: list[int] | None = None) -> None:
         self.config = config
         self.kv_cache = kv_cache
+        # the padded token counts the forward runs at (ascending): steps with a prefill align to them
+        self.step_sizes = (
+            sorted(step_sizes or []) if config.enable_chunked_prefill and config.align_prefill_chunks else []
+        )
         self.waiting: deque[Request] = deque()
         self.running: dict[Request, None] = {}  # in admission order
         self.num_preemptions = 0
@@ -123,6 +129,8 @@ class Scheduler:
                 if not chunked and num_new > budget:
                     break
                 num_new = min(num_new, budget)
+                if len(self.waiting) == 1:  # the step's last prefill: nothing after it fills the padding
+                    num_new = self._aligned(out.num_batched_tokens, num_new)
                 new_blocks = self.kv_cache.allocate_slots(request.request_id, num_cached_tokens + num_new, cached)
                 if new_blocks is None:
                     break
@@ -142,6 +150,18 @@ class Scheduler:
         if out.scheduled:  # an empty step does not run: its removals wait for the next one
             out.removed_ids, self._removed_ids = self._removed_ids, []
         return out
+
+    def _aligned(self, num_batched: int, num_new: int) -> int:
+        """num_new prefill tokens after num_batched others, shortened so that the step ends on a padded
+        size S (step_sizes) when it would overshoot S by less than it falls short of the next size: a
+        step of S + 13 tokens runs at, and costs about as much as, the next size (the padding computes
+        nothing), while the 13 tokens join the next step almost for free."""
+        end = num_batched + num_new
+        i = bisect.bisect_right(self.step_sizes, end) - 1
+        if i < 0 or i + 1 >= len(self.step_sizes) or self.step_sizes[i] == end:
+            return num_new
+        over, short = end - self.step_sizes[i], self.step_sizes[i + 1] - end
+        return num_new - over if over < num_new and over < short else num_new
 
     @staticmethod
     def _add(out: SchedulerOutput, request: Request, num_new: int, new_blocks: list[int]) -> None:

@@ -136,7 +136,7 @@ def enable_graphs(
     # KV cache was sized to leave the profiled peak of such a step (weights, activations,
     # logits, sampling) free, so capture fits; the logits and sampling of later steps then
     # come on top of the pool, out of the 1 - gpu_memory_utilization share.
-    runner.enable_piecewise_graphs(sched.max_num_batched_tokens)
+    runner.enable_piecewise_graphs(sched.max_num_batched_tokens, first_size=config.piecewise_first_size)
 
 
 def profile_peak_bytes(runner: ModelRunner, sched: SchedulerConfig) -> int:
