@@ -88,16 +88,21 @@ def test_chunked_prefill_mixes_decodes_and_chunks_in_one_step(tiny_llama):
 
 
 def test_a_new_prompt_yields_tokens_so_its_step_ends_on_a_padded_size(tiny_llama):
-    """Padded sizes 8, 16, ..., 64: three decodes + a 14-token prompt (17 tokens) would run at 24, so the
-    prompt takes 13 (16 tokens) and its last token joins the next step; a step just short of a size, or
-    one that would have to give up more than the padding it saves, is left alone. Tokens as without."""
-    prompt = list(range(100, 114))
+    """Padded sizes 8, 16, ..., 64: three decodes + a prompt with 14 tokens past its cached prefix (17 tokens)
+    would run at 24, so the prompt takes 13 (16 tokens) and its last token joins the next step; a step just
+    short of a size, or one that would have to give up more than the padding it saves, is left alone. Tokens
+    as without, the KV blocks' invariant kept."""
+    earlier = list(range(300, 340))  # its first two blocks of 16 are the prompt's cached prefix
+    prompt = earlier[:32] + list(range(100, 114))
     greedy = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
     tokens, counts = {}, {}
     for align in (True, False):
         llm = make_llm(tiny_llama, max_num_batched_tokens=64, piecewise_first_size=8, align_prefill_chunks=align)
         engine = llm.llm_engine
         assert engine.scheduler.step_sizes == ([8, 16, 24, 32, 40, 48, 56, 64] if align else [])
+        engine.add_request("earlier", earlier, SamplingParams(max_tokens=1))
+        while engine.has_unfinished_requests():
+            engine.step()
         for i in range(3):
             engine.add_request(f"d{i}", [5 + i, 6, 7, 8], greedy)
         engine.step()  # 12 tokens: 4 over 8 and 4 short of 16, so nothing yields
@@ -108,6 +113,8 @@ def test_a_new_prompt_yields_tokens_so_its_step_ends_on_a_padded_size(tiny_llama
                 if o.finished:
                     out[o.request_id] = o.outputs[0].token_ids
             steps.append(engine.stats.steps[-1].num_scheduled_tokens)
+            engine.kv_cache.check_invariant()
+        assert {m.name: m.value for m in llm.get_metrics()}["tritonllm:prefix_cache_hits"] == 32
         tokens[align], counts[align] = out, steps
     assert counts[False][0] == 17
     assert counts[True][:2] == [16, 4]  # three decodes + 13 of the prompt, then three decodes + its last
