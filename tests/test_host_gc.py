@@ -29,7 +29,9 @@ def test_an_engine_start_freezes_the_heap(tiny_llama):
     # torch, transformers and the model's objects: far more than what a collection still walks
     assert frozen > 50_000 and len(gc.get_objects()) < frozen / 5
     metrics = {m.name: m.value for m in llm.get_metrics()}
-    assert metrics["tritonllm:gc_frozen_objects"] == frozen
+    # the gauge reads the count when asked; frozen objects freed since (their last reference gone) leave it
+    # (a CI run saw 2 of 610,534 go between the reads), and nothing freezes more in between
+    assert gc.get_freeze_count() <= metrics["tritonllm:gc_frozen_objects"] <= frozen
     assert {f"tritonllm:gc_collections_gen{g}" for g in range(3)} <= metrics.keys()
     out = llm.generate([{"prompt_token_ids": [1, 2, 3]}], use_tqdm=False)  # serving works on a frozen heap
     assert len(out[0].outputs[0].token_ids) > 0
