@@ -22,6 +22,8 @@ STEPS=${*:-tests bench-attention e2e-llama e2e-prefix e2e-qwen3 idle host-profil
 MODELS=${MODELS:-/tmp/models}
 # a random-weight model folder of that architecture (built once per machine)
 ensure_model() { [ -d "$MODELS/$1" ] || python3 scripts/make_random_model.py "$1" "$MODELS/$1"; }
+# a config-only Llama-3-8B folder (config + tokenizer) for runs with --load-format dummy / model.load_format=dummy
+ensure_config_model() { [ -d "$MODELS/llama3-8b-config" ] || python3 scripts/make_random_model.py llama3-8b "$MODELS/llama3-8b-config" --config-only; }
 # nano-vllm's workload (its settings: temperature 0.6, text decoded), one timed pass after 2 warm-up requests
 NANO="model.max_model_len=4096 workload.num_requests=256 workload.prompt_len_min=100 workload.prompt_len_max=1024
   workload.output_len_min=100 workload.output_len_max=1024 workload.token_id_max=10000 workload.temperature=0.6
@@ -158,7 +160,7 @@ for step in $STEPS; do
       # Llama-3-8B batch 1 and 64 x 512 + 128 (config-only folder, dummy weights quantized online): cuBLAS bf16,
       # all-Triton bf16, online FP8 through cuBLAS and Triton, int8 / int4 / MXFP4 through Triton.
       # QUANT_ARGS: extra overrides for every run (e.g. pdl=false, fuse_rope_kv_write=false), QUANT_TAG: file-name suffix
-      [ -d "$MODELS/llama3-8b-config" ] || python3 scripts/make_random_model.py llama3-8b "$MODELS/llama3-8b-config" --config-only
+      ensure_config_model
       for variant in ${QUANT_VARIANTS:-bf16_torch bf16_triton fp8_torch fp8_triton}; do
         case $variant in
           bf16_torch) args="kernels.linear=torch" ;;
@@ -258,7 +260,7 @@ PY
       python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemm_w4_sm90.py -k "scale_after or every_plan" 2>&1 | tail -3
       python3 experiments/quant4/gemm_sm90/sweep.py "$OUT/w4_scale_after.json" --ms 2 16 32 64 --plans auto auto_sa \
         2>&1 | grep -v "^compile" | tail -20
-      [ -d "$MODELS/llama3-8b-config" ] || python3 scripts/make_random_model.py llama3-8b "$MODELS/llama3-8b-config" --config-only
+      ensure_config_model
       for seqs in ${W4_SEQS:-4 16 64}; do  # the decode step at 4 / 16 / 64 sequences (M = 4 / 16 / 64 GEMMs)
         for sa in 0 1; do
           TRITONLLM_W4_SCALE_AFTER=$sa python3 scripts/profile_steps.py --model "$MODELS/llama3-8b-config" \
@@ -275,12 +277,11 @@ PY
       python3 experiments/quant4/gemm_sm90/sweep.py "$OUT/w4_m64_plans.json" --ms ${W4_MS:-32 48 64} --plans auto \
         ${W4_PLANS:-64:2:1:4:0:0 64:4:1:4:0:0 64:4:2:4:0:0 64:2:2 64:4:2 128:2:1:8:0:0} 2>&1 | grep -v "^compile" | tail -20 ;;
     llama3-8b-config)
-      # a config-only Llama-3-8B folder (config + tokenizer) for runs with --load-format dummy / model.load_format=dummy
-      [ -d "$MODELS/llama3-8b-config" ] || python3 scripts/make_random_model.py llama3-8b "$MODELS/llama3-8b-config" --config-only ;;
+      ensure_config_model ;;
     mixed-step)
       # issue 15: what a prompt joining MIXED_DECODES running decodes adds to its step, per piecewise_first_size
       # (the padded token counts of the piecewise graphs; "eager": piecewise graphs off); Llama-3-8B, dummy weights
-      [ -d "$MODELS/llama3-8b-config" ] || python3 scripts/make_random_model.py llama3-8b "$MODELS/llama3-8b-config" --config-only
+      ensure_config_model
       for first in ${MIXED_FIRST_SIZES:-256 128 64 eager}; do
         case $first in eager) args="--no-piecewise-graphs" ;; *) args="--piecewise-first-size $first" ;; esac
         python3 experiments/serving/mixed_step.py --model "$MODELS/llama3-8b-config" --load-format dummy $args \
@@ -291,7 +292,7 @@ PY
       # decode step time with PDL on and off (Llama-3-8B, dummy weights, 512 + 160, greedy) at PDL_SEQS sequences
       # for PDL_VARIANTS (fp8 / int4 / mxfp4 quantized online, bf16: the Triton sm90 linears; bf16_torch: cuBLAS):
       # session 20 found PDL costing the W4 GEMM 15% a step at 64 sequences; which other kernels does it cost?
-      [ -d "$MODELS/llama3-8b-config" ] || python3 scripts/make_random_model.py llama3-8b "$MODELS/llama3-8b-config" --config-only
+      ensure_config_model
       for variant in ${PDL_VARIANTS:-fp8 bf16}; do
         case $variant in
           bf16) args="--kernel linear=triton_sm90" ;;

@@ -71,7 +71,7 @@ def main() -> None:
                 mixed.append(t)
             timed_step()
         tokens = n + args.decodes
-        padded = next((s for s in graphs.sizes if s >= tokens), None) if graphs is not None else None
+        padded = graphs.padded_size(tokens) if graphs is not None else None
         row = {"prompt_len": n, "tokens": tokens, "padded_to": padded, "mixed_ms": round(statistics.median(mixed), 3),
                "mixed_all_ms": [round(t, 3) for t in mixed]}  # fmt: skip
         row["added_ms"] = round(row["mixed_ms"] - statistics.median(decode), 3)
