@@ -328,12 +328,13 @@ if HAVE_GLUON:
                     bits = gl.atomic_xchg(cnt_ptr + 1 + m, 0, sem="relaxed", scope="gpu")
                     scale = gl.maximum(bits.to(gl.float32, bitcast=True), 1e-12) / QMAX
                     gl.store(qs_ptr + m, scale)
+                    inverse = 1.0 / scale  # multiplied, as quant.quantize_rows_and_store does
                     for k0 in range(0, inter, TAIL):
                         v = first.to(gl.float32)
                         if k0 > 0:
                             v = gl.load(h_ptr + m * stride_hm + k0 + offs, mask=k0 + offs < inter, other=0.0,
                                         cache_modifier=".cg").to(gl.float32)  # fmt: skip
-                        v = gl.minimum(gl.maximum(v / scale, -QMAX), QMAX)
+                        v = gl.minimum(gl.maximum(v * inverse, -QMAX), QMAX)
                         gl.store(q_ptr + m * inter + k0 + offs, v.to(q_ptr.dtype.element_ty), mask=k0 + offs < inter)
                 gl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
