@@ -5,9 +5,11 @@ splits, stages, warps), beside bf16 torch.matmul (cuBLAS), torch._scaled_mm (FP8
 shape) and the portable Triton kernels that gemm() runs without it, all in the same run
 (CUDA-graph replay, triton.testing.do_bench_cudagraph); every output checked against the float32
 product of its operands. Each timed call reads its weight cold in L2, as a model's step does
-(scripts/cold_l2.py; --warm-l2: one weight copy, how sessions 14-19 timed). On the GPU:
+(scripts/cold_l2.py; --warm-l2: one weight copy, how sessions 14-19 timed); --pdl launches the Triton
+kernels with programmatic dependent launch as the engine does. On the GPU:
 
     python experiments/gemm/skinny_sm90/sweep.py OUT.json [--ms 1 4 16 64] [--dtypes bf16 fp8] [--plans auto 128:4:6 ...]
+        [--shapes o down] [--pdl]
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from scripts.cold_l2 import copies, rotate  # noqa: E402
 from tritonllm.kernels import gemm as g  # noqa: E402
 from tritonllm.kernels import gemm_skinny_sm90 as sk  # noqa: E402
+from tritonllm.kernels.launch import set_pdl  # noqa: E402
 from tritonllm.kernels.quant import quantize_per_token  # noqa: E402
 from tritonllm.kernels.quant_formats import QuantScheme  # noqa: E402
 from tritonllm.quantization.quantize import quantize_weight  # noqa: E402
@@ -63,10 +66,15 @@ def main() -> None:
     parser.add_argument("--plans", nargs="+", default=["auto", "128:1:6", "128:2:6", "128:4:6", "64:2:8", "128:2:4:8"],
                         help="BLOCK_N:SPLIT[:STAGES[:WARPS]] (auto: gemm_skinny_sm90.plan)")  # fmt: skip
     parser.add_argument("--warm-l2", action="store_true", help="time one weight copy (L2-warm where it fits)")
+    parser.add_argument("--pdl", action="store_true",
+                        help="launch the Triton kernels with programmatic dependent launch, as the engine does: each "
+                             "call's first weight copies start under the previous call's tail (cuBLAS unchanged)")  # fmt: skip
+    parser.add_argument("--shapes", nargs="+", default=[s[0] for s in SHAPES], choices=[s[0] for s in SHAPES])
     args = parser.parse_args()
+    set_pdl(args.pdl)
     cold = not args.warm_l2
     rows = []
-    for layer, n, k in SHAPES:
+    for layer, n, k in (s for s in SHAPES if s[0] in args.shapes):
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         for m in args.ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -84,7 +92,7 @@ def main() -> None:
                     got = call(weight, "always")
                     err = ((got.float() - expected).abs().max() / expected.abs().max()).item()
                     us = bench(rotate(lambda q, call=call: lambda: call(q, "always"), weights))
-                    rows.append(dict(layer=layer, n=n, k=k, m=m, dtype=dtype, plan=spec, l2="warm" if args.warm_l2 else "cold",
+                    rows.append(dict(layer=layer, n=n, k=k, m=m, dtype=dtype, plan=spec, l2="warm" if args.warm_l2 else "cold", pdl=args.pdl,
                                      resolved=dataclasses.asdict(sk.plan(m, n, k, 2 if dtype == "bf16" else 1)),
                                      us=us * 1e3, bf16_us=bf16 * 1e3, portable_us=portable * 1e3,
                                      torch_own_us=own * 1e3 if own else None, speedup_vs_bf16=bf16 / us,
