@@ -168,6 +168,7 @@ for step in $STEPS; do
           fp8_torch) args="model.quantization=fp8 kernels.linear=torch" ;;
           fp8_triton) args="model.quantization=fp8 kernels.linear=triton" ;;
           fp8_gluon) args="model.quantization=fp8 kernels.linear=triton_sm90" ;;
+          fp8_gluon_xq) args="model.quantization=fp8 kernels.linear=triton_sm90 fuse_down_input_quant=true" ;;
           bf16_gluon) args="kernels.linear=triton_sm90" ;;
           int8_triton) args="model.quantization=int8 kernels.linear=triton" ;;
           int4_triton) args="model.quantization=int4 kernels.linear=triton" ;;
@@ -186,26 +187,34 @@ for step in $STEPS; do
       # Poisson rates RATES="4 8 16 ..." (512 in / 128 out streamed, temperature 0.8); SERVE_MODEL overrides the model
       [ -n "${SERVE_MODEL:-}" ] || ensure_model llama3-8b
       SERVE_PATH=${SERVE_MODEL:-$MODELS/llama3-8b}
-      python3 -m tritonllm.entrypoints.cli serve "$SERVE_PATH" --host 127.0.0.1 --port 8123 --served-model-name m \
-        --uvicorn-log-level warning ${SERVE_ARGS:-} > "$OUT/serve.log" 2>&1 &
-      SERVER=$!
-      for _ in $(seq 600); do
-        curl -sf http://127.0.0.1:8123/health > /dev/null && break
-        kill -0 $SERVER 2> /dev/null || { echo "the server exited at start-up:"; tail -5 "$OUT/serve.log"; break; }
-        sleep 1
-      done
-      # each run its own prompts (--seed): a repeated seed would be served from the prefix cache (earlier
-      # sessions' "again" runs at 16 req/s were, hence their lower TTFT and TPOT); a repeated rate is saved apart
-      seed=0
-      for rate in ${RATES:-4 8 16 24 32 48 64}; do
-        name="serving_rate_$rate"; [ -e "$OUT/$name.json" ] && name="${name}_seed$seed"
-        python3 scripts/bench_serving.py --base-url http://127.0.0.1:8123 --model m --num-prompts ${NUM_PROMPTS:-400} \
-          --random-input-len ${INPUT_LEN:-512} --random-output-len ${OUTPUT_LEN:-128} --request-rate "$rate" \
-          --token-id-max ${TOKEN_ID_MAX:-10000} --seed $seed \
-          --save-result "$OUT/$name.json" 2>&1 | tail -13
-        seed=$((seed + 1))
-      done
-      kill -TERM $SERVER; wait $SERVER; echo "server exit status $?"
+      # RATES="" (empty): no server, only the offline references
+      RATES=${RATES-4 8 16 24 32 48 64}
+      if [ -n "$RATES" ]; then
+        python3 -m tritonllm.entrypoints.cli serve "$SERVE_PATH" --host 127.0.0.1 --port 8123 --served-model-name m \
+          --uvicorn-log-level warning ${SERVE_ARGS:-} > "$OUT/serve.log" 2>&1 &
+        SERVER=$!
+        for _ in $(seq 600); do
+          curl -sf http://127.0.0.1:8123/health > /dev/null && break
+          kill -0 $SERVER 2> /dev/null || { echo "the server exited at start-up:"; tail -5 "$OUT/serve.log"; break; }
+          sleep 1
+        done
+        # each run its own prompts (--seed): a repeated seed would be served from the prefix cache (earlier
+        # sessions' "again" runs at 16 req/s were, hence their lower TTFT and TPOT); a repeated rate is saved apart
+        # SERVE_PROFILE=S: py-spy (from .whl) samples the server's threads for S seconds of the first rate's run
+        # (GIL holders only, --gil: which thread keeps the engine thread waiting), into $OUT/serve_pyspy.txt
+        [ -n "${SERVE_PROFILE:-}" ] && (sleep 5; /tmp/site/bin/py-spy record --pid $SERVER --duration "$SERVE_PROFILE" \
+          --rate 250 --threads --gil --nonblocking --format raw -o "$OUT/serve_pyspy.txt" > "$OUT/pyspy.log" 2>&1) &
+        seed=0
+        for rate in $RATES; do
+          name="serving_rate_$rate"; [ -e "$OUT/$name.json" ] && name="${name}_seed$seed"
+          python3 scripts/bench_serving.py --base-url http://127.0.0.1:8123 --model m --num-prompts ${NUM_PROMPTS:-400} \
+            --random-input-len ${INPUT_LEN:-512} --random-output-len ${OUTPUT_LEN:-128} --request-rate "$rate" \
+            --token-id-max ${TOKEN_ID_MAX:-10000} --seed $seed \
+            --save-result "$OUT/$name.json" 2>&1 | tail -13
+          seed=$((seed + 1))
+        done
+        kill -TERM $SERVER; wait $SERVER; echo "server exit status $?"
+      fi
       # the offline references: the same requests all at once, OFFLINE_COUNTS at a time (req/s; decode TPOT at
       # that concurrency), one LLM, after the server has given the GPU back
       [ "${OFFLINE_COUNTS-unset}" = "" ] || python3 - "$SERVE_PATH" "$OUT/offline_reference.json" ${OFFLINE_COUNTS:-64 16 24 32} <<'PY' 2>&1 | grep -v Warning

@@ -93,6 +93,7 @@ def test_flags_map_to_llm_kwargs():
             "--piecewise-first-size",
             "64",
             "--no-align-prefill-chunks",
+            "--fuse-down-input-quant",
         ]
     )
     assert args.port == 9001
@@ -115,6 +116,7 @@ def test_flags_map_to_llm_kwargs():
         "fuse_rope_kv_write": False,
         "fuse_attention_epilogue": False,
         "fuse_gated_activation": True,
+        "fuse_down_input_quant": True,
         "quantization": "int8",
         "load_format": "dummy",
         "kv_cache_dtype": "fp8",

@@ -94,6 +94,21 @@ def test_bf16_batch1_decode_with_the_gated_activation_fused_matches_unfused(monk
     _fused_matches_unfused("fuse_gated_activation", calls, True, max_model_len=512, kernels={"linear": "triton_sm90"})
 
 
+def test_fp8_batch1_decode_with_the_down_input_quantized_in_its_gemm_matches_unfused(monkeypatch):
+    """Online FP8 at batch 1 with fuse_down_input_quant: the down projection's skinny GEMM quantizes the
+    many-program SiLU-mul's bf16 output itself (XQ); greedy tokens equal and logprobs close to the
+    quantizing SiLU-mul kernel and the GEMM."""
+    from tritonllm.kernels import gemm_skinny_sm90 as sk
+
+    if not sk.available():
+        pytest.skip("the skinny GEMM runs on sm90 GPUs only")
+    calls = []
+    xq = sk.xq_skinny_gemm_sm90
+    monkeypatch.setattr(sk, "xq_skinny_gemm_sm90", lambda *a, **kw: calls.append(1) or xq(*a, **kw))
+    _fused_matches_unfused("fuse_down_input_quant", calls, True, max_model_len=512, quantization="fp8",
+                           kernels={"linear": "triton_sm90"})  # fmt: skip
+
+
 def _fused_matches_unfused(flag: str, launches: list, launched_when_fused: bool, **llm_args) -> None:
     """Batch-1 greedy decode of the fitted tiny Llama in bf16 with `flag` on, then off: `launches` (filled by a
     spied kernel) non-empty exactly when `flag` is launched_when_fused; greedy tokens equal, logprobs close."""

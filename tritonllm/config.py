@@ -169,6 +169,7 @@ _ENGINE_FLAGS = (
     "fuse_rope_kv_write",
     "fuse_attention_epilogue",
     "fuse_gated_activation",
+    "fuse_down_input_quant",
 )  # EngineConfig's booleans outside the groups
 _ENGINE_INTS = ("piecewise_first_size",)  # and its integers
 
@@ -207,6 +208,10 @@ class EngineConfig:
     # than the activation kernel it saves, which PDL overlaps with the next GEMM's weight copies
     # (experiments/gemm/README.md, session 18); true: the ablation's other arm
     fuse_gated_activation: bool = False
+    # a W8A8 down projection at decode sizes quantizes its input in its own GEMM (triton_sm90's skinny GEMM,
+    # XQ mode) after a many-program SiLU-mul, instead of the SiLU-mul kernel quantizing each row in one
+    # program (kernels/linear.py's silu_mul_linear_sm90); false: the quantizing SiLU-mul kernel (ablation)
+    fuse_down_input_quant: bool = False
 
     @staticmethod
     def from_dict(values: dict[str, Any]) -> EngineConfig:

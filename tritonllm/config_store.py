@@ -40,6 +40,7 @@ class RunConfig:
     fuse_rope_kv_write: bool = True  # false: RoPE and the KV-cache write as two kernels (ablation)
     fuse_attention_epilogue: bool = True  # false: split-KV merge and o_proj's input quantization as kernels (ablation)
     fuse_gated_activation: bool = False  # true: gate_up's SiLU-mul in the skinny GEMM's epilogue (ablation)
+    fuse_down_input_quant: bool = False  # true: a W8A8 down projection's GEMM quantizes its input at decode sizes
     output_json: str | None = None  # a path: also write the results there as JSON
 
 

@@ -60,6 +60,7 @@ def main(cfg: DictConfig) -> None:
             "fuse_rope_kv_write": cfg.fuse_rope_kv_write,
             "fuse_attention_epilogue": cfg.fuse_attention_epilogue,
             "fuse_gated_activation": cfg.fuse_gated_activation,
+            "fuse_down_input_quant": cfg.fuse_down_input_quant,
         }
     )
     hydra_cfg = HydraConfig.get()

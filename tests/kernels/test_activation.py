@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
 
+from tritonllm import platform
 from tritonllm.kernels import reference
 from tritonllm.kernels.activation import silu_and_mul
 
@@ -46,3 +48,25 @@ def test_silu_and_mul_saturates_without_nan() -> None:
 def test_silu_and_mul_bfloat16_on_gpu(shape: tuple[int, ...]) -> None:
     gen = torch.Generator().manual_seed(shape[0])
     _check((4 * torch.randn(shape, generator=gen)).to("cuda", torch.bfloat16))
+
+
+@pytest.mark.parametrize("rows, d, block_d", [(1, 200, 64), (3, 1000, 256), (5, 96, 128)])
+def test_silu_and_mul_amax_gives_the_rows_block_amaxes(rows: int, d: int, block_d: int) -> None:
+    """silu_and_mul_amax (the XQ down projection's SiLU-mul): the SiLU-mul's values and each row's amax over
+    block_d-column blocks (a ragged last block); quantizing with the max of those amaxes gives what
+    silu_and_mul_quant gives."""
+    from tritonllm.kernels.activation import silu_and_mul_amax, silu_and_mul_quant
+    from tritonllm.kernels.quant_formats import qmax
+
+    x = (3 * torch.randn(rows, 2 * d, generator=torch.Generator().manual_seed(rows + d))).to(
+        platform.DEVICE, torch.float16
+    )
+    h, amax = silu_and_mul_amax(x, block_d)
+    assert_close_to_scale(h, reference.silu_and_mul(x), 2e-3)
+    blocks = -(-d // block_d)
+    assert amax.shape == (rows, blocks)
+    padded = torch.nn.functional.pad(h.float().abs(), (0, blocks * block_d - d))
+    assert torch.equal(amax, padded.view(rows, blocks, block_d).amax(-1)), "block amaxes differ from h's"
+    want = silu_and_mul_quant(x, torch.float8_e4m3fn)
+    scale = amax.amax(-1, keepdim=True).clamp_min(1e-12) / qmax(torch.float8_e4m3fn)
+    assert torch.equal(scale, want.scale), "the scales from the block amaxes differ from silu_and_mul_quant's"

@@ -205,6 +205,57 @@ def test_gated_linear_serves_batch_1_decode_and_declines_the_rest() -> None:
     assert gated_linear_sm90(randn(1, 1000, seed=101, dtype=torch.bfloat16), small, None, None) is None
 
 
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("m", [1, 2, 5, 16])
+@pytest.mark.parametrize("inter, n", [(14336, 4096), (1008, 200), (4160, 1000)])
+def test_xq_gemm_is_the_quantizing_silu_mul_then_the_gemm(m, inter, n, spy) -> None:
+    """The XQ mode (a W8A8 down projection quantizing its bf16 input itself, with the scales from the
+    SiLU-mul's block amaxes): the same FP8 values as silu_and_mul_quant then the FP8 GEMM, so the outputs
+    agree to the summation order; close to the float32 product of the dequantized operands; amaxes an
+    64th of the rows' (the largest values clamped at the FP8 maximum) are caught."""
+    from tritonllm.kernels.activation import silu_and_mul_amax, silu_and_mul_quant
+
+    y = 4 * randn(m, 2 * inter, seed=110 + m, dtype=torch.bfloat16)
+    weight = quantize_weight(randn(n, inter, seed=111), FP8)
+    act = silu_and_mul_quant(y, torch.float8_e4m3fn)
+    unfused = g.gemm(act.data, weight.data, out_dtype=torch.bfloat16, a_scale=act.scale, sm90="always",
+                     **g.scale_args(FP8), b_scale=weight.scale)  # fmt: skip
+    expected = (act.data.float() * act.scale) @ (weight.data.float() * weight.scale[:, None]).T
+    h, amax = silu_and_mul_amax(y)
+    launches = spy.launches
+    c = sk.xq_skinny_gemm_sm90(h, amax, weight.data, weight.scale, None, launch.pdl_launch())
+    assert spy.launches == launches + 1 and c.dtype == torch.bfloat16 and c.shape == (m, n)
+    assert_close_to_scale(c, unfused, 1e-2)
+    assert_close_to_scale(c, expected, 1e-2)
+    wrong = sk.xq_skinny_gemm_sm90(h, amax / 64, weight.data, weight.scale, None, launch.pdl_launch())
+    assert not torch.allclose(wrong.float(), expected, atol=0.05 * expected.abs().max().item())
+    assert not launch.arrival_counters(platform.DEVICE).any(), "an arrival counter was left non-zero"
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_silu_mul_linear_serves_fp8_decode_and_declines_the_rest() -> None:
+    """The triton_sm90 linear implementation's silu_mul_linear entry: down(silu(gate) * up) for an FP8
+    per-token down projection at M <= XQ_MAX_M, close to the activation op then the layer's GEMM; None
+    for a static input scale, M beyond XQ_MAX_M, and 16-bit weights."""
+    from tritonllm.kernels.activation import silu_and_mul_quant
+    from tritonllm.kernels.linear import quantized_linear_sm90, silu_mul_linear_sm90
+
+    inter, n = 14336, 4096
+    weight = quantize_weight(randn(n, inter, seed=112), FP8)
+    for m in (1, 3, sk.XQ_MAX_M):
+        y = 4 * randn(m, 2 * inter, seed=113 + m, dtype=torch.bfloat16)
+        unfused = quantized_linear_sm90(silu_and_mul_quant(y, torch.float8_e4m3fn), weight, None)
+        assert_close_to_scale(silu_mul_linear_sm90(y, weight, None), unfused, 1e-2)
+    y = 4 * randn(sk.XQ_MAX_M + 1, 2 * inter, seed=114, dtype=torch.bfloat16)
+    assert silu_mul_linear_sm90(y, weight, None) is None
+    static = quantize_weight(randn(n, inter, seed=115), QuantScheme(torch.float8_e4m3fn, "channel", "tensor"))
+    static.input_scale = torch.ones(1, device=static.data.device)
+    assert silu_mul_linear_sm90(y[:1], static, None) is None
+    assert silu_mul_linear_sm90(y[:1], randn(n, inter, seed=116, dtype=torch.bfloat16), None) is None
+
+
 def test_gemm_leaves_it_alone_off_hopper(spy) -> None:
     """Without an sm90 GPU (CPU, other GPUs) gemm(sm90="always") runs the portable kernels."""
     if platform.is_gpu() and sk.available():
@@ -239,6 +290,9 @@ for dtype, scales in ((torch.bfloat16, False), (torch.float8_e4m3fn, True)):
     print(dtype, "cp.async.bulk.tensor" in ptx, "wgmma.mma_async" in ptx, "mbarrier.try_wait" in ptx, ".local" in ptx)
 ptx = sk.compile_sm90(torch.float8_e4m3fn, bm=8, scales=True, gated=2).asm["ptx"]
 print("gated", "cvt.rn.satfinite.e4m3x2.f32" in ptx, "atom.global.gpu.acq_rel.add" in ptx and "max.s32" in ptx, ".local" in ptx)
+for bm, warps in ((8, 4), (16, 8)):
+    ptx = sk.compile_sm90(torch.float8_e4m3fn, bm=bm, split=4, scales=True, warps=warps, xq=True).asm["ptx"]
+    print("xq", "cvt.rn.satfinite.e4m3x2.f32" in ptx, "wgmma.mma_async" in ptx, "cp.async.bulk.tensor" in ptx, ".local" in ptx)
 """
 
 
@@ -250,6 +304,6 @@ def test_compiles_for_sm90_without_spills() -> None:
     result = subprocess.run([sys.executable, "-c", _COMPILE], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
-    lines = result.stdout.split("\n")[:3]
+    lines = result.stdout.split("\n")[:5]
     assert lines == ["torch.bfloat16 True True True False", "torch.float8_e4m3fn True True True False",
-                     "gated True True False"], result.stdout  # fmt: skip
+                     "gated True True False", "xq True True True False", "xq True True True False"], result.stdout  # fmt: skip

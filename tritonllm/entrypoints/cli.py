@@ -11,6 +11,7 @@ import contextlib
 import inspect
 import logging
 import signal
+import sys
 import threading
 import types
 import typing
@@ -97,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--shutdown-timeout", type=float, default=30.0,
                        help="on SIGTERM/SIGINT: seconds in-flight requests get to finish before they are aborted")  # fmt: skip
     serve.add_argument("--served-model-name", default=None, help="the `model` clients ask for; None: PATH")
+    serve.add_argument("--gil-switch-interval", type=float, default=None, metavar="MS",
+                       help="sys.setswitchinterval in milliseconds: how long the HTTP thread may hold the GIL while "
+                            "the engine thread waits for it; default: Python's (5 ms)")  # fmt: skip
     serve.add_argument(
         "--uvicorn-log-level", default="info", choices=["debug", "info", "warning", "error"], help="uvicorn's log level"
     )
@@ -112,6 +116,10 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     except ImportError as e:
         parser.error(f"the server needs its extras ({e.name} is missing): pip install -e '.[server]'")
     configure_logging()
+    if args.gil_switch_interval is not None:
+        if args.gil_switch_interval <= 0:
+            parser.error(f"--gil-switch-interval must be positive, not {args.gil_switch_interval}")
+        sys.setswitchinterval(args.gil_switch_interval / 1000)
     try:
         limits = ServerLimits(
             api_key=api_key_from(args.api_key), max_request_body_bytes=args.max_request_body_bytes, max_n=args.max_n,

@@ -53,6 +53,7 @@ class LLM:
         fuse_rope_kv_write: bool = True,
         fuse_attention_epilogue: bool = True,
         fuse_gated_activation: bool = False,
+        fuse_down_input_quant: bool = False,
         quantization: str | None = None,
         load_format: str = "auto",
         kv_cache_dtype: str = "auto",
@@ -108,6 +109,7 @@ class LLM:
             fuse_rope_kv_write=fuse_rope_kv_write,
             fuse_attention_epilogue=fuse_attention_epilogue,
             fuse_gated_activation=fuse_gated_activation,
+            fuse_down_input_quant=fuse_down_input_quant,
         )
         self._start(config)
 

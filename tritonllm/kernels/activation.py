@@ -25,10 +25,15 @@ def _silu_and_mul_kernel(
     num_rows,
     d,
     x_row_stride,
+    amax_ptr,  # AMAX: float32 [num_rows, column blocks]
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    AMAX: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
+    """AMAX: also each row's amax over the program's columns (of the stored values), for a GEMM that
+    quantizes the output per token itself (gemm_skinny_sm90's XQ mode); the sigmoid then divides as the
+    fused quantizing kernel below does, so the two quantize to the same values."""
     pdl_wait(PDL)
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -37,8 +42,13 @@ def _silu_and_mul_kernel(
     x_offs = (rows64 * x_row_stride)[:, None] + cols[None, :]
     gate = tl.load(x_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + x_offs + d, mask=mask, other=0.0).to(tl.float32)
-    out = gate / (1.0 + tl.exp(-gate)) * up
-    tl.store(out_ptr + (rows64 * d)[:, None] + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+    if AMAX:
+        out = (tl.fdiv(gate, 1.0 + tl.exp(-gate)) * up).to(out_ptr.dtype.element_ty)
+        amax = tl.max(tl.where(mask, tl.abs(out.to(tl.float32)), 0.0), axis=1)
+        tl.store(amax_ptr + rows64 * tl.num_programs(1) + tl.program_id(1), amax, mask=rows < num_rows)
+    else:
+        out = (gate / (1.0 + tl.exp(-gate)) * up).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + (rows64 * d)[:, None] + cols[None, :], out, mask=mask)
 
 
 _SILU_AND_MUL = Launcher(_silu_and_mul_kernel)
@@ -110,10 +120,31 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     # out has x's dtype; d and the row stride are fixed by the model: raw values
     key = (x.dtype, aligned(x2, out), int_spec(num_rows), d, row_stride)
     _SILU_AND_MUL(
-        key, grid, (x2, out, num_rows, d, row_stride), dict(BLOCK_ROWS=block_rows, BLOCK_D=block_d),
+        key, grid, (x2, out, num_rows, d, row_stride, out), dict(BLOCK_ROWS=block_rows, BLOCK_D=block_d, AMAX=False),
         num_warps=num_warps, num_stages=DEFAULT_NUM_STAGES, device_index=device_index,
     )  # fmt: skip
     return out
+
+
+def silu_and_mul_amax(x: torch.Tensor, block_d: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """silu_and_mul of x [num_rows, 2 * d] (unit column stride) and each row's amax over block_d-column
+    blocks, float32 [num_rows, cdiv(d, block_d)]: what a GEMM quantizing its input per token itself needs
+    (gemm_skinny_sm90.xq_skinny_gemm_sm90; no registry entry: the triton_sm90 linear's silu_mul_linear calls
+    it). block_d: a power of two."""
+    num_rows, d = x.shape[0], x.shape[1] // 2
+    out = torch.empty((num_rows, d), dtype=x.dtype, device=x.device)
+    block_d = min(block_d, triton.next_power_of_2(d))
+    amax = torch.empty((num_rows, triton.cdiv(d, block_d)), dtype=torch.float32, device=x.device)
+    if num_rows == 0:
+        return out, amax
+    row_stride = x.stride(0)
+    key = (x.dtype, aligned(x, out), int_spec(num_rows), d, row_stride, "amax")
+    _SILU_AND_MUL(
+        key, (num_rows, amax.shape[1]), (x, out, num_rows, d, row_stride, amax),
+        dict(BLOCK_ROWS=1, BLOCK_D=block_d, AMAX=True),
+        num_warps=1 if platform.is_interpreter() else 4, num_stages=DEFAULT_NUM_STAGES, device_index=x.device.index or 0,
+    )  # fmt: skip
+    return out, amax
 
 
 @register("activation", "triton")

@@ -157,19 +157,29 @@ def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[t.dtype]))
 
 
+def xq_descriptor(h: torch.Tensor, rows: int) -> TensorDescriptor:
+    """The XQ mode's activations: unswizzled [rows, 128] boxes of the 16-bit h [M, K] (256-byte rows, read
+    into registers a step and quantized)."""
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=h.element_size() * 8, rank=2)
+    return TensorDescriptor.from_tensor(h, [rows, ROW_BYTES], layout)
+
+
 def compile_sm90(dtype: torch.dtype = torch.bfloat16, block_n: int = 128, bm: int = 16, split: int = 1,
-                 stages: int = 6, warps: int = 4, scales: bool = False, gated: int = 0):  # fmt: skip
-    """Compile for sm90 without a GPU (launch.compile_gluon_sm90): tests, available()."""
+                 stages: int = 6, warps: int = 4, scales: bool = False, gated: int = 0, xq: bool = False):  # fmt: skip
+    """Compile for sm90 without a GPU (launch.compile_gluon_sm90): tests, available(). xq: FP8 weights and
+    bf16 activations quantized in the kernel (xq_skinny_gemm_sm90)."""
     from triton.runtime.jit import mangle_type
 
     w = torch.empty((block_n, 256), dtype=dtype)
     out = "*fp16" if dtype == torch.float16 else "*bf16"
+    x_desc = xq_descriptor(torch.empty((bm, 256), dtype=torch.bfloat16), bm) if xq else descriptor(w, bm)
     constexprs = dict(BLOCK_N=block_n, BLOCK_M=bm, STAGES=stages, HAS_BIAS=False, W_SCALE=2 if scales else 0,
-                      A_SCALE=2 if scales else 0, SPLIT_K=split, PDL=True, GATED=gated, QMAX=448.0,
-                      TAIL=16384)  # fmt: skip
+                      A_SCALE=2 if scales and not xq else 0, SPLIT_K=split, PDL=True, GATED=gated, QMAX=448.0,
+                      TAIL=16384, XQ=xq, XA_PAD=16)  # fmt: skip
     types = dict(w_desc=mangle_type(descriptor(w, block_n // 2 if gated else block_n)),
-                 x_desc=mangle_type(descriptor(w, bm)), c_ptr=out, bias_ptr=out, w_scale_ptr="*fp32",
-                 a_scale_ptr="*fp32", ws_ptr="*fp32", cnt_ptr="*i32", q_ptr="*fp8e4nv", qs_ptr="*fp32")  # fmt: skip
+                 x_desc=mangle_type(x_desc), c_ptr="*bf16" if xq else out, bias_ptr=out, w_scale_ptr="*fp32",
+                 a_scale_ptr="*fp32", ws_ptr="*fp32", cnt_ptr="*i32", q_ptr="*fp8e4nv", qs_ptr="*fp32",
+                 xa_ptr="*fp32")  # fmt: skip
     return compile_gluon_sm90(skinny_gemm_sm90_kernel, constexprs, types, ("stride_cm",), num_warps=warps)
 
 
@@ -185,10 +195,47 @@ def skinny_gemm_sm90(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: to
     split, k_per_split, tiles, ws, cnt = splitk_sm90.plan_splits(m, n, k, p.split, block_k, p.block_n, c)
     skinny_gemm_sm90_kernel[(tiles, split)](
         descriptor(b, p.block_n), descriptor(a, block_m(m)), c, bias if bias is not None else c,
-        b_scale if b_scale is not None else ws, a_scale if a_scale is not None else ws, ws, cnt, ws, ws,
-        m, n, k, k_per_split, c.stride(0), a_scale.stride(0) if scale_kind(a_scale) == splitk_sm90.SCALE_EACH else 0,
+        b_scale if b_scale is not None else ws, a_scale if a_scale is not None else ws, ws, cnt, ws, ws, ws,
+        m, n, k, k_per_split, c.stride(0), a_scale.stride(0) if scale_kind(a_scale) == splitk_sm90.SCALE_EACH else 0, 0,
         BLOCK_N=p.block_n, BLOCK_M=block_m(m), STAGES=p.stages, HAS_BIAS=bias is not None,
         W_SCALE=scale_kind(b_scale), A_SCALE=scale_kind(a_scale), SPLIT_K=split, num_warps=p.warps, **pdl,
+    )  # fmt: skip
+    return c
+
+
+# the largest M at which the down projection's FP8 GEMM quantizes its own bf16 input (xq_skinny_gemm_sm90)
+XQ_MAX_M = 16
+
+
+def xq_takes(m: int, k: int, dtype: torch.dtype, b: torch.Tensor) -> bool:
+    """Whether xq_skinny_gemm_sm90 serves a contiguous h [m, k] of `dtype` (16-bit) and the FP8 weight b
+    [N, K] here: m <= XQ_MAX_M, the skinny GEMM measured faster for FP8 at this shape, TMA's alignment."""
+    b_ok = b.stride(1) == 1 and b.stride(0) % 16 == 0 and b.data_ptr() % 16 == 0
+    return (
+        HAVE_GLUON and 1 <= m <= XQ_MAX_M and dtype in (torch.bfloat16, torch.float16)
+        and b.dtype == torch.float8_e4m3fn and b.shape[1] == k and k % 16 == 0 and b_ok
+        and measured_faster(m, b.shape[0], k, b.dtype) and available()
+    )  # fmt: skip
+
+
+def xq_skinny_gemm_sm90(h: torch.Tensor, amax: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+                        bias: torch.Tensor | None, pdl: dict) -> torch.Tensor:  # fmt: skip
+    """c = quant(h) . b^T x b_scale[n] x scale[m] (+ bias) in h's dtype, for h [M, K] in 16 bits quantized to
+    FP8 per token inside the GEMM (xq_takes): scale[m] = max(amax of row m, 1e-12) / 448 from amax [M, B],
+    the row's amaxes over B column blocks (activation.silu_and_mul_amax writes them), and each value
+    multiplied by 1 / scale, clamped and rounded, as kernels/quant.py quantizes a row. b_scale: float32, one
+    or one per row of b."""
+    (m, k), n = h.shape, b.shape[0]
+    p = plan(m, n, k, b.element_size())
+    c = torch.empty((m, n), dtype=h.dtype, device=h.device)
+    split, k_per_split, tiles, ws, cnt = splitk_sm90.plan_splits(m, n, k, p.split, ROW_BYTES, p.block_n, c)
+    blocks = amax.shape[1]
+    skinny_gemm_sm90_kernel[(tiles, split)](
+        descriptor(b, p.block_n), xq_descriptor(h, block_m(m)), c, bias if bias is not None else c, b_scale, ws,
+        ws, cnt, ws, ws, amax, m, n, k, k_per_split, c.stride(0), 0, blocks,
+        BLOCK_N=p.block_n, BLOCK_M=block_m(m), STAGES=p.stages, HAS_BIAS=bias is not None,
+        W_SCALE=scale_kind(b_scale), A_SCALE=splitk_sm90.SCALE_NONE, SPLIT_K=split, QMAX=448.0, XQ=True,
+        XA_PAD=max(2, triton.next_power_of_2(blocks)), num_warps=p.warps, **pdl,
     )  # fmt: skip
     return c
 
@@ -235,8 +282,8 @@ def gated_skinny_gemm_sm90(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor 
     warps = p.warps
     skinny_gemm_sm90_kernel[(programs, 1)](
         descriptor(b, p.block_n // 2), descriptor(a, block_m(m)), h, bias if bias is not None else h,
-        b_scale if b_scale is not None else h, a_scale if a_scale is not None else h, h, cnt, q, qs,
-        m, n, k, k, h.stride(0), a_scale.stride(0) if scale_kind(a_scale) == splitk_sm90.SCALE_EACH else 0,
+        b_scale if b_scale is not None else h, a_scale if a_scale is not None else h, h, cnt, q, qs, qs,
+        m, n, k, k, h.stride(0), a_scale.stride(0) if scale_kind(a_scale) == splitk_sm90.SCALE_EACH else 0, 0,
         BLOCK_N=p.block_n, BLOCK_M=block_m(m), STAGES=p.stages, HAS_BIAS=bias is not None,
         W_SCALE=scale_kind(b_scale), A_SCALE=scale_kind(a_scale), SPLIT_K=1, GATED=1 if quant_dtype is None else 2,
         QMAX=float(torch.finfo(quant_dtype).max) if quant_dtype is not None else 448.0,
@@ -339,24 +386,45 @@ if HAVE_GLUON:
                 gl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
     @gluon.jit
+    def xq_scales(xa_ptr, M, XA_BLOCKS, BLOCK_M: gl.constexpr, XA_PAD: gl.constexpr, QMAX: gl.constexpr,
+                  ACC: gl.constexpr, XL: gl.constexpr):  # fmt: skip
+        """Each token's scale, max(amax, 1e-12) / QMAX as kernels/quant.py sets it, from the amaxes of its row's
+        XA_BLOCKS column blocks (xa [M, XA_BLOCKS] float32): (the scales in the accumulator's column layout,
+        their reciprocals in XL's row layout). Rows past M: scale 1e-12 / QMAX (their values are zeros)."""
+        WARPS: gl.constexpr = gl.num_warps()
+        AL: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [WARPS, 1], [1, 0])
+        ar = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, AL))
+        ab = gl.arange(0, XA_PAD, layout=gl.SliceLayout(0, AL))
+        ok = gl.expand_dims(ar < M, 1) & gl.expand_dims(ab < XA_BLOCKS, 0)
+        amax = gl.load(xa_ptr + gl.expand_dims(ar * XA_BLOCKS, 1) + gl.expand_dims(ab, 0), mask=ok, other=0.0)
+        scale = gl.maximum(gl.max(amax, axis=1), 1e-12) / QMAX
+        inverse = 1.0 / scale  # multiplied, as quant.quantize_rows_and_store does
+        return gl.convert_layout(scale, gl.SliceLayout(0, ACC)), gl.convert_layout(inverse, gl.SliceLayout(1, XL))
+
+    @gluon.jit
     def skinny_gemm_sm90_kernel(
-        w_desc, x_desc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, ws_ptr, cnt_ptr, q_ptr, qs_ptr,
-        M, N, K, K_PER_SPLIT, stride_cm, stride_asm,
+        w_desc, x_desc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, ws_ptr, cnt_ptr, q_ptr, qs_ptr, xa_ptr,
+        M, N, K, K_PER_SPLIT, stride_cm, stride_asm, XA_BLOCKS,
         BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr,
         W_SCALE: gl.constexpr, A_SCALE: gl.constexpr, SPLIT_K: gl.constexpr, GATED: gl.constexpr = 0,
-        QMAX: gl.constexpr = 448.0, TAIL: gl.constexpr = 1024, PDL: gl.constexpr = False,
+        QMAX: gl.constexpr = 448.0, TAIL: gl.constexpr = 1024, XQ: gl.constexpr = False, XA_PAD: gl.constexpr = 1,
+        PDL: gl.constexpr = False,
     ):  # fmt: skip
         """c[m, n] = sum_k a[m, k] w[n, k] x scales (+ bias[n]) for BLOCK_N weight rows and all M
         (<= BLOCK_M) activation rows a program, over the K range of its split (program_id 1).
         GATED (gate_up, w = [gate | up], N = 2 I): a program's rows are BLOCK_N / 2 gate rows and the
         same up rows, and it writes silu(gate) * up [M, I] to c (gated_epilogue); GATED = 2 quantizes
-        that per token into q_ptr / qs_ptr as well (SPLIT_K 1)."""
+        that per token into q_ptr / qs_ptr as well (SPLIT_K 1). XQ (FP8 weights, activations given in 16 bits):
+        x_desc reads the unquantized rows, and each step quantizes its tile per token into shared memory
+        before the MMA, with the scales of xq_scales (the rows' amaxes from XA_BLOCKS column blocks at xa_ptr)."""
         WARPS: gl.constexpr = gl.num_warps()
         DT: gl.constexpr = w_desc.dtype
+        XT: gl.constexpr = x_desc.dtype  # DT, or (XQ) the 16-bit activations'
         BLOCK_K: gl.constexpr = w_desc.block_type.shape[1]
         ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, BLOCK_M, 256 // DT.primitive_bitwidth])  # fmt: skip
-        STEP_BYTES: gl.constexpr = (BLOCK_N + BLOCK_M) * BLOCK_K * DT.primitive_bitwidth // 8  # both tiles of a step
+        # both tiles of a step
+        STEP_BYTES: gl.constexpr = (BLOCK_N * DT.primitive_bitwidth + BLOCK_M * XT.primitive_bitwidth) * BLOCK_K // 8
 
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(1)
@@ -373,15 +441,30 @@ if HAVE_GLUON:
             mbarrier.expect(ready.index(i), STEP_BYTES, pred=i < steps)
             _issue_w(w_desc, n0, N // 2, k0 + i * BLOCK_K, ready.index(i), w_smem.index(i), i < steps, GATED)
         gluon_pdl_wait(PDL)
-        x_smem = gl.allocate_shared_memory(DT, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
+        x_smem = gl.allocate_shared_memory(XT, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
         for i in gl.static_range(STAGES - 1):
             _issue(x_desc, 0, k0 + i * BLOCK_K, ready.index(i), x_smem.index(i), i < steps)
+        if XQ:
+            XL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])  # 16-byte shared reads
+            # the quantized tile, three buffers: the MMA that read one last was issued three steps back, and
+            # every warpgroup waited for it before the last step's barrier
+            x8_smem = gl.allocate_shared_memory(DT, [3, BLOCK_M, BLOCK_K],
+                                                gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))  # fmt: skip
+            x_scale, x_inverse = xq_scales(xa_ptr, M, XA_BLOCKS, BLOCK_M, XA_PAD, QMAX, ACC, XL)
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
         for i in range(steps):
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            acc = warpgroup_mma(w_smem.index(s), x_smem.index(s).permute((1, 0)), acc, is_async=True)
+            if XQ:
+                v = x_smem.index(s).load(XL).to(gl.float32) * gl.expand_dims(x_inverse, 1)
+                x_op = x8_smem.index(i % 3)
+                x_op.store(gl.minimum(gl.maximum(v, -QMAX), QMAX).to(DT))
+                fence_async_shared()  # the generic proxy's stores, before the MMA's asynchronous reads
+                gluon_barrier()  # every warp's part written (and stage s read: it is refilled below)
+                acc = warpgroup_mma(w_smem.index(s), x_op.permute((1, 0)), acc, is_async=True)
+            else:
+                acc = warpgroup_mma(w_smem.index(s), x_smem.index(s).permute((1, 0)), acc, is_async=True)
             # at most this step's MMA in flight: the previous step's stage is free for step i + STAGES - 1
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             j = i + STAGES - 1
@@ -391,6 +474,8 @@ if HAVE_GLUON:
             _issue(x_desc, 0, k0 + j * BLOCK_K, ready.index(sj), x_smem.index(sj), j < steps)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         release_ring(ready, STAGES)
+        if XQ:  # the tokens' scales, before the K splits are summed (A_SCALE 0)
+            acc = acc * gl.expand_dims(x_scale, 0)
 
         if GATED:
             gated_epilogue(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, cnt_ptr, q_ptr, qs_ptr, pid_n, M, N // 2,

@@ -9,6 +9,7 @@ import torch
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
 from tritonllm.kernels import gemm_skinny_sm90, gemv_w4_sm90
+from tritonllm.kernels.activation import silu_and_mul_amax
 from tritonllm.kernels.launch import pdl_launch
 from tritonllm.kernels.quant import quantize_per_group, quantize_rows
 from tritonllm.kernels.quant_formats import OutputQuant, QuantizedActivation, QuantizedWeight
@@ -118,3 +119,25 @@ def gated_linear_sm90(
     if quant is None:
         return out.view(*x.shape[:-1], out.shape[-1])
     return QuantizedActivation(out[0], out[1], out_dtype)
+
+
+@register("linear", "triton_sm90", entry="silu_mul_linear")
+def silu_mul_linear_sm90(
+    y: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None
+) -> torch.Tensor | None:
+    """down(silu(gate) * up) for gate_up's output y [..., 2 I] and a down projection in FP8 W8A8 with
+    per-channel weight scales and dynamic per-token activation scales, at M <= XQ_MAX_M: the SiLU-mul
+    kernel writes h in y's dtype over many programs with its rows' block amaxes, and the skinny GEMM
+    quantizes h per token itself while its weight copies stream (gemm_skinny_sm90's XQ mode), so no
+    one-program-a-row quantizing activation kernel runs. The values are those of silu_and_mul_quant then
+    the GEMM. None elsewhere (the caller runs the activation op, then the layer)."""
+    if not isinstance(weight, QuantizedWeight) or weight.scheme.format_name != "fp8:channel:token":
+        return None
+    if weight.input_scale is not None or weight.scale.dtype != torch.float32 or not weight.scale.is_contiguous():
+        return None
+    y2 = _rows(y)
+    if y2.shape[-1] % 2 or not gemm_skinny_sm90.xq_takes(y2.shape[0], y2.shape[-1] // 2, y2.dtype, weight.data):
+        return None
+    h, amax = silu_and_mul_amax(y2)
+    out = gemm_skinny_sm90.xq_skinny_gemm_sm90(h, amax, weight.data, weight.scale, bias, pdl_launch())
+    return out.view(*y.shape[:-1], out.shape[-1])

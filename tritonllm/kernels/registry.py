@@ -37,13 +37,15 @@ OPS: dict[str, tuple[str, ...]] = {
     # RoPE of q, k and the KV-cache write of the rotated k and v in one entry point (one kernel)
     "rope_kv_write": ("rotary_write_kv_cache",),
     "sampling": ("sample", "log_softmax"),
-    "linear": ("linear", "quantized_linear", "gated_linear"),
+    "linear": ("linear", "quantized_linear", "gated_linear", "silu_mul_linear"),
     "moe": ("moe_route", "fused_moe"),
 }
 # entry points an implementation may leave out: fused kernels only some implementations have. Left out,
 # the entry returns None and its caller runs the unfused ops (linear's gated_linear: gate_up's GEMM with
 # the SiLU-mul in its epilogue; without it, the GEMM and then the activation op)
-OPTIONAL_ENTRIES: dict[str, frozenset[str]] = {"linear": frozenset({"gated_linear"})}
+# linear's silu_mul_linear: the down projection of silu(gate) * up given gate_up's output, the SiLU-mul
+# and the down GEMM quantizing its own input; without it, the activation op (quantizing) and the GEMM)
+OPTIONAL_ENTRIES: dict[str, frozenset[str]] = {"linear": frozenset({"gated_linear", "silu_mul_linear"})}
 ENTRY_OPS: dict[str, str] = {entry: op for op, entries in OPS.items() for entry in entries}
 FLOATS = frozenset({torch.float32, torch.float16, torch.bfloat16})
 PLATFORMS = frozenset({"cuda", "rocm", "cpu"})  # platform.PLATFORM; cpu: Triton kernels run under the interpreter

@@ -18,6 +18,9 @@ class SiluAndMul(nn.Module):
         # gated(): the SiLU-mul in the gate_up GEMM's epilogue where the linear implementation has such a
         # kernel (EngineConfig.fuse_gated_activation, off by default); False: a kernel after the GEMM
         self.fuse_gemm = False
+        # mlp(): where the next layer quantizes its input (W8A8), its GEMM quantizes the SiLU-mul's 16-bit output
+        # itself where its linear implementation can (its `silu_mul_linear` entry; EngineConfig.fuse_down_input_quant)
+        self.fuse_down_input = False
 
     def quantize_for(self, linear: Linear) -> None:
         """Quantize the output for `linear` in this op's kernel where its method allows it (as RMSNorm)."""
@@ -33,6 +36,16 @@ class SiluAndMul(nn.Module):
             if fused is not None:
                 return fused
         return self(gate_up(x))
+
+    def mlp(self, gate_up: Linear, down: Linear, x: torch.Tensor | QuantizedActivation) -> torch.Tensor:
+        """down(silu(gate) * up of gate_up(x)): with fuse_down_input, where down quantizes its input and its
+        kernels take the SiLU-mul's 16-bit output and quantize it in the GEMM (forward_silu_mul), that one
+        call; else gated(), then down."""
+        if self.fuse_down_input and self._quant_for and not self.fuse_gemm:
+            y = gate_up(x)
+            out = down.forward_silu_mul(y)
+            return down(self(y)) if out is None else out
+        return down(self.gated(gate_up, x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | QuantizedActivation:
         """x [num_tokens, 2 * d] = [gate | up] -> silu(gate) * up [num_tokens, d] (quantized for the

@@ -51,6 +51,11 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.method.apply(self, x)
 
+    def forward_silu_mul(self, y: torch.Tensor) -> torch.Tensor | None:
+        """This layer applied to silu(gate) * up of y = [gate | up] in one kernel call where its method's
+        kernels have one (linear's silu_mul_linear), else None (layers/activation.py's SiluAndMul.mlp)."""
+        return self.method.apply_silu_mul(self, y)
+
     def shard(self, shard_id: str | None) -> Shard:
         """(first output row, rows, shard index) of a checkpoint shard; the whole layer for None."""
         if shard_id is not None:
@@ -106,6 +111,10 @@ class RowParallelLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.tp.all_reduce(self.method.apply(self, x))
+
+    def forward_silu_mul(self, y: torch.Tensor) -> torch.Tensor | None:
+        out = self.method.apply_silu_mul(self, y)
+        return None if out is None else self.tp.all_reduce(out)
 
     def load_param(self, name: str, loaded: torch.Tensor | CheckpointSlice, shard_id: str | None = None) -> None:
         if name == "bias" and self.bias is None:  # rank 0's

@@ -190,7 +190,7 @@ class LlamaMLP(nn.Module):
         self.act_fn.quantize_for(self.down_proj)  # W8A8: the activation kernel quantizes for the GEMM
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn.gated(self.gate_up_proj, x))
+        return self.act_fn.mlp(self.gate_up_proj, self.down_proj, x)
 
 
 class LlamaDecoderLayer(nn.Module):

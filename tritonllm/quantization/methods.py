@@ -55,6 +55,11 @@ class LinearMethod:
         the kernels have none for this format (layers/activation.py's SiluAndMul.gated)."""
         return None
 
+    def apply_silu_mul(self, layer: nn.Module, y: torch.Tensor) -> torch.Tensor | None:
+        """This layer applied to silu(gate) * up of y = [gate | up] in one kernel call, or None where the
+        kernels have none for this format (layers/activation.py's SiluAndMul.mlp)."""
+        return None
+
     def shard_dims(self, name: str, shape: torch.Size) -> TensorDims:
         """Along which dims checkpoint tensor `name` runs over the layer's rows and columns."""
         raise ValueError(
@@ -104,6 +109,9 @@ class QuantizedWeightCalls:
 
     def apply_gated(self, layer: nn.Module, x: torch.Tensor, quant: OutputQuant | None) -> torch.Tensor | None:
         return layer.kernels.gated_linear(x, layer.qweight, layer.bias, quant)
+
+    def apply_silu_mul(self, layer: nn.Module, y: torch.Tensor) -> torch.Tensor | None:
+        return layer.kernels.silu_mul_linear(y, layer.qweight, layer.bias)
 
 
 class OnlineQuantMethod(QuantizedWeightCalls, UnquantizedMethod):

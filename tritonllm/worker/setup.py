@@ -56,6 +56,7 @@ def set_up_rank(config: EngineConfig, path: str, tp: TensorParallel) -> RankSetu
             module.fuse_epilogue = config.fuse_attention_epilogue
         elif isinstance(module, SiluAndMul):
             module.fuse_gemm = config.fuse_gated_activation
+            module.fuse_down_input = config.fuse_down_input_quant
     # this engine's kernels, bound to its model's layers by the runner: another engine in the same
     # process may choose others
     context = KernelContext(
