@@ -175,7 +175,7 @@ def compile_sm90(dtype: torch.dtype = torch.bfloat16, block_n: int = 128, bm: in
     x_desc = xq_descriptor(torch.empty((bm, 256), dtype=torch.bfloat16), bm) if xq else descriptor(w, bm)
     constexprs = dict(BLOCK_N=block_n, BLOCK_M=bm, STAGES=stages, HAS_BIAS=False, W_SCALE=2 if scales else 0,
                       A_SCALE=2 if scales and not xq else 0, SPLIT_K=split, PDL=True, GATED=gated, QMAX=448.0,
-                      TAIL=16384, XQ=xq, XA_PAD=16)  # fmt: skip
+                      TAIL=16384, XQ=int(xq), XA_PAD=16)  # fmt: skip
     types = dict(w_desc=mangle_type(descriptor(w, block_n // 2 if gated else block_n)),
                  x_desc=mangle_type(x_desc), c_ptr="*bf16" if xq else out, bias_ptr=out, w_scale_ptr="*fp32",
                  a_scale_ptr="*fp32", ws_ptr="*fp32", cnt_ptr="*i32", q_ptr="*fp8e4nv", qs_ptr="*fp32",
@@ -234,7 +234,7 @@ def xq_skinny_gemm_sm90(h: torch.Tensor, amax: torch.Tensor, b: torch.Tensor, b_
         descriptor(b, p.block_n), xq_descriptor(h, block_m(m)), c, bias if bias is not None else c, b_scale, ws,
         ws, cnt, ws, ws, amax, m, n, k, k_per_split, c.stride(0), 0, blocks,
         BLOCK_N=p.block_n, BLOCK_M=block_m(m), STAGES=p.stages, HAS_BIAS=bias is not None,
-        W_SCALE=scale_kind(b_scale), A_SCALE=splitk_sm90.SCALE_NONE, SPLIT_K=split, QMAX=448.0, XQ=True,
+        W_SCALE=scale_kind(b_scale), A_SCALE=splitk_sm90.SCALE_NONE, SPLIT_K=split, QMAX=448.0, XQ=2 if h.dtype == torch.float16 else 1,
         XA_PAD=max(2, triton.next_power_of_2(blocks)), num_warps=p.warps, **pdl,
     )  # fmt: skip
     return c
@@ -407,19 +407,21 @@ if HAVE_GLUON:
         M, N, K, K_PER_SPLIT, stride_cm, stride_asm, XA_BLOCKS,
         BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr,
         W_SCALE: gl.constexpr, A_SCALE: gl.constexpr, SPLIT_K: gl.constexpr, GATED: gl.constexpr = 0,
-        QMAX: gl.constexpr = 448.0, TAIL: gl.constexpr = 1024, XQ: gl.constexpr = False, XA_PAD: gl.constexpr = 1,
+        QMAX: gl.constexpr = 448.0, TAIL: gl.constexpr = 1024, XQ: gl.constexpr = 0, XA_PAD: gl.constexpr = 1,
         PDL: gl.constexpr = False,
     ):  # fmt: skip
         """c[m, n] = sum_k a[m, k] w[n, k] x scales (+ bias[n]) for BLOCK_N weight rows and all M
         (<= BLOCK_M) activation rows a program, over the K range of its split (program_id 1).
         GATED (gate_up, w = [gate | up], N = 2 I): a program's rows are BLOCK_N / 2 gate rows and the
         same up rows, and it writes silu(gate) * up [M, I] to c (gated_epilogue); GATED = 2 quantizes
-        that per token into q_ptr / qs_ptr as well (SPLIT_K 1). XQ (FP8 weights, activations given in 16 bits):
+        that per token into q_ptr / qs_ptr as well (SPLIT_K 1). XQ 1 / 2 (FP8 weights, activations given in bf16 /
+        fp16):
         x_desc reads the unquantized rows, and each step quantizes its tile per token into shared memory
         before the MMA, with the scales of xq_scales (the rows' amaxes from XA_BLOCKS column blocks at xa_ptr)."""
         WARPS: gl.constexpr = gl.num_warps()
         DT: gl.constexpr = w_desc.dtype
-        XT: gl.constexpr = x_desc.dtype  # DT, or (XQ) the 16-bit activations'
+        # DT, or (XQ) the 16-bit activations' (not read from x_desc: nothing of it is touched before the PDL wait)
+        XT: gl.constexpr = gl.float16 if XQ == 2 else gl.bfloat16 if XQ else DT
         BLOCK_K: gl.constexpr = w_desc.block_type.shape[1]
         ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, BLOCK_M, 256 // DT.primitive_bitwidth])  # fmt: skip
