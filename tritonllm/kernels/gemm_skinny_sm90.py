@@ -126,14 +126,18 @@ def measured_faster(m: int, n: int, k: int, dtype: torch.dtype) -> bool:
 DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
 
 
+def tma_ok(t: torch.Tensor) -> bool:
+    """Whether TMA reads the 2-D t: unit column stride, rows and base 16-byte aligned."""
+    return t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+
+
 def takes(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether gemm() can run this kernel for a [M, K] and the weight b [N, K]: 1..64 rows, one dtype
     among DTYPES, rows 16-byte aligned with unit column stride (TMA's rules), an sm90 GPU."""
     m, k = a.shape
-    ok_tensor = lambda t: t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0  # noqa: E731
     return (
         HAVE_GLUON and 1 <= m <= MAX_M and a.dtype in DTYPES and b.dtype == a.dtype and (k * a.element_size()) % 16 == 0
-        and ok_tensor(a) and ok_tensor(b) and available()
+        and tma_ok(a) and tma_ok(b) and available()
     )  # fmt: skip
 
 
@@ -177,7 +181,7 @@ def compile_sm90(dtype: torch.dtype = torch.bfloat16, block_n: int = 128, bm: in
                       A_SCALE=2 if scales and not xq else 0, SPLIT_K=split, PDL=True, GATED=gated, QMAX=448.0,
                       TAIL=16384, XQ=int(xq), XA_PAD=16)  # fmt: skip
     types = dict(w_desc=mangle_type(descriptor(w, block_n // 2 if gated else block_n)),
-                 x_desc=mangle_type(x_desc), c_ptr="*bf16" if xq else out, bias_ptr=out, w_scale_ptr="*fp32",
+                 x_desc=mangle_type(x_desc), c_ptr=out, bias_ptr=out, w_scale_ptr="*fp32",
                  a_scale_ptr="*fp32", ws_ptr="*fp32", cnt_ptr="*i32", q_ptr="*fp8e4nv", qs_ptr="*fp32",
                  xa_ptr="*fp32")  # fmt: skip
     return compile_gluon_sm90(skinny_gemm_sm90_kernel, constexprs, types, ("stride_cm",), num_warps=warps)
@@ -210,10 +214,9 @@ XQ_MAX_M = 16
 def xq_takes(m: int, k: int, dtype: torch.dtype, b: torch.Tensor) -> bool:
     """Whether xq_skinny_gemm_sm90 serves a contiguous h [m, k] of `dtype` (16-bit) and the FP8 weight b
     [N, K] here: m <= XQ_MAX_M, the skinny GEMM measured faster for FP8 at this shape, TMA's alignment."""
-    b_ok = b.stride(1) == 1 and b.stride(0) % 16 == 0 and b.data_ptr() % 16 == 0
     return (
         HAVE_GLUON and 1 <= m <= XQ_MAX_M and dtype in (torch.bfloat16, torch.float16)
-        and b.dtype == torch.float8_e4m3fn and b.shape[1] == k and k % 16 == 0 and b_ok
+        and b.dtype == torch.float8_e4m3fn and b.shape[1] == k and k % 16 == 0 and tma_ok(b)
         and measured_faster(m, b.shape[0], k, b.dtype) and available()
     )  # fmt: skip
 
@@ -234,8 +237,8 @@ def xq_skinny_gemm_sm90(h: torch.Tensor, amax: torch.Tensor, b: torch.Tensor, b_
         descriptor(b, p.block_n), xq_descriptor(h, block_m(m)), c, bias if bias is not None else c, b_scale, ws,
         ws, cnt, ws, ws, amax, m, n, k, k_per_split, c.stride(0), 0, blocks,
         BLOCK_N=p.block_n, BLOCK_M=block_m(m), STAGES=p.stages, HAS_BIAS=bias is not None,
-        W_SCALE=scale_kind(b_scale), A_SCALE=splitk_sm90.SCALE_NONE, SPLIT_K=split, QMAX=448.0, XQ=2 if h.dtype == torch.float16 else 1,
-        XA_PAD=max(2, triton.next_power_of_2(blocks)), num_warps=p.warps, **pdl,
+        W_SCALE=scale_kind(b_scale), A_SCALE=splitk_sm90.SCALE_NONE, SPLIT_K=split, QMAX=448.0,
+        XQ=2 if h.dtype == torch.float16 else 1, XA_PAD=max(2, triton.next_power_of_2(blocks)), num_warps=p.warps, **pdl,
     )  # fmt: skip
     return c
 
@@ -414,10 +417,9 @@ if HAVE_GLUON:
         (<= BLOCK_M) activation rows a program, over the K range of its split (program_id 1).
         GATED (gate_up, w = [gate | up], N = 2 I): a program's rows are BLOCK_N / 2 gate rows and the
         same up rows, and it writes silu(gate) * up [M, I] to c (gated_epilogue); GATED = 2 quantizes
-        that per token into q_ptr / qs_ptr as well (SPLIT_K 1). XQ 1 / 2 (FP8 weights, activations given in bf16 /
-        fp16):
-        x_desc reads the unquantized rows, and each step quantizes its tile per token into shared memory
-        before the MMA, with the scales of xq_scales (the rows' amaxes from XA_BLOCKS column blocks at xa_ptr)."""
+        that per token into q_ptr / qs_ptr as well (SPLIT_K 1). XQ 1 / 2 (FP8 weights, activations given in
+        bf16 / fp16): x_desc reads the unquantized rows, and each step quantizes its tile per token into shared
+        memory before the MMA, with the scales of xq_scales (the rows' amaxes from XA_BLOCKS blocks at xa_ptr)."""
         WARPS: gl.constexpr = gl.num_warps()
         DT: gl.constexpr = w_desc.dtype
         # DT, or (XQ) the 16-bit activations' (not read from x_desc: nothing of it is touched before the PDL wait)

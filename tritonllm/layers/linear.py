@@ -113,7 +113,7 @@ class RowParallelLinear(Linear):
         return self.tp.all_reduce(self.method.apply(self, x))
 
     def forward_silu_mul(self, y: torch.Tensor) -> torch.Tensor | None:
-        out = self.method.apply_silu_mul(self, y)
+        out = super().forward_silu_mul(y)
         return None if out is None else self.tp.all_reduce(out)
 
     def load_param(self, name: str, loaded: torch.Tensor | CheckpointSlice, shard_id: str | None = None) -> None:
