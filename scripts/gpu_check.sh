@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [llama3-8b-config]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [llama3-8b-config]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -316,6 +316,23 @@ PY
               --output-json "$OUT/steps_${variant}_${seqs}seqs_$pdl.json" 2>&1 | grep -E '"step_ms"'
           done
         done
+      done ;;
+    timeline)
+      # what each kernel adds to a batch-1 decode step with PDL on (scripts/step_timeline.py: exposed time, not
+      # summed durations), per TIMELINE_VARIANTS (fp8: online FP8, triton_sm90 linears; bf16_torch: cuBLAS;
+      # bf16: triton_sm90); Llama-3-8B, dummy weights, 512 + 160, greedy, 20 steps traced
+      ensure_config_model
+      for variant in ${TIMELINE_VARIANTS:-fp8 bf16_torch}; do
+        case $variant in
+          bf16) args="--kernel linear=triton_sm90" ;;
+          bf16_torch) args="--kernel linear=torch" ;;
+          *) args="--quantization $variant --kernel linear=triton_sm90" ;;
+        esac
+        python3 scripts/profile_steps.py --model "$MODELS/llama3-8b-config" --load-format dummy $args --pdl \
+          --num-requests ${TIMELINE_SEQS:-1} --prompt-len 512 --output-len 160 --temperature 0 --steps 20 \
+          --trace "/tmp/trace_$variant.json" --output-json "$OUT/steps_$variant.json" 2>&1 | grep -E '"step_ms"'
+        python3 scripts/step_timeline.py "/tmp/trace_$variant.json" --steps 20 --json "$OUT/timeline_$variant.json" \
+          | tee "$OUT/timeline_$variant.txt" | head -30
       done ;;
     host-profile)
       # py-spy host profile of nano-vllm's benchmark (overlap on), folded stacks

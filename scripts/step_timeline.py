@@ -1,0 +1,81 @@
+"""What each kernel adds to a decode step when kernels overlap (programmatic dependent launch), from a
+Chrome trace that `scripts/profile_steps.py --trace` wrote.
+
+With PDL a kernel starts before the previous one ends and waits inside, so its duration counts time
+that another kernel already accounts for, and summing durations overstates it. Here the GPU's
+completion frontier is walked in start order: a kernel is charged only for how far it moves the
+latest end seen so far (its exposed time); a gap before a kernel that starts after the frontier is
+idle. Exposed times and idle sum to the traced window. Kernels are told apart by name and grid (the
+four linear layers of a Llama block run one GEMM kernel on four grids).
+
+    python scripts/step_timeline.py TRACE.json[.gz] --steps 20 [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+from collections import defaultdict
+
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def load_events(path: str) -> list[dict]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    return [e for e in events if e.get("ph") == "X" and e.get("cat") in DEVICE_CATS]
+
+
+def label(event: dict) -> str:
+    name = event["name"]
+    if len(name) > 60:
+        name = name[:57] + "..."
+    grid = event.get("args", {}).get("grid")
+    return f"{name} {tuple(grid)}" if grid else name
+
+
+def exposed_times(events: list[dict]) -> tuple[dict[str, list[float]], float, float]:
+    """({label: [exposed us, summed duration us, launches]}, idle us, window us)."""
+    events = sorted(events, key=lambda e: e["ts"])
+    table: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    start = frontier = events[0]["ts"]
+    idle = 0.0
+    for e in events:
+        end = e["ts"] + e["dur"]
+        if e["ts"] > frontier:
+            idle += e["ts"] - frontier
+            frontier = e["ts"]
+        row = table[label(e)]
+        row[0] += max(0.0, end - frontier)
+        row[1] += e["dur"]
+        row[2] += 1
+        frontier = max(frontier, end)
+    return dict(table), idle, frontier - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("trace")
+    parser.add_argument("--steps", type=int, required=True, help="engine steps the trace holds")
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    table, idle, window = exposed_times(load_events(args.trace))
+    per_step = {k: [round(v[0] / args.steps, 2), round(v[1] / args.steps, 2), v[2] / args.steps] for k, v in table.items()}
+    rows = sorted(per_step.items(), key=lambda kv: -kv[1][0])
+    print(f"window {window / args.steps:.1f} us a step, idle {idle / args.steps:.1f} us a step")
+    print(f"{'exposed us':>10} {'duration us':>11} {'launches':>8}  kernel (grid)")
+    for name, (exposed, duration, launches) in rows[: args.top]:
+        print(f"{exposed:10.1f} {duration:11.1f} {launches:8.1f}  {name}")
+    if args.json:
+        result = {"window_us_per_step": window / args.steps, "idle_us_per_step": idle / args.steps,
+                  "per_step": {k: dict(exposed_us=v[0], duration_us=v[1], launches=v[2]) for k, v in rows}}  # fmt: skip
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
