@@ -64,7 +64,9 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     table, idle, window = exposed_times(load_events(args.trace))
-    per_step = {k: [round(v[0] / args.steps, 2), round(v[1] / args.steps, 2), v[2] / args.steps] for k, v in table.items()}
+    per_step = {
+        k: [round(v[0] / args.steps, 2), round(v[1] / args.steps, 2), v[2] / args.steps] for k, v in table.items()
+    }
     rows = sorted(per_step.items(), key=lambda kv: -kv[1][0])
     print(f"window {window / args.steps:.1f} us a step, idle {idle / args.steps:.1f} us a step")
     print(f"{'exposed us':>10} {'duration us':>11} {'launches':>8}  kernel (grid)")
