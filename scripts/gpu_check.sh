@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [llama3-8b-config]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [llama3-8b-config]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -169,6 +169,7 @@ for step in $STEPS; do
           fp8_triton) args="model.quantization=fp8 kernels.linear=triton" ;;
           fp8_gluon) args="model.quantization=fp8 kernels.linear=triton_sm90" ;;
           fp8_gluon_xq) args="model.quantization=fp8 kernels.linear=triton_sm90 fuse_down_input_quant=true" ;;
+          fp8_gluon_xn) args="model.quantization=fp8 kernels.linear=triton_sm90 fuse_norm_into_gemm=true" ;;
           bf16_gluon) args="kernels.linear=triton_sm90" ;;
           int8_triton) args="model.quantization=int8 kernels.linear=triton" ;;
           int4_triton) args="model.quantization=int4 kernels.linear=triton" ;;
@@ -317,15 +318,24 @@ PY
           done
         done
       done ;;
+    norm-in-gemm)
+      # session 25's build, for its first GPU run: the XN / ADD_C GPU tests, then batch-1 FP8 with and without
+      # fuse_norm_into_gemm beside bf16 cuBLAS (e2e), then both FP8 timelines
+      python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemm_skinny_sm90.py tests/test_pdl.py \
+        tests/test_engine_gpu.py -k "xn or add_c or norm or xq or down_input or compiles or pdl" 2>&1 \
+        | tee "$OUT/gpu_tests_norm_in_gemm.log" | tail -15
+      QUANT_VARIANTS="bf16_torch fp8_gluon fp8_gluon_xn" QUANT_EXPS=batch1_decode bash "$0" e2e-quant
+      TIMELINE_VARIANTS="fp8 fp8_xn" bash "$0" timeline ;;
     timeline)
       # what each kernel adds to a batch-1 decode step with PDL on (scripts/step_timeline.py: exposed time, not
-      # summed durations), per TIMELINE_VARIANTS (fp8: online FP8, triton_sm90 linears; bf16_torch: cuBLAS;
-      # bf16: triton_sm90); Llama-3-8B, dummy weights, 512 + 160, greedy, 20 steps traced
+      # summed durations), per TIMELINE_VARIANTS (fp8: online FP8, triton_sm90 linears; fp8_xn: with
+      # fuse_norm_into_gemm; bf16_torch: cuBLAS; bf16: triton_sm90); Llama-3-8B, dummy weights, 512 + 160, greedy, 20 steps traced
       ensure_config_model
       for variant in ${TIMELINE_VARIANTS:-fp8 bf16_torch}; do
         case $variant in
           bf16) args="--kernel linear=triton_sm90" ;;
           bf16_torch) args="--kernel linear=torch" ;;
+          fp8_xn) args="--quantization fp8 --kernel linear=triton_sm90 --fuse-norm-into-gemm" ;;
           *) args="--quantization $variant --kernel linear=triton_sm90" ;;
         esac
         python3 scripts/profile_steps.py --model "$MODELS/llama3-8b-config" --load-format dummy $args --pdl \

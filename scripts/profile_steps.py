@@ -91,6 +91,7 @@ def main() -> None:
         metavar="OP=IMPL",
         help="a registered kernel for an op, e.g. linear=triton",
     )
+    parser.add_argument("--fuse-norm-into-gemm", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument("--kernel-table", type=int, default=0, help="report the N kernels taking most GPU time")
     parser.add_argument("--output-json", default=None)
     parser.add_argument("--trace", default=None, help="also write the Chrome trace here")
@@ -103,6 +104,7 @@ def main() -> None:
         piecewise_graphs=args.piecewise_graphs,
         quantization=args.quantization,
         pdl=args.pdl,
+        fuse_norm_into_gemm=args.fuse_norm_into_gemm,
         kernels=dict(choice.split("=", 1) for choice in args.kernel) or None,
     )
     engine = llm.llm_engine

@@ -94,6 +94,7 @@ def test_flags_map_to_llm_kwargs():
             "64",
             "--no-align-prefill-chunks",
             "--fuse-down-input-quant",
+            "--fuse-norm-into-gemm",
         ]
     )
     assert args.port == 9001
@@ -117,6 +118,7 @@ def test_flags_map_to_llm_kwargs():
         "fuse_attention_epilogue": False,
         "fuse_gated_activation": True,
         "fuse_down_input_quant": True,
+        "fuse_norm_into_gemm": True,
         "quantization": "int8",
         "load_format": "dummy",
         "kv_cache_dtype": "fp8",

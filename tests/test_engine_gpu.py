@@ -109,6 +109,21 @@ def test_fp8_batch1_decode_with_the_down_input_quantized_in_its_gemm_matches_unf
                            kernels={"linear": "triton_sm90"})  # fmt: skip
 
 
+def test_fp8_batch1_decode_with_the_norms_in_the_gemms_matches_unfused(monkeypatch):
+    """Online FP8 at batch 1 with fuse_norm_into_gemm: qkv and gate_up normalize and quantize the residual
+    stream in their skinny GEMMs (XN), o_proj and down_proj add into it in their epilogues; greedy tokens
+    equal and logprobs close to the fused add + norm + quantization kernels."""
+    from tritonllm.kernels import gemm_skinny_sm90 as sk
+
+    if not sk.available():
+        pytest.skip("the skinny GEMM runs on sm90 GPUs only")
+    calls = []
+    xn = sk.xn_skinny_gemm_sm90
+    monkeypatch.setattr(sk, "xn_skinny_gemm_sm90", lambda *a, **kw: calls.append(1) or xn(*a, **kw))
+    _fused_matches_unfused("fuse_norm_into_gemm", calls, True, max_model_len=512, quantization="fp8",
+                           kernels={"linear": "triton_sm90"})  # fmt: skip
+
+
 def _fused_matches_unfused(flag: str, launches: list, launched_when_fused: bool, **llm_args) -> None:
     """Batch-1 greedy decode of the fitted tiny Llama in bf16 with `flag` on, then off: `launches` (filled by a
     spied kernel) non-empty exactly when `flag` is launched_when_fused; greedy tokens equal, logprobs close."""

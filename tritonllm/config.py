@@ -170,6 +170,7 @@ _ENGINE_FLAGS = (
     "fuse_attention_epilogue",
     "fuse_gated_activation",
     "fuse_down_input_quant",
+    "fuse_norm_into_gemm",
 )  # EngineConfig's booleans outside the groups
 _ENGINE_INTS = ("piecewise_first_size",)  # and its integers
 
@@ -212,6 +213,11 @@ class EngineConfig:
     # XQ mode) after a many-program SiLU-mul, instead of the SiLU-mul kernel quantizing each row in one
     # program (kernels/linear.py's silu_mul_linear_sm90); false: the quantizing SiLU-mul kernel (ablation)
     fuse_down_input_quant: bool = False
+    # at decode sizes, an FP8 W8A8 qkv / gate_up GEMM normalizes and quantizes the residual stream itself
+    # (triton_sm90's skinny GEMM, XN mode) and o_proj / down_proj add their outputs into the stream in their
+    # epilogues, so no RMSNorm kernel runs between the layers (kernels/linear.py's norm_linear_sm90 and
+    # residual_linear_sm90); false: the fused add + RMSNorm + quantization kernel (ablation)
+    fuse_norm_into_gemm: bool = False
 
     @staticmethod
     def from_dict(values: dict[str, Any]) -> EngineConfig:

@@ -61,6 +61,7 @@ def main(cfg: DictConfig) -> None:
             "fuse_attention_epilogue": cfg.fuse_attention_epilogue,
             "fuse_gated_activation": cfg.fuse_gated_activation,
             "fuse_down_input_quant": cfg.fuse_down_input_quant,
+            "fuse_norm_into_gemm": cfg.fuse_norm_into_gemm,
         }
     )
     hydra_cfg = HydraConfig.get()

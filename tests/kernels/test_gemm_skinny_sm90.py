@@ -256,6 +256,91 @@ def test_silu_mul_linear_serves_fp8_decode_and_declines_the_rest() -> None:
     assert silu_mul_linear_sm90(y[:1], randn(n, inter, seed=116, dtype=torch.bfloat16), None) is None
 
 
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("k, n", [(4096, 6144), (1008, 200), (4160, 1000)])
+def test_xn_gemm_is_the_quantizing_norm_then_the_gemm(m, k, n, spy) -> None:
+    """The XN mode (a W8A8 qkv / gate_up taking the residual stream and RMS-normalizing and quantizing it
+    itself): close to rms_norm_quant then the FP8 GEMM (the same values but where the two kernels' sums of
+    squares round apart) and to the float32 product of the dequantized operands; scale-invariant in the
+    stream as an RMSNorm is; a reversed norm weight is caught."""
+    from tritonllm.kernels.rmsnorm import rms_norm_quant
+
+    x = 3 * randn(m, k, seed=120 + m, dtype=torch.bfloat16)
+    norm_weight = (1 + 0.5 * randn(k, seed=121)).to(torch.bfloat16)
+    weight = quantize_weight(randn(n, k, seed=122), FP8)
+    act, _ = rms_norm_quant(x, None, norm_weight, 1e-5, torch.float8_e4m3fn)
+    unfused = g.gemm(act.data, weight.data, out_dtype=torch.bfloat16, a_scale=act.scale, sm90="always",
+                     **g.scale_args(FP8), b_scale=weight.scale)  # fmt: skip
+    expected = (act.data.float() * act.scale) @ (weight.data.float() * weight.scale[:, None]).T
+    launches = spy.launches
+    c = sk.xn_skinny_gemm_sm90(x, norm_weight, 1e-5, weight.data, weight.scale, None, launch.pdl_launch())
+    assert spy.launches == launches + 1 and c.dtype == torch.bfloat16 and c.shape == (m, n)
+    assert_close_to_scale(c, unfused, 1e-2)
+    assert_close_to_scale(c, expected, 1e-2)
+    doubled = sk.xn_skinny_gemm_sm90(2 * x, norm_weight, 1e-5, weight.data, weight.scale, None, launch.pdl_launch())
+    assert_close_to_scale(doubled, expected, 1e-2)
+    wrong = sk.xn_skinny_gemm_sm90(x, norm_weight.flip(0), 1e-5, weight.data, weight.scale, None, launch.pdl_launch())
+    assert not torch.allclose(wrong.float(), expected, atol=0.05 * expected.abs().max().item())
+    assert not launch.arrival_counters(platform.DEVICE).any(), "an arrival counter was left non-zero"
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("n, k", [(4096, 4096), (4096, 14336), (200, 1008)])
+def test_add_c_adds_the_rounded_product_into_c(m, n, k) -> None:
+    """ADD_C (o_proj / down_proj adding into the residual stream): c + the product rounded to bf16, then
+    rounded, exactly as the GEMM followed by the add, with and without K splits; c's other rows untouched."""
+    q, scale, weight, _ = _fp8_operands(m, n, k, seed=130)
+    residual = 4 * randn(m, n, seed=131, dtype=torch.bfloat16)
+    product = g.gemm(q, weight.data, out_dtype=torch.bfloat16, a_scale=scale, sm90="always", **g.scale_args(FP8),
+                     b_scale=weight.scale)  # fmt: skip
+    want = (residual.float() + product.float()).to(torch.bfloat16)
+    c = residual.clone()
+    out = sk.skinny_gemm_sm90(q, weight.data, c, None, scale, weight.scale, launch.pdl_launch(), add_c=True)
+    assert out is c and torch.equal(c, want)
+    assert not torch.equal(want, residual)
+    assert not launch.arrival_counters(platform.DEVICE).any(), "an arrival counter was left non-zero"
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_norm_and_residual_linear_serve_fp8_decode_and_decline_the_rest() -> None:
+    """The triton_sm90 linear's norm_linear and residual_linear entries: FP8 per-token layers at M <= XN_MAX_M
+    (close to the norm kernel then the layer; the residual updated in place), None for M beyond it, a static
+    input scale or 16-bit weights (residual untouched)."""
+    from tritonllm.kernels.linear import norm_linear_sm90, quantized_linear_sm90, residual_linear_sm90
+    from tritonllm.kernels.quant_formats import QuantizedActivation
+    from tritonllm.kernels.rmsnorm import rms_norm_quant
+
+    k, n = 4096, 4096
+    weight = quantize_weight(randn(n, k, seed=140), FP8)
+    norm_weight = (1 + 0.5 * randn(k, seed=141)).to(torch.bfloat16)
+    for m in (1, sk.XN_MAX_M):
+        x = 3 * randn(m, k, seed=142 + m, dtype=torch.bfloat16)
+        act, _ = rms_norm_quant(x, None, norm_weight, 1e-5, torch.float8_e4m3fn)
+        want = quantized_linear_sm90(act, weight, None)
+        assert_close_to_scale(norm_linear_sm90(x, norm_weight, 1e-5, weight, None), want, 1e-2)
+        residual = randn(m, n, seed=143, dtype=torch.bfloat16)
+        added = residual.clone()
+        assert residual_linear_sm90(act, weight, None, added) is added
+        assert torch.equal(added, (residual.float() + want.float()).to(torch.bfloat16))
+    x = randn(sk.XN_MAX_M + 1, k, seed=144, dtype=torch.bfloat16)
+    assert norm_linear_sm90(x, norm_weight, 1e-5, weight, None) is None
+    act, _ = rms_norm_quant(x, None, norm_weight, 1e-5, torch.float8_e4m3fn)
+    residual = randn(sk.XN_MAX_M + 1, n, seed=145, dtype=torch.bfloat16)
+    before = residual.clone()
+    assert residual_linear_sm90(act, weight, None, residual) is None and torch.equal(residual, before)
+    static = quantize_weight(randn(n, k, seed=146), QuantScheme(torch.float8_e4m3fn, "channel", "tensor"))
+    static.input_scale = torch.ones(1, device=static.data.device)
+    assert norm_linear_sm90(x[:1], norm_weight, 1e-5, static, None) is None
+    assert norm_linear_sm90(x[:1], norm_weight, 1e-5, randn(n, k, seed=147, dtype=torch.bfloat16), None) is None
+    plain = QuantizedActivation(act.data[:1], act.scale[:1], torch.bfloat16)
+    assert residual_linear_sm90(plain, static, None, residual[:1]) is None
+
+
 def test_gemm_leaves_it_alone_off_hopper(spy) -> None:
     """Without an sm90 GPU (CPU, other GPUs) gemm(sm90="always") runs the portable kernels."""
     if platform.is_gpu() and sk.available():
@@ -293,6 +378,11 @@ print("gated", "cvt.rn.satfinite.e4m3x2.f32" in ptx, "atom.global.gpu.acq_rel.ad
 for bm, warps in ((8, 4), (16, 8)):
     ptx = sk.compile_sm90(torch.float8_e4m3fn, bm=bm, split=4, scales=True, warps=warps, xq=True).asm["ptx"]
     print("xq", "cvt.rn.satfinite.e4m3x2.f32" in ptx, "wgmma.mma_async" in ptx, "cp.async.bulk.tensor" in ptx, ".local" in ptx)
+for split in (1, 4):
+    ptx = sk.compile_sm90(torch.float8_e4m3fn, bm=8, split=split, scales=True, xn=True).asm["ptx"]
+    print("xn", "cvt.rn.satfinite.e4m3x2.f32" in ptx, "sqrt" in ptx, "cp.async.bulk.tensor" in ptx, ".local" in ptx)
+ptx = sk.compile_sm90(torch.float8_e4m3fn, bm=8, split=4, scales=True, add_c=True).asm["ptx"]
+print("add_c", "wgmma.mma_async" in ptx, "ld.global" in ptx, ".local" in ptx)
 """
 
 
@@ -304,6 +394,7 @@ def test_compiles_for_sm90_without_spills() -> None:
     result = subprocess.run([sys.executable, "-c", _COMPILE], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
-    lines = result.stdout.split("\n")[:5]
+    lines = result.stdout.split("\n")[:8]
     assert lines == ["torch.bfloat16 True True True False", "torch.float8_e4m3fn True True True False",
-                     "gated True True False", "xq True True True False", "xq True True True False"], result.stdout  # fmt: skip
+                     "gated True True False", "xq True True True False", "xq True True True False",
+                     "xn True True True False", "xn True True True False", "add_c True True False"], result.stdout  # fmt: skip

@@ -54,6 +54,7 @@ class LLM:
         fuse_attention_epilogue: bool = True,
         fuse_gated_activation: bool = False,
         fuse_down_input_quant: bool = False,
+        fuse_norm_into_gemm: bool = False,
         quantization: str | None = None,
         load_format: str = "auto",
         kv_cache_dtype: str = "auto",
@@ -110,6 +111,7 @@ class LLM:
             fuse_attention_epilogue=fuse_attention_epilogue,
             fuse_gated_activation=fuse_gated_activation,
             fuse_down_input_quant=fuse_down_input_quant,
+            fuse_norm_into_gemm=fuse_norm_into_gemm,
         )
         self._start(config)
 

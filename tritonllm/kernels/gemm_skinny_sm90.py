@@ -169,40 +169,48 @@ def xq_descriptor(h: torch.Tensor, rows: int) -> TensorDescriptor:
 
 
 def compile_sm90(dtype: torch.dtype = torch.bfloat16, block_n: int = 128, bm: int = 16, split: int = 1,
-                 stages: int = 6, warps: int = 4, scales: bool = False, gated: int = 0, xq: bool = False):  # fmt: skip
+                 stages: int = 6, warps: int = 4, scales: bool = False, gated: int = 0, xq: bool = False,
+                 xn: bool = False, add_c: bool = False):  # fmt: skip
     """Compile for sm90 without a GPU (launch.compile_gluon_sm90): tests, available(). xq: FP8 weights and
-    bf16 activations quantized in the kernel (xq_skinny_gemm_sm90)."""
+    bf16 activations quantized in the kernel (xq_skinny_gemm_sm90); xn: those activations RMS-normalized
+    first (xn_skinny_gemm_sm90, implies xq); add_c: the output added to c."""
     from triton.runtime.jit import mangle_type
 
+    xq = xq or xn
     w = torch.empty((block_n, 256), dtype=dtype)
     out = "*fp16" if dtype == torch.float16 else "*bf16"
     x_desc = xq_descriptor(torch.empty((bm, 256), dtype=torch.bfloat16), bm) if xq else descriptor(w, bm)
+    g_desc = xn_weight_descriptor(torch.empty(256, dtype=torch.bfloat16)) if xn else x_desc
     constexprs = dict(BLOCK_N=block_n, BLOCK_M=bm, STAGES=stages, HAS_BIAS=False, W_SCALE=2 if scales else 0,
                       A_SCALE=2 if scales and not xq else 0, SPLIT_K=split, PDL=True, GATED=gated, QMAX=448.0,
-                      TAIL=16384, XQ=int(xq), XA_PAD=16)  # fmt: skip
+                      TAIL=16384, XQ=int(xq), XA_PAD=16, XN=xn, ROW_PAD=4096 if xn else 1, ADD_C=add_c)  # fmt: skip
     types = dict(w_desc=mangle_type(descriptor(w, block_n // 2 if gated else block_n)),
-                 x_desc=mangle_type(x_desc), c_ptr=out, bias_ptr=out, w_scale_ptr="*fp32",
+                 x_desc=mangle_type(x_desc), g_desc=mangle_type(g_desc), c_ptr=out, bias_ptr=out, w_scale_ptr="*fp32",
                  a_scale_ptr="*fp32", ws_ptr="*fp32", cnt_ptr="*i32", q_ptr="*fp8e4nv", qs_ptr="*fp32",
-                 xa_ptr="*fp32")  # fmt: skip
+                 xa_ptr="*bf16" if xn else "*fp32", g_ptr="*bf16" if xn else "*fp32", eps="fp32")  # fmt: skip
     return compile_gluon_sm90(skinny_gemm_sm90_kernel, constexprs, types, ("stride_cm",), num_warps=warps)
 
 
 def skinny_gemm_sm90(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
-                     a_scale: torch.Tensor | None, b_scale: torch.Tensor | None, pdl: dict) -> torch.Tensor:  # fmt: skip
+                     a_scale: torch.Tensor | None, b_scale: torch.Tensor | None, pdl: dict,
+                     add_c: bool = False) -> torch.Tensor:  # fmt: skip
     """c = (a . b^T) x b_scale[n] x a_scale[m] (+ bias) for a [M, K], b [N, K] of one dtype (takes());
     a_scale: None, one float32 or one per row [M, 1]; b_scale: None, one float32 or one per column [N].
     K splits write float32 partials; the last split program of a tile to arrive sums them in split
-    order (deterministic) and writes c: one launch, no reduce kernel."""
+    order (deterministic) and writes c: one launch, no reduce kernel. add_c: c += that product rounded to
+    c's dtype (a residual add fused into the layer; each element of c read and written by one program)."""
     (m, k), n = a.shape, b.shape[0]
     p = plan(m, n, k, a.element_size())
     block_k = ROW_BYTES // a.element_size()
     split, k_per_split, tiles, ws, cnt = splitk_sm90.plan_splits(m, n, k, p.split, block_k, p.block_n, c)
+    x_desc = descriptor(a, block_m(m))
     skinny_gemm_sm90_kernel[(tiles, split)](
-        descriptor(b, p.block_n), descriptor(a, block_m(m)), c, bias if bias is not None else c,
-        b_scale if b_scale is not None else ws, a_scale if a_scale is not None else ws, ws, cnt, ws, ws, ws,
+        descriptor(b, p.block_n), x_desc, x_desc, c, bias if bias is not None else c,
+        b_scale if b_scale is not None else ws, a_scale if a_scale is not None else ws, ws, cnt, ws, ws, ws, ws,
         m, n, k, k_per_split, c.stride(0), a_scale.stride(0) if scale_kind(a_scale) == splitk_sm90.SCALE_EACH else 0, 0,
-        BLOCK_N=p.block_n, BLOCK_M=block_m(m), STAGES=p.stages, HAS_BIAS=bias is not None,
-        W_SCALE=scale_kind(b_scale), A_SCALE=scale_kind(a_scale), SPLIT_K=split, num_warps=p.warps, **pdl,
+        0.0, BLOCK_N=p.block_n, BLOCK_M=block_m(m), STAGES=p.stages, HAS_BIAS=bias is not None,
+        W_SCALE=scale_kind(b_scale), A_SCALE=scale_kind(a_scale), SPLIT_K=split, ADD_C=add_c, num_warps=p.warps,
+        **pdl,
     )  # fmt: skip
     return c
 
@@ -233,12 +241,55 @@ def xq_skinny_gemm_sm90(h: torch.Tensor, amax: torch.Tensor, b: torch.Tensor, b_
     c = torch.empty((m, n), dtype=h.dtype, device=h.device)
     split, k_per_split, tiles, ws, cnt = splitk_sm90.plan_splits(m, n, k, p.split, ROW_BYTES, p.block_n, c)
     blocks = amax.shape[1]
+    x_desc = xq_descriptor(h, block_m(m))
     skinny_gemm_sm90_kernel[(tiles, split)](
-        descriptor(b, p.block_n), xq_descriptor(h, block_m(m)), c, bias if bias is not None else c, b_scale, ws,
-        ws, cnt, ws, ws, amax, m, n, k, k_per_split, c.stride(0), 0, blocks,
+        descriptor(b, p.block_n), x_desc, x_desc, c, bias if bias is not None else c, b_scale, ws,
+        ws, cnt, ws, ws, amax, ws, m, n, k, k_per_split, c.stride(0), 0, blocks, 0.0,
         BLOCK_N=p.block_n, BLOCK_M=block_m(m), STAGES=p.stages, HAS_BIAS=bias is not None,
         W_SCALE=scale_kind(b_scale), A_SCALE=splitk_sm90.SCALE_NONE, SPLIT_K=split, QMAX=448.0,
         XQ=2 if h.dtype == torch.float16 else 1, XA_PAD=max(2, triton.next_power_of_2(blocks)), num_warps=p.warps, **pdl,
+    )  # fmt: skip
+    return c
+
+
+# the largest M at which an FP8 qkv / gate_up GEMM takes the residual stream and RMS-normalizes and quantizes it
+# itself (xn_skinny_gemm_sm90); its prologue reads each row whole, a row after another
+XN_MAX_M = 4
+XN_MAX_K = 8192  # the row in registers: ROW_PAD / 128 float32 values a thread for x, as many for g
+
+
+def xn_weight_descriptor(g: torch.Tensor) -> TensorDescriptor:
+    """The XN mode's norm weight g [K] as [1, 128] boxes of a [1, K] view (unswizzled, a step's columns)."""
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=g.element_size() * 8, rank=2)
+    return TensorDescriptor.from_tensor(g.view(1, -1), [1, ROW_BYTES], layout)
+
+
+def xn_takes(m: int, k: int, dtype: torch.dtype, g: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether xn_skinny_gemm_sm90 serves a contiguous stream x [m, k] of `dtype`, norm weight g and the FP8
+    weight b [N, K] here: m <= XN_MAX_M, k <= XN_MAX_K, g contiguous in x's dtype, what xq_takes asks."""
+    return (
+        m <= XN_MAX_M and k <= XN_MAX_K and g.dtype == dtype and g.shape == (k,) and g.is_contiguous()
+        and g.data_ptr() % 16 == 0 and xq_takes(m, k, dtype, b)
+    )  # fmt: skip
+
+
+def xn_skinny_gemm_sm90(x: torch.Tensor, g: torch.Tensor, eps: float, b: torch.Tensor, b_scale: torch.Tensor,
+                        bias: torch.Tensor | None, pdl: dict) -> torch.Tensor:  # fmt: skip
+    """c = quant(rms_norm(x) g) . b^T x b_scale[n] x scale[m] (+ bias) in x's dtype for the 16-bit residual
+    stream x [M, K] (xn_takes): the values kernels/rmsnorm.py's quantizing norm would give the GEMM (per token,
+    dynamic scales, multiplied by their reciprocals), computed inside it while the weight copies stream, so
+    no norm kernel runs. b_scale: float32, one or one per row of b."""
+    (m, k), n = x.shape, b.shape[0]
+    p = plan(m, n, k, b.element_size())
+    c = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    split, k_per_split, tiles, ws, cnt = splitk_sm90.plan_splits(m, n, k, p.split, ROW_BYTES, p.block_n, c)
+    skinny_gemm_sm90_kernel[(tiles, split)](
+        descriptor(b, p.block_n), xq_descriptor(x, block_m(m)), xn_weight_descriptor(g), c,
+        bias if bias is not None else c, b_scale, ws, ws, cnt, ws, ws, x, g, m, n, k, k_per_split, c.stride(0), 0, 0,
+        float(eps), BLOCK_N=p.block_n, BLOCK_M=block_m(m), STAGES=p.stages, HAS_BIAS=bias is not None,
+        W_SCALE=scale_kind(b_scale), A_SCALE=splitk_sm90.SCALE_NONE, SPLIT_K=split, QMAX=448.0,
+        XQ=2 if x.dtype == torch.float16 else 1, XN=True, ROW_PAD=max(32 * p.warps, triton.next_power_of_2(k)),
+        num_warps=p.warps, **pdl,
     )  # fmt: skip
     return c
 
@@ -283,10 +334,11 @@ def gated_skinny_gemm_sm90(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor 
         qs = torch.empty((m, 1), dtype=torch.float32, device=a.device)
         cnt = arrival_counters(a.device)
     warps = p.warps
+    x_desc = descriptor(a, block_m(m))
     skinny_gemm_sm90_kernel[(programs, 1)](
-        descriptor(b, p.block_n // 2), descriptor(a, block_m(m)), h, bias if bias is not None else h,
-        b_scale if b_scale is not None else h, a_scale if a_scale is not None else h, h, cnt, q, qs, qs,
-        m, n, k, k, h.stride(0), a_scale.stride(0) if scale_kind(a_scale) == splitk_sm90.SCALE_EACH else 0, 0,
+        descriptor(b, p.block_n // 2), x_desc, x_desc, h, bias if bias is not None else h,
+        b_scale if b_scale is not None else h, a_scale if a_scale is not None else h, h, cnt, q, qs, qs, qs,
+        m, n, k, k, h.stride(0), a_scale.stride(0) if scale_kind(a_scale) == splitk_sm90.SCALE_EACH else 0, 0, 0.0,
         BLOCK_N=p.block_n, BLOCK_M=block_m(m), STAGES=p.stages, HAS_BIAS=bias is not None,
         W_SCALE=scale_kind(b_scale), A_SCALE=scale_kind(a_scale), SPLIT_K=1, GATED=1 if quant_dtype is None else 2,
         QMAX=float(torch.finfo(quant_dtype).max) if quant_dtype is not None else 448.0,
@@ -405,13 +457,39 @@ if HAVE_GLUON:
         return gl.convert_layout(scale, gl.SliceLayout(0, ACC)), gl.convert_layout(inverse, gl.SliceLayout(1, XL))
 
     @gluon.jit
+    def xn_stats(x_ptr, g_ptr, M, K, eps, BLOCK_M: gl.constexpr, ROW_PAD: gl.constexpr, QMAX: gl.constexpr,
+                 XT: gl.constexpr, ACC: gl.constexpr, XL: gl.constexpr):  # fmt: skip
+        """For the rows of x [M, K] (contiguous) and the norm weight g [K]: (each token's scale in the
+        accumulator's column layout; its reciprocal and its 1 / rms in XL's row layout), as kernels/rmsnorm.py
+        sets them: rstd = 1 / sqrt(mean(x^2) + eps), out = x rstd g rounded to XT, scale = max(amax(out),
+        1e-12) / QMAX. A row at a time, the whole row in registers (ROW_PAD >= K). Rows past M: rstd 0,
+        scale 1e-12 / QMAX (their values are zeros)."""
+        WARPS: gl.constexpr = gl.num_warps()
+        RL: gl.constexpr = gl.BlockedLayout([ROW_PAD // (32 * WARPS)], [32], [WARPS], [0])
+        offs = gl.arange(0, ROW_PAD, layout=RL)
+        ok = offs < K
+        g = gl.load(g_ptr + offs, mask=ok, other=0.0).to(gl.float32)
+        rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, XL))
+        rstd_rows = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, XL))
+        scale_rows = gl.full([BLOCK_M], 1e-12 / QMAX, gl.float32, layout=gl.SliceLayout(1, XL))
+        for m in range(M):
+            x = gl.load(x_ptr + m * K + offs, mask=ok, other=0.0).to(gl.float32)
+            rstd = 1.0 / gl.sqrt(gl.sum(x * x, axis=0) / K + eps)
+            out = (x * rstd * g).to(XT).to(gl.float32)
+            scale = gl.maximum(gl.max(gl.abs(out), axis=0), 1e-12) / QMAX
+            rstd_rows = gl.where(rows == m, rstd, rstd_rows)
+            scale_rows = gl.where(rows == m, scale, scale_rows)
+        inverse = 1.0 / scale_rows  # multiplied, as quant.quantize_rows_and_store does
+        return gl.convert_layout(scale_rows, gl.SliceLayout(0, ACC)), inverse, rstd_rows
+
+    @gluon.jit
     def skinny_gemm_sm90_kernel(
-        w_desc, x_desc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, ws_ptr, cnt_ptr, q_ptr, qs_ptr, xa_ptr,
-        M, N, K, K_PER_SPLIT, stride_cm, stride_asm, XA_BLOCKS,
+        w_desc, x_desc, g_desc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, ws_ptr, cnt_ptr, q_ptr, qs_ptr, xa_ptr,
+        g_ptr, M, N, K, K_PER_SPLIT, stride_cm, stride_asm, XA_BLOCKS, eps,
         BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr,
         W_SCALE: gl.constexpr, A_SCALE: gl.constexpr, SPLIT_K: gl.constexpr, GATED: gl.constexpr = 0,
         QMAX: gl.constexpr = 448.0, TAIL: gl.constexpr = 1024, XQ: gl.constexpr = 0, XA_PAD: gl.constexpr = 1,
-        PDL: gl.constexpr = False,
+        XN: gl.constexpr = False, ROW_PAD: gl.constexpr = 1, ADD_C: gl.constexpr = False, PDL: gl.constexpr = False,
     ):  # fmt: skip
         """c[m, n] = sum_k a[m, k] w[n, k] x scales (+ bias[n]) for BLOCK_N weight rows and all M
         (<= BLOCK_M) activation rows a program, over the K range of its split (program_id 1).
@@ -419,7 +497,11 @@ if HAVE_GLUON:
         same up rows, and it writes silu(gate) * up [M, I] to c (gated_epilogue); GATED = 2 quantizes
         that per token into q_ptr / qs_ptr as well (SPLIT_K 1). XQ 1 / 2 (FP8 weights, activations given in
         bf16 / fp16): x_desc reads the unquantized rows, and each step quantizes its tile per token into shared
-        memory before the MMA, with the scales of xq_scales (the rows' amaxes from XA_BLOCKS blocks at xa_ptr)."""
+        memory before the MMA, with the scales of xq_scales (the rows' amaxes from XA_BLOCKS blocks at xa_ptr).
+        XN (with XQ): the activations are the residual stream x (xa_ptr, [M, K] contiguous) and the layer's input is
+        its RMSNorm with weight g (g_ptr; g_desc reads it a step at a time) quantized per token: each program
+        takes every row's 1 / rms and scale from the whole row first (xn_stats), and each step normalizes and
+        quantizes its tile as kernels/rmsnorm.py would. ADD_C: the output is added to c (a residual add)."""
         WARPS: gl.constexpr = gl.num_warps()
         DT: gl.constexpr = w_desc.dtype
         # DT, or (XQ) the 16-bit activations' (not read from x_desc: nothing of it is touched before the PDL wait)
@@ -428,7 +510,9 @@ if HAVE_GLUON:
         ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, BLOCK_M, 256 // DT.primitive_bitwidth])  # fmt: skip
         # both tiles of a step
-        STEP_BYTES: gl.constexpr = (BLOCK_N * DT.primitive_bitwidth + BLOCK_M * XT.primitive_bitwidth) * BLOCK_K // 8
+        XN_ROWS: gl.constexpr = 1 if XN else 0  # the norm weight's step tile rides in the stage
+        X_BITS: gl.constexpr = (BLOCK_M + XN_ROWS) * XT.primitive_bitwidth
+        STEP_BYTES: gl.constexpr = (BLOCK_N * DT.primitive_bitwidth + X_BITS) * BLOCK_K // 8
 
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(1)
@@ -437,13 +521,17 @@ if HAVE_GLUON:
         steps = gl.cdiv(gl.minimum(K, k0 + K_PER_SPLIT) - k0, BLOCK_K)
 
         w_smem = gl.allocate_shared_memory(DT, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
+        if XN:
+            g_smem = gl.allocate_shared_memory(XT, [STAGES, 1, BLOCK_K], g_desc.layout)
         ready = ring_barriers(STAGES)
 
-        # the first STAGES - 1 steps: weights first (not written by the kernel before: no wait for it),
-        # then, once the previous kernel's writes are visible, the activations
+        # the first STAGES - 1 steps: weights (and XN's norm weight) first (not written by the kernel before: no
+        # wait for it), then, once the previous kernel's writes are visible, the activations
         for i in gl.static_range(STAGES - 1):
             mbarrier.expect(ready.index(i), STEP_BYTES, pred=i < steps)
             _issue_w(w_desc, n0, N // 2, k0 + i * BLOCK_K, ready.index(i), w_smem.index(i), i < steps, GATED)
+            if XN:
+                _issue(g_desc, 0, k0 + i * BLOCK_K, ready.index(i), g_smem.index(i), i < steps)
         gluon_pdl_wait(PDL)
         x_smem = gl.allocate_shared_memory(XT, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
         for i in gl.static_range(STAGES - 1):
@@ -454,14 +542,21 @@ if HAVE_GLUON:
             # every warpgroup waited for it before the last step's barrier
             x8_smem = gl.allocate_shared_memory(DT, [3, BLOCK_M, BLOCK_K],
                                                 gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))  # fmt: skip
-            x_scale, x_inverse = xq_scales(xa_ptr, M, XA_BLOCKS, BLOCK_M, XA_PAD, QMAX, ACC, XL)
+            if XN:
+                x_scale, x_inverse, x_rstd = xn_stats(xa_ptr, g_ptr, M, K, eps, BLOCK_M, ROW_PAD, QMAX, XT, ACC, XL)
+            else:
+                x_scale, x_inverse = xq_scales(xa_ptr, M, XA_BLOCKS, BLOCK_M, XA_PAD, QMAX, ACC, XL)
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
         for i in range(steps):
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
             if XQ:
-                v = x_smem.index(s).load(XL).to(gl.float32) * gl.expand_dims(x_inverse, 1)
+                v = x_smem.index(s).load(XL).to(gl.float32)
+                if XN:  # the RMSNorm's output, rounded to the model's dtype as the norm kernel stores it
+                    gk = g_smem.index(s).load(XL).to(gl.float32)
+                    v = (v * gl.expand_dims(x_rstd, 1) * gk).to(XT).to(gl.float32)
+                v = v * gl.expand_dims(x_inverse, 1)
                 x_op = x8_smem.index(i % 3)
                 x_op.store(gl.minimum(gl.maximum(v, -QMAX), QMAX).to(DT))
                 fence_async_shared()  # the generic proxy's stores, before the MMA's asynchronous reads
@@ -476,6 +571,8 @@ if HAVE_GLUON:
             mbarrier.expect(ready.index(sj), STEP_BYTES, pred=j < steps)
             _issue_w(w_desc, n0, N // 2, k0 + j * BLOCK_K, ready.index(sj), w_smem.index(sj), j < steps, GATED)
             _issue(x_desc, 0, k0 + j * BLOCK_K, ready.index(sj), x_smem.index(sj), j < steps)
+            if XN:
+                _issue(g_desc, 0, k0 + j * BLOCK_K, ready.index(sj), g_smem.index(sj), j < steps)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         release_ring(ready, STAGES)
         if XQ:  # the tokens' scales, before the K splits are summed (A_SCALE 0)
@@ -488,4 +585,4 @@ if HAVE_GLUON:
         else:
             splitk_sm90.finish_tile(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, ws_ptr, cnt_ptr, pid_n, pid_k, M,
                                     N, stride_cm, stride_asm, BLOCK_N, BLOCK_M, ACC, HAS_BIAS, W_SCALE, A_SCALE,
-                                    SPLIT_K)  # fmt: skip
+                                    SPLIT_K, ADD_C)  # fmt: skip

@@ -141,3 +141,52 @@ def silu_mul_linear_sm90(
     h, amax = silu_and_mul_amax(y2)
     out = gemm_skinny_sm90.xq_skinny_gemm_sm90(h, amax, weight.data, weight.scale, bias, pdl_launch())
     return out.view(*y.shape[:-1], out.shape[-1])
+
+
+def _fp8_token(weight: torch.Tensor | QuantizedWeight) -> bool:
+    """FP8 W8A8, per-channel float32 weight scales (contiguous), dynamic per-token activation scales."""
+    return (
+        isinstance(weight, QuantizedWeight) and weight.scheme.format_name == "fp8:channel:token"
+        and weight.input_scale is None and weight.scale.dtype == torch.float32 and weight.scale.is_contiguous()
+    )  # fmt: skip
+
+
+@register("linear", "triton_sm90", entry="norm_linear")
+def norm_linear_sm90(
+    x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor | QuantizedWeight,
+    bias: torch.Tensor | None,
+) -> torch.Tensor | None:  # fmt: skip
+    """The layer applied to rms_norm(x) x norm_weight for the residual stream x [..., K], for FP8 W8A8 with
+    per-channel weight scales and dynamic per-token activation scales at M <= XN_MAX_M: the skinny GEMM
+    normalizes and quantizes x itself (gemm_skinny_sm90's XN mode) with the values of rms_norm_quant, so no
+    norm kernel runs before it. None elsewhere (the caller runs the norm, then the layer)."""
+    if not _fp8_token(weight):
+        return None
+    x2 = x.reshape(-1, x.shape[-1])
+    if not (x2.is_contiguous() and gemm_skinny_sm90.tma_ok(x2)):
+        return None
+    if not gemm_skinny_sm90.xn_takes(x2.shape[0], x2.shape[1], x2.dtype, norm_weight, weight.data):
+        return None
+    out = gemm_skinny_sm90.xn_skinny_gemm_sm90(x2, norm_weight, eps, weight.data, weight.scale, bias, pdl_launch())
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+@register("linear", "triton_sm90", entry="residual_linear")
+def residual_linear_sm90(
+    x: torch.Tensor | QuantizedActivation, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None,
+    residual: torch.Tensor,
+) -> torch.Tensor | None:  # fmt: skip
+    """residual += the layer's output (rounded to residual's dtype first, as the GEMM then the add round), in
+    the skinny GEMM's epilogue, for FP8 W8A8 layers whose input came quantized per token (the attention or
+    SiLU-mul kernel quantized it) at the sizes where norm_linear serves the next layer: residual, updated.
+    None elsewhere (residual untouched; the caller runs the layer and adds)."""
+    if not _fp8_token(weight) or not isinstance(x, QuantizedActivation) or x.scale.dim() != 2:
+        return None
+    a, b = x.data, weight.data
+    m, n = a.shape[0], b.shape[0]
+    if m > gemm_skinny_sm90.XN_MAX_M or residual.shape != (m, n) or not residual.is_contiguous():
+        return None
+    if residual.dtype != x.dtype or not (gemm_skinny_sm90.takes(a, b) and gemm_skinny_sm90.measured_faster(
+            m, n, a.shape[1], b.dtype)):  # fmt: skip
+        return None
+    return gemm_skinny_sm90.skinny_gemm_sm90(a, b, residual, bias, x.scale, weight.scale, pdl_launch(), add_c=True)

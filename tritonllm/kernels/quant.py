@@ -114,7 +114,9 @@ def _quant_token_kernel(
     QMAX: tl.constexpr, IS_INT: tl.constexpr, MIN_EXP: tl.constexpr, STATIC: tl.constexpr, BLOCK: tl.constexpr,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """One program per row: its amax (unless STATIC: s_ptr holds the scale), then the values."""
+    """One program per row: its amax (unless STATIC: s_ptr holds the scale), then the values, multiplied by
+    the scale's reciprocal as the fused quantizations do (quantize_rows_and_store), so an unfused op and its
+    fused form give the same bytes."""
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -127,10 +129,11 @@ def _quant_token_kernel(
             amax = tl.maximum(amax, tl.abs(x))
         scale = tl.maximum(tl.max(amax, axis=0), 1e-12) / QMAX
         tl.store(s_ptr + row, scale)
+    inverse = 1.0 / scale
     for k in range(0, K, BLOCK):
         mask = k + offs < K
         x = tl.load(x_ptr + row * stride_x + k + offs, mask=mask, other=0.0).to(tl.float32)
-        round_and_store(q_ptr + row * stride_q + k + offs, x / scale, mask, QMAX, IS_INT, MIN_EXP)
+        round_and_store(q_ptr + row * stride_q + k + offs, x * inverse, mask, QMAX, IS_INT, MIN_EXP)
 
 
 @triton.jit
@@ -140,7 +143,8 @@ def _quant_group_kernel(
     GROUPS: tl.constexpr,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """Program (row, j) quantizes GROUPS consecutive groups of GROUP columns of one row."""
+    """Program (row, j) quantizes GROUPS consecutive groups of GROUP columns of one row (multiplied by each
+    scale's reciprocal, as the fused quantizations do; MX's powers of two divide, exactly)."""
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     g0 = tl.program_id(1) * GROUPS
@@ -156,10 +160,12 @@ def _quant_group_kernel(
         exponent = tl.minimum(tl.maximum(exponent - 8, -127), 127)
         scale = tl.exp2(exponent.to(tl.float32))
         tl.store(s_ptr + row * stride_s + groups * stride_sg, (exponent + 127).to(tl.uint8), mask=in_row)
+        q = x / scale[:, None]  # a power of two: exact either way
     else:
         scale = tl.maximum(amax, 1e-12) / QMAX
         tl.store(s_ptr + row * stride_s + groups * stride_sg, scale, mask=in_row)
-    round_and_store(q_ptr + row * stride_q + cols, x / scale[:, None], mask, QMAX, IS_INT, MIN_EXP)
+        q = x * (1.0 / scale)[:, None]
+    round_and_store(q_ptr + row * stride_q + cols, q, mask, QMAX, IS_INT, MIN_EXP)
 
 
 def min_exponent(dtype: torch.dtype) -> int:

@@ -82,20 +82,25 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _store(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, n_out, m_out, ok, M, N, stride_cm, stride_asm,
-               HAS_BIAS: gl.constexpr, W_SCALE: gl.constexpr, A_SCALE: gl.constexpr):  # fmt: skip
-        """c[m, n] = acc[n, m], scaled (+ bias)."""
+               HAS_BIAS: gl.constexpr, W_SCALE: gl.constexpr, A_SCALE: gl.constexpr, ADD_C: gl.constexpr):  # fmt: skip
+        """c[m, n] = acc[n, m], scaled (+ bias); ADD_C: c[m, n] += that, the product rounded to c's dtype first
+        (a residual add after the layer, as the unfused GEMM and add round)."""
         acc = scaled(acc, bias_ptr, w_scale_ptr, a_scale_ptr, n_out, n_out < N, m_out, M, stride_asm, HAS_BIAS,
                      W_SCALE, A_SCALE)  # fmt: skip
         offs = gl.expand_dims(m_out.to(gl.int64) * stride_cm, 0) + gl.expand_dims(n_out, 1)
+        if ADD_C:
+            old = gl.load(c_ptr + offs, mask=ok, other=0.0).to(gl.float32)
+            acc = acc.to(c_ptr.dtype.element_ty).to(gl.float32) + old
         gl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=ok)
 
     @gluon.jit
     def finish_tile(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, ws_ptr, cnt_ptr, pid_n, pid_k, M, N, stride_cm,
                     stride_asm, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, ACC: gl.constexpr,
                     HAS_BIAS: gl.constexpr, W_SCALE: gl.constexpr, A_SCALE: gl.constexpr,
-                    SPLIT_K: gl.constexpr):  # fmt: skip
+                    SPLIT_K: gl.constexpr, ADD_C: gl.constexpr = False):  # fmt: skip
         """Write the [BLOCK_N, BLOCK_M] accumulator (layout ACC) of weight rows pid_n x BLOCK_N.. as
-        c[m, n]; with K splits, write this split's partial and let the tile's last one sum them."""
+        c[m, n] (ADD_C: added to c, _store); with K splits, write this split's partial and let the tile's
+        last one sum them (so one program reads and writes each element of c)."""
         n_out = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
         m_out = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
         ok = gl.expand_dims(n_out < N, 1) & gl.expand_dims(m_out < M, 0)
@@ -111,8 +116,8 @@ if HAVE_GLUON:
                 for sp in gl.static_range(1, SPLIT_K):
                     acc += gl.load(tile_ws + sp * M * N, mask=ok, other=0.0, cache_modifier=".cg")
                 _store(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, n_out, m_out, ok, M, N, stride_cm, stride_asm,
-                       HAS_BIAS, W_SCALE, A_SCALE)  # fmt: skip
+                       HAS_BIAS, W_SCALE, A_SCALE, ADD_C)  # fmt: skip
                 gl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")  # ready for the next launch
         else:
             _store(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, n_out, m_out, ok, M, N, stride_cm, stride_asm,
-                   HAS_BIAS, W_SCALE, A_SCALE)  # fmt: skip
+                   HAS_BIAS, W_SCALE, A_SCALE, ADD_C)  # fmt: skip

@@ -7,7 +7,7 @@ from torch import nn
 
 from tritonllm.kernels.quant_formats import OutputQuant, QuantizedActivation, activation_group
 from tritonllm.kernels.registry import default_kernels
-from tritonllm.layers.linear import Linear
+from tritonllm.layers.linear import Linear, NormedInput
 
 
 class SiluAndMul(nn.Module):
@@ -31,21 +31,30 @@ class SiluAndMul(nn.Module):
         epilogue where gate_up's linear implementation serves it (its `gated_linear` entry), else the GEMM
         and then this op's kernel."""
         if self.fuse_gemm:
+            if isinstance(x, NormedInput):  # the gated epilogue takes the norm's output
+                x = x.materialize()
             quant = OutputQuant.of(self._quant_for[0].qweight) if self._quant_for else None
             fused = gate_up.method.apply_gated(gate_up, x, quant)
             if fused is not None:
                 return fused
         return self(gate_up(x))
 
-    def mlp(self, gate_up: Linear, down: Linear, x: torch.Tensor | QuantizedActivation) -> torch.Tensor:
+    def mlp(
+        self, gate_up: Linear, down: Linear, x: torch.Tensor | QuantizedActivation | NormedInput,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:  # fmt: skip
         """down(silu(gate) * up of gate_up(x)): with fuse_down_input, where down quantizes its input and its
         kernels take the SiLU-mul's 16-bit output and quantize it in the GEMM (forward_silu_mul), that one
-        call; else gated(), then down."""
+        call; else gated(), then down. Given the residual stream, None where down added its output into it
+        (Linear.forward_residual)."""
         if self.fuse_down_input and self._quant_for and not self.fuse_gemm:
             y = gate_up(x)
             out = down.forward_silu_mul(y)
             return down(self(y)) if out is None else out
-        return down(self.gated(gate_up, x))
+        h = self.gated(gate_up, x)
+        if residual is not None and down.forward_residual(h, residual):
+            return None
+        return down(h)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | QuantizedActivation:
         """x [num_tokens, 2 * d] = [gate | up] -> silu(gate) * up [num_tokens, d] (quantized for the

@@ -17,6 +17,9 @@ the plain layers: no collective, no slicing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -26,6 +29,18 @@ from tritonllm.kernels.registry import default_kernels
 from tritonllm.loader.safetensors_loader import CheckpointSlice, materialize
 from tritonllm.quantization.config import LayerQuant
 from tritonllm.quantization.methods import Shard, make_method
+
+
+@dataclass(frozen=True)
+class NormedInput:
+    """A linear layer's input given as the RMSNorm (weight, eps) of the residual stream, not yet computed:
+    the layer's kernels may normalize (and quantize) the stream inside its GEMM (linear's norm_linear);
+    otherwise `materialize` runs the norm's kernel (layers/norm.py's RMSNorm.deferred)."""
+
+    stream: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+    materialize: Callable[[], torch.Tensor]
 
 
 class Linear(nn.Module):
@@ -48,8 +63,18 @@ class Linear(nn.Module):
         """ "float", or the quantized format (kernels/quant_formats.py) the kernels must serve."""
         return self.method.format_name
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | NormedInput) -> torch.Tensor:
+        if isinstance(x, NormedInput):
+            out = self.method.apply_norm(self, x.stream, x.weight, x.eps)
+            if out is not None:
+                return out
+            x = x.materialize()
         return self.method.apply(self, x)
+
+    def forward_residual(self, x: torch.Tensor, residual: torch.Tensor) -> bool:
+        """residual += this layer applied to x, the add in the GEMM's epilogue where its method's kernels have
+        one (linear's residual_linear): True; else False, with residual untouched."""
+        return self.method.apply_residual(self, x, residual) is not None
 
     def forward_silu_mul(self, y: torch.Tensor) -> torch.Tensor | None:
         """This layer applied to silu(gate) * up of y = [gate | up] in one kernel call where its method's
@@ -111,6 +136,10 @@ class RowParallelLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.tp.all_reduce(self.method.apply(self, x))
+
+    def forward_residual(self, x: torch.Tensor, residual: torch.Tensor) -> bool:
+        # each rank's output is a partial sum: the residual would be added once a rank
+        return self.tp.size == 1 and super().forward_residual(x, residual)
 
     def forward_silu_mul(self, y: torch.Tensor) -> torch.Tensor | None:
         out = super().forward_silu_mul(y)

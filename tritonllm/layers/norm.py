@@ -9,7 +9,7 @@ from torch import nn
 
 from tritonllm.kernels.quant_formats import activation_group
 from tritonllm.kernels.registry import default_kernels
-from tritonllm.layers.linear import Linear
+from tritonllm.layers.linear import Linear, NormedInput
 
 
 class RMSNorm(nn.Module):
@@ -24,6 +24,18 @@ class RMSNorm(nn.Module):
         """Quantize the output for `linear` in the norm's kernel, where its method allows it (W8A8 per
         token, with a static input scale, or per 1 x 128 group for block-FP8); otherwise a no-op."""
         self._quant_for = (linear,) if linear.method.input_quant_fusable else ()
+
+    def deferred(
+        self, x: torch.Tensor | None, residual: torch.Tensor, defer: bool
+    ) -> tuple[torch.Tensor | NormedInput, torch.Tensor]:
+        """(the norm's output, the residual stream) where x is the last layer's output, or None where that
+        layer added it into the stream already (Linear.forward_residual). With defer and x None, the output is
+        a NormedInput that the next linear layer may normalize in its own GEMM."""
+        if x is not None:
+            return self(x, residual)
+        if defer:
+            return NormedInput(residual, self.weight, self.eps, lambda: self(residual)), residual
+        return self(residual), residual
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None

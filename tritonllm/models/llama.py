@@ -25,7 +25,7 @@ from tritonllm.distributed.shard import RankSlice, TensorDims, narrow_to_rank
 from tritonllm.layers.activation import SiluAndMul
 from tritonllm.layers.attention import Attention, AttentionMetadata, Rope
 from tritonllm.layers.embedding import LMHead, VocabEmbedding
-from tritonllm.layers.linear import Linear, MergedLinear, QKVLinear, RowParallelLinear
+from tritonllm.layers.linear import Linear, MergedLinear, NormedInput, QKVLinear, RowParallelLinear
 from tritonllm.layers.norm import RMSNorm
 from tritonllm.layers.rotary import RotaryEmbedding, rope_max_position, rope_parameters
 from tritonllm.loader.safetensors_loader import CheckpointSlice, materialize
@@ -157,13 +157,18 @@ class LlamaAttention(nn.Module):
         copy_weight(self.sinks.data, part, name)
 
     def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
-    ) -> torch.Tensor:
+        self, positions: torch.Tensor, hidden: torch.Tensor | NormedInput, kv_cache: KVCache, meta: AttentionMetadata,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:  # fmt: skip
+        """o_proj's output; or, given the residual stream, None where o_proj added its output into it."""
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
         # RoPE is applied by the attention layer, with the KV-cache write (one kernel: rope_kv_write); Qwen3
         # normalises every head's q and k over head_dim before it, in the same kernel
         qk_norm = (self.q_norm, self.k_norm) if self.qk_norm else None
-        return self.o_proj(self.attn(q, k, v, kv_cache, meta, Rope(positions, self.rotary_emb, qk_norm)))
+        out = self.attn(q, k, v, kv_cache, meta, Rope(positions, self.rotary_emb, qk_norm))
+        if residual is not None and self.o_proj.forward_residual(out, residual):
+            return None
+        return self.o_proj(out)
 
 
 class LlamaMLP(nn.Module):
@@ -189,8 +194,9 @@ class LlamaMLP(nn.Module):
         self.act_fn = SiluAndMul()
         self.act_fn.quantize_for(self.down_proj)  # W8A8: the activation kernel quantizes for the GEMM
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act_fn.mlp(self.gate_up_proj, self.down_proj, x)
+    def forward(self, x: torch.Tensor | NormedInput, residual: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The block's output; or, given the residual stream, None where down_proj added it into the stream."""
+        return self.act_fn.mlp(self.gate_up_proj, self.down_proj, x, residual)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -214,26 +220,33 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         # W8A8 layers after the norms: the norm kernels quantize their outputs for the GEMMs
         self.input_layernorm.quantize_for(self.self_attn.qkv_proj)
-        if isinstance(self.mlp, LlamaMLP):  # a MoE block's router reads the norm's output unquantized
+        self.dense_mlp = isinstance(self.mlp, LlamaMLP)
+        if self.dense_mlp:  # a MoE block's router reads the norm's output unquantized
             self.post_attention_layernorm.quantize_for(self.mlp.gate_up_proj)
+        # the norms in the next GEMMs and the residual adds in o_proj's / down_proj's epilogues where the linear
+        # implementation has such kernels (EngineConfig.fuse_norm_into_gemm); False: a norm kernel does both
+        self.fuse_norm = False
 
     def forward(
         self,
         positions: torch.Tensor,
-        hidden: torch.Tensor,
+        hidden: torch.Tensor | None,
         residual: torch.Tensor | None,
         kv_cache: KVCache,
         meta: AttentionMetadata,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pre-norm block; the residual add is fused into the next norm, so the sum travels separately."""
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Pre-norm block; the residual add is fused into the next norm, so the sum travels separately.
+        hidden None: the last layer added its output into residual already (fuse_norm), which this one may do
+        too; the first layer's residual is None (hidden, the embeddings, starts the stream)."""
         if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, kv_cache, meta)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+            residual, hidden = hidden, None
+        fuse = self.fuse_norm
+        x, residual = self.input_layernorm.deferred(hidden, residual, fuse)
+        hidden = self.self_attn(positions, x, kv_cache, meta, residual if fuse else None)
+        x, residual = self.post_attention_layernorm.deferred(hidden, residual, fuse and self.dense_mlp)
+        if not self.dense_mlp:
+            return self.mlp(x), residual
+        return self.mlp(x, residual if fuse else None), residual
 
 
 class LlamaModel(nn.Module):
@@ -271,8 +284,7 @@ class LlamaModel(nn.Module):
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
+        return self.norm.deferred(hidden, residual, defer=False)[0]
 
 
 def model_head_dim(config: PretrainedConfig) -> int:

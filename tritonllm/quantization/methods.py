@@ -60,6 +60,18 @@ class LinearMethod:
         kernels have none for this format (layers/activation.py's SiluAndMul.mlp)."""
         return None
 
+    def apply_norm(
+        self, layer: nn.Module, x: torch.Tensor, norm_weight: torch.Tensor, eps: float
+    ) -> torch.Tensor | None:
+        """This layer applied to the RMSNorm (norm_weight, eps) of the residual stream x in one kernel call, or
+        None where the kernels have none for this format (layers/linear.py's Linear.forward)."""
+        return None
+
+    def apply_residual(self, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor | None:
+        """residual += this layer's output, in its kernel: residual; or None (untouched) where the kernels have
+        none for this format (Linear.forward_residual)."""
+        return None
+
     def shard_dims(self, name: str, shape: torch.Size) -> TensorDims:
         """Along which dims checkpoint tensor `name` runs over the layer's rows and columns."""
         raise ValueError(
@@ -112,6 +124,14 @@ class QuantizedWeightCalls:
 
     def apply_silu_mul(self, layer: nn.Module, y: torch.Tensor) -> torch.Tensor | None:
         return layer.kernels.silu_mul_linear(y, layer.qweight, layer.bias)
+
+    def apply_norm(
+        self, layer: nn.Module, x: torch.Tensor, norm_weight: torch.Tensor, eps: float
+    ) -> torch.Tensor | None:
+        return layer.kernels.norm_linear(x, norm_weight, eps, layer.qweight, layer.bias)
+
+    def apply_residual(self, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor | None:
+        return layer.kernels.residual_linear(x, layer.qweight, layer.bias, residual)
 
 
 class OnlineQuantMethod(QuantizedWeightCalls, UnquantizedMethod):

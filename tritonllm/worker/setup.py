@@ -24,6 +24,7 @@ from tritonllm.kernels.launch import set_pdl
 from tritonllm.kernels.registry import OPS, KernelContext, Kernels, select_kernels
 from tritonllm.layers.activation import SiluAndMul
 from tritonllm.layers.attention import Attention
+from tritonllm.models.llama import LlamaDecoderLayer
 from tritonllm.models.loader import fit_rope_tables, layer_features, linear_formats, load_model, model_max_len, used_ops
 from tritonllm.worker.model_runner import ModelRunner
 
@@ -57,6 +58,8 @@ def set_up_rank(config: EngineConfig, path: str, tp: TensorParallel) -> RankSetu
         elif isinstance(module, SiluAndMul):
             module.fuse_gemm = config.fuse_gated_activation
             module.fuse_down_input = config.fuse_down_input_quant
+        elif isinstance(module, LlamaDecoderLayer):
+            module.fuse_norm = config.fuse_norm_into_gemm
     # this engine's kernels, bound to its model's layers by the runner: another engine in the same
     # process may choose others
     context = KernelContext(
