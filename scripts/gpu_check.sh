@@ -170,6 +170,8 @@ for step in $STEPS; do
           fp8_gluon) args="model.quantization=fp8 kernels.linear=triton_sm90" ;;
           fp8_gluon_xq) args="model.quantization=fp8 kernels.linear=triton_sm90 fuse_down_input_quant=true" ;;
           fp8_gluon_xn) args="model.quantization=fp8 kernels.linear=triton_sm90 fuse_norm_into_gemm=true" ;;
+          fp8_gluon_xnmlp) args="model.quantization=fp8 kernels.linear=triton_sm90 fuse_norm_into_gemm=true
+            fuse_gated_activation=true fuse_down_input_quant=true" ;;
           bf16_gluon) args="kernels.linear=triton_sm90" ;;
           int8_triton) args="model.quantization=int8 kernels.linear=triton" ;;
           int4_triton) args="model.quantization=int4 kernels.linear=triton" ;;
@@ -322,10 +324,10 @@ PY
       # session 25's build, for its first GPU run: the XN / ADD_C GPU tests, then batch-1 FP8 with and without
       # fuse_norm_into_gemm beside bf16 cuBLAS (e2e), then both FP8 timelines
       python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemm_skinny_sm90.py tests/test_pdl.py \
-        tests/test_engine_gpu.py -k "xn or add_c or norm or xq or down_input or compiles or pdl" 2>&1 \
+        tests/test_engine_gpu.py -k "xn or add_c or norm or xq or down_input or gated or compiles or pdl" 2>&1 \
         | tee "$OUT/gpu_tests_norm_in_gemm.log" | tail -15
-      QUANT_VARIANTS="bf16_torch fp8_gluon fp8_gluon_xn" QUANT_EXPS=batch1_decode bash "$0" e2e-quant
-      TIMELINE_VARIANTS="fp8 fp8_xn" bash "$0" timeline ;;
+      QUANT_VARIANTS="bf16_torch fp8_gluon fp8_gluon_xn fp8_gluon_xnmlp" QUANT_EXPS=batch1_decode bash "$0" e2e-quant
+      TIMELINE_VARIANTS="fp8 fp8_xn fp8_xnmlp" bash "$0" timeline ;;
     timeline)
       # what each kernel adds to a batch-1 decode step with PDL on (scripts/step_timeline.py: exposed time, not
       # summed durations), per TIMELINE_VARIANTS (fp8: online FP8, triton_sm90 linears; fp8_xn: with
@@ -336,6 +338,7 @@ PY
           bf16) args="--kernel linear=triton_sm90" ;;
           bf16_torch) args="--kernel linear=torch" ;;
           fp8_xn) args="--quantization fp8 --kernel linear=triton_sm90 --fuse-norm-into-gemm" ;;
+          fp8_xnmlp) args="--quantization fp8 --kernel linear=triton_sm90 --fuse-norm-into-gemm --fuse-gated-mlp" ;;
           *) args="--quantization $variant --kernel linear=triton_sm90" ;;
         esac
         python3 scripts/profile_steps.py --model "$MODELS/llama3-8b-config" --load-format dummy $args --pdl \

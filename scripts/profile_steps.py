@@ -92,6 +92,7 @@ def main() -> None:
         help="a registered kernel for an op, e.g. linear=triton",
     )
     parser.add_argument("--fuse-norm-into-gemm", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument("--fuse-gated-mlp", action="store_true", help="fuse_gated_activation + fuse_down_input_quant")
     parser.add_argument("--kernel-table", type=int, default=0, help="report the N kernels taking most GPU time")
     parser.add_argument("--output-json", default=None)
     parser.add_argument("--trace", default=None, help="also write the Chrome trace here")
@@ -105,6 +106,8 @@ def main() -> None:
         quantization=args.quantization,
         pdl=args.pdl,
         fuse_norm_into_gemm=args.fuse_norm_into_gemm,
+        fuse_gated_activation=args.fuse_gated_mlp,
+        fuse_down_input_quant=args.fuse_gated_mlp,
         kernels=dict(choice.split("=", 1) for choice in args.kernel) or None,
     )
     engine = llm.llm_engine

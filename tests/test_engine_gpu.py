@@ -124,6 +124,23 @@ def test_fp8_batch1_decode_with_the_norms_in_the_gemms_matches_unfused(monkeypat
                            kernels={"linear": "triton_sm90"})  # fmt: skip
 
 
+def test_fp8_batch1_decode_with_the_gated_mlp_in_two_gemms_matches_unfused(monkeypatch):
+    """Online FP8 at batch 1 with fuse_gated_activation, fuse_down_input_quant and fuse_norm_into_gemm: a layer's
+    MLP is gate_up's GEMM (normalizing the stream, writing h and its block amaxes) and down's (quantizing h,
+    adding into the stream); greedy tokens equal and logprobs close to the kernels between the GEMMs. The tiny
+    model's gate_up is too narrow for an unsplit plan, so both runs take one (PLAN_OVERRIDE)."""
+    from tritonllm.kernels import gemm_skinny_sm90 as sk
+
+    if not sk.available():
+        pytest.skip("the skinny GEMM runs on sm90 GPUs only")
+    calls = []
+    gated = sk.gated_amax_skinny_gemm_sm90
+    monkeypatch.setattr(sk, "gated_amax_skinny_gemm_sm90", lambda *a, **kw: calls.append(1) or gated(*a, **kw))
+    monkeypatch.setattr(sk, "PLAN_OVERRIDE", sk.Plan(128, 1, 6))
+    _fused_matches_unfused("fuse_down_input_quant", calls, True, max_model_len=512, quantization="fp8",
+                           kernels={"linear": "triton_sm90"}, fuse_gated_activation=True, fuse_norm_into_gemm=True)  # fmt: skip
+
+
 def _fused_matches_unfused(flag: str, launches: list, launched_when_fused: bool, **llm_args) -> None:
     """Batch-1 greedy decode of the fitted tiny Llama in bf16 with `flag` on, then off: `launches` (filled by a
     spied kernel) non-empty exactly when `flag` is launched_when_fused; greedy tokens equal, logprobs close."""

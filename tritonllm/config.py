@@ -211,7 +211,9 @@ class EngineConfig:
     fuse_gated_activation: bool = False
     # a W8A8 down projection at decode sizes quantizes its input in its own GEMM (triton_sm90's skinny GEMM,
     # XQ mode) after a many-program SiLU-mul, instead of the SiLU-mul kernel quantizing each row in one
-    # program (kernels/linear.py's silu_mul_linear_sm90); false: the quantizing SiLU-mul kernel (ablation)
+    # program (kernels/linear.py's silu_mul_linear_sm90); false: the quantizing SiLU-mul kernel (ablation).
+    # With fuse_gated_activation as well: gate_up's epilogue writes h and its block amaxes and down quantizes h
+    # from them, no activation kernel between the two GEMMs (gated_mlp_linear_sm90; not yet timed)
     fuse_down_input_quant: bool = False
     # at decode sizes, an FP8 W8A8 qkv / gate_up GEMM normalizes and quantizes the residual stream itself
     # (triton_sm90's skinny GEMM, XN mode) and o_proj / down_proj add their outputs into the stream in their

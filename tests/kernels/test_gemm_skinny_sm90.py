@@ -341,6 +341,94 @@ def test_norm_and_residual_linear_serve_fp8_decode_and_decline_the_rest() -> Non
     assert residual_linear_sm90(plain, static, None, residual[:1]) is None
 
 
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("normed", [False, True], ids=["fp8_input", "stream"])
+@pytest.mark.parametrize("inter, hidden", [(14336, 4096), (1000, 1008)])
+def test_gated_amax_feeds_the_xq_down_projection(m, normed, inter, hidden) -> None:
+    """GATED 3 (gate_up's epilogue writes h and its programs' block amaxes) then XQ (down quantizes h from them):
+    h and the amaxes as the SiLU-mul epilogue and torch give them, the MLP close to gate_up, silu_and_mul_quant
+    and down; from the residual stream (XN) as from its quantizing norm; down added into a residual exactly as
+    the GEMM then the add round; wrong amaxes caught."""
+    from tritonllm.kernels.activation import silu_and_mul_quant
+    from tritonllm.kernels.rmsnorm import rms_norm_quant
+
+    x = 3 * randn(m, hidden, seed=150 + m, dtype=torch.bfloat16)
+    norm_weight = (1 + 0.5 * randn(hidden, seed=151)).to(torch.bfloat16)
+    w13 = quantize_weight(randn(2 * inter, hidden, seed=152), FP8)
+    w2 = quantize_weight(randn(hidden, inter, seed=153), FP8)
+    act, _ = rms_norm_quant(x, None, norm_weight, 1e-5, torch.float8_e4m3fn)
+    monkey_plan = sk.PLAN_OVERRIDE
+    sk.PLAN_OVERRIDE = sk.Plan(128, 1, 6)  # the small shape's plan would split K; gate_up's never does here
+    try:
+        y = g.gemm(act.data, w13.data, out_dtype=torch.bfloat16, a_scale=act.scale, sm90="always", **g.scale_args(FP8),
+                   b_scale=w13.scale)  # fmt: skip
+        if normed:
+            h, amax = sk.gated_amax_skinny_gemm_sm90(x, None, w13.data, w13.scale, None, torch.bfloat16,
+                                                     launch.pdl_launch(), (norm_weight, 1e-5))  # fmt: skip
+        else:
+            h, amax = sk.gated_amax_skinny_gemm_sm90(act.data, act.scale, w13.data, w13.scale, None, torch.bfloat16,
+                                                     launch.pdl_launch())  # fmt: skip
+        h_ref = sk.gated_skinny_gemm_sm90(act.data, w13.data, None, act.scale, w13.scale, torch.bfloat16, None,
+                                          launch.pdl_launch())  # fmt: skip
+        if not normed:
+            assert torch.equal(h, h_ref)
+        assert_close_to_scale(h, h_ref, 1e-2)
+        blocks = amax.shape[1]
+        assert blocks == triton_cdiv(inter, 64)
+        want_amax = torch.nn.functional.pad(h.float().abs(), (0, blocks * 64 - inter)).view(m, blocks, 64).amax(-1)
+        assert torch.equal(amax, want_amax)
+        q = silu_and_mul_quant(y, torch.float8_e4m3fn)
+        expected = (q.data.float() * q.scale) @ (w2.data.float() * w2.scale[:, None]).T
+        out = sk.xq_skinny_gemm_sm90(h, amax, w2.data, w2.scale, None, launch.pdl_launch())
+        assert_close_to_scale(out, expected, 2e-2)
+        residual = randn(m, hidden, seed=154, dtype=torch.bfloat16)
+        added = residual.clone()
+        assert sk.xq_skinny_gemm_sm90(h, amax, w2.data, w2.scale, None, launch.pdl_launch(), added) is added
+        assert torch.equal(added, (residual.float() + out.float()).to(torch.bfloat16))
+        wrong = sk.xq_skinny_gemm_sm90(h, amax / 64, w2.data, w2.scale, None, launch.pdl_launch())
+        assert not torch.allclose(wrong.float(), expected, atol=0.05 * expected.abs().max().item())
+    finally:
+        sk.PLAN_OVERRIDE = monkey_plan
+    assert not launch.arrival_counters(platform.DEVICE).any(), "an arrival counter was left non-zero"
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gated_mlp_linear_serves_fp8_decode_and_declines_the_rest() -> None:
+    """The triton_sm90 linear's gated_mlp_linear entry at Llama-3-8B's MLP: close to gate_up, the quantizing
+    SiLU-mul and down, from the quantized input or the residual stream, with and without the residual add; None
+    beyond XN_MAX_M rows and for 16-bit weights."""
+    from tritonllm.kernels.activation import silu_and_mul_quant
+    from tritonllm.kernels.linear import gated_mlp_linear_sm90, quantized_linear_sm90
+    from tritonllm.kernels.rmsnorm import rms_norm_quant
+
+    hidden, inter = 4096, 14336
+    w13 = quantize_weight(randn(2 * inter, hidden, seed=160), FP8)
+    w2 = quantize_weight(randn(hidden, inter, seed=161), FP8)
+    norm_weight = (1 + 0.5 * randn(hidden, seed=162)).to(torch.bfloat16)
+    for m in (1, sk.XN_MAX_M):
+        x = 3 * randn(m, hidden, seed=163 + m, dtype=torch.bfloat16)
+        act, _ = rms_norm_quant(x, None, norm_weight, 1e-5, torch.float8_e4m3fn)
+        want = quantized_linear_sm90(silu_and_mul_quant(quantized_linear_sm90(act, w13, None), torch.float8_e4m3fn),
+                                     w2, None)  # fmt: skip
+        assert_close_to_scale(gated_mlp_linear_sm90(act, None, 0.0, w13, None, w2, None, None), want, 2e-2)
+        assert_close_to_scale(gated_mlp_linear_sm90(x, norm_weight, 1e-5, w13, None, w2, None, None), want, 2e-2)
+        residual = randn(m, hidden, seed=164, dtype=torch.bfloat16)
+        added = residual.clone()
+        assert gated_mlp_linear_sm90(x, norm_weight, 1e-5, w13, None, w2, None, added) is added
+        assert_close_to_scale(added, residual.float() + want.float(), 2e-2)
+    x = randn(sk.XN_MAX_M + 1, hidden, seed=165, dtype=torch.bfloat16)
+    assert gated_mlp_linear_sm90(x, norm_weight, 1e-5, w13, None, w2, None, None) is None
+    plain = randn(2 * inter, hidden, seed=166, dtype=torch.bfloat16)
+    assert gated_mlp_linear_sm90(x[:1], norm_weight, 1e-5, plain, None, w2, None, None) is None
+
+
 def test_gemm_leaves_it_alone_off_hopper(spy) -> None:
     """Without an sm90 GPU (CPU, other GPUs) gemm(sm90="always") runs the portable kernels."""
     if platform.is_gpu() and sk.available():
@@ -383,6 +471,9 @@ for split in (1, 4):
     print("xn", "cvt.rn.satfinite.e4m3x2.f32" in ptx, "sqrt" in ptx, "cp.async.bulk.tensor" in ptx, ".local" in ptx)
 ptx = sk.compile_sm90(torch.float8_e4m3fn, bm=8, split=4, scales=True, add_c=True).asm["ptx"]
 print("add_c", "wgmma.mma_async" in ptx, "ld.global" in ptx, ".local" in ptx)
+for xn in (False, True):
+    ptx = sk.compile_sm90(torch.float8_e4m3fn, bm=8, scales=True, gated=3, xn=xn).asm["ptx"]
+    print("gated3", "wgmma.mma_async" in ptx, "ex2.approx" in ptx, ".local" in ptx)
 """
 
 
@@ -394,7 +485,8 @@ def test_compiles_for_sm90_without_spills() -> None:
     result = subprocess.run([sys.executable, "-c", _COMPILE], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
-    lines = result.stdout.split("\n")[:8]
+    lines = result.stdout.split("\n")[:10]
     assert lines == ["torch.bfloat16 True True True False", "torch.float8_e4m3fn True True True False",
                      "gated True True False", "xq True True True False", "xq True True True False",
-                     "xn True True True False", "xn True True True False", "add_c True True False"], result.stdout  # fmt: skip
+                     "xn True True True False", "xn True True True False", "add_c True True False",
+                     "gated3 True True False", "gated3 True True False"], result.stdout  # fmt: skip

@@ -21,7 +21,11 @@ K splits, stages, warps) come from `plan`, swept by experiments/gemm/skinny_sm90
 Gated (gated_skinny_gemm_sm90, the `fuse_gated_activation` ablation, off by default): for gate_up =
 [gate | up] each stage holds a program's gate rows and the matching up rows, and the epilogue writes
 silu(gate) * up, optionally quantized per token by the last program to arrive. Measured slower at batch
-1 than the GEMM and the activation kernel (experiments/gemm/README.md, session 18).
+1 than the GEMM and the activation kernel (experiments/gemm/README.md, session 18). Its block-amax form
+(gated_amax_skinny_gemm_sm90) feeds the XQ down projection, the two GEMMs of a gated MLP with nothing between.
+
+XN (xn_skinny_gemm_sm90, the `fuse_norm_into_gemm` ablation): the activations are the 16-bit residual stream and
+the GEMM applies the RMSNorm itself; ADD_C: the output is added into c (the residual add of o_proj / down_proj).
 """
 
 from __future__ import annotations
@@ -230,15 +234,16 @@ def xq_takes(m: int, k: int, dtype: torch.dtype, b: torch.Tensor) -> bool:
 
 
 def xq_skinny_gemm_sm90(h: torch.Tensor, amax: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
-                        bias: torch.Tensor | None, pdl: dict) -> torch.Tensor:  # fmt: skip
+                        bias: torch.Tensor | None, pdl: dict, residual: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """c = quant(h) . b^T x b_scale[n] x scale[m] (+ bias) in h's dtype, for h [M, K] in 16 bits quantized to
     FP8 per token inside the GEMM (xq_takes): scale[m] = max(amax of row m, 1e-12) / 448 from amax [M, B],
     the row's amaxes over B column blocks (activation.silu_and_mul_amax writes them), and each value
     multiplied by 1 / scale, clamped and rounded, as kernels/quant.py quantizes a row. b_scale: float32, one
-    or one per row of b."""
+    or one per row of b. residual [M, N] (contiguous, h's dtype): c is residual, the product added into it
+    (ADD_C, as skinny_gemm_sm90's add_c)."""
     (m, k), n = h.shape, b.shape[0]
     p = plan(m, n, k, b.element_size())
-    c = torch.empty((m, n), dtype=h.dtype, device=h.device)
+    c = residual if residual is not None else torch.empty((m, n), dtype=h.dtype, device=h.device)
     split, k_per_split, tiles, ws, cnt = splitk_sm90.plan_splits(m, n, k, p.split, ROW_BYTES, p.block_n, c)
     blocks = amax.shape[1]
     x_desc = xq_descriptor(h, block_m(m))
@@ -247,7 +252,8 @@ def xq_skinny_gemm_sm90(h: torch.Tensor, amax: torch.Tensor, b: torch.Tensor, b_
         ws, cnt, ws, ws, amax, ws, m, n, k, k_per_split, c.stride(0), 0, blocks, 0.0,
         BLOCK_N=p.block_n, BLOCK_M=block_m(m), STAGES=p.stages, HAS_BIAS=bias is not None,
         W_SCALE=scale_kind(b_scale), A_SCALE=splitk_sm90.SCALE_NONE, SPLIT_K=split, QMAX=448.0,
-        XQ=2 if h.dtype == torch.float16 else 1, XA_PAD=max(2, triton.next_power_of_2(blocks)), num_warps=p.warps, **pdl,
+        XQ=2 if h.dtype == torch.float16 else 1, XA_PAD=max(2, triton.next_power_of_2(blocks)),
+        ADD_C=residual is not None, num_warps=p.warps, **pdl,
     )  # fmt: skip
     return c
 
@@ -348,6 +354,57 @@ def gated_skinny_gemm_sm90(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor 
     return h if quant_dtype is None else (q, qs)
 
 
+# the most column blocks (gate_up programs) whose amaxes an XQ down projection reads in one tile
+XA_MAX_BLOCKS = 512
+
+
+def gated_amax_takes(m: int, a: torch.Tensor, b: torch.Tensor, norm_weight: torch.Tensor | None) -> bool:
+    """Whether gated_amax_skinny_gemm_sm90 serves gate_up's FP8 weight b [2 I, K] for a [M, K]: FP8 activations
+    (or, with norm_weight, the 16-bit residual stream, xn_takes), m <= XN_MAX_M, an unsplit plan, at most
+    XA_MAX_BLOCKS programs."""
+    n, k = b.shape
+    if n % 2 or m > XN_MAX_M or b.dtype != torch.float8_e4m3fn:
+        return False
+    if norm_weight is None:
+        ok = takes(a, b) and measured_faster(m, n, k, a.dtype)
+    else:
+        ok = a.is_contiguous() and tma_ok(a) and xn_takes(m, k, a.dtype, norm_weight, b)
+    p = plan(m, n, k, b.element_size())
+    return ok and p.split == 1 and triton.cdiv(n // 2, p.block_n // 2) <= XA_MAX_BLOCKS
+
+
+def gated_amax_skinny_gemm_sm90(a: torch.Tensor, a_scale: torch.Tensor | None, b: torch.Tensor, b_scale: torch.Tensor,
+                                bias: torch.Tensor | None, out_dtype: torch.dtype, pdl: dict,
+                                norm: tuple[torch.Tensor, float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(h, amax): h = silu(gate) * up of the FP8 gate_up [gate | up] [2 I, K] in out_dtype (as gated_skinny_gemm_sm90
+    gives it) and each row's amax over every program's columns, float32 [M, programs]: what
+    xq_skinny_gemm_sm90 takes to quantize h itself, so no activation kernel runs between the two GEMMs
+    (gated_amax_takes). a: FP8 [M, K] with per-token a_scale; or, with norm = (norm weight, eps), the 16-bit
+    residual stream, RMS-normalized and quantized in the kernel (XN, a_scale None)."""
+    (m, k), n = a.shape, b.shape[0]
+    inter = n // 2
+    p = plan(m, n, k, b.element_size())
+    programs = triton.cdiv(inter, p.block_n // 2)
+    h = torch.empty((m, inter), dtype=out_dtype, device=a.device)
+    amax = torch.empty((m, programs), dtype=torch.float32, device=a.device)
+    if norm is None:
+        x_desc = g_desc = descriptor(a, block_m(m))
+        g, eps, xq, row_pad = h, 0.0, 0, 1
+    else:
+        g, eps = norm
+        x_desc, g_desc = xq_descriptor(a, block_m(m)), xn_weight_descriptor(g)
+        xq, row_pad = 2 if a.dtype == torch.float16 else 1, max(32 * p.warps, triton.next_power_of_2(k))
+    skinny_gemm_sm90_kernel[(programs, 1)](
+        descriptor(b, p.block_n // 2), x_desc, g_desc, h, bias if bias is not None else h, b_scale,
+        a_scale if a_scale is not None else h, h, h, h, amax, a if norm is not None else h, g,
+        m, n, k, k, h.stride(0), a_scale.stride(0) if scale_kind(a_scale) == splitk_sm90.SCALE_EACH else 0, 0,
+        float(eps), BLOCK_N=p.block_n, BLOCK_M=block_m(m), STAGES=p.stages, HAS_BIAS=bias is not None,
+        W_SCALE=scale_kind(b_scale), A_SCALE=scale_kind(a_scale), SPLIT_K=1, GATED=3, QMAX=448.0, XQ=xq,
+        XN=norm is not None, ROW_PAD=row_pad, num_warps=p.warps, **pdl,
+    )  # fmt: skip
+    return h, amax
+
+
 if HAVE_GLUON:
 
     @gluon.jit
@@ -392,7 +449,8 @@ if HAVE_GLUON:
         and h too, as the unfused GEMM and SiLU-mul store them. GATED = 2: each program also maxes its rows'
         amax over its columns into counter slots 1..M and counts in on slot 0; the last to arrive quantizes
         h per token (scale = amax / QMAX, as kernels/quant.py) into q [M, inter] and qs [M] and zeroes the
-        slots: the SiLU-mul kernel's work, without its launch."""
+        slots: the SiLU-mul kernel's work, without its launch. GATED = 3: each program writes its rows' amax over
+        its columns to qs [M, programs], the block amaxes an XQ down projection takes its scales from."""
         WARPS: gl.constexpr = gl.num_warps()
         HALF: gl.constexpr = BLOCK_N // 2
         r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
@@ -413,6 +471,9 @@ if HAVE_GLUON:
         hm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, HL))
         ok = gl.expand_dims(hc < inter, 1) & gl.expand_dims(hm < M, 0)
         gl.store(h_ptr + gl.expand_dims(hm.to(gl.int64) * stride_hm, 0) + gl.expand_dims(hc, 1), h, mask=ok)
+        if GATED == 3:  # each row's amax over this program's columns, into qs [M, programs] (XQ's block amaxes)
+            block_amax = gl.max(gl.where(ok, gl.abs(h.to(gl.float32)), 0.0), axis=0)
+            gl.store(qs_ptr + hm * gl.num_programs(0) + pid_n, block_amax, mask=hm < M)
         if GATED == 2:
             # each row's amax over every program's columns: an atomic max on the float's bits (non-negative
             # floats order as their int32 bits) in the counter slots after the arrival counter
@@ -495,7 +556,7 @@ if HAVE_GLUON:
         (<= BLOCK_M) activation rows a program, over the K range of its split (program_id 1).
         GATED (gate_up, w = [gate | up], N = 2 I): a program's rows are BLOCK_N / 2 gate rows and the
         same up rows, and it writes silu(gate) * up [M, I] to c (gated_epilogue); GATED = 2 quantizes
-        that per token into q_ptr / qs_ptr as well (SPLIT_K 1). XQ 1 / 2 (FP8 weights, activations given in
+        that per token into q_ptr / qs_ptr as well (SPLIT_K 1); GATED = 3 writes its block amaxes to qs_ptr. XQ 1 / 2 (FP8 weights, activations given in
         bf16 / fp16): x_desc reads the unquantized rows, and each step quantizes its tile per token into shared
         memory before the MMA, with the scales of xq_scales (the rows' amaxes from XA_BLOCKS blocks at xa_ptr).
         XN (with XQ): the activations are the residual stream x (xa_ptr, [M, K] contiguous) and the layer's input is

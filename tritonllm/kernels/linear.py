@@ -190,3 +190,38 @@ def residual_linear_sm90(
             m, n, a.shape[1], b.dtype)):  # fmt: skip
         return None
     return gemm_skinny_sm90.skinny_gemm_sm90(a, b, residual, bias, x.scale, weight.scale, pdl_launch(), add_c=True)
+
+
+@register("linear", "triton_sm90", entry="gated_mlp_linear")
+def gated_mlp_linear_sm90(
+    x: torch.Tensor | QuantizedActivation, norm_weight: torch.Tensor | None, eps: float,
+    gate_up: torch.Tensor | QuantizedWeight, gate_up_bias: torch.Tensor | None,
+    down: torch.Tensor | QuantizedWeight, down_bias: torch.Tensor | None, residual: torch.Tensor | None,
+) -> torch.Tensor | None:  # fmt: skip
+    """down(silu(gate) * up of gate_up(x)) for FP8 per-token gate_up and down layers at M <= XN_MAX_M in two
+    launches and no activation kernel: gate_up's skinny GEMM writes h = silu(gate) * up and its programs' block
+    amaxes in its epilogue (GATED 3), and down's quantizes h per token itself from them (XQ). x: the input
+    quantized per token; or, with norm_weight, the 16-bit residual stream, normalized in gate_up's GEMM (XN).
+    residual: down's output added into it (ADD_C), and residual returned. None where the kernels do not serve
+    (the caller runs the layers and the activation op)."""
+    if not (_fp8_token(gate_up) and _fp8_token(down)):
+        return None
+    if norm_weight is None:
+        if not isinstance(x, QuantizedActivation) or x.scale.dim() != 2:
+            return None
+        a, a_scale, out_dtype = x.data, x.scale, x.dtype
+    else:
+        a, a_scale, out_dtype = x.reshape(-1, x.shape[-1]), None, x.dtype
+    m, inter = a.shape[0], gate_up.data.shape[0] // 2
+    if not gemm_skinny_sm90.gated_amax_takes(m, a, gate_up.data, norm_weight):
+        return None
+    if down.data.shape[1] != inter or not gemm_skinny_sm90.xq_takes(m, inter, out_dtype, down.data):
+        return None
+    if residual is not None and (residual.shape != (m, down.data.shape[0]) or residual.dtype != out_dtype
+                                 or not residual.is_contiguous()):  # fmt: skip
+        return None
+    norm = (norm_weight, eps) if norm_weight is not None else None
+    h, amax = gemm_skinny_sm90.gated_amax_skinny_gemm_sm90(a, a_scale, gate_up.data, gate_up.scale, gate_up_bias,
+                                                           out_dtype, pdl_launch(), norm)  # fmt: skip
+    out = gemm_skinny_sm90.xq_skinny_gemm_sm90(h, amax, down.data, down.scale, down_bias, pdl_launch(), residual)
+    return out if residual is not None else out.view(*x.shape[:-1], out.shape[-1])

@@ -37,7 +37,15 @@ OPS: dict[str, tuple[str, ...]] = {
     # RoPE of q, k and the KV-cache write of the rotated k and v in one entry point (one kernel)
     "rope_kv_write": ("rotary_write_kv_cache",),
     "sampling": ("sample", "log_softmax"),
-    "linear": ("linear", "quantized_linear", "gated_linear", "silu_mul_linear", "norm_linear", "residual_linear"),
+    "linear": (
+        "linear",
+        "quantized_linear",
+        "gated_linear",
+        "silu_mul_linear",
+        "norm_linear",
+        "residual_linear",
+        "gated_mlp_linear",
+    ),
     "moe": ("moe_route", "fused_moe"),
 }
 # entry points an implementation may leave out: fused kernels only some implementations have. Left out,
@@ -47,9 +55,11 @@ OPS: dict[str, tuple[str, ...]] = {
 # and the down GEMM quantizing its own input; without it, the activation op (quantizing) and the GEMM);
 # norm_linear: a layer applied to the RMSNorm of the residual stream, normalized and quantized in its GEMM
 # (without it, the norm kernel and the GEMM); residual_linear: a layer whose output is added into the
-# residual stream in its GEMM's epilogue (without it, the GEMM, and the add in the next norm's kernel)
+# residual stream in its GEMM's epilogue (without it, the GEMM, and the add in the next norm's kernel);
+# gated_mlp_linear: a gated MLP's two GEMMs with the SiLU-mul and the down input's quantization inside them
+# (without it, gate_up, the activation op, down)
 OPTIONAL_ENTRIES: dict[str, frozenset[str]] = {
-    "linear": frozenset({"gated_linear", "silu_mul_linear", "norm_linear", "residual_linear"})
+    "linear": frozenset({"gated_linear", "silu_mul_linear", "norm_linear", "residual_linear", "gated_mlp_linear"})
 }
 ENTRY_OPS: dict[str, str] = {entry: op for op, entries in OPS.items() for entry in entries}
 FLOATS = frozenset({torch.float32, torch.float16, torch.bfloat16})

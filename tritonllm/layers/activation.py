@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tritonllm.distributed.parallel_state import SINGLE
 from tritonllm.kernels.quant_formats import OutputQuant, QuantizedActivation, activation_group
 from tritonllm.kernels.registry import default_kernels
 from tritonllm.layers.linear import Linear, NormedInput
@@ -46,7 +47,13 @@ class SiluAndMul(nn.Module):
         """down(silu(gate) * up of gate_up(x)): with fuse_down_input, where down quantizes its input and its
         kernels take the SiLU-mul's 16-bit output and quantize it in the GEMM (forward_silu_mul), that one
         call; else gated(), then down. Given the residual stream, None where down added its output into it
-        (Linear.forward_residual)."""
+        (Linear.forward_residual). With fuse_gemm and fuse_down_input both, where the kernels serve it, the two GEMMs
+        alone (gate_up's epilogue writes h and its block amaxes, down quantizes h: apply_gated_mlp)."""
+        if self.fuse_down_input and self._quant_for and self.fuse_gemm and getattr(down, "tp", SINGLE).size == 1:
+            parts = (x.stream, x.weight, x.eps) if isinstance(x, NormedInput) else (x, None, 0.0)
+            out = gate_up.method.apply_gated_mlp(gate_up, down, *parts, residual)
+            if out is not None:
+                return None if out is residual else out
         if self.fuse_down_input and self._quant_for and not self.fuse_gemm:
             y = gate_up(x)
             out = down.forward_silu_mul(y)

@@ -72,6 +72,15 @@ class LinearMethod:
         none for this format (Linear.forward_residual)."""
         return None
 
+    def apply_gated_mlp(
+        self, layer: nn.Module, down: nn.Module, x: torch.Tensor, norm_weight: torch.Tensor | None, eps: float,
+        residual: torch.Tensor | None,
+    ) -> torch.Tensor | None:  # fmt: skip
+        """down(silu(gate) * up of this gate_up layer applied to x) with no activation kernel between the GEMMs
+        (x: its input, or with norm_weight the residual stream to normalize; residual: down's output added into
+        it, and residual returned), or None where the kernels have none for these formats (SiluAndMul.mlp)."""
+        return None
+
     def shard_dims(self, name: str, shape: torch.Size) -> TensorDims:
         """Along which dims checkpoint tensor `name` runs over the layer's rows and columns."""
         raise ValueError(
@@ -132,6 +141,16 @@ class QuantizedWeightCalls:
 
     def apply_residual(self, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor | None:
         return layer.kernels.residual_linear(x, layer.qweight, layer.bias, residual)
+
+    def apply_gated_mlp(
+        self, layer: nn.Module, down: nn.Module, x: torch.Tensor, norm_weight: torch.Tensor | None, eps: float,
+        residual: torch.Tensor | None,
+    ) -> torch.Tensor | None:  # fmt: skip
+        down_weight = getattr(down, "qweight", None)
+        if down_weight is None:
+            return None
+        return layer.kernels.gated_mlp_linear(x, norm_weight, eps, layer.qweight, layer.bias, down_weight, down.bias,
+                                              residual)  # fmt: skip
 
 
 class OnlineQuantMethod(QuantizedWeightCalls, UnquantizedMethod):
