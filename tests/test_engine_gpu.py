@@ -83,13 +83,14 @@ def test_bf16_batch1_decode_with_the_gated_activation_fused_matches_unfused(monk
     """Batch-1 bf16 decode with gate_up's SiLU-mul in the skinny GEMM's epilogue (fuse_gated_activation).
     The tiny model's gate_up is too narrow for an unsplit plan, so both runs take one (PLAN_OVERRIDE):
     greedy tokens equal, logprobs as with the GEMM and then the activation kernel."""
+    from tritonllm.kernels import gemm_skinny_fused_sm90 as fz
     from tritonllm.kernels import gemm_skinny_sm90 as sk
 
     if not sk.available():
         pytest.skip("the skinny GEMM runs on sm90 GPUs only")
     calls = []
-    gated = sk.gated_skinny_gemm_sm90
-    monkeypatch.setattr(sk, "gated_skinny_gemm_sm90", lambda *a, **kw: calls.append(1) or gated(*a, **kw))
+    gated = fz.gated_skinny_gemm_sm90
+    monkeypatch.setattr(fz, "gated_skinny_gemm_sm90", lambda *a, **kw: calls.append(1) or gated(*a, **kw))
     monkeypatch.setattr(sk, "PLAN_OVERRIDE", sk.Plan(128, 1, 6))
     _fused_matches_unfused("fuse_gated_activation", calls, True, max_model_len=512, kernels={"linear": "triton_sm90"})
 
@@ -98,13 +99,14 @@ def test_fp8_batch1_decode_with_the_down_input_quantized_in_its_gemm_matches_unf
     """Online FP8 at batch 1 with fuse_down_input_quant: the down projection's skinny GEMM quantizes the
     many-program SiLU-mul's bf16 output itself (XQ); greedy tokens equal and logprobs close to the
     quantizing SiLU-mul kernel and the GEMM."""
+    from tritonllm.kernels import gemm_skinny_fused_sm90 as fz
     from tritonllm.kernels import gemm_skinny_sm90 as sk
 
     if not sk.available():
         pytest.skip("the skinny GEMM runs on sm90 GPUs only")
     calls = []
-    xq = sk.xq_skinny_gemm_sm90
-    monkeypatch.setattr(sk, "xq_skinny_gemm_sm90", lambda *a, **kw: calls.append(1) or xq(*a, **kw))
+    xq = fz.xq_skinny_gemm_sm90
+    monkeypatch.setattr(fz, "xq_skinny_gemm_sm90", lambda *a, **kw: calls.append(1) or xq(*a, **kw))
     _fused_matches_unfused("fuse_down_input_quant", calls, True, max_model_len=512, quantization="fp8",
                            kernels={"linear": "triton_sm90"})  # fmt: skip
 
@@ -113,13 +115,14 @@ def test_fp8_batch1_decode_with_the_norms_in_the_gemms_matches_unfused(monkeypat
     """Online FP8 at batch 1 with fuse_norm_into_gemm: qkv and gate_up normalize and quantize the residual
     stream in their skinny GEMMs (XN), o_proj and down_proj add into it in their epilogues; greedy tokens
     equal and logprobs close to the fused add + norm + quantization kernels."""
+    from tritonllm.kernels import gemm_skinny_fused_sm90 as fz
     from tritonllm.kernels import gemm_skinny_sm90 as sk
 
     if not sk.available():
         pytest.skip("the skinny GEMM runs on sm90 GPUs only")
     calls = []
-    xn = sk.xn_skinny_gemm_sm90
-    monkeypatch.setattr(sk, "xn_skinny_gemm_sm90", lambda *a, **kw: calls.append(1) or xn(*a, **kw))
+    xn = fz.xn_skinny_gemm_sm90
+    monkeypatch.setattr(fz, "xn_skinny_gemm_sm90", lambda *a, **kw: calls.append(1) or xn(*a, **kw))
     _fused_matches_unfused("fuse_norm_into_gemm", calls, True, max_model_len=512, quantization="fp8",
                            kernels={"linear": "triton_sm90"})  # fmt: skip
 
@@ -129,13 +132,14 @@ def test_fp8_batch1_decode_with_the_gated_mlp_in_two_gemms_matches_unfused(monke
     MLP is gate_up's GEMM (normalizing the stream, writing h and its block amaxes) and down's (quantizing h,
     adding into the stream); greedy tokens equal and logprobs close to the kernels between the GEMMs. The tiny
     model's gate_up is too narrow for an unsplit plan, so both runs take one (PLAN_OVERRIDE)."""
+    from tritonllm.kernels import gemm_skinny_fused_sm90 as fz
     from tritonllm.kernels import gemm_skinny_sm90 as sk
 
     if not sk.available():
         pytest.skip("the skinny GEMM runs on sm90 GPUs only")
     calls = []
-    gated = sk.gated_amax_skinny_gemm_sm90
-    monkeypatch.setattr(sk, "gated_amax_skinny_gemm_sm90", lambda *a, **kw: calls.append(1) or gated(*a, **kw))
+    gated = fz.gated_amax_skinny_gemm_sm90
+    monkeypatch.setattr(fz, "gated_amax_skinny_gemm_sm90", lambda *a, **kw: calls.append(1) or gated(*a, **kw))
     monkeypatch.setattr(sk, "PLAN_OVERRIDE", sk.Plan(128, 1, 6))
     _fused_matches_unfused("fuse_down_input_quant", calls, True, max_model_len=512, quantization="fp8",
                            kernels={"linear": "triton_sm90"}, fuse_gated_activation=True, fuse_norm_into_gemm=True)  # fmt: skip

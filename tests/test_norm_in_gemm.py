@@ -12,7 +12,7 @@ from tritonllm import LLM, SamplingParams
 
 PROMPTS = [{"prompt_token_ids": list(range(10 + i, 30 + 3 * i))} for i in range(2)]
 PARAMS = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=0, prompt_logprobs=0)
-MAX_ROWS = 4  # gemm_skinny_sm90.XN_MAX_M
+MAX_ROWS = 4  # gemm_skinny_fused_sm90.XN_MAX_M
 
 
 def _reference_entries(kernels, calls: list[str]):

@@ -18,6 +18,7 @@ from seeded import randn  # this folder
 
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
+from tritonllm.kernels import gemm_skinny_fused_sm90 as fz
 from tritonllm.kernels import gemm_skinny_sm90 as sk
 from tritonllm.kernels import launch, registry
 from tritonllm.kernels.quant import quantize_per_token
@@ -163,14 +164,14 @@ def test_gated_epilogue_is_the_gemm_then_the_silu_mul(m, inter, k, fp8, spy, mon
         a_scale = b_scale = None
         expected = a.float() @ b.float().T
         unfused = g.gemm(a, b, sm90="always")
-    h = sk.gated_skinny_gemm_sm90(a, b, None, a_scale, b_scale, torch.bfloat16, None, launch.pdl_launch())
+    h = fz.gated_skinny_gemm_sm90(a, b, None, a_scale, b_scale, torch.bfloat16, None, launch.pdl_launch())
     assert spy.launches == 2
     assert torch.equal(h, silu_and_mul(unfused)), "the fused SiLU-mul differs from the GEMM then silu_and_mul"
     assert_close_to_scale(h, _silu_mul(expected), 2e-2)
     # a negative check: gate and up swapped is caught by the reference comparison
     assert not torch.allclose(h.float(), _silu_mul(expected.flip(-1)), atol=1e-2 * _silu_mul(expected).abs().max())
     if fp8 and m <= 2:
-        q, scale = sk.gated_skinny_gemm_sm90(a, b, None, a_scale, b_scale, torch.bfloat16, torch.float8_e4m3fn,
+        q, scale = fz.gated_skinny_gemm_sm90(a, b, None, a_scale, b_scale, torch.bfloat16, torch.float8_e4m3fn,
                                              launch.pdl_launch())  # fmt: skip
         want = silu_and_mul_quant(unfused, torch.float8_e4m3fn)
         assert torch.equal(scale, want.scale), "per-token scales differ from silu_and_mul_quant's"
@@ -192,7 +193,7 @@ def test_gated_linear_serves_batch_1_decode_and_declines_the_rest() -> None:
     x = QuantizedActivation(q, scale, torch.bfloat16)
     assert_close_to_scale(gated_linear_sm90(x, weight, None, None), _silu_mul(expected), 2e-2)
     quantized = gated_linear_sm90(x, weight, None, OutputQuant(torch.float8_e4m3fn))
-    assert (quantized is None) == (sk.GATED_QUANT_MAX_M < 1)
+    assert (quantized is None) == (fz.GATED_QUANT_MAX_M < 1)
     assert gated_linear_sm90(x, weight, None, OutputQuant(torch.float8_e4m3fn, torch.ones(1, device=q.device))) is None
     assert gated_linear_sm90(x, weight, None, OutputQuant(torch.float8_e4m3fn, group=128)) is None
     q3, s3, w3, _ = _fp8_operands(3, 2 * inter, k, seed=99)
@@ -224,11 +225,11 @@ def test_xq_gemm_is_the_quantizing_silu_mul_then_the_gemm(m, inter, n, spy) -> N
     expected = (act.data.float() * act.scale) @ (weight.data.float() * weight.scale[:, None]).T
     h, amax = silu_and_mul_amax(y)
     launches = spy.launches
-    c = sk.xq_skinny_gemm_sm90(h, amax, weight.data, weight.scale, None, launch.pdl_launch())
+    c = fz.xq_skinny_gemm_sm90(h, amax, weight.data, weight.scale, None, launch.pdl_launch())
     assert spy.launches == launches + 1 and c.dtype == torch.bfloat16 and c.shape == (m, n)
     assert_close_to_scale(c, unfused, 1e-2)
     assert_close_to_scale(c, expected, 1e-2)
-    wrong = sk.xq_skinny_gemm_sm90(h, amax / 64, weight.data, weight.scale, None, launch.pdl_launch())
+    wrong = fz.xq_skinny_gemm_sm90(h, amax / 64, weight.data, weight.scale, None, launch.pdl_launch())
     assert not torch.allclose(wrong.float(), expected, atol=0.05 * expected.abs().max().item())
     assert not launch.arrival_counters(platform.DEVICE).any(), "an arrival counter was left non-zero"
 
@@ -244,11 +245,11 @@ def test_silu_mul_linear_serves_fp8_decode_and_declines_the_rest() -> None:
 
     inter, n = 14336, 4096
     weight = quantize_weight(randn(n, inter, seed=112), FP8)
-    for m in (1, 3, sk.XQ_MAX_M):
+    for m in (1, 3, fz.XQ_MAX_M):
         y = 4 * randn(m, 2 * inter, seed=113 + m, dtype=torch.bfloat16)
         unfused = quantized_linear_sm90(silu_and_mul_quant(y, torch.float8_e4m3fn), weight, None)
         assert_close_to_scale(silu_mul_linear_sm90(y, weight, None), unfused, 1e-2)
-    y = 4 * randn(sk.XQ_MAX_M + 1, 2 * inter, seed=114, dtype=torch.bfloat16)
+    y = 4 * randn(fz.XQ_MAX_M + 1, 2 * inter, seed=114, dtype=torch.bfloat16)
     assert silu_mul_linear_sm90(y, weight, None) is None
     static = quantize_weight(randn(n, inter, seed=115), QuantScheme(torch.float8_e4m3fn, "channel", "tensor"))
     static.input_scale = torch.ones(1, device=static.data.device)
@@ -275,13 +276,13 @@ def test_xn_gemm_is_the_quantizing_norm_then_the_gemm(m, k, n, spy) -> None:
                      **g.scale_args(FP8), b_scale=weight.scale)  # fmt: skip
     expected = (act.data.float() * act.scale) @ (weight.data.float() * weight.scale[:, None]).T
     launches = spy.launches
-    c = sk.xn_skinny_gemm_sm90(x, norm_weight, 1e-5, weight.data, weight.scale, None, launch.pdl_launch())
+    c = fz.xn_skinny_gemm_sm90(x, norm_weight, 1e-5, weight.data, weight.scale, None, launch.pdl_launch())
     assert spy.launches == launches + 1 and c.dtype == torch.bfloat16 and c.shape == (m, n)
     assert_close_to_scale(c, unfused, 1e-2)
     assert_close_to_scale(c, expected, 1e-2)
-    doubled = sk.xn_skinny_gemm_sm90(2 * x, norm_weight, 1e-5, weight.data, weight.scale, None, launch.pdl_launch())
+    doubled = fz.xn_skinny_gemm_sm90(2 * x, norm_weight, 1e-5, weight.data, weight.scale, None, launch.pdl_launch())
     assert_close_to_scale(doubled, expected, 1e-2)
-    wrong = sk.xn_skinny_gemm_sm90(x, norm_weight.flip(0), 1e-5, weight.data, weight.scale, None, launch.pdl_launch())
+    wrong = fz.xn_skinny_gemm_sm90(x, norm_weight.flip(0), 1e-5, weight.data, weight.scale, None, launch.pdl_launch())
     assert not torch.allclose(wrong.float(), expected, atol=0.05 * expected.abs().max().item())
     assert not launch.arrival_counters(platform.DEVICE).any(), "an arrival counter was left non-zero"
 
@@ -318,7 +319,7 @@ def test_norm_and_residual_linear_serve_fp8_decode_and_decline_the_rest() -> Non
     k, n = 4096, 4096
     weight = quantize_weight(randn(n, k, seed=140), FP8)
     norm_weight = (1 + 0.5 * randn(k, seed=141)).to(torch.bfloat16)
-    for m in (1, sk.XN_MAX_M):
+    for m in (1, fz.XN_MAX_M):
         x = 3 * randn(m, k, seed=142 + m, dtype=torch.bfloat16)
         act, _ = rms_norm_quant(x, None, norm_weight, 1e-5, torch.float8_e4m3fn)
         want = quantized_linear_sm90(act, weight, None)
@@ -327,10 +328,10 @@ def test_norm_and_residual_linear_serve_fp8_decode_and_decline_the_rest() -> Non
         added = residual.clone()
         assert residual_linear_sm90(act, weight, None, added) is added
         assert torch.equal(added, (residual.float() + want.float()).to(torch.bfloat16))
-    x = randn(sk.XN_MAX_M + 1, k, seed=144, dtype=torch.bfloat16)
+    x = randn(fz.XN_MAX_M + 1, k, seed=144, dtype=torch.bfloat16)
     assert norm_linear_sm90(x, norm_weight, 1e-5, weight, None) is None
     act, _ = rms_norm_quant(x, None, norm_weight, 1e-5, torch.float8_e4m3fn)
-    residual = randn(sk.XN_MAX_M + 1, n, seed=145, dtype=torch.bfloat16)
+    residual = randn(fz.XN_MAX_M + 1, n, seed=145, dtype=torch.bfloat16)
     before = residual.clone()
     assert residual_linear_sm90(act, weight, None, residual) is None and torch.equal(residual, before)
     static = quantize_weight(randn(n, k, seed=146), QuantScheme(torch.float8_e4m3fn, "channel", "tensor"))
@@ -365,12 +366,12 @@ def test_gated_amax_feeds_the_xq_down_projection(m, normed, inter, hidden) -> No
         y = g.gemm(act.data, w13.data, out_dtype=torch.bfloat16, a_scale=act.scale, sm90="always", **g.scale_args(FP8),
                    b_scale=w13.scale)  # fmt: skip
         if normed:
-            h, amax = sk.gated_amax_skinny_gemm_sm90(x, None, w13.data, w13.scale, None, torch.bfloat16,
+            h, amax = fz.gated_amax_skinny_gemm_sm90(x, None, w13.data, w13.scale, None, torch.bfloat16,
                                                      launch.pdl_launch(), (norm_weight, 1e-5))  # fmt: skip
         else:
-            h, amax = sk.gated_amax_skinny_gemm_sm90(act.data, act.scale, w13.data, w13.scale, None, torch.bfloat16,
+            h, amax = fz.gated_amax_skinny_gemm_sm90(act.data, act.scale, w13.data, w13.scale, None, torch.bfloat16,
                                                      launch.pdl_launch())  # fmt: skip
-        h_ref = sk.gated_skinny_gemm_sm90(act.data, w13.data, None, act.scale, w13.scale, torch.bfloat16, None,
+        h_ref = fz.gated_skinny_gemm_sm90(act.data, w13.data, None, act.scale, w13.scale, torch.bfloat16, None,
                                           launch.pdl_launch())  # fmt: skip
         if not normed:
             assert torch.equal(h, h_ref)
@@ -381,13 +382,13 @@ def test_gated_amax_feeds_the_xq_down_projection(m, normed, inter, hidden) -> No
         assert torch.equal(amax, want_amax)
         q = silu_and_mul_quant(y, torch.float8_e4m3fn)
         expected = (q.data.float() * q.scale) @ (w2.data.float() * w2.scale[:, None]).T
-        out = sk.xq_skinny_gemm_sm90(h, amax, w2.data, w2.scale, None, launch.pdl_launch())
+        out = fz.xq_skinny_gemm_sm90(h, amax, w2.data, w2.scale, None, launch.pdl_launch())
         assert_close_to_scale(out, expected, 2e-2)
         residual = randn(m, hidden, seed=154, dtype=torch.bfloat16)
         added = residual.clone()
-        assert sk.xq_skinny_gemm_sm90(h, amax, w2.data, w2.scale, None, launch.pdl_launch(), added) is added
+        assert fz.xq_skinny_gemm_sm90(h, amax, w2.data, w2.scale, None, launch.pdl_launch(), added) is added
         assert torch.equal(added, (residual.float() + out.float()).to(torch.bfloat16))
-        wrong = sk.xq_skinny_gemm_sm90(h, amax / 64, w2.data, w2.scale, None, launch.pdl_launch())
+        wrong = fz.xq_skinny_gemm_sm90(h, amax / 64, w2.data, w2.scale, None, launch.pdl_launch())
         assert not torch.allclose(wrong.float(), expected, atol=0.05 * expected.abs().max().item())
     finally:
         sk.PLAN_OVERRIDE = monkey_plan
@@ -412,7 +413,7 @@ def test_gated_mlp_linear_serves_fp8_decode_and_declines_the_rest() -> None:
     w13 = quantize_weight(randn(2 * inter, hidden, seed=160), FP8)
     w2 = quantize_weight(randn(hidden, inter, seed=161), FP8)
     norm_weight = (1 + 0.5 * randn(hidden, seed=162)).to(torch.bfloat16)
-    for m in (1, sk.XN_MAX_M):
+    for m in (1, fz.XN_MAX_M):
         x = 3 * randn(m, hidden, seed=163 + m, dtype=torch.bfloat16)
         act, _ = rms_norm_quant(x, None, norm_weight, 1e-5, torch.float8_e4m3fn)
         want = quantized_linear_sm90(silu_and_mul_quant(quantized_linear_sm90(act, w13, None), torch.float8_e4m3fn),
@@ -423,7 +424,7 @@ def test_gated_mlp_linear_serves_fp8_decode_and_declines_the_rest() -> None:
         added = residual.clone()
         assert gated_mlp_linear_sm90(x, norm_weight, 1e-5, w13, None, w2, None, added) is added
         assert_close_to_scale(added, residual.float() + want.float(), 2e-2)
-    x = randn(sk.XN_MAX_M + 1, hidden, seed=165, dtype=torch.bfloat16)
+    x = randn(fz.XN_MAX_M + 1, hidden, seed=165, dtype=torch.bfloat16)
     assert gated_mlp_linear_sm90(x, norm_weight, 1e-5, w13, None, w2, None, None) is None
     plain = randn(2 * inter, hidden, seed=166, dtype=torch.bfloat16)
     assert gated_mlp_linear_sm90(x[:1], norm_weight, 1e-5, plain, None, w2, None, None) is None

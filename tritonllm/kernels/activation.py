@@ -129,7 +129,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 def silu_and_mul_amax(x: torch.Tensor, block_d: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
     """silu_and_mul of x [num_rows, 2 * d] (unit column stride) and each row's amax over block_d-column
     blocks, float32 [num_rows, cdiv(d, block_d)]: what a GEMM quantizing its input per token itself needs
-    (gemm_skinny_sm90.xq_skinny_gemm_sm90; no registry entry: the triton_sm90 linear's silu_mul_linear calls
+    (gemm_skinny_fused_sm90.xq_skinny_gemm_sm90; no registry entry: the triton_sm90 linear's silu_mul_linear calls
     it). block_d: a power of two."""
     num_rows, d = x.shape[0], x.shape[1] // 2
     out = torch.empty((num_rows, d), dtype=x.dtype, device=x.device)

@@ -8,7 +8,7 @@ import torch
 
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
-from tritonllm.kernels import gemm_skinny_sm90, gemv_w4_sm90
+from tritonllm.kernels import gemm_skinny_fused_sm90, gemm_skinny_sm90, gemv_w4_sm90
 from tritonllm.kernels.activation import silu_and_mul_amax
 from tritonllm.kernels.launch import pdl_launch
 from tritonllm.kernels.quant import quantize_per_group, quantize_rows
@@ -111,9 +111,9 @@ def gated_linear_sm90(
         return None
     else:
         a, b, a_scale, b_scale, out_dtype = _rows(x), weight, None, None, x.dtype
-    if not gemm_skinny_sm90.gated_takes(a, b, quantized=quant is not None):
+    if not gemm_skinny_fused_sm90.gated_takes(a, b, quantized=quant is not None):
         return None
-    out = gemm_skinny_sm90.gated_skinny_gemm_sm90(
+    out = gemm_skinny_fused_sm90.gated_skinny_gemm_sm90(
         a, b, bias, a_scale, b_scale, out_dtype, quant.dtype if quant is not None else None, pdl_launch()
     )
     if quant is None:
@@ -136,10 +136,10 @@ def silu_mul_linear_sm90(
     if weight.input_scale is not None or weight.scale.dtype != torch.float32 or not weight.scale.is_contiguous():
         return None
     y2 = _rows(y)
-    if y2.shape[-1] % 2 or not gemm_skinny_sm90.xq_takes(y2.shape[0], y2.shape[-1] // 2, y2.dtype, weight.data):
+    if y2.shape[-1] % 2 or not gemm_skinny_fused_sm90.xq_takes(y2.shape[0], y2.shape[-1] // 2, y2.dtype, weight.data):
         return None
     h, amax = silu_and_mul_amax(y2)
-    out = gemm_skinny_sm90.xq_skinny_gemm_sm90(h, amax, weight.data, weight.scale, bias, pdl_launch())
+    out = gemm_skinny_fused_sm90.xq_skinny_gemm_sm90(h, amax, weight.data, weight.scale, bias, pdl_launch())
     return out.view(*y.shape[:-1], out.shape[-1])
 
 
@@ -165,9 +165,11 @@ def norm_linear_sm90(
     x2 = x.reshape(-1, x.shape[-1])
     if not (x2.is_contiguous() and gemm_skinny_sm90.tma_ok(x2)):
         return None
-    if not gemm_skinny_sm90.xn_takes(x2.shape[0], x2.shape[1], x2.dtype, norm_weight, weight.data):
+    if not gemm_skinny_fused_sm90.xn_takes(x2.shape[0], x2.shape[1], x2.dtype, norm_weight, weight.data):
         return None
-    out = gemm_skinny_sm90.xn_skinny_gemm_sm90(x2, norm_weight, eps, weight.data, weight.scale, bias, pdl_launch())
+    out = gemm_skinny_fused_sm90.xn_skinny_gemm_sm90(
+        x2, norm_weight, eps, weight.data, weight.scale, bias, pdl_launch()
+    )
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
@@ -184,7 +186,7 @@ def residual_linear_sm90(
         return None
     a, b = x.data, weight.data
     m, n = a.shape[0], b.shape[0]
-    if m > gemm_skinny_sm90.XN_MAX_M or residual.shape != (m, n) or not residual.is_contiguous():
+    if m > gemm_skinny_fused_sm90.XN_MAX_M or residual.shape != (m, n) or not residual.is_contiguous():
         return None
     if residual.dtype != x.dtype or not (gemm_skinny_sm90.takes(a, b) and gemm_skinny_sm90.measured_faster(
             m, n, a.shape[1], b.dtype)):  # fmt: skip
@@ -213,15 +215,15 @@ def gated_mlp_linear_sm90(
     else:
         a, a_scale, out_dtype = x.reshape(-1, x.shape[-1]), None, x.dtype
     m, inter = a.shape[0], gate_up.data.shape[0] // 2
-    if not gemm_skinny_sm90.gated_amax_takes(m, a, gate_up.data, norm_weight):
+    if not gemm_skinny_fused_sm90.gated_amax_takes(m, a, gate_up.data, norm_weight):
         return None
-    if down.data.shape[1] != inter or not gemm_skinny_sm90.xq_takes(m, inter, out_dtype, down.data):
+    if down.data.shape[1] != inter or not gemm_skinny_fused_sm90.xq_takes(m, inter, out_dtype, down.data):
         return None
     if residual is not None and (residual.shape != (m, down.data.shape[0]) or residual.dtype != out_dtype
                                  or not residual.is_contiguous()):  # fmt: skip
         return None
     norm = (norm_weight, eps) if norm_weight is not None else None
-    h, amax = gemm_skinny_sm90.gated_amax_skinny_gemm_sm90(a, a_scale, gate_up.data, gate_up.scale, gate_up_bias,
+    h, amax = gemm_skinny_fused_sm90.gated_amax_skinny_gemm_sm90(a, a_scale, gate_up.data, gate_up.scale, gate_up_bias,
                                                            out_dtype, pdl_launch(), norm)  # fmt: skip
-    out = gemm_skinny_sm90.xq_skinny_gemm_sm90(h, amax, down.data, down.scale, down_bias, pdl_launch(), residual)
+    out = gemm_skinny_fused_sm90.xq_skinny_gemm_sm90(h, amax, down.data, down.scale, down_bias, pdl_launch(), residual)
     return out if residual is not None else out.view(*x.shape[:-1], out.shape[-1])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from tritonllm.kernels import gemm as g
+from tritonllm.kernels import gemm_skinny_fused_sm90 as fz
 from tritonllm.kernels import gemm_skinny_sm90 as sk
 from tritonllm.kernels import launch
 from tritonllm.kernels.activation import silu_and_mul_quant
@@ -60,7 +61,7 @@ def main() -> None:
                       b_scale=w.scale)  # fmt: skip
 
     def gated(quant_dtype):
-        return sk.gated_skinny_gemm_sm90(q, gate_up.data, None, scale, gate_up.scale, torch.bfloat16, quant_dtype,
+        return fz.gated_skinny_gemm_sm90(q, gate_up.data, None, scale, gate_up.scale, torch.bfloat16, quant_dtype,
                                          launch.pdl_launch())  # fmt: skip
 
     y = fp8_gemm(q, scale, gate_up)
