@@ -62,7 +62,7 @@ DECODE_KERNELS = {
 # kernels that read operands no kernel writes (weights) before the wait, so that the weight stream starts
 # while the previous kernel drains: the memory parameters they may touch before pdl_wait(PDL)
 READ_BEFORE_WAIT = {
-    "gemm_skinny_sm90.skinny_gemm_sm90_kernel": {"w_desc", "g_desc"},  # the weight, XN's norm weight
+    "gemm_skinny_sm90.skinny_gemm_sm90_kernel": {"w_desc", "g_desc", "g_ptr"},  # the weight, XN's norm weight
     "gemm_block_sm90.block_fp8_gemm_sm90_kernel": {"b_desc"},
     "gemm_w4_tma_sm90.w4_tma_gemm_sm90_kernel": {"w_desc", "s_desc"},  # the weight's words and scales
 }

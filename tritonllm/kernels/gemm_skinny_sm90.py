@@ -335,18 +335,26 @@ if HAVE_GLUON:
         return gl.convert_layout(scale, gl.SliceLayout(0, ACC)), gl.convert_layout(inverse, gl.SliceLayout(1, XL))
 
     @gluon.jit
-    def xn_stats(x_ptr, g_ptr, M, K, eps, BLOCK_M: gl.constexpr, ROW_PAD: gl.constexpr, QMAX: gl.constexpr,
+    def xn_row_layout(ROW_PAD: gl.constexpr):
+        """A whole row of ROW_PAD values over the program's threads (xn_stats)."""
+        return gl.BlockedLayout([ROW_PAD // (32 * gl.num_warps())], [32], [gl.num_warps()], [0])
+
+    @gluon.jit
+    def xn_norm_weight(g_ptr, K, ROW_PAD: gl.constexpr):
+        """The norm weight g [K] in float32, in xn_row_layout: a parameter, loaded before the PDL wait."""
+        offs = gl.arange(0, ROW_PAD, layout=xn_row_layout(ROW_PAD))
+        return gl.load(g_ptr + offs, mask=offs < K, other=0.0).to(gl.float32)
+
+    @gluon.jit
+    def xn_stats(x_ptr, g, M, K, eps, BLOCK_M: gl.constexpr, ROW_PAD: gl.constexpr, QMAX: gl.constexpr,
                  XT: gl.constexpr, ACC: gl.constexpr, XL: gl.constexpr):  # fmt: skip
-        """For the rows of x [M, K] (contiguous) and the norm weight g [K]: (each token's scale in the
+        """For the rows of x [M, K] (contiguous) and the norm weight g (xn_norm_weight): (each token's scale in the
         accumulator's column layout; its reciprocal and its 1 / rms in XL's row layout), as kernels/rmsnorm.py
         sets them: rstd = 1 / sqrt(mean(x^2) + eps), out = x rstd g rounded to XT, scale = max(amax(out),
         1e-12) / QMAX. A row at a time, the whole row in registers (ROW_PAD >= K). Rows past M: rstd 0,
         scale 1e-12 / QMAX (their values are zeros)."""
-        WARPS: gl.constexpr = gl.num_warps()
-        RL: gl.constexpr = gl.BlockedLayout([ROW_PAD // (32 * WARPS)], [32], [WARPS], [0])
-        offs = gl.arange(0, ROW_PAD, layout=RL)
+        offs = gl.arange(0, ROW_PAD, layout=xn_row_layout(ROW_PAD))
         ok = offs < K
-        g = gl.load(g_ptr + offs, mask=ok, other=0.0).to(gl.float32)
         rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, XL))
         rstd_rows = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, XL))
         scale_rows = gl.full([BLOCK_M], 1e-12 / QMAX, gl.float32, layout=gl.SliceLayout(1, XL))
@@ -410,6 +418,8 @@ if HAVE_GLUON:
             _issue_w(w_desc, n0, N // 2, k0 + i * BLOCK_K, ready.index(i), w_smem.index(i), i < steps, GATED)
             if XN:
                 _issue(g_desc, 0, k0 + i * BLOCK_K, ready.index(i), g_smem.index(i), i < steps)
+        if XN:  # the norm weight whole, for the rows' statistics after the wait
+            g_row = xn_norm_weight(g_ptr, K, ROW_PAD)
         gluon_pdl_wait(PDL)
         x_smem = gl.allocate_shared_memory(XT, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
         for i in gl.static_range(STAGES - 1):
@@ -421,7 +431,7 @@ if HAVE_GLUON:
             x8_smem = gl.allocate_shared_memory(DT, [3, BLOCK_M, BLOCK_K],
                                                 gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))  # fmt: skip
             if XN:
-                x_scale, x_inverse, x_rstd = xn_stats(xa_ptr, g_ptr, M, K, eps, BLOCK_M, ROW_PAD, QMAX, XT, ACC, XL)
+                x_scale, x_inverse, x_rstd = xn_stats(xa_ptr, g_row, M, K, eps, BLOCK_M, ROW_PAD, QMAX, XT, ACC, XL)
             else:
                 x_scale, x_inverse = xq_scales(xa_ptr, M, XA_BLOCKS, BLOCK_M, XA_PAD, QMAX, ACC, XL)
 
