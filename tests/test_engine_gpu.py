@@ -83,15 +83,7 @@ def test_bf16_batch1_decode_with_the_gated_activation_fused_matches_unfused(monk
     """Batch-1 bf16 decode with gate_up's SiLU-mul in the skinny GEMM's epilogue (fuse_gated_activation).
     The tiny model's gate_up is too narrow for an unsplit plan, so both runs take one (PLAN_OVERRIDE):
     greedy tokens equal, logprobs as with the GEMM and then the activation kernel."""
-    from tritonllm.kernels import gemm_skinny_fused_sm90 as fz
-    from tritonllm.kernels import gemm_skinny_sm90 as sk
-
-    if not sk.available():
-        pytest.skip("the skinny GEMM runs on sm90 GPUs only")
-    calls = []
-    gated = fz.gated_skinny_gemm_sm90
-    monkeypatch.setattr(fz, "gated_skinny_gemm_sm90", lambda *a, **kw: calls.append(1) or gated(*a, **kw))
-    monkeypatch.setattr(sk, "PLAN_OVERRIDE", sk.Plan(128, 1, 6))
+    calls = _spy_fused_launcher(monkeypatch, "gated_skinny_gemm_sm90", unsplit=True)
     _fused_matches_unfused("fuse_gated_activation", calls, True, max_model_len=512, kernels={"linear": "triton_sm90"})
 
 
@@ -99,14 +91,7 @@ def test_fp8_batch1_decode_with_the_down_input_quantized_in_its_gemm_matches_unf
     """Online FP8 at batch 1 with fuse_down_input_quant: the down projection's skinny GEMM quantizes the
     many-program SiLU-mul's bf16 output itself (XQ); greedy tokens equal and logprobs close to the
     quantizing SiLU-mul kernel and the GEMM."""
-    from tritonllm.kernels import gemm_skinny_fused_sm90 as fz
-    from tritonllm.kernels import gemm_skinny_sm90 as sk
-
-    if not sk.available():
-        pytest.skip("the skinny GEMM runs on sm90 GPUs only")
-    calls = []
-    xq = fz.xq_skinny_gemm_sm90
-    monkeypatch.setattr(fz, "xq_skinny_gemm_sm90", lambda *a, **kw: calls.append(1) or xq(*a, **kw))
+    calls = _spy_fused_launcher(monkeypatch, "xq_skinny_gemm_sm90")
     _fused_matches_unfused("fuse_down_input_quant", calls, True, max_model_len=512, quantization="fp8",
                            kernels={"linear": "triton_sm90"})  # fmt: skip
 
@@ -115,14 +100,7 @@ def test_fp8_batch1_decode_with_the_norms_in_the_gemms_matches_unfused(monkeypat
     """Online FP8 at batch 1 with fuse_norm_into_gemm: qkv and gate_up normalize and quantize the residual
     stream in their skinny GEMMs (XN), o_proj and down_proj add into it in their epilogues; greedy tokens
     equal and logprobs close to the fused add + norm + quantization kernels."""
-    from tritonllm.kernels import gemm_skinny_fused_sm90 as fz
-    from tritonllm.kernels import gemm_skinny_sm90 as sk
-
-    if not sk.available():
-        pytest.skip("the skinny GEMM runs on sm90 GPUs only")
-    calls = []
-    xn = fz.xn_skinny_gemm_sm90
-    monkeypatch.setattr(fz, "xn_skinny_gemm_sm90", lambda *a, **kw: calls.append(1) or xn(*a, **kw))
+    calls = _spy_fused_launcher(monkeypatch, "xn_skinny_gemm_sm90")
     _fused_matches_unfused("fuse_norm_into_gemm", calls, True, max_model_len=512, quantization="fp8",
                            kernels={"linear": "triton_sm90"})  # fmt: skip
 
@@ -132,17 +110,25 @@ def test_fp8_batch1_decode_with_the_gated_mlp_in_two_gemms_matches_unfused(monke
     MLP is gate_up's GEMM (normalizing the stream, writing h and its block amaxes) and down's (quantizing h,
     adding into the stream); greedy tokens equal and logprobs close to the kernels between the GEMMs. The tiny
     model's gate_up is too narrow for an unsplit plan, so both runs take one (PLAN_OVERRIDE)."""
+    calls = _spy_fused_launcher(monkeypatch, "gated_amax_skinny_gemm_sm90", unsplit=True)
+    _fused_matches_unfused("fuse_down_input_quant", calls, True, max_model_len=512, quantization="fp8",
+                           kernels={"linear": "triton_sm90"}, fuse_gated_activation=True, fuse_norm_into_gemm=True)  # fmt: skip
+
+
+def _spy_fused_launcher(monkeypatch, name: str, unsplit: bool = False) -> list:
+    """The calls of gemm_skinny_fused_sm90's launcher `name` (skipped off sm90); unsplit: every skinny GEMM takes
+    one unsplit plan (PLAN_OVERRIDE), as a fused epilogue on the tiny model's narrow gate_up needs."""
     from tritonllm.kernels import gemm_skinny_fused_sm90 as fz
     from tritonllm.kernels import gemm_skinny_sm90 as sk
 
     if not sk.available():
         pytest.skip("the skinny GEMM runs on sm90 GPUs only")
     calls = []
-    gated = fz.gated_amax_skinny_gemm_sm90
-    monkeypatch.setattr(fz, "gated_amax_skinny_gemm_sm90", lambda *a, **kw: calls.append(1) or gated(*a, **kw))
-    monkeypatch.setattr(sk, "PLAN_OVERRIDE", sk.Plan(128, 1, 6))
-    _fused_matches_unfused("fuse_down_input_quant", calls, True, max_model_len=512, quantization="fp8",
-                           kernels={"linear": "triton_sm90"}, fuse_gated_activation=True, fuse_norm_into_gemm=True)  # fmt: skip
+    launcher = getattr(fz, name)
+    monkeypatch.setattr(fz, name, lambda *a, **kw: calls.append(1) or launcher(*a, **kw))
+    if unsplit:
+        monkeypatch.setattr(sk, "PLAN_OVERRIDE", sk.Plan(128, 1, 6))
+    return calls
 
 
 def _fused_matches_unfused(flag: str, launches: list, launched_when_fused: bool, **llm_args) -> None:

@@ -66,12 +66,13 @@ XN_MAX_M = 4
 XN_MAX_K = 8192  # the row in registers: ROW_PAD / 128 float32 values a thread for x, as many for g
 
 
-def xn_takes(m: int, k: int, dtype: torch.dtype, g: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether xn_skinny_gemm_sm90 serves a contiguous stream x [m, k] of `dtype`, norm weight g and the FP8
-    weight b [N, K] here: m <= XN_MAX_M, k <= XN_MAX_K, g contiguous in x's dtype, what xq_takes asks."""
+def xn_takes(x: torch.Tensor, g: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether xn_skinny_gemm_sm90 serves the stream x [m, k] (contiguous, TMA-aligned), norm weight g and the
+    FP8 weight b [N, K] here: m <= XN_MAX_M, k <= XN_MAX_K, g contiguous in x's dtype, what xq_takes asks."""
+    (m, k), dtype = x.shape, x.dtype
     return (
-        m <= XN_MAX_M and k <= XN_MAX_K and g.dtype == dtype and g.shape == (k,) and g.is_contiguous()
-        and g.data_ptr() % 16 == 0 and xq_takes(m, k, dtype, b)
+        m <= XN_MAX_M and k <= XN_MAX_K and x.is_contiguous() and sk.tma_ok(x) and g.dtype == dtype
+        and g.shape == (k,) and g.is_contiguous() and g.data_ptr() % 16 == 0 and xq_takes(m, k, dtype, b)
     )  # fmt: skip
 
 
@@ -154,17 +155,17 @@ def gated_skinny_gemm_sm90(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor 
 XA_MAX_BLOCKS = 512
 
 
-def gated_amax_takes(m: int, a: torch.Tensor, b: torch.Tensor, norm_weight: torch.Tensor | None) -> bool:
+def gated_amax_takes(a: torch.Tensor, b: torch.Tensor, norm_weight: torch.Tensor | None) -> bool:
     """Whether gated_amax_skinny_gemm_sm90 serves gate_up's FP8 weight b [2 I, K] for a [M, K]: FP8 activations
     (or, with norm_weight, the 16-bit residual stream, xn_takes), m <= XN_MAX_M, an unsplit plan, at most
     XA_MAX_BLOCKS programs."""
-    n, k = b.shape
+    m, (n, k) = a.shape[0], b.shape
     if n % 2 or m > XN_MAX_M or b.dtype != torch.float8_e4m3fn:
         return False
     if norm_weight is None:
         ok = sk.takes(a, b) and sk.measured_faster(m, n, k, a.dtype)
     else:
-        ok = a.is_contiguous() and sk.tma_ok(a) and xn_takes(m, k, a.dtype, norm_weight, b)
+        ok = xn_takes(a, norm_weight, b)
     p = sk.plan(m, n, k, b.element_size())
     return ok and p.split == 1 and triton.cdiv(n // 2, p.block_n // 2) <= XA_MAX_BLOCKS
 

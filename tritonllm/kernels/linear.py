@@ -121,6 +121,14 @@ def gated_linear_sm90(
     return QuantizedActivation(out[0], out[1], out_dtype)
 
 
+def _fp8_token(weight: torch.Tensor | QuantizedWeight) -> bool:
+    """FP8 W8A8, per-channel float32 weight scales (contiguous), dynamic per-token activation scales."""
+    return (
+        isinstance(weight, QuantizedWeight) and weight.scheme.format_name == "fp8:channel:token"
+        and weight.input_scale is None and weight.scale.dtype == torch.float32 and weight.scale.is_contiguous()
+    )  # fmt: skip
+
+
 @register("linear", "triton_sm90", entry="silu_mul_linear")
 def silu_mul_linear_sm90(
     y: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None
@@ -131,9 +139,7 @@ def silu_mul_linear_sm90(
     quantizes h per token itself while its weight copies stream (gemm_skinny_sm90's XQ mode), so no
     one-program-a-row quantizing activation kernel runs. The values are those of silu_and_mul_quant then
     the GEMM. None elsewhere (the caller runs the activation op, then the layer)."""
-    if not isinstance(weight, QuantizedWeight) or weight.scheme.format_name != "fp8:channel:token":
-        return None
-    if weight.input_scale is not None or weight.scale.dtype != torch.float32 or not weight.scale.is_contiguous():
+    if not _fp8_token(weight):
         return None
     y2 = _rows(y)
     if y2.shape[-1] % 2 or not gemm_skinny_fused_sm90.xq_takes(y2.shape[0], y2.shape[-1] // 2, y2.dtype, weight.data):
@@ -141,14 +147,6 @@ def silu_mul_linear_sm90(
     h, amax = silu_and_mul_amax(y2)
     out = gemm_skinny_fused_sm90.xq_skinny_gemm_sm90(h, amax, weight.data, weight.scale, bias, pdl_launch())
     return out.view(*y.shape[:-1], out.shape[-1])
-
-
-def _fp8_token(weight: torch.Tensor | QuantizedWeight) -> bool:
-    """FP8 W8A8, per-channel float32 weight scales (contiguous), dynamic per-token activation scales."""
-    return (
-        isinstance(weight, QuantizedWeight) and weight.scheme.format_name == "fp8:channel:token"
-        and weight.input_scale is None and weight.scale.dtype == torch.float32 and weight.scale.is_contiguous()
-    )  # fmt: skip
 
 
 @register("linear", "triton_sm90", entry="norm_linear")
@@ -163,9 +161,7 @@ def norm_linear_sm90(
     if not _fp8_token(weight):
         return None
     x2 = x.reshape(-1, x.shape[-1])
-    if not (x2.is_contiguous() and gemm_skinny_sm90.tma_ok(x2)):
-        return None
-    if not gemm_skinny_fused_sm90.xn_takes(x2.shape[0], x2.shape[1], x2.dtype, norm_weight, weight.data):
+    if not gemm_skinny_fused_sm90.xn_takes(x2, norm_weight, weight.data):
         return None
     out = gemm_skinny_fused_sm90.xn_skinny_gemm_sm90(
         x2, norm_weight, eps, weight.data, weight.scale, bias, pdl_launch()
@@ -215,7 +211,7 @@ def gated_mlp_linear_sm90(
     else:
         a, a_scale, out_dtype = x.reshape(-1, x.shape[-1]), None, x.dtype
     m, inter = a.shape[0], gate_up.data.shape[0] // 2
-    if not gemm_skinny_fused_sm90.gated_amax_takes(m, a, gate_up.data, norm_weight):
+    if not gemm_skinny_fused_sm90.gated_amax_takes(a, gate_up.data, norm_weight):
         return None
     if down.data.shape[1] != inter or not gemm_skinny_fused_sm90.xq_takes(m, inter, out_dtype, down.data):
         return None

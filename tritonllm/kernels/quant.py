@@ -6,9 +6,10 @@ x [M, K] (model dtype, last dim contiguous) -> (q [M, K] in FP8 e4m3 or int8, sc
 - per 1 x G group (G = 128 for block-FP8 weights), dynamic: float32 [M, K / G];
 - MX (G = 32): scale = 2 ** (floor(log2(amax)) - 8) (e4m3's largest exponent is 8), stored as
   e8m0 uint8 [M, K / 32] (e = exponent + 127), as the OCP MX spec defines it.
-Values are x / scale (in the fused quantizations of quantize_rows_and_store: x times the scale's
-reciprocal, equal but for float32 ties) clamped to +-qmax, then rounded: to nearest even for FP8 (the conversion:
-explicit on the interpreter, the hardware's on FP8 GPUs), half away from zero for int8. `kernels/reference.py` computes the same in torch.
+Values are x times the scale's reciprocal (x / scale but for float32 ties; MX's powers of two divide,
+exactly), in this module's kernels and the fused quantizations (quantize_rows_and_store) alike, clamped to
++-qmax, then rounded: to nearest even for FP8 (the conversion: explicit on the interpreter, the hardware's on
+FP8 GPUs), half away from zero for int8. `kernels/reference.py` computes the same in torch (dividing).
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ class SiluAndMul(nn.Module):
         (Linear.forward_residual). With fuse_gemm and fuse_down_input both, where the kernels serve it, the two GEMMs
         alone (gate_up's epilogue writes h and its block amaxes, down quantizes h: apply_gated_mlp)."""
         if self.fuse_down_input and self._quant_for and self.fuse_gemm and getattr(down, "tp", SINGLE).size == 1:
-            parts = (x.stream, x.weight, x.eps) if isinstance(x, NormedInput) else (x, None, 0.0)
+            parts = (x.stream, x.norm.weight, x.norm.eps) if isinstance(x, NormedInput) else (x, None, 0.0)
             out = gate_up.method.apply_gated_mlp(gate_up, down, *parts, residual)
             if out is not None:
                 return None if out is residual else out

@@ -17,7 +17,6 @@ the plain layers: no collective, no slicing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -33,14 +32,15 @@ from tritonllm.quantization.methods import Shard, make_method
 
 @dataclass(frozen=True)
 class NormedInput:
-    """A linear layer's input given as the RMSNorm (weight, eps) of the residual stream, not yet computed:
-    the layer's kernels may normalize (and quantize) the stream inside its GEMM (linear's norm_linear);
-    otherwise `materialize` runs the norm's kernel (layers/norm.py's RMSNorm.deferred)."""
+    """A linear layer's input given as `norm` (layers/norm.py's RMSNorm: its weight and eps) of the residual
+    stream, not yet computed: the layer's kernels may normalize (and quantize) the stream inside its GEMM
+    (linear's norm_linear); otherwise materialize() runs the norm's kernel (RMSNorm.deferred)."""
 
     stream: torch.Tensor
-    weight: torch.Tensor
-    eps: float
-    materialize: Callable[[], torch.Tensor]
+    norm: nn.Module
+
+    def materialize(self) -> torch.Tensor:
+        return self.norm(self.stream)
 
 
 class Linear(nn.Module):
@@ -65,7 +65,7 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor | NormedInput) -> torch.Tensor:
         if isinstance(x, NormedInput):
-            out = self.method.apply_norm(self, x.stream, x.weight, x.eps)
+            out = self.method.apply_norm(self, x.stream, x.norm.weight, x.norm.eps)
             if out is not None:
                 return out
             x = x.materialize()

@@ -34,7 +34,7 @@ class RMSNorm(nn.Module):
         if x is not None:
             return self(x, residual)
         if defer:
-            return NormedInput(residual, self.weight, self.eps, lambda: self(residual)), residual
+            return NormedInput(residual, self), residual
         return self(residual), residual
 
     def forward(
