@@ -1,7 +1,7 @@
 """Time the Triton fused MoE (kernels/moe.py) beside torch baselines, on the GPU.
 
     python scripts/bench_moe.py OUT.json [--shapes qwen3 mixtral] [--kinds bfloat16 fp8_block mxfp4]
-        [--tokens 1 4 16 64 256 1024 4096 8192] [--torch-ref-max-tokens 256]
+        [--tokens 1 4 16 64 256 1024 4096 8192] [--torch-ref-max-tokens 256] [--gemv-variants]
 
 Shapes: Qwen3-30B-A3B (E 128, top-8, H 2048, I 768) and Mixtral-8x7B (E 8, top-2, H 4096, I 14336),
 random bf16 weights (FP8 block-128 and MXFP4 experts quantized from them), random router logits
@@ -19,7 +19,11 @@ routed by the Triton router (softmax, renormalised). Per case:
   difference from the loop relative to its largest output (FP8 experts: includes the activations'
   1 x 128 quantization, which the loop does not do: a few 1e-2 is expected there);
 - tflops: useful work 2 T k (H 2I + I H) over triton_ms; weight_gbps: the expert weights actually
-  touched (distinct experts hit x bytes per expert, scales included) over triton_ms.
+  touched (distinct experts hit x bytes per expert, scales included) over triton_ms;
+- gemv_variants (--gemv-variants, cases whose tiles are the GEMV's): the layer with each of the GEMV's
+  variants off and on (kernels/moe_gemv.py: "none", "joint", "sum_slots", "both"), the tiles
+  otherwise those picked: warm ms, graph ms (decode sizes), weight GB/s by graph (else warm) time,
+  and the error against the loop.
 
 Writes every row to OUT.json (device, torch and Triton versions) and prints a table.
 """
@@ -30,6 +34,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -39,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tritonllm import platform  # noqa: E402
 from tritonllm.kernels import reference  # noqa: E402
-from tritonllm.kernels.moe import fused_moe  # noqa: E402
+from tritonllm.kernels.moe import fused_moe, moe_tiles_for  # noqa: E402
 from tritonllm.kernels.moe_route import moe_route  # noqa: E402
 from tritonllm.kernels.quant_formats import FP4, QuantizedWeight, QuantScheme  # noqa: E402
 from tritonllm.quantization.quantize import quantize_experts  # noqa: E402
@@ -145,7 +150,30 @@ def device_name() -> str:
     return torch.cuda.get_device_name() if platform.is_gpu() else "cpu (interpreter)"
 
 
-def bench_case(name: str, kind: str, experts: dict, tokens: int, torch_ref_max: int) -> dict:
+GEMV_VARIANTS = {"none": {}, "joint": dict(joint=True), "sum_slots": dict(sum_slots=True),
+                 "both": dict(joint=True, sum_slots=True)}  # fmt: skip
+
+
+def gemv_variants(x, w13, w2, weights, ids, expected: torch.Tensor, weight_bytes: int) -> dict:
+    """The layer under each GEMV variant (bench_case's operands; {} where the picked tiles are not the GEMV)."""
+    picked = moe_tiles_for(x, w13, w2, ids.shape[1])
+    if not picked.gemv:
+        return {}
+    out = {}
+    for name, flags in GEMV_VARIANTS.items():
+        tiles = replace(picked, **{"joint": False, "sum_slots": False, **flags})
+        run = lambda: fused_moe(x, w13, w2, weights, ids, tiles=tiles)  # noqa: E731, B023
+        row = dict(
+            ms=median_ms(run), rel_error_vs_loop=float((run().float() - expected).abs().max() / expected.abs().max())
+        )
+        if platform.is_gpu():
+            row["graph_ms"] = graph_ms(run)
+        row["weight_gbps"] = weight_bytes / (row.get("graph_ms", row["ms"]) * 1e-3) / 1e9
+        out[name] = row
+    return out
+
+
+def bench_case(name: str, kind: str, experts: dict, tokens: int, torch_ref_max: int, variants: bool = False) -> dict:
     e, top_k, h, i = SHAPES[name]
     gen = torch.Generator(device=DEVICE).manual_seed(tokens)
     x = torch.randn(tokens, h, device=DEVICE, generator=gen).to(DTYPE)
@@ -170,6 +198,10 @@ def bench_case(name: str, kind: str, experts: dict, tokens: int, torch_ref_max: 
     row["tflops"] = 2 * tokens * top_k * (h * 2 * i + i * h) / (row["triton_ms"] * 1e-3) / 1e12
     row["weight_gbps"] = hit * (bytes_per_expert(w13) + bytes_per_expert(w2)) / (row["triton_ms"] * 1e-3) / 1e9
     row["speedup_vs_loop"] = row["loop_ms"] / row["triton_ms"]
+    if variants:
+        row["gemv_variants"] = gemv_variants(
+            x, w13, w2, weights, ids, expected, row["weight_gbps"] * row["triton_ms"] * 1e6
+        )
     return row
 
 
@@ -185,6 +217,7 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     add_problem_args(parser)
     parser.add_argument("--torch-ref-max-tokens", type=int, default=256, help="time the float32 reference up to here")
+    parser.add_argument("--gemv-variants", action="store_true", help="time the GEMV's variants where it runs")
     args = parser.parse_args()
     import triton
 
@@ -194,13 +227,16 @@ def main() -> None:
         for kind in args.kinds:
             experts = make_experts(kind, e, h, i)
             for tokens in args.tokens:
-                row = bench_case(name, kind, experts, tokens, args.torch_ref_max_tokens)
+                row = bench_case(name, kind, experts, tokens, args.torch_ref_max_tokens, args.gemv_variants)
                 rows.append(row)
                 graph = f" graph {row['triton_graph_ms']:.3f}" if "triton_graph_ms" in row else ""
                 print(f"{name:8s} {kind:9s} T={tokens:5d}: triton {row['triton_ms']:.3f} ms{graph} (cold "
                       f"{row['triton_cold_ms']:.1f}) loop {row['loop_ms']:.3f} ms x{row['speedup_vs_loop']:.2f}  "
                       f"{row['tflops']:.0f} TFLOP/s  {row['weight_gbps']:.0f} GB/s ({row['experts_hit']} experts)  "
                       f"route {row['route_ms'] * 1e3:.1f} us  err {row['rel_error_vs_loop']:.1e}", flush=True)  # fmt: skip
+                for variant, v in row.get("gemv_variants", {}).items():
+                    print(f"    gemv {variant:9s}: {v.get('graph_ms', v['ms']) * 1e3:7.1f} us  {v['weight_gbps']:5.0f} GB/s  "
+                          f"err {v['rel_error_vs_loop']:.1e}", flush=True)  # fmt: skip
                 args.out.write_text(json.dumps(dict(device=device_name(), torch=torch.__version__,
                                                     triton=triton.__version__, rows=rows), indent=1))  # fmt: skip
             del experts

@@ -7,6 +7,7 @@ much as by HBM (experiments/quant4/README.md), so this count is the figure a dec
     python scripts/sass_loop_mix.py [--fp4] [--block-n 16] [--block-w 128] [--warps 4]
     python scripts/sass_loop_mix.py --gluon [--fp4]   # the Hopper kernel (kernels/gemv_w4_sm90.py)
     python scripts/sass_loop_mix.py --gemm [--fp4] [--block-n 128] [--block-m 16] [--scale-after] [--prefetch 2] [--x-at-step]   # the Hopper W4 MMA GEMM (M 2..64)
+    python scripts/sass_loop_mix.py --moe w13|w13-joint|w2|w2-slots [--fp4] [--slots 4] [--block-n 16] [--block-w 64]   # the MoE GEMV (kernels/moe_gemv.py; bf16 experts without --fp4)
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import triton
 from cross_compile_attention import compile_kernel  # this folder: sys.path[0] when run as a script
 from triton.backends.compiler import GPUTarget
 
-from tritonllm.kernels import gemm_w4_sm90, gemv_w4, gemv_w4_sm90
+from tritonllm.kernels import gemm_w4_sm90, gemv_w4, gemv_w4_sm90, moe_gemv
 
 DIVISIBLE = ("a_ptr", "w_ptr", "c_ptr", "s_ptr", "z_ptr", "ws_ptr", "K", "N", "K_PER_SPLIT", "stride_am",
              "stride_wn", "stride_cm", "stride_sn")  # fmt: skip
@@ -60,7 +61,11 @@ def main(argv: list[str] | None = None) -> collections.Counter:
     parser.add_argument("--scale-after", action="store_true", help="--gemm: the scale applied after each MMA")
     parser.add_argument("--prefetch", type=int, default=1, help="--gemm: K steps of words loaded ahead (0, 1, 2)")
     parser.add_argument("--x-at-step", action="store_true", help="--gemm: the activation tile loaded at its step")
+    parser.add_argument("--moe", choices=("w13", "w13-joint", "w2", "w2-slots"), help="the MoE GEMV's launch instead")
+    parser.add_argument("--slots", type=int, default=4, help="--moe w2-slots: the slots a program sums (power of 2)")
     args = parser.parse_args(argv)
+    if args.moe:
+        return report(*compile_moe_gemv(args.moe, args.fp4, args.block_n, args.block_w, args.warps, args.slots))
     if args.gemm:  # a thread's weights a K step: BLOCK_N x 128 over the warpgroup's 128 threads
         kernel = gemm_w4_sm90.compile_sm90(block_n=args.block_n, bm=args.block_m, fp4=args.fp4,
                                            scale_after=args.scale_after, prefetch=args.prefetch,
@@ -80,6 +85,26 @@ def main(argv: list[str] | None = None) -> collections.Counter:
                       stride_cn=1, stride_sk=1)  # fmt: skip
     kernel = compile_kernel(gemv_w4.w4_gemv_kernel, GPUTarget("cuda", 90, 32), types, constexprs, args.warps, DIVISIBLE)
     return report(kernel, args.block_n * args.block_w * 8 / (32 * args.warps))  # a thread's weights an iteration
+
+
+def compile_moe_gemv(launch: str, fp4: bool, block_n: int, block_w: int, warps: int, slots: int) -> tuple:
+    """The MoE GEMV (kernels/moe_gemv.py) for sm90 as the launcher builds it: MXFP4 experts read as words
+    (fp4) or bf16 ones, BLOCK_K = 8 x block_w (bf16: block_w x 8 values too); w13 gated (gate and up
+    loops apart, or `-joint` in one pass), w2 per pair or summing `slots` slots (its block_n the tile's
+    rows shared by them). Returns (kernel, a thread's weights an iteration)."""
+    gated, slot_count = launch.startswith("w13"), slots if launch == "w2-slots" else 0
+    bn = max(1, block_n // slot_count) if slot_count else block_n
+    types = dict(a_ptr="*bf16", b_ptr="*i32" if fp4 else "*bf16", c_ptr="*bf16", bias_ptr="*bf16", a_scale_ptr="*fp32",
+                 b_scale_ptr="*u8" if fp4 else "*fp32", topk_weights_ptr="*fp32", topk_ids_ptr="*i32", alpha="fp32",
+                 limit="fp32")  # fmt: skip
+    constexprs = dict(A_ROW_DIV=1, GATED=gated, ACTIVATION=1, HAS_BIAS=True, MUL_WEIGHTS=not gated, QUANT=2 if fp4 else 0,
+                      GROUP_K=32 if fp4 else 1, EVEN_K=True, BLOCK_N=bn, BLOCK_K=8 * block_w, WORDS=fp4, FP4_BITS=True,
+                      JOINT=launch == "w13-joint", SLOTS=slot_count, PDL=True, stride_ak=1, stride_bk=1, stride_bsk=1,
+                      stride_cn=1)  # fmt: skip
+    divisible = ("a_ptr", "b_ptr", "c_ptr", "K", "stride_am", "stride_be", "stride_bn", "stride_cm")
+    kernel = compile_kernel(moe_gemv.moe_gemv_kernel, GPUTarget("cuda", 90, 32), types, constexprs, warps, divisible)
+    rows = bn * (2 if gated and launch.endswith("joint") else 1) * max(1, slot_count)  # rows an iteration
+    return kernel, rows * block_w * (8 if fp4 else 1) * (1 if fp4 else 8) / (32 * warps)
 
 
 def report(kernel, weights: float) -> collections.Counter:

@@ -5,10 +5,13 @@
     python scripts/tune_moe.py OUT.json --write-tuned tritonllm/kernels/tuned/moe_NVIDIA_H200.json [--update]
 
 For each (shape, kind, tokens), every BLOCK_M that the expected rows per expert can fill, and for
-each of the two GEMM launches (w13 with the activation; w2 with the weights) every (BLOCK_N,
-BLOCK_K, warps, stages) candidate, timed alone on the real alignment (triton.testing.do_bench
-medians, L2 flushed); a launch's output is checked against float32 of the same operands. The case's
-winner is the BLOCK_M whose best w13 plus best w2 is fastest. Compilation is the slow part: a pool
+each of the two GEMM launches (w13 with the activation; w2 with the weights, timed with the sum
+over the top-k slots that follows it) every (BLOCK_N, BLOCK_K, warps, stages) candidate, timed
+alone on the real alignment (triton.testing.do_bench medians, L2 flushed); a launch's output is
+checked against float32 of the same operands. The GEMV (BLOCK_M 1) also times its variants
+(kernels/moe_gemv.py): w13 with gate and up rows in one pass ("w13_joint"), w2 summing each
+token's slots in registers ("w2_slots"); the table records the faster of each pair (`joint`,
+`sum_slots`). The case's winner is the BLOCK_M whose best w13 plus best w2 is fastest. Compilation is the slow part: a pool
 of worker processes first runs every distinct kernel once on small stand-in weights (filling
 Triton's on-disk cache), then the timing process loads compiled kernels. One shape and kind takes a
 few minutes; run them one at a time (`--shapes qwen3 --kinds bfloat16`) and merge the files with
@@ -27,6 +30,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -53,8 +57,8 @@ def candidates(kind: str, block_m: int) -> list[GemmTiles]:
     """(BLOCK_N, BLOCK_K, warps, stages) for one BLOCK_M; FP8 blocks keep BLOCK_K within a 128 group."""
     if block_m == 1:  # the GEMV: weight rows straight into registers, wide K tiles
         block_ks = {"fp8_block": (64, 128), "mxfp4": (256, 512, 1024)}.get(kind, (128, 256, 512))
-        return [GemmTiles(1, bn, bk, warps, 2, 1, gemv=True)
-                for bn, bk, warps in itertools.product((8, 16, 32, 64), block_ks, (2, 4, 8))]  # fmt: skip
+        return [GemmTiles(1, bn, bk, warps, 2, 1, gemv=True)  # w2_slots: block_n shared by the slots
+                for bn, bk, warps in itertools.product((8, 16, 32, 64, 128), block_ks, (2, 4, 8))]  # fmt: skip
     block_ks = (64, 128) if kind == "fp8_block" else (64, 128, 256)
     out = []
     for bn, bk, warps, stages in itertools.product((32, 64, 128, 256), block_ks, (4, 8), (3, 4)):
@@ -82,6 +86,7 @@ class Case:
         self.a2, self.s2 = quantize_per_group(self.inter, torch.float8_e4m3fn, BLOCK) if fp8 else (self.inter, None)
         self.out1 = torch.empty_like(self.inter)
         self.out2 = torch.empty(tokens * self.top_k, h, device=DEVICE, dtype=DTYPE)
+        self.out = torch.empty(tokens, h, device=DEVICE, dtype=DTYPE)
         self._aligned: dict = {}
 
     def align(self, block_m: int):
@@ -90,14 +95,23 @@ class Case:
         return self._aligned[block_m]
 
     def run(self, which: str, tiles: GemmTiles) -> torch.Tensor:
+        """One launch (WHICH), as fused_moe makes it: w13 / w13_joint -> the intermediate [T * k, I];
+        w2 -> the per-slot rows [T * k, H], then their sum over the slots (timed with it); w2_slots ->
+        the summed out [T, H] (its slots a power of two >= top_k)."""
         fitted = fit_moe_tiles(MoeTiles(tiles, tiles), self.kind, 2, 2 if SCHEMES[self.kind] is None else 1)
-        route = self.ids.reshape(-1) if tiles.gemv else self.align(tiles.block_m)
-        if which == "w13":
+        route = self.ids if tiles.gemv else self.align(tiles.block_m)
+        if which in ("w13", "w13_joint"):
             moe._launch(self.a1, self.s1, self.w13, self.out1, None, None, route, fitted.w13, n=self.i, k=self.h,
-                        a_row_div=self.top_k, gated=True)  # fmt: skip
+                        a_row_div=self.top_k, gated=True, joint=which == "w13_joint")  # fmt: skip
             return self.out1
+        if which == "w2_slots":
+            moe._launch(self.a2, self.s2, self.w2, self.out, None, self.flat_weights, route, fitted.w2, n=self.h,
+                        k=self.i, a_row_div=1, gated=False, slots=triton.next_power_of_2(self.top_k))  # fmt: skip
+            return self.out
         moe._launch(self.a2, self.s2, self.w2, self.out2, None, self.flat_weights, route, fitted.w2, n=self.h,
                     k=self.i, a_row_div=1, gated=False)  # fmt: skip
+        if self.top_k > 1:
+            torch.sum(self.out2.view(-1, self.top_k, self.h), dim=1, out=self.out)
         return self.out2
 
 
@@ -132,26 +146,34 @@ def _expected(case: Case, which: str) -> torch.Tensor:
     or the intermediate's rows through w2 times the pairs' weights; row = pair."""
     from tritonllm.kernels import reference
 
-    w, a = (case.w13, case.x) if which == "w13" else (case.w2, case.inter)
+    gated = which.startswith("w13")
+    w, a = (case.w13, case.x) if gated else (case.w2, case.inter)
     flat = case.ids.reshape(-1)
-    out = torch.empty(flat.numel(), case.i if which == "w13" else case.h, device=DEVICE)
+    out = torch.empty(flat.numel(), case.i if gated else case.h, device=DEVICE)
     for e in flat.unique().tolist():
         pairs = (flat == e).nonzero().squeeze(1)
-        rows = a[pairs // case.top_k if which == "w13" else pairs]
+        rows = a[pairs // case.top_k if gated else pairs]
         weight = reference.expert_weight(w, e)
         if isinstance(weight, torch.Tensor):
             y = rows.float() @ weight.float().T
         else:
             y = reference.quantized_linear(rows, weight, None).float()
-        out[pairs] = reference.moe_activation(y, "silu") if which == "w13" else y * case.flat_weights[pairs, None]
-    return out
+        out[pairs] = reference.moe_activation(y, "silu") if gated else y * case.flat_weights[pairs, None]
+    return out.view(-1, case.top_k, case.h).sum(1) if which == "w2_slots" else out
+
+
+def launches(block_m: int, top_k: int) -> tuple[str, ...]:
+    """The launches a BLOCK_M times: the GEMV's variants too (w2_slots where there are slots to sum)."""
+    if block_m != 1:
+        return ("w13", "w2")
+    return ("w13", "w13_joint", "w2") + (("w2_slots",) if top_k > 1 else ())
 
 
 def sweep(name: str, kind: str, tokens: int, experts: dict, rep: int) -> list[dict]:
     case = Case(name, kind, tokens, experts)
     rows = []
     for block_m in block_ms(tokens, case.e, case.top_k):
-        for which in ("w13", "w2"):
+        for which in launches(block_m, case.top_k):
             expected = _expected(case, which)
             for tiles in candidates(kind, block_m):
                 base = dict(shape=name, kind=kind, tokens=tokens, gemm=which, tiles=asdict(tiles))
@@ -167,13 +189,15 @@ def sweep(name: str, kind: str, tokens: int, experts: dict, rep: int) -> list[di
 
 
 def tuned_table(rows: list[dict]) -> dict:
-    """{kind: {"E,H,I": {tokens: {"w13": tiles, "w2": tiles, "us": total}}}}: per case, the BLOCK_M
-    whose best w13 and best w2 (each within 2e-2 of float32) sum to the least time."""
+    """{kind: {"E,H,I": {tokens: {"w13": tiles, "w2": tiles, "us": total[, "joint", "sum_slots"]}}}}: per
+    case, the BLOCK_M whose best w13 and best w2 (each within 2e-2 of float32; for the GEMV, each the
+    faster of its variants) sum to the least time."""
     best: dict = {}
     for r in rows:
         if "us" not in r or r["rel_error"] > 2e-2:
             continue
-        key = (r["kind"], r["shape"], r["tokens"], r["tiles"]["block_m"], r["gemm"])
+        launch = r["gemm"].split("_")[0]  # w13 / w2, whichever variant
+        key = (r["kind"], r["shape"], r["tokens"], r["tiles"]["block_m"], launch)
         if key not in best or r["us"] < best[key]["us"]:
             best[key] = r
     table: dict = {}
@@ -185,7 +209,10 @@ def tuned_table(rows: list[dict]) -> dict:
         e, _, h, i = SHAPES[shape]
         entries = table.setdefault(kind, {}).setdefault(f"{e},{h},{i}", {})
         if str(tokens) not in entries or total < entries[str(tokens)]["us"]:
-            entries[str(tokens)] = dict(w13=r["tiles"], w2=w2["tiles"], us=round(total, 2))
+            entry = dict(w13=r["tiles"], w2=w2["tiles"], us=round(total, 2))
+            if block_m == 1:
+                entry.update(joint=r["gemm"] == "w13_joint", sum_slots=w2["gemm"] == "w2_slots")
+            entries[str(tokens)] = entry
     return table
 
 
@@ -211,15 +238,13 @@ def main() -> None:
         args.write_tuned.parent.mkdir(parents=True, exist_ok=True)
         args.write_tuned.write_text(json.dumps(table, indent=1) + "\n")
         return
-    import triton
-
     todo = [(n, k, t) for n in args.shapes for k in args.kinds for t in args.tokens]
     if args.jobs > 1:
         tasks, seen = [], set()
         for name, kind, tokens in todo:
             e, top_k, _, _ = SHAPES[name]
-            for block_m, which in itertools.product(block_ms(tokens, e, top_k), ("w13", "w2")):
-                for tiles in candidates(kind, block_m):
+            for block_m in block_ms(tokens, e, top_k):
+                for which, tiles in itertools.product(launches(block_m, top_k), candidates(kind, block_m)):
                     if (name, kind, which, tiles) not in seen:
                         seen.add((name, kind, which, tiles))
                         tasks.append((name, kind, tokens, which, tiles))
@@ -238,8 +263,9 @@ def main() -> None:
                     desc = lambda t: (
                         f"{t['block_m']}x{t['block_n']}x{t['block_k']} w{t['num_warps']} s{t['num_stages']}"
                     )  # noqa: E731
+                    variants = " ".join(v for v in ("joint", "sum_slots") if entry.get(v))
                     print(f"{name:8s} {kind:9s} T={tokens:5d}: {entry['us']:.1f} us  w13 {desc(entry['w13'])}  "
-                          f"w2 {desc(entry['w2'])}", flush=True)  # fmt: skip
+                          f"w2 {desc(entry['w2'])} {variants}", flush=True)  # fmt: skip
                 args.out.write_text(json.dumps(dict(device=device_name(), torch=torch.__version__,
                                                     triton=triton.__version__, rows=rows), indent=0))  # fmt: skip
             del experts

@@ -108,6 +108,108 @@ def test_fused_moe_with_several_tiles_and_k_steps(tiles) -> None:
     assert_close_to_scale(got, reference.fused_moe(*args, **kwargs), TOL)
 
 
+GEMV_VARIANTS = {"joint": dict(joint=True), "sum_slots": dict(sum_slots=True), "both": dict(joint=True, sum_slots=True)}
+
+
+def _spy_gemv(monkeypatch) -> list[dict]:
+    """The GEMV launches' JOINT / SLOTS flags, in order."""
+    from tritonllm.kernels import moe
+
+    seen, real = [], moe.moe_gemv_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(dict(joint=kwargs["JOINT"], slots=kwargs["SLOTS"], grid=tuple(grid)))
+                return real[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(moe, "moe_gemv_kernel", Spy())
+    return seen
+
+
+@pytest.mark.parametrize("variant", GEMV_VARIANTS)
+@pytest.mark.parametrize(
+    "top_k, tiles", [(3, GEMV_TILES["gemv_16x16"]), (2, GEMV_TILES["gemv_8x32"])], ids=["k3", "k2"]
+)
+def test_gemv_variants_match_reference(variant, top_k, tiles, monkeypatch) -> None:
+    """The GEMV's gate and up rows in one pass (joint) and w2 summing each token's slots in registers
+    (sum_slots: top-3 pads to four slots, one masked), with biases, several column tiles and K steps,
+    K even (H 48) and ragged (I 40); the launches take the variant asked for."""
+    seen = _spy_gemv(monkeypatch)
+    p = _problem(5, 8, 48, 40, top_k, seed=21 + top_k)
+    args, kwargs = _args(p, True)
+    flags = GEMV_VARIANTS[variant]
+    got = fused_moe(*args, tiles=MoeTiles(tiles, tiles, **flags), activation="swiglu_oai", **kwargs)
+    assert_close_to_scale(got, reference.fused_moe(*args, activation="swiglu_oai", **kwargs), TOL)
+    slots = 4 if top_k == 3 else 2
+    w13, w2 = seen
+    assert w13["joint"] == flags.get("joint", False) and w13["slots"] == 0 and w13["grid"][1] == 5 * top_k
+    assert w2["slots"] == (slots if flags.get("sum_slots") else 0) and w2["grid"][1] == (
+        5 if w2["slots"] else 5 * top_k
+    )
+    if w2["slots"]:  # the slots share the tile's rows
+        assert w2["grid"][0] == -(-48 // max(1, tiles.block_n // slots))
+
+
+@pytest.mark.parametrize(
+    "scheme, h, i",
+    [(QuantScheme(FP8, "block", "group"), 128, 40), (QuantScheme(FP4, "mx", "none"), 64, 96)],
+    ids=["fp8_block", "mxfp4"],
+)
+def test_gemv_variants_with_quantized_experts(scheme, h, i, monkeypatch) -> None:
+    """joint and sum_slots on FP8 block-128 experts (H 128: w2's scales whole row blocks) and MXFP4
+    (words; K 96 ragged against the 64-column tile), against the reference."""
+    seen = _spy_gemv(monkeypatch)
+    p = _problem(3, 6, h, i, 2, seed=17)
+    w13, w2 = quantize_experts(p["w13"].float(), scheme), quantize_experts(p["w2"].float(), scheme)
+    args = (p["x"], w13, w2, p["topk_weights"], p["topk_ids"])
+    kwargs = dict(activation="swiglu_oai", w13_bias=p["w13_bias"], w2_bias=p["w2_bias"])
+    block_k = 64 if scheme.act == "none" else 32
+    tiles = MoeTiles(*[g.GemmTiles(1, 16, block_k, 1, 1, 1, gemv=True)] * 2, joint=True, sum_slots=True)
+    got = fused_moe(*args, tiles=tiles, **kwargs)
+    tol = 1e-2 if scheme.act == "group" else (4 * TOL if DTYPE == torch.float32 else 2e-2)
+    assert_close_to_scale(got, reference.fused_moe(*args, **kwargs), tol)
+    assert [(s["joint"], s["slots"]) for s in seen] == [(True, 0), (False, 2)]
+
+
+def test_sum_slots_falls_back_where_the_experts_do_not_read_as_one_matrix(monkeypatch) -> None:
+    """FP8 block experts with H 48 (w2's 128-row scale blocks span experts) and float experts that are
+    a slice of wider storage take the per-slot buffer, with the same result."""
+    seen = _spy_gemv(monkeypatch)
+    tiles = MoeTiles(*[GEMV_TILES["gemv_16x16"]] * 2, sum_slots=True)
+    p = _problem(3, 6, 48, 40, 2, seed=19)
+    scheme = QuantScheme(FP8, "block", "group")
+    w13, w2 = quantize_experts(p["w13"].float(), scheme), quantize_experts(p["w2"].float(), scheme)
+    args = (p["x"], w13, w2, p["topk_weights"], p["topk_ids"])
+    assert_close_to_scale(fused_moe(*args, tiles=tiles), reference.fused_moe(*args), 1e-2)
+    wide = torch.zeros(6, 56, 40, device=DEVICE, dtype=DTYPE)
+    wide[:, :48] = p["w2"]
+    args = (p["x"], p["w13"], wide[:, :48], p["topk_weights"], p["topk_ids"])
+    assert_close_to_scale(fused_moe(*args, tiles=tiles), reference.fused_moe(*args), TOL)
+    assert [s["slots"] for s in seen] == [0, 0, 0, 0]
+
+
+def test_gemv_variants_override_from_the_environment(monkeypatch) -> None:
+    from tritonllm.kernels import moe_tiles
+
+    for text, expect in (("joint,sum_slots", (True, True)), ("sum_slots", (False, True)), ("none", (False, False))):
+        monkeypatch.setenv("TRITONLLM_MOE_GEMV", text)
+        moe_tiles.gemv_variants_override.cache_clear()
+        tiles = moe_tiles.pick_moe_tiles("bfloat16", 128, 2048, 768, 1, 8, 2, 2)
+        assert tiles.gemv and (tiles.joint, tiles.sum_slots) == expect
+        assert not moe_tiles.pick_moe_tiles("bfloat16", 128, 2048, 768, 4096, 8, 2, 2).sum_slots  # not a GEMV
+    monkeypatch.setenv("TRITONLLM_MOE_GEMV", "joint,fast")
+    moe_tiles.gemv_variants_override.cache_clear()
+    with pytest.raises(ValueError, match="joint.*sum_slots"):
+        moe_tiles.pick_moe_tiles("bfloat16", 128, 2048, 768, 1, 8, 2, 2)
+    monkeypatch.delenv("TRITONLLM_MOE_GEMV")
+    moe_tiles.gemv_variants_override.cache_clear()
+    with pytest.raises(ValueError, match="variants of the GEMV"):
+        MoeTiles(g.GemmTiles(16, 16, 16), g.GemmTiles(16, 16, 16), sum_slots=True)
+
+
 def test_decode_batches_take_the_gemv_by_default(monkeypatch) -> None:
     """Few pairs per expert: the GEMV, and no alignment is computed; many: the grouped GEMM."""
     from tritonllm.kernels import moe
@@ -270,6 +372,14 @@ def test_tile_table_lookup(tmp_path, monkeypatch) -> None:
         pick = lambda t: moe_tiles.tuned_moe_tiles("bfloat16", 128, 2048, 768, t, "GPU")  # noqa: E731
         assert pick(1).w13 == small and pick(16).w2 == small and pick(17).w13 == large and pick(9000).w13 == large
         assert moe_tiles.tuned_moe_tiles("mxfp4", 128, 2048, 768, 1, "GPU") is None
+        # a table of decode sizes only (session 10's gpt-oss sweep had just T = 1): larger batches take the
+        # default, not the GEMV; its variants come with the entry
+        gemv = g.GemmTiles(1, 16, 512, 4, 2, 1, gemv=True)
+        path.write_text(json.dumps({"mxfp4": {"32,2880,2880": {"4": dict(entry(gemv), joint=True, sum_slots=True)}}}))
+        moe_tiles._table.cache_clear()
+        tiles = moe_tiles.tuned_moe_tiles("mxfp4", 32, 2880, 2880, 2, "GPU")
+        assert tiles.gemv and tiles.joint and tiles.sum_slots
+        assert moe_tiles.tuned_moe_tiles("mxfp4", 32, 2880, 2880, 5, "GPU") is None
     finally:
         moe_tiles._table.cache_clear()
     assert moe_tiles.default_moe_tiles(0.1, "hopper").gemv and moe_tiles.default_moe_tiles(0.1, "cpu").gemv

@@ -123,17 +123,19 @@ def w4_row_dot(a_ptr, rows, rows_in, w_ptr, s_ptr, z_ptr, rn, k_start, k_end, st
                stride_sn, stride_sk, FP4: tl.constexpr, FP4_BITS: tl.constexpr, GROUP_K: tl.constexpr,
                EVEN: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):  # fmt: skip
     """sum over k in [k_start, k_end) of w[rn, k] * a[row, k] in float32 for the activation rows
-    `rows` ([ROWS] int64, those not `rows_in` read as zeros) and the weight rows rn: [BLOCK_N] for
-    ROWS 1, [ROWS, BLOCK_N] above (each weight tile decoded once for all rows). w_ptr is the int32
-    view of the packed weight (stride_wn words a row); k_start a multiple of 8 * BLOCK_W and of the
-    group, k_end a multiple of 8 (EVEN: of 8 * BLOCK_W)."""
+    `rows` ([ROWS] int64, those not `rows_in` read as zeros; rows_in None: all) and the weight rows
+    rn: [BLOCK_N] for ROWS 1, [ROWS, BLOCK_N] above (each weight tile decoded once for all rows); rn
+    [ROWS, BLOCK_N] pairs activation row r with weight rows rn[r] only (the MoE GEMV's slots, each
+    its own expert's rows). w_ptr is the int32 view of the packed weight (stride_wn words a row);
+    k_start a multiple of 8 * BLOCK_W and of the group, k_end a multiple of 8 (EVEN: of 8 * BLOCK_W)."""
     offs_w = tl.arange(0, BLOCK_W)
     WPG: tl.constexpr = GROUP_K // 8  # words a scale group
     GPI: tl.constexpr = BLOCK_W // WPG if BLOCK_W > WPG else 1  # groups a tile (a tile within one group: 1)
     offs_g = tl.arange(0, GPI)
     offs_j = tl.arange(0, 8)
     kw_end = k_end // 8
-    w_ptrs = w_ptr + rn[:, None] * stride_wn + (k_start // 8 + offs_w)[None, :]
+    rn_w = tl.expand_dims(rn, len(rn.shape))  # [..., BLOCK_N, 1]
+    w_ptrs = w_ptr + rn_w * stride_wn + (k_start // 8 + offs_w)
     cols = ((k_start // 8 + offs_w)[:, None] * 8 + offs_j[None, :]) * stride_ak  # [BLOCK_W, 8]
     if ROWS == 1:
         a_ptrs = a_ptr + rows * stride_am + cols
@@ -146,11 +148,11 @@ def w4_row_dot(a_ptr, rows, rows_in, w_ptr, s_ptr, z_ptr, rn, k_start, k_end, st
         if EVEN:
             words = tl.load(w_ptrs)
         else:
-            words = tl.load(w_ptrs, mask=in_k[None, :], other=0)
+            words = tl.load(w_ptrs, mask=in_k, other=0)
         g = kw // WPG + offs_g
-        s_ptrs = s_ptr + rn[:, None] * stride_sn + g[None, :] * stride_sk
-        z_ptrs = z_ptr + rn[:, None] * stride_sn + g[None, :] * stride_sk
-        g_in = (g * WPG < kw_end)[None, :]
+        s_ptrs = s_ptr + rn_w * stride_sn + g * stride_sk
+        z_ptrs = z_ptr + rn_w * stride_sn + g * stride_sk
+        g_in = g * WPG < kw_end
         if ROWS == 1:
             if EVEN:
                 a8 = tl.load(a_ptrs)
@@ -158,9 +160,15 @@ def w4_row_dot(a_ptr, rows, rows_in, w_ptr, s_ptr, z_ptr, rn, k_start, k_end, st
                 a8 = tl.load(a_ptrs, mask=in_k[:, None], other=0.0)
             acc += _tile_groups(words, a8[None, :, :], s_ptrs, z_ptrs, g_in, FP4, FP4_BITS, GPI, BLOCK_W)
         else:
-            a8 = tl.load(a_ptrs, mask=rows_in[:, None, None] & in_k[None, :, None], other=0.0)
-            acc += _tile_groups(words[None, :, :], a8[:, None, :, :], s_ptrs, z_ptrs, g_in, FP4, FP4_BITS, GPI,
-                                BLOCK_W)  # fmt: skip
+            if rows_in is None:
+                a8 = tl.load(a_ptrs, mask=in_k[None, :, None], other=0.0)
+            else:
+                a8 = tl.load(a_ptrs, mask=rows_in[:, None, None] & in_k[None, :, None], other=0.0)
+            if len(rn.shape) == 1:  # every row against the same weight rows
+                acc += _tile_groups(words[None, :, :], a8[:, None, :, :], s_ptrs, z_ptrs, g_in, FP4, FP4_BITS, GPI,
+                                    BLOCK_W)  # fmt: skip
+            else:
+                acc += _tile_groups(words, a8[:, None, :, :], s_ptrs, z_ptrs, g_in, FP4, FP4_BITS, GPI, BLOCK_W)
         w_ptrs += BLOCK_W
         a_ptrs += 8 * BLOCK_W * stride_ak
     out = tl.sum(acc, axis=len(acc.shape) - 1)

@@ -170,9 +170,12 @@ def _launch(
     activation: int = 0,
     alpha: float = 0.0,
     limit: float = 0.0,
+    joint: bool = False,
+    slots: int = 0,
 ) -> None:
     """One launch over the pairs: c[pair, :n] for B = w[expert] ([E, n, k]; w13: [E, 2n, k]). `route`:
-    the alignment for the grouped GEMM, or (tiles.gemv) the topk_ids for the GEMV (kernels/moe_gemv.py)."""
+    the alignment for the grouped GEMM, or (tiles.gemv) the topk_ids [T, top_k] for the GEMV
+    (kernels/moe_gemv.py: `joint` gate and up rows, or `slots` > 0: c[token] the sum of its slots)."""
     quant = Q_NONE if not isinstance(w, QuantizedWeight) else MOE_FORMATS[w.scheme.format_name]
     data = w.data if isinstance(w, QuantizedWeight) else w
     b_scale = w.scale if isinstance(w, QuantizedWeight) else None
@@ -216,13 +219,18 @@ def _launch(
         num_stages=tiles.num_stages,
     )
     if tiles.gemv:
-        grid = (triton.cdiv(n, tiles.block_n), route.numel())
-        words = as_words(data) if quant == Q_MXFP4 and w4_gemv_fits(k, MX_GROUP, tiles.block_k) else None
+        t, top_k = route.shape
+        words = _words(data, k, tiles.block_k) if quant == Q_MXFP4 else None
         if words is not None:  # MXFP4 read as words of eight nibbles (kernels/gemv_w4.py)
             pointers = (pointers[0], words, *pointers[2:])
             strides = (*strides[:2], *words.stride(), *strides[5:])
-        moe_gemv_kernel[grid](*pointers, route, n, k, alpha, limit, *strides, **flags, WORDS=words is not None,
-                              FP4_BITS=FP4_BITS, **pdl_launch())  # fmt: skip
+        rows_per_expert = strides[2] // strides[3]  # SLOTS: the experts' rows read as one matrix (_flat_experts)
+        if slots:
+            flags["BLOCK_N"] = max(1, tiles.block_n // slots)  # the tile's rows shared by the slots
+        grid = (triton.cdiv(n, flags["BLOCK_N"]), t if slots else t * top_k)
+        moe_gemv_kernel[grid](*pointers, route, n, k, alpha, limit, top_k, rows_per_expert, *strides, **flags,
+                              WORDS=words is not None, FP4_BITS=FP4_BITS, JOINT=joint, SLOTS=slots,
+                              **pdl_launch())  # fmt: skip
         return
     grid = (route.num_blocks * triton.cdiv(n, tiles.block_n),)
     fused_moe_kernel[grid](
@@ -230,6 +238,32 @@ def _launch(
         alpha, limit, *strides, IEEE=a.dtype == torch.float32, BLOCK_M=tiles.block_m, GROUP_M=tiles.group_m, **flags,
         **pdl_launch(),
     )  # fmt: skip
+
+
+def _words(data: torch.Tensor, k: int, block_k: int) -> torch.Tensor | None:
+    """MXFP4 experts as int32 words for the GEMV, where the shape and the storage allow."""
+    return as_words(data) if w4_gemv_fits(k, MX_GROUP, block_k) else None
+
+
+def _flat_experts(w: torch.Tensor | QuantizedWeight, block_k: int) -> bool:
+    """Whether the GEMV can read the stacked experts [E, N, K] as one [E * N, K] matrix (SLOTS: each
+    slot's rows e * N + n), scales included: experts N rows apart, MXFP4 as words, FP8 block scales
+    whole (N a multiple of 128)."""
+    if not isinstance(w, QuantizedWeight):
+        return w.stride(0) == w.shape[1] * w.stride(1)
+    data, scale = w.data, w.scale
+    n = data.shape[1]
+    if w.scheme.format_name == "mxfp4:mx:none":
+        data = _words(data, 2 * data.shape[2], block_k)
+        scale_rows = n
+    else:
+        scale_rows = n // BLOCK if n % BLOCK == 0 else None
+    return (
+        data is not None
+        and scale_rows is not None
+        and data.stride(0) == n * data.stride(1)
+        and scale.stride(0) == scale_rows * scale.stride(1)
+    )
 
 
 def _expert_shape(w: torch.Tensor | QuantizedWeight) -> tuple[int, int, int]:
@@ -240,6 +274,17 @@ def _expert_shape(w: torch.Tensor | QuantizedWeight) -> tuple[int, int, int]:
         raise ValueError(f"triton fused_moe: experts in {w.scheme.format_name} are not among {sorted(MOE_FORMATS)}")
     e, n, k = w.data.shape
     return e, n, 2 * k if w.scheme.packed else k
+
+
+def moe_tiles_for(
+    x: torch.Tensor, w13: torch.Tensor | QuantizedWeight, w2: torch.Tensor | QuantizedWeight, top_k: int
+) -> MoeTiles:
+    """The tiles fused_moe takes for these operands (the table's for this GPU, else the default)."""
+    (e, _, h), i = _expert_shape(w13), _expert_shape(w2)[2]
+    fmt = w13.scheme.format_name if isinstance(w13, QuantizedWeight) else None
+    a_bytes = 1 if fmt == "fp8:block:group" else x.element_size()
+    b_bytes = 1 if fmt is not None else x.element_size()
+    return pick_moe_tiles(moe_kind(x.dtype, fmt), e, h, i, x.shape[0], top_k, a_bytes, b_bytes)
 
 
 @register("moe", "triton", supports=MOE_SUPPORTS, priority=10)
@@ -276,23 +321,26 @@ def fused_moe(
     fp8 = fmt == "fp8:block:group"
     if fp8 and not platform.has_fp8():  # Triton cannot compile FP8 dots for it (e.g. sm80)
         raise ValueError("triton fused_moe: FP8 block experts need FP8 support (NVIDIA sm89+, AMD MI300)")
-    if tiles is None:
-        a_bytes = 1 if fp8 else x.element_size()
-        b_bytes = 1 if fmt is not None else x.element_size()
-        tiles = pick_moe_tiles(moe_kind(x.dtype, fmt), e, h, i, t, top_k, a_bytes, b_bytes)
+    tiles = moe_tiles_for(x, w13, w2, top_k) if tiles is None else tiles
     # the grouped GEMM's alignment of the pairs to row blocks; the GEMV reads each pair's expert itself
-    route = topk_ids.reshape(-1) if tiles.gemv else moe_align(topk_ids, e, tiles.block_m)
+    route = topk_ids.contiguous() if tiles.gemv else moe_align(topk_ids, e, tiles.block_m)
+    # the GEMV's w2 summing each token's slots (no per-slot buffer) where the experts read as one matrix
+    slots = (
+        triton.next_power_of_2(top_k) if tiles.sum_slots and top_k > 1 and _flat_experts(w2, tiles.w2.block_k) else 0
+    )
     weights = topk_weights.reshape(-1)
     weights = weights if weights.dtype == torch.float32 else weights.float()
 
     a, a_scale = quantize_per_group(x, w13.data.dtype, BLOCK) if fp8 else (x, None)
     intermediate = torch.empty((t * top_k, i), dtype=x.dtype, device=x.device)
     _launch(a, a_scale, w13, intermediate, w13_bias, None, route, tiles.w13, n=i, k=h, a_row_div=top_k,
-            gated=True, activation=MOE_ACTIVATIONS.index(activation), alpha=alpha, limit=limit)  # fmt: skip
+            gated=True, activation=MOE_ACTIVATIONS.index(activation), alpha=alpha, limit=limit,
+            joint=tiles.joint)  # fmt: skip
 
     a, a_scale = quantize_per_group(intermediate, w2.data.dtype, BLOCK) if fp8 else (intermediate, None)
-    per_slot = out if top_k == 1 else torch.empty((t * top_k, h), dtype=x.dtype, device=x.device)
-    _launch(a, a_scale, w2, per_slot, w2_bias, weights, route, tiles.w2, n=h, k=i, a_row_div=1, gated=False)
-    if top_k > 1:
+    per_slot = out if top_k == 1 or slots else torch.empty((t * top_k, h), dtype=x.dtype, device=x.device)
+    _launch(a, a_scale, w2, per_slot, w2_bias, weights, route, tiles.w2, n=h, k=i, a_row_div=1, gated=False,
+            slots=slots)  # fmt: skip
+    if top_k > 1 and not slots:
         torch.sum(per_slot.view(t, top_k, h), dim=1, out=out)
     return out

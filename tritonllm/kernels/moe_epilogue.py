@@ -23,17 +23,23 @@ def moe_activation(gate, up, alpha, limit, ACTIVATION: tl.constexpr):
 @triton.jit
 def moe_store(acc, acc_up, c_ptr, bias_ptr, topk_weights_ptr, pair, valid, e, rn, offs_n, N, alpha, limit,
               stride_cm, stride_cn, stride_bias_e, GATED: tl.constexpr, ACTIVATION: tl.constexpr,
-              HAS_BIAS: tl.constexpr, MUL_WEIGHTS: tl.constexpr):  # fmt: skip
+              HAS_BIAS: tl.constexpr, MUL_WEIGHTS: tl.constexpr, SUM_TO=None):  # fmt: skip
     """c[pair, offs_n] for the [rows, BLOCK_N] float32 accumulators of rows `pair` (those `valid`):
     + the expert's bias (gate and up rows: N apart), the activation when GATED, x the pair's top-k
-    weight when MUL_WEIGHTS; stored in c's dtype."""
+    weight when MUL_WEIGHTS; stored in c's dtype. `e`: the rows' expert, one for all (a scalar) or
+    each row's ([rows, 1]). SUM_TO (a [1] row index): the valid rows summed and stored at that row
+    of c instead (a token's top-k slots, kernels/moe_gemv.py)."""
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + e * stride_bias_e + rn)[None, :].to(tl.float32)
+        acc += tl.load(bias_ptr + e * stride_bias_e + rn[None, :]).to(tl.float32)
         if GATED:
-            acc_up += tl.load(bias_ptr + e * stride_bias_e + N + rn)[None, :].to(tl.float32)
+            acc_up += tl.load(bias_ptr + e * stride_bias_e + N + rn[None, :]).to(tl.float32)
     if GATED:
         acc = moe_activation(acc, acc_up, alpha, limit, ACTIVATION)
     if MUL_WEIGHTS:
-        acc = acc * tl.load(topk_weights_ptr + pair)[:, None]
+        acc = acc * tl.load(topk_weights_ptr + pair, mask=valid, other=0.0)[:, None]
+    if SUM_TO is not None:
+        acc = tl.sum(tl.where(valid[:, None], acc, 0.0), axis=0)[None, :]
+        pair = SUM_TO
+        valid = SUM_TO >= 0
     c_ptrs = c_ptr + pair[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & (offs_n < N)[None, :])

@@ -29,73 +29,119 @@ from tritonllm.kernels.moe_epilogue import moe_store
 
 
 @triton.jit
-def _row_dot(a_row_ptr, a_scale_row_ptr, b_ptr, b_scale_ptr, rn, K, stride_ak, stride_ask, stride_bn, stride_bk,
-             stride_bsn, stride_bsk, QUANT: tl.constexpr, GROUP_K: tl.constexpr, EVEN_K: tl.constexpr,
-             WORDS: tl.constexpr, FP4_BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
-    """sum over K of w[rn, k] * a[k] in float32 for one activation row and the weight rows rn (MXFP4
-    read as int32 words, WORDS: kernels/gemv_w4.py; b_ptr then points at words, stride_bn in words)."""
+def _row_dot(a_ptr, rows, a_scale_ptr, b_ptr, b_scale_ptr, rn, K, stride_am, stride_ak, stride_asm, stride_ask,
+             stride_bn, stride_bk, stride_bsn, stride_bsk, QUANT: tl.constexpr, GROUP_K: tl.constexpr,
+             EVEN_K: tl.constexpr, WORDS: tl.constexpr, FP4_BITS: tl.constexpr, SLOTS: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """sum over K of w[rn, k] * a[row, k] in float32: one activation row (`rows` a scalar) against the
+    weight rows rn [BLOCK_N]; or (SLOTS) a token's slots, `rows` [SLOTS] activation rows each against
+    its own weight rows rn [SLOTS, BLOCK_N] of the experts' stacked weights read as one [E * N, K]
+    matrix (row e * N + n). MXFP4 read as int32 words (WORDS: kernels/gemv_w4.py; b_ptr then points
+    at words, stride_bn in words)."""
     if QUANT == 2 and WORDS:
-        return w4_row_dot(a_row_ptr, 0, None, b_ptr, b_scale_ptr, b_scale_ptr, rn, 0, K, 0, stride_ak, stride_bn,
-                          stride_bsn, stride_bsk, True, FP4_BITS, GROUP_K, EVEN_K, 1, BLOCK_N, BLOCK_K // 8)  # fmt: skip
-    PACK: tl.constexpr = 2 if QUANT == 2 else 1  # K values per byte of B
-    offs_k = tl.arange(0, BLOCK_K)
-    offs_kb = tl.arange(0, BLOCK_K // PACK)
-    b_ptrs = b_ptr + rn[:, None] * stride_bn + offs_kb[None, :] * stride_bk
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
-        if EVEN_K:
-            b = tl.load(b_ptrs)
+        acc = w4_row_dot(a_ptr, rows, None, b_ptr, b_scale_ptr, b_scale_ptr, rn, 0, K, stride_am, stride_ak, stride_bn,
+                         stride_bsn, stride_bsk, True, FP4_BITS, GROUP_K, EVEN_K, SLOTS if SLOTS else 1, BLOCK_N,
+                         BLOCK_K // 8)  # fmt: skip
+    else:
+        PACK: tl.constexpr = 2 if QUANT == 2 else 1  # K values per byte of B
+        offs_k = tl.arange(0, BLOCK_K)
+        offs_kb = tl.arange(0, BLOCK_K // PACK)
+        # float weights: products accumulated per K column and summed once after the loop (a sum a step
+        # is a cross-warp reduction through shared memory, barriers included, every iteration)
+        if SLOTS:
+            a_ptrs = a_ptr + rows[:, None, None] * stride_am + (rn * 0)[:, :, None] + offs_k[None, None, :] * stride_ak
+            b_ptrs = b_ptr + rn[:, :, None] * stride_bn + offs_kb[None, None, :] * stride_bk  # [SLOTS, BLOCK_N, .]
+            acc = tl.zeros((SLOTS, BLOCK_N) if QUANT == 2 else (SLOTS, BLOCK_N, BLOCK_K), dtype=tl.float32)
         else:
-            b = tl.load(b_ptrs, mask=(k // PACK + offs_kb < K // PACK)[None, :], other=0.0)
-        if QUANT == 2:
-            acc += gemv_decoded_part(b, a_row_ptr, b_scale_ptr, b_scale_ptr, rn, k, K, stride_ak, stride_bsn,
-                                     stride_bsk, DEC_FP4, GROUP_K, BLOCK_K, BLOCK_N)  # fmt: skip
-        else:
+            a_ptrs = (
+                a_ptr + rows * stride_am + (rn * 0)[:, None] + offs_k[None, :] * stride_ak
+            )  # [BLOCK_N, BLOCK_K]: the weight tile's layout
+            b_ptrs = b_ptr + rn[:, None] * stride_bn + offs_kb[None, :] * stride_bk
+            acc = tl.zeros((BLOCK_N,) if QUANT == 2 else (BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
             if EVEN_K:
-                a = tl.load(a_row_ptr + (k + offs_k) * stride_ak)
+                b = tl.load(b_ptrs)
             else:
-                a = tl.load(a_row_ptr + (k + offs_k) * stride_ak, mask=k + offs_k < K, other=0.0)
-            part = tl.sum(b.to(tl.float32) * a.to(tl.float32)[None, :], axis=1)
-            if QUANT == 1:  # FP8 block: the tile lies in one K group
-                a_s = tl.load(a_scale_row_ptr + (k // GROUP_K) * stride_ask)
-                b_s = tl.load(b_scale_ptr + (rn // GROUP_K) * stride_bsn + (k // GROUP_K) * stride_bsk)
-                part = part * a_s * b_s
-            acc += part
-        b_ptrs += (BLOCK_K // PACK) * stride_bk
+                b = tl.load(b_ptrs, mask=k // PACK + offs_kb < K // PACK, other=0.0)
+            if QUANT == 2:  # bytes (not SLOTS: the launcher gives SLOTS the words)
+                acc += gemv_decoded_part(b, a_ptr + rows * stride_am, b_scale_ptr, b_scale_ptr, rn, k, K, stride_ak,
+                                         stride_bsn, stride_bsk, DEC_FP4, GROUP_K, BLOCK_K, BLOCK_N)  # fmt: skip
+            else:
+                if EVEN_K:
+                    a = tl.load(a_ptrs).to(tl.float32)
+                else:
+                    a = tl.load(a_ptrs, mask=k + offs_k < K, other=0.0).to(tl.float32)
+                if QUANT == 1:  # FP8 block: the tile lies in one K group (SLOTS: N a multiple of it, so rn // GROUP_K
+                    # is the flat row of the expert's scales)
+                    a_s = tl.load(a_scale_ptr + rows * stride_asm + (k // GROUP_K) * stride_ask)
+                    b_s = tl.load(b_scale_ptr + (rn // GROUP_K) * stride_bsn + (k // GROUP_K) * stride_bsk)
+                    if SLOTS:
+                        acc += b.to(tl.float32) * (a * (a_s[:, None] * b_s)[:, :, None])
+                    else:
+                        acc += b.to(tl.float32) * (a * (a_s * b_s)[:, None])
+                else:
+                    acc += b.to(tl.float32) * a
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += (BLOCK_K // PACK) * stride_bk
+        if QUANT != 2:
+            acc = tl.sum(acc, axis=len(acc.shape) - 1)
     return acc
 
 
 @triton.jit
 def moe_gemv_kernel(
     a_ptr, b_ptr, c_ptr, bias_ptr, a_scale_ptr, b_scale_ptr, topk_weights_ptr, topk_ids_ptr,
-    N, K, alpha, limit,
+    N, K, alpha, limit, top_k, rows_per_expert,
     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn, stride_bias_e,
     stride_asm, stride_ask, stride_bse, stride_bsn, stride_bsk,
     A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
     MUL_WEIGHTS: tl.constexpr, QUANT: tl.constexpr, GROUP_K: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WORDS: tl.constexpr = False, FP4_BITS: tl.constexpr = True,
-    PDL: tl.constexpr = False,
+    JOINT: tl.constexpr = False, SLOTS: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """c[pair, n] for one pair (program axis 1) and BLOCK_N columns (axis 0): A row pair // A_ROW_DIV,
-    B the pair's expert's [N (x2 when GATED), K] matrix."""
+    B the pair's expert's [N (x2 when GATED), K] matrix. JOINT (GATED): the gate and up rows in one
+    pass over K, which shares the activation's loads and keeps twice the weight loads in flight.
+    SLOTS (a power of two >= top_k; not GATED): program axis 1 is a token, and its top_k pairs'
+    weighted results are summed in registers and stored at c[token] (no per-slot buffer, no sum
+    launch); the stacked weight is read as [E * rows_per_expert, K] rows."""
     pdl_wait(PDL)
     pid_n = tl.program_id(0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
+    if SLOTS:
+        token = tl.program_id(1)
+        offs_s = tl.arange(0, SLOTS)
+        valid = offs_s < top_k
+        pairs = token * top_k + tl.where(valid, offs_s, 0)
+        e = tl.load(topk_ids_ptr + pairs).to(tl.int64)
+        acc = _row_dot(a_ptr, (pairs // A_ROW_DIV).to(tl.int64), a_scale_ptr, b_ptr, b_scale_ptr,
+                       e[:, None] * rows_per_expert + rn[None, :], K, stride_am, stride_ak, stride_asm, stride_ask,
+                       stride_bn, stride_bk, stride_bsn, stride_bsk, QUANT, GROUP_K, EVEN_K, WORDS, FP4_BITS, SLOTS,
+                       BLOCK_N, BLOCK_K)  # fmt: skip
+        moe_store(acc, acc, c_ptr, bias_ptr, topk_weights_ptr, pairs, valid, e[:, None], rn, offs_n, N, alpha, limit,
+                  stride_cm, stride_cn, stride_bias_e, False, ACTIVATION, HAS_BIAS, MUL_WEIGHTS,
+                  tl.full([1], 0, tl.int32) + token)  # fmt: skip
+        return
     pair = tl.program_id(1)
     e = tl.load(topk_ids_ptr + pair).to(tl.int64)
     row = (pair // A_ROW_DIV).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rn = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
-    a_row_ptr = a_ptr + row * stride_am
-    a_scale_row_ptr = a_scale_ptr + row * stride_asm
     b_ptr += e * stride_be
     b_scale_ptr += e * stride_bse
-    acc = _row_dot(a_row_ptr, a_scale_row_ptr, b_ptr, b_scale_ptr, rn, K, stride_ak, stride_ask, stride_bn, stride_bk,
-                   stride_bsn, stride_bsk, QUANT, GROUP_K, EVEN_K, WORDS, FP4_BITS, BLOCK_N, BLOCK_K)  # fmt: skip
-    acc_up = acc
-    if GATED:  # w13's up rows, N below the gate rows
-        acc_up = _row_dot(a_row_ptr, a_scale_row_ptr, b_ptr, b_scale_ptr, rn + N, K, stride_ak, stride_ask, stride_bn,
-                          stride_bk, stride_bsn, stride_bsk, QUANT, GROUP_K, EVEN_K, WORDS, FP4_BITS, BLOCK_N,
-                          BLOCK_K)  # fmt: skip
+    if GATED and JOINT:  # rows gate n, up n, gate n + 1, ...: one pass, then the two halves apart
+        both = _row_dot(a_ptr, row, a_scale_ptr, b_ptr, b_scale_ptr, tl.reshape(tl.join(rn, rn + N), [2 * BLOCK_N]), K,
+                        stride_am, stride_ak, stride_asm, stride_ask, stride_bn, stride_bk, stride_bsn, stride_bsk,
+                        QUANT, GROUP_K, EVEN_K, WORDS, FP4_BITS, 0, 2 * BLOCK_N, BLOCK_K)  # fmt: skip
+        acc, acc_up = tl.split(tl.reshape(both, [BLOCK_N, 2]))
+    else:
+        acc = _row_dot(a_ptr, row, a_scale_ptr, b_ptr, b_scale_ptr, rn, K, stride_am, stride_ak, stride_asm,
+                       stride_ask, stride_bn, stride_bk, stride_bsn, stride_bsk, QUANT, GROUP_K, EVEN_K, WORDS,
+                       FP4_BITS, 0, BLOCK_N, BLOCK_K)  # fmt: skip
+        acc_up = acc
+        if GATED:  # w13's up rows, N below the gate rows
+            acc_up = _row_dot(a_ptr, row, a_scale_ptr, b_ptr, b_scale_ptr, rn + N, K, stride_am, stride_ak,
+                              stride_asm, stride_ask, stride_bn, stride_bk, stride_bsn, stride_bsk, QUANT, GROUP_K,
+                              EVEN_K, WORDS, FP4_BITS, 0, BLOCK_N, BLOCK_K)  # fmt: skip
     pairs = tl.full([1], 0, tl.int32) + pair
     moe_store(acc[None, :], acc_up[None, :], c_ptr, bias_ptr, topk_weights_ptr, pairs, pairs >= 0, e, rn, offs_n, N,
               alpha, limit, stride_cm, stride_cn, stride_bias_e, GATED, ACTIVATION, HAS_BIAS, MUL_WEIGHTS)  # fmt: skip

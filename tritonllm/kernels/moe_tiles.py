@@ -8,7 +8,9 @@ kernels/tuned/moe_<device name>.json:
 
 KIND is the expert weights' kind ("bfloat16", "float16", "float32", "fp8_block", "mxfp4"), E the
 experts, H the hidden size, I the intermediate size, TOKENS the batch's tokens (its M bucket: the
-smallest tuned TOKENS >= T, else the largest). No autotuning in the serving path. Without an entry
+smallest tuned TOKENS >= T, else the largest, unless that is a GEMV's: a table swept at decode sizes
+only leaves larger batches to the default, not to one program per pair). GEMV entries may carry
+"joint" and "sum_slots" (MoeTiles' variants). No autotuning in the serving path. Without an entry
 the default depends on the expected rows per expert, T * top_k / E: small blocks when each expert
 sees few rows (decode: the weight read is the cost), larger ones as the rows grow.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -31,10 +34,16 @@ from tritonllm.kernels.quant_formats import BLOCK
 class MoeTiles:
     w13: GemmTiles  # x @ w13[e].T with the activation (N = I, K = H)
     w2: GemmTiles  # intermediate @ w2[e].T (N = H, K = I); block_m equal to w13's
+    # the GEMV's variants (kernels/moe_gemv.py): w13's gate and up rows in one pass over K (JOINT);
+    # w2 summing each token's top-k slots in registers, its block_n then shared by the slots (SLOTS)
+    joint: bool = False
+    sum_slots: bool = False
 
     def __post_init__(self) -> None:
         if self.w13.gemv != self.w2.gemv:
             raise ValueError("MoE tiles: both launches are GEMVs (kernels/moe_gemv.py) or neither")
+        if (self.joint or self.sum_slots) and not self.w13.gemv:
+            raise ValueError("MoE tiles: joint and sum_slots are variants of the GEMV (gemv tiles)")
         if self.w13.block_m != self.w2.block_m:
             raise ValueError(f"MoE tiles: both GEMMs take one BLOCK_M, not {self.w13.block_m} and {self.w2.block_m}")
 
@@ -69,7 +78,27 @@ def tuned_moe_tiles(kind: str, e: int, h: int, i: int, tokens: int, device_name:
         return None
     buckets = sorted(int(t) for t in shapes)
     entry = shapes[str(next((t for t in buckets if t >= tokens), buckets[-1]))]
-    return MoeTiles(GemmTiles(**entry["w13"]), GemmTiles(**entry["w2"]))
+    if tokens > buckets[-1] and entry["w13"].get("gemv"):  # a table of decode sizes only: not for a prefill
+        return None
+    return MoeTiles(
+        GemmTiles(**entry["w13"]), GemmTiles(**entry["w2"]), **{k: entry[k] for k in GEMV_VARIANTS if k in entry}
+    )
+
+
+# the GEMV variants by name; TRITONLLM_MOE_GEMV ("joint,sum_slots", or "none") sets them over the
+# table's and the default's for A/B runs (scripts/bench_moe.py --gemv-variants, gpu_check.sh moe-gemv)
+GEMV_VARIANTS = ("joint", "sum_slots")
+
+
+@functools.cache
+def gemv_variants_override() -> dict[str, bool] | None:
+    text = os.environ.get("TRITONLLM_MOE_GEMV")
+    if text is None:
+        return None
+    names = {n for n in text.replace(" ", "").split(",") if n and n != "none"}
+    if not names <= set(GEMV_VARIANTS):
+        raise ValueError(f"TRITONLLM_MOE_GEMV={text!r}: names among {GEMV_VARIANTS}, comma-separated, or 'none'")
+    return {n: n in names for n in GEMV_VARIANTS}
 
 
 # up to this many expected pairs per expert the GEMV (no alignment, no row padding) is the default:
@@ -106,6 +135,9 @@ def pick_moe_tiles(kind: str, e: int, h: int, i: int, tokens: int, top_k: int, a
     family = gpu_family()
     if tiles is None:
         tiles = default_moe_tiles(tokens * top_k / e, family, kind)
+    override = gemv_variants_override()
+    if override is not None and tiles.gemv:
+        tiles = replace(tiles, **override)
     return fit_moe_tiles(tiles, kind, a_bytes, b_bytes, family)
 
 
@@ -116,4 +148,4 @@ def fit_moe_tiles(tiles: MoeTiles, kind: str, a_bytes: int, b_bytes: int, family
         w2 = fit_shared_memory(w2, a_bytes, b_bytes, family)
     if kind == "fp8_block":  # each K tile inside one 128-column scale group
         w13, w2 = (replace(t, block_k=min(t.block_k, BLOCK)) for t in (w13, w2))
-    return MoeTiles(w13, w2)
+    return replace(tiles, w13=w13, w2=w2)
