@@ -1,7 +1,7 @@
 """Time the Triton fused MoE (kernels/moe.py) beside torch baselines, on the GPU.
 
     python scripts/bench_moe.py OUT.json [--shapes qwen3 mixtral] [--kinds bfloat16 fp8_block mxfp4]
-        [--tokens 1 4 16 64 256 1024 4096 8192] [--torch-ref-max-tokens 256] [--gemv-variants]
+        [--tokens 1 4 16 64 256 1024 4096 8192] [--torch-ref-max-tokens 256] [--variants]
 
 Shapes: Qwen3-30B-A3B (E 128, top-8, H 2048, I 768) and Mixtral-8x7B (E 8, top-2, H 4096, I 14336),
 random bf16 weights (FP8 block-128 and MXFP4 experts quantized from them), random router logits
@@ -20,10 +20,10 @@ routed by the Triton router (softmax, renormalised). Per case:
   1 x 128 quantization, which the loop does not do: a few 1e-2 is expected there);
 - tflops: useful work 2 T k (H 2I + I H) over triton_ms; weight_gbps: the expert weights actually
   touched (distinct experts hit x bytes per expert, scales included) over triton_ms;
-- gemv_variants (--gemv-variants, cases whose tiles are the GEMV's): the layer with each of the GEMV's
-  variants off and on (kernels/moe_gemv.py: "none", "joint", "sum_slots", "both"), the tiles
-  otherwise those picked: warm ms, graph ms (decode sizes), weight GB/s by graph (else warm) time,
-  and the error against the loop.
+- variants (--variants): the layer with each variant of its picked tiles off and on, the tiles
+  otherwise those picked: the GEMV's (kernels/moe_gemv.py: "none", "joint", "sum_slots", "both"), the
+  grouped GEMM's ("none", "tma_w13", "tma_w2", "tma": B through tensor descriptors); warm ms, graph
+  ms (decode sizes), weight GB/s and TFLOP/s by graph (else warm) time, the error against the loop.
 
 Writes every row to OUT.json (device, torch and Triton versions) and prints a table.
 """
@@ -150,25 +150,31 @@ def device_name() -> str:
     return torch.cuda.get_device_name() if platform.is_gpu() else "cpu (interpreter)"
 
 
-GEMV_VARIANTS = {"none": {}, "joint": dict(joint=True), "sum_slots": dict(sum_slots=True),
-                 "both": dict(joint=True, sum_slots=True)}  # fmt: skip
+# the layer's variants (MoeTiles' flags) A/B-timed by --variants: the GEMV's, or the grouped GEMM's
+VARIANTS = {
+    "gemv": {"none": {}, "joint": dict(joint=True), "sum_slots": dict(sum_slots=True),
+             "both": dict(joint=True, sum_slots=True)},
+    "grouped": {"none": {}, "tma_w13": dict(tma_w13=True), "tma_w2": dict(tma_w2=True),
+                "tma": dict(tma_w13=True, tma_w2=True)},
+}  # fmt: skip
+NO_VARIANTS = dict(joint=False, sum_slots=False, tma_w13=False, tma_w2=False)
 
 
-def gemv_variants(x, w13, w2, weights, ids, expected: torch.Tensor, weight_bytes: int) -> dict:
-    """The layer under each GEMV variant (bench_case's operands; {} where the picked tiles are not the GEMV)."""
+def layer_variants(x, w13, w2, weights, ids, expected: torch.Tensor, flops: float, weight_bytes: int) -> dict:
+    """The layer under each variant of the picked tiles' kind (bench_case's operands), the tiles
+    otherwise those picked."""
     picked = moe_tiles_for(x, w13, w2, ids.shape[1])
-    if not picked.gemv:
-        return {}
     out = {}
-    for name, flags in GEMV_VARIANTS.items():
-        tiles = replace(picked, **{"joint": False, "sum_slots": False, **flags})
+    for name, flags in VARIANTS["gemv" if picked.gemv else "grouped"].items():
+        tiles = replace(picked, **{**NO_VARIANTS, **flags})
         run = lambda: fused_moe(x, w13, w2, weights, ids, tiles=tiles)  # noqa: E731, B023
-        row = dict(
-            ms=median_ms(run), rel_error_vs_loop=float((run().float() - expected).abs().max() / expected.abs().max())
-        )
-        if platform.is_gpu():
+        err = float((run().float() - expected).abs().max() / expected.abs().max())
+        row = dict(ms=median_ms(run), rel_error_vs_loop=err)
+        if platform.is_gpu() and x.shape[0] <= 256:
             row["graph_ms"] = graph_ms(run)
-        row["weight_gbps"] = weight_bytes / (row.get("graph_ms", row["ms"]) * 1e-3) / 1e9
+        seconds = row.get("graph_ms", row["ms"]) * 1e-3
+        row["weight_gbps"] = weight_bytes / seconds / 1e9
+        row["tflops"] = flops / seconds / 1e12
         out[name] = row
     return out
 
@@ -199,9 +205,11 @@ def bench_case(name: str, kind: str, experts: dict, tokens: int, torch_ref_max: 
     row["weight_gbps"] = hit * (bytes_per_expert(w13) + bytes_per_expert(w2)) / (row["triton_ms"] * 1e-3) / 1e9
     row["speedup_vs_loop"] = row["loop_ms"] / row["triton_ms"]
     if variants:
-        row["gemv_variants"] = gemv_variants(
-            x, w13, w2, weights, ids, expected, row["weight_gbps"] * row["triton_ms"] * 1e6
+        flops, weight_bytes = (
+            2 * tokens * top_k * (h * 2 * i + i * h),
+            hit * (bytes_per_expert(w13) + bytes_per_expert(w2)),
         )
+        row["variants"] = layer_variants(x, w13, w2, weights, ids, expected, flops, weight_bytes)
     return row
 
 
@@ -217,7 +225,7 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     add_problem_args(parser)
     parser.add_argument("--torch-ref-max-tokens", type=int, default=256, help="time the float32 reference up to here")
-    parser.add_argument("--gemv-variants", action="store_true", help="time the GEMV's variants where it runs")
+    parser.add_argument("--variants", action="store_true", help="time the picked tiles' variants (MoeTiles' flags)")
     args = parser.parse_args()
     import triton
 
@@ -227,16 +235,16 @@ def main() -> None:
         for kind in args.kinds:
             experts = make_experts(kind, e, h, i)
             for tokens in args.tokens:
-                row = bench_case(name, kind, experts, tokens, args.torch_ref_max_tokens, args.gemv_variants)
+                row = bench_case(name, kind, experts, tokens, args.torch_ref_max_tokens, args.variants)
                 rows.append(row)
                 graph = f" graph {row['triton_graph_ms']:.3f}" if "triton_graph_ms" in row else ""
                 print(f"{name:8s} {kind:9s} T={tokens:5d}: triton {row['triton_ms']:.3f} ms{graph} (cold "
                       f"{row['triton_cold_ms']:.1f}) loop {row['loop_ms']:.3f} ms x{row['speedup_vs_loop']:.2f}  "
                       f"{row['tflops']:.0f} TFLOP/s  {row['weight_gbps']:.0f} GB/s ({row['experts_hit']} experts)  "
                       f"route {row['route_ms'] * 1e3:.1f} us  err {row['rel_error_vs_loop']:.1e}", flush=True)  # fmt: skip
-                for variant, v in row.get("gemv_variants", {}).items():
-                    print(f"    gemv {variant:9s}: {v.get('graph_ms', v['ms']) * 1e3:7.1f} us  {v['weight_gbps']:5.0f} GB/s  "
-                          f"err {v['rel_error_vs_loop']:.1e}", flush=True)  # fmt: skip
+                for variant, v in row.get("variants", {}).items():
+                    print(f"    {variant:9s}: {v.get('graph_ms', v['ms']) * 1e3:8.1f} us  {v['weight_gbps']:5.0f} GB/s  "
+                          f"{v['tflops']:5.0f} TFLOP/s  err {v['rel_error_vs_loop']:.1e}", flush=True)  # fmt: skip
                 args.out.write_text(json.dumps(dict(device=device_name(), torch=torch.__version__,
                                                     triton=triton.__version__, rows=rows), indent=1))  # fmt: skip
             del experts

@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-gemv] [llama3-8b-config]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [llama3-8b-config]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -328,18 +328,22 @@ PY
         | tee "$OUT/gpu_tests_norm_in_gemm.log" | tail -15
       QUANT_VARIANTS="bf16_torch fp8_gluon fp8_gluon_xn fp8_gluon_xnmlp" QUANT_EXPS=batch1_decode bash "$0" e2e-quant
       TIMELINE_VARIANTS="fp8 fp8_xn fp8_xnmlp" bash "$0" timeline ;;
-    moe-gemv)
-      # session 26's build, for its first GPU run: the MoE GEMV's variants (joint gate/up pass, w2 summing the
-      # slots in registers) and its deferred K reduction. GPU tests, the layer at decode sizes under each variant
-      # (Qwen3-30B-A3B bf16 / FP8 block, gpt-oss MXFP4; tiles as picked), the tile sweep of gpt-oss MXFP4 at
-      # 1 token with the variants (its table installed in this copy), then gpt-oss-20b batch 1 end to end per variant
+    moe-variants)
+      # session 26's build, for its first GPU run: the MoE GEMV's deferred K reduction and its variants (joint
+      # gate/up pass, w2 summing the slots in registers), the grouped GEMM's B through tensor descriptors (TMA).
+      # GPU tests; the layer under each variant at decode sizes (Qwen3-30B-A3B bf16 / FP8 block, gpt-oss MXFP4)
+      # and at prefill sizes (Qwen3 bf16 / FP8 block: the 450 TFLOP/s target at 8192); the tile sweep of gpt-oss
+      # MXFP4 at 1 token with the variants (its table installed in this copy); gpt-oss-20b batch 1 end to end
+      # with the variants off and on (MOE_VARIANTS="none joint,sum_slots")
       python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_moe.py 2>&1 | tee "$OUT/gpu_tests_moe.log" | tail -5
-      python3 scripts/bench_moe.py "$OUT/moe_gemv_variants.json" --shapes qwen3 gptoss --kinds bfloat16 fp8_block mxfp4 \
-        --tokens 1 4 --torch-ref-max-tokens 0 --gemv-variants 2>&1 | tee "$OUT/moe_gemv_variants.log" | tail -40
+      python3 scripts/bench_moe.py "$OUT/moe_variants_decode.json" --shapes qwen3 gptoss --kinds bfloat16 fp8_block mxfp4 \
+        --tokens 1 4 --torch-ref-max-tokens 0 --variants 2>&1 | tee "$OUT/moe_variants_decode.log" | tail -40
+      python3 scripts/bench_moe.py "$OUT/moe_variants_prefill.json" --shapes qwen3 --kinds bfloat16 fp8_block \
+        --tokens 1024 4096 8192 --torch-ref-max-tokens 0 --variants 2>&1 | tee "$OUT/moe_variants_prefill.log" | tail -30
       TUNE_MOE="gptoss:mxfp4" TUNE_MOE_TOKENS="1" bash "$0" tune-moe
       cp "$OUT/moe_tuned.json" tritonllm/kernels/tuned/moe_NVIDIA_H200.json
-      for variant in ${MOE_GEMV_VARIANTS:-none joint,sum_slots}; do
-        TRITONLLM_MOE_GEMV=$variant MOE_RUNS=gptoss_batch1 MOE_TAG="_gemv_${variant/,/_}" bash "$0" e2e-moe
+      for variant in ${MOE_VARIANTS:-none joint,sum_slots}; do
+        TRITONLLM_MOE_VARIANTS=$variant MOE_RUNS=gptoss_batch1 MOE_TAG="_variants_${variant/,/_}" bash "$0" e2e-moe
       done ;;
     timeline)
       # what each kernel adds to a batch-1 decode step with PDL on (scripts/step_timeline.py: exposed time, not

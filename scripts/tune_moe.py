@@ -8,10 +8,12 @@ For each (shape, kind, tokens), every BLOCK_M that the expected rows per expert 
 each of the two GEMM launches (w13 with the activation; w2 with the weights, timed with the sum
 over the top-k slots that follows it) every (BLOCK_N, BLOCK_K, warps, stages) candidate, timed
 alone on the real alignment (triton.testing.do_bench medians, L2 flushed); a launch's output is
-checked against float32 of the same operands. The GEMV (BLOCK_M 1) also times its variants
-(kernels/moe_gemv.py): w13 with gate and up rows in one pass ("w13_joint"), w2 summing each
-token's slots in registers ("w2_slots"); the table records the faster of each pair (`joint`,
-`sum_slots`). The case's winner is the BLOCK_M whose best w13 plus best w2 is fastest. Compilation is the slow part: a pool
+checked against float32 of the same operands. Each launch also times its variants (MoeTiles'
+flags): the GEMV's (BLOCK_M 1, kernels/moe_gemv.py) w13 with gate and up rows in one pass
+("w13_joint") and w2 summing each token's slots in registers ("w2_slots"); the grouped GEMM's B
+through a tensor descriptor ("w13_tma", "w2_tma"; float and FP8 experts). The table records which
+variant of each launch won (VARIANT_FLAGS). The case's winner is the BLOCK_M whose best w13 plus
+best w2 is fastest. Compilation is the slow part: a pool
 of worker processes first runs every distinct kernel once on small stand-in weights (filling
 Triton's on-disk cache), then the timing process loads compiled kernels. One shape and kind takes a
 few minutes; run them one at a time (`--shapes qwen3 --kinds bfloat16`) and merge the files with
@@ -100,16 +102,16 @@ class Case:
         the summed out [T, H] (its slots a power of two >= top_k)."""
         fitted = fit_moe_tiles(MoeTiles(tiles, tiles), self.kind, 2, 2 if SCHEMES[self.kind] is None else 1)
         route = self.ids if tiles.gemv else self.align(tiles.block_m)
-        if which in ("w13", "w13_joint"):
+        if which.startswith("w13"):
             moe._launch(self.a1, self.s1, self.w13, self.out1, None, None, route, fitted.w13, n=self.i, k=self.h,
-                        a_row_div=self.top_k, gated=True, joint=which == "w13_joint")  # fmt: skip
+                        a_row_div=self.top_k, gated=True, joint=which == "w13_joint", tma=which == "w13_tma")  # fmt: skip
             return self.out1
         if which == "w2_slots":
             moe._launch(self.a2, self.s2, self.w2, self.out, None, self.flat_weights, route, fitted.w2, n=self.h,
                         k=self.i, a_row_div=1, gated=False, slots=triton.next_power_of_2(self.top_k))  # fmt: skip
             return self.out
         moe._launch(self.a2, self.s2, self.w2, self.out2, None, self.flat_weights, route, fitted.w2, n=self.h,
-                    k=self.i, a_row_div=1, gated=False)  # fmt: skip
+                    k=self.i, a_row_div=1, gated=False, tma=which == "w2_tma")  # fmt: skip
         if self.top_k > 1:
             torch.sum(self.out2.view(-1, self.top_k, self.h), dim=1, out=self.out)
         return self.out2
@@ -162,10 +164,15 @@ def _expected(case: Case, which: str) -> torch.Tensor:
     return out.view(-1, case.top_k, case.h).sum(1) if which == "w2_slots" else out
 
 
-def launches(block_m: int, top_k: int) -> tuple[str, ...]:
-    """The launches a BLOCK_M times: the GEMV's variants too (w2_slots where there are slots to sum)."""
+# a launch's variant -> the MoeTiles flag it sets when it wins
+VARIANT_FLAGS = {"w13_joint": "joint", "w2_slots": "sum_slots", "w13_tma": "tma_w13", "w2_tma": "tma_w2"}
+
+
+def launches(block_m: int, top_k: int, kind: str = "bfloat16") -> tuple[str, ...]:
+    """The launches a BLOCK_M times, with their variants: the GEMV's (w2_slots where there are slots to
+    sum), the grouped GEMM's descriptor reads (not for MXFP4, decoded from bytes)."""
     if block_m != 1:
-        return ("w13", "w2")
+        return ("w13", "w2") + (("w13_tma", "w2_tma") if kind != "mxfp4" else ())
     return ("w13", "w13_joint", "w2") + (("w2_slots",) if top_k > 1 else ())
 
 
@@ -173,7 +180,7 @@ def sweep(name: str, kind: str, tokens: int, experts: dict, rep: int) -> list[di
     case = Case(name, kind, tokens, experts)
     rows = []
     for block_m in block_ms(tokens, case.e, case.top_k):
-        for which in launches(block_m, case.top_k):
+        for which in launches(block_m, case.top_k, kind):
             expected = _expected(case, which)
             for tiles in candidates(kind, block_m):
                 base = dict(shape=name, kind=kind, tokens=tokens, gemm=which, tiles=asdict(tiles))
@@ -189,9 +196,9 @@ def sweep(name: str, kind: str, tokens: int, experts: dict, rep: int) -> list[di
 
 
 def tuned_table(rows: list[dict]) -> dict:
-    """{kind: {"E,H,I": {tokens: {"w13": tiles, "w2": tiles, "us": total[, "joint", "sum_slots"]}}}}: per
-    case, the BLOCK_M whose best w13 and best w2 (each within 2e-2 of float32; for the GEMV, each the
-    faster of its variants) sum to the least time."""
+    """{kind: {"E,H,I": {tokens: {"w13": tiles, "w2": tiles, "us": total, variant flags}}}}: per case,
+    the BLOCK_M whose best w13 and best w2 (each within 2e-2 of float32, each the fastest of its
+    variants) sum to the least time; the flags of that BLOCK_M's variants, True where one won."""
     best: dict = {}
     for r in rows:
         if "us" not in r or r["rel_error"] > 2e-2:
@@ -210,8 +217,10 @@ def tuned_table(rows: list[dict]) -> dict:
         entries = table.setdefault(kind, {}).setdefault(f"{e},{h},{i}", {})
         if str(tokens) not in entries or total < entries[str(tokens)]["us"]:
             entry = dict(w13=r["tiles"], w2=w2["tiles"], us=round(total, 2))
-            if block_m == 1:
-                entry.update(joint=r["gemm"] == "w13_joint", sum_slots=w2["gemm"] == "w2_slots")
+            variants = launches(block_m, 2)  # this BLOCK_M's variants: their flags, won or not
+            entry.update(
+                {flag: name in (r["gemm"], w2["gemm"]) for name, flag in VARIANT_FLAGS.items() if name in variants}
+            )
             entries[str(tokens)] = entry
     return table
 
@@ -244,7 +253,7 @@ def main() -> None:
         for name, kind, tokens in todo:
             e, top_k, _, _ = SHAPES[name]
             for block_m in block_ms(tokens, e, top_k):
-                for which, tiles in itertools.product(launches(block_m, top_k), candidates(kind, block_m)):
+                for which, tiles in itertools.product(launches(block_m, top_k, kind), candidates(kind, block_m)):
                     if (name, kind, which, tiles) not in seen:
                         seen.add((name, kind, which, tiles))
                         tasks.append((name, kind, tokens, which, tiles))
@@ -263,7 +272,7 @@ def main() -> None:
                     desc = lambda t: (
                         f"{t['block_m']}x{t['block_n']}x{t['block_k']} w{t['num_warps']} s{t['num_stages']}"
                     )  # noqa: E731
-                    variants = " ".join(v for v in ("joint", "sum_slots") if entry.get(v))
+                    variants = " ".join(v for v in VARIANT_FLAGS.values() if entry.get(v))
                     print(f"{name:8s} {kind:9s} T={tokens:5d}: {entry['us']:.1f} us  w13 {desc(entry['w13'])}  "
                           f"w2 {desc(entry['w2'])} {variants}", flush=True)  # fmt: skip
                 args.out.write_text(json.dumps(dict(device=device_name(), torch=torch.__version__,

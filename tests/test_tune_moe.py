@@ -56,6 +56,23 @@ def test_a_wrong_launch_is_left_out_of_the_table(monkeypatch) -> None:
     assert not tune_moe.tuned_table(timed)["bfloat16"][f"{e},{h},{i}"]["3"]["sum_slots"]
 
 
-@pytest.mark.parametrize("block_m, top_k, expect", [(16, 2, ("w13", "w2")), (1, 1, ("w13", "w13_joint", "w2"))])
-def test_launches(block_m, top_k, expect) -> None:
-    assert tune_moe.launches(block_m, top_k) == expect
+def test_the_grouped_sweep_times_the_descriptor_reads(monkeypatch) -> None:
+    grouped = [GemmTiles(16, 16, 32, 1, 1, 1)]
+    monkeypatch.setattr(tune_moe, "candidates", lambda kind, block_m: grouped)
+    monkeypatch.setattr(tune_moe, "block_ms", lambda tokens, e, top_k: [16])
+    e, _, h, i = tune_moe.SHAPES["tiny"]
+    rows = tune_moe.sweep("tiny", "bfloat16", 7, tune_moe.make_experts("bfloat16", e, h, i), rep=1)
+    assert sorted(r["gemm"] for r in rows) == ["w13", "w13_tma", "w2", "w2_tma"]
+    assert all("us" in r and r["rel_error"] < 1e-4 for r in rows), rows
+    timed = [dict(r, us=0.5 if r["gemm"] == "w2_tma" else 1.0) for r in rows]
+    entry = tune_moe.tuned_table(timed)["bfloat16"][f"{e},{h},{i}"]["7"]
+    assert (entry["tma_w13"], entry["tma_w2"]) == (False, True) and "joint" not in entry
+
+
+@pytest.mark.parametrize(
+    "block_m, top_k, kind, expect",
+    [(16, 2, "bfloat16", ("w13", "w2", "w13_tma", "w2_tma")), (16, 2, "mxfp4", ("w13", "w2")),
+     (1, 1, "bfloat16", ("w13", "w13_joint", "w2"))],
+)  # fmt: skip
+def test_launches(block_m, top_k, kind, expect) -> None:
+    assert tune_moe.launches(block_m, top_k, kind) == expect

@@ -191,23 +191,90 @@ def test_sum_slots_falls_back_where_the_experts_do_not_read_as_one_matrix(monkey
     assert [s["slots"] for s in seen] == [0, 0, 0, 0]
 
 
-def test_gemv_variants_override_from_the_environment(monkeypatch) -> None:
+def test_variants_override_from_the_environment(monkeypatch) -> None:
     from tritonllm.kernels import moe_tiles
 
-    for text, expect in (("joint,sum_slots", (True, True)), ("sum_slots", (False, True)), ("none", (False, False))):
-        monkeypatch.setenv("TRITONLLM_MOE_GEMV", text)
-        moe_tiles.gemv_variants_override.cache_clear()
+    cases = (("joint,sum_slots", (True, True, False, False)), ("sum_slots,tma", (False, True, True, True)),
+             ("tma_w2", (False, False, False, True)), ("none", (False, False, False, False)))  # fmt: skip
+    for text, (joint, sum_slots, tma_w13, tma_w2) in cases:
+        monkeypatch.setenv("TRITONLLM_MOE_VARIANTS", text)
+        moe_tiles.variants_override.cache_clear()
         tiles = moe_tiles.pick_moe_tiles("bfloat16", 128, 2048, 768, 1, 8, 2, 2)
-        assert tiles.gemv and (tiles.joint, tiles.sum_slots) == expect
-        assert not moe_tiles.pick_moe_tiles("bfloat16", 128, 2048, 768, 4096, 8, 2, 2).sum_slots  # not a GEMV
-    monkeypatch.setenv("TRITONLLM_MOE_GEMV", "joint,fast")
-    moe_tiles.gemv_variants_override.cache_clear()
+        assert tiles.gemv and (tiles.joint, tiles.sum_slots, tiles.tma_w13, tiles.tma_w2) == (joint, sum_slots, 0, 0)
+        tiles = moe_tiles.pick_moe_tiles("bfloat16", 128, 2048, 768, 4096, 8, 2, 2)
+        assert not tiles.gemv and (tiles.joint, tiles.sum_slots, tiles.tma_w13, tiles.tma_w2) == (0, 0, tma_w13, tma_w2)
+    monkeypatch.setenv("TRITONLLM_MOE_VARIANTS", "joint,fast")
+    moe_tiles.variants_override.cache_clear()
     with pytest.raises(ValueError, match="joint.*sum_slots"):
         moe_tiles.pick_moe_tiles("bfloat16", 128, 2048, 768, 1, 8, 2, 2)
-    monkeypatch.delenv("TRITONLLM_MOE_GEMV")
-    moe_tiles.gemv_variants_override.cache_clear()
+    monkeypatch.delenv("TRITONLLM_MOE_VARIANTS")
+    moe_tiles.variants_override.cache_clear()
     with pytest.raises(ValueError, match="variants of the GEMV"):
         MoeTiles(g.GemmTiles(16, 16, 16), g.GemmTiles(16, 16, 16), sum_slots=True)
+    with pytest.raises(ValueError, match="variants of the grouped GEMM"):
+        MoeTiles(GEMV_TILES["gemv_16x16"], GEMV_TILES["gemv_16x16"], tma_w2=True)
+
+
+def _spy_grouped(monkeypatch) -> list[bool]:
+    """The grouped GEMM launches' TMA_B flags, in order."""
+    from tritonllm.kernels import moe
+
+    seen, real = [], moe.fused_moe_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs["TMA_B"])
+                return real[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(moe, "fused_moe_kernel", Spy())
+    return seen
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    [g.GemmTiles(16, 16, 16, 1, 1, 2), g.GemmTiles(32, 32, 32, 1, 1, 1)],
+    ids=["16x16x16", "32x32x32"],
+)
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+def test_grouped_gemm_reads_the_experts_through_a_descriptor(tiles, activation, monkeypatch) -> None:
+    """tma_w13 / tma_w2: B's tiles through a tensor descriptor of the stacked experts; I 40 is not a
+    multiple of BLOCK_N (the last gate tile reads up rows, the last expert's up tile reads past the
+    end: zeros), K ragged against BLOCK_K (H 48 / 32, I 40). Each launch separately and both."""
+    seen = _spy_grouped(monkeypatch)
+    p = _problem(19, 8, 48, 40, 3, seed=29)
+    if activation == "swiglu_oai":
+        p["x"] = 4 * p["x"]
+    args, kwargs = _args(p, True)
+    expected = reference.fused_moe(*args, activation=activation, **kwargs)
+    for flags in (dict(tma_w13=True), dict(tma_w2=True), dict(tma_w13=True, tma_w2=True)):
+        seen.clear()
+        got = fused_moe(*args, tiles=MoeTiles(tiles, tiles, **flags), activation=activation, **kwargs)
+        assert_close_to_scale(got, expected, TOL)
+        assert seen == [flags.get("tma_w13", False), flags.get("tma_w2", False)]
+
+
+def test_grouped_gemm_descriptor_with_fp8_experts_and_fallbacks(monkeypatch) -> None:
+    """FP8 block-128 experts through the descriptor (e4m3 boxes, the scales as before); MXFP4 experts
+    (decoded from bytes) and a slice of wider storage keep the pointer loads, with the same result."""
+    seen = _spy_grouped(monkeypatch)
+    tiles = MoeTiles(*[g.GemmTiles(16, 32, 32, 1, 1, 1)] * 2, tma_w13=True, tma_w2=True)
+    p = _problem(19, 6, 64, 96, 2, seed=31)
+    for scheme, tol, expect in ((QuantScheme(FP8, "block", "group"), 1e-2, [True, True]),
+                                (QuantScheme(FP4, "mx", "none"), 4 * TOL if DTYPE == torch.float32 else 2e-2, [False, False])):  # fmt: skip
+        seen.clear()
+        w13, w2 = quantize_experts(p["w13"].float(), scheme), quantize_experts(p["w2"].float(), scheme)
+        args = (p["x"], w13, w2, p["topk_weights"], p["topk_ids"])
+        assert_close_to_scale(fused_moe(*args, tiles=tiles), reference.fused_moe(*args), tol)
+        assert seen == expect
+    seen.clear()
+    wide = torch.zeros(6, 72, 96, device=DEVICE, dtype=DTYPE)
+    wide[:, :64] = p["w2"]
+    args = (p["x"], p["w13"], wide[:, :64], p["topk_weights"], p["topk_ids"])
+    assert_close_to_scale(fused_moe(*args, tiles=tiles), reference.fused_moe(*args), TOL)
+    assert seen == [True, False]
 
 
 def test_decode_batches_take_the_gemv_by_default(monkeypatch) -> None:

@@ -22,6 +22,12 @@ is small beside the GEMMs' (about a tenth at Qwen3-30B-A3B prefill shapes).
 Decode-sized batches (few pairs per expert: the tile table's or default tiles say `gemv`) take
 kernels/moe_gemv.py instead: one program per (pair, BLOCK_N columns), no alignment, same epilogue.
 
+Variants, off unless the tile table (or TRITONLLM_MOE_VARIANTS) turns them on (MoeTiles' flags):
+the GEMV's `joint` (gate and up rows in one pass) and `sum_slots` (w2 sums each token's slots in
+registers and writes out [T, H]: no per-slot buffer, no sum); the grouped GEMM's `tma_w13` /
+`tma_w2` (float and FP8 experts' tiles through a host-built tensor descriptor of [E * N, K]: TMA
+bulk copies on Hopper, as the dense persistent kernel reads its operands).
+
 Padding rows (pair id T * k) read row 0 and are not stored; blocks past the last expert exit at
 once. The grid is static (moe_align's bound): nothing syncs with the host, decode steps capture.
 
@@ -41,7 +47,7 @@ import triton.language as tl
 
 from tritonllm import platform
 from tritonllm.kernels.gemm import GemmTiles
-from tritonllm.kernels.gemm_persistent import tile_coords
+from tritonllm.kernels.gemm_persistent import descriptors_fit, tile_coords
 from tritonllm.kernels.gemm_scales import DEC_FP4, dequant_values, group_scales, unpack_values
 from tritonllm.kernels.gemv_w4 import FP4_BITS, as_words, w4_gemv_fits
 from tritonllm.kernels.launch import pdl_launch, pdl_wait
@@ -53,6 +59,11 @@ from tritonllm.kernels.quant import quantize_per_group
 from tritonllm.kernels.quant_formats import BLOCK, MX_GROUP, QuantizedWeight
 from tritonllm.kernels.reference import MOE_ACTIVATIONS
 from tritonllm.kernels.registry import FLOATS, Supports, register
+
+try:  # host-built tensor descriptors (TMA on Hopper), as gemm.py's persistent kernel takes them
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older triton
+    TensorDescriptor = None
 
 Q_NONE, Q_FP8_BLOCK, Q_MXFP4 = 0, 1, 2
 MOE_FORMATS = {"fp8:block:group": Q_FP8_BLOCK, "mxfp4:mx:none": Q_MXFP4}
@@ -91,16 +102,19 @@ def _dot(acc, a, b, IEEE: tl.constexpr):
 @triton.jit
 def fused_moe_kernel(
     a_ptr, b_ptr, c_ptr, bias_ptr, a_scale_ptr, b_scale_ptr, topk_weights_ptr, sorted_ids_ptr, block_expert_ptr,
-    num_pairs, num_blocks, N, K, num_experts, alpha, limit,
+    num_pairs, num_blocks, N, K, num_experts, alpha, limit, b_desc, rows_per_expert,
     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn, stride_bias_e,
     stride_asm, stride_ask, stride_bse, stride_bsn, stride_bsk,
     A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
     MUL_WEIGHTS: tl.constexpr, QUANT: tl.constexpr, GROUP_K: tl.constexpr, IEEE: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, TMA_B: tl.constexpr = False,
 ):  # fmt: skip
     """c[pair, n] for the pairs of one aligned block and BLOCK_N columns (module docstring): A rows
-    pair // A_ROW_DIV, B the block's expert's [N (x2 when GATED), K] matrix."""
+    pair // A_ROW_DIV, B the block's expert's [N (x2 when GATED), K] matrix. TMA_B (float and FP8
+    experts): B's tiles through b_desc, a tensor descriptor of the stacked experts as one
+    [E * rows_per_expert, K] matrix with [BLOCK_N, BLOCK_K] boxes (Hopper: TMA bulk copies instead
+    of per-thread loads; rows past a tile's own read other rows or zeros, and are not stored)."""
     pdl_wait(PDL)
     pid_m, pid_n = tile_coords(tl.program_id(0), num_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -123,16 +137,22 @@ def fused_moe_kernel(
     up_ptrs = b_ptrs + N * stride_bn  # GATED: w13's up rows, I below the gate rows
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    desc_row = (e * rows_per_expert + pid_n * BLOCK_N).to(tl.int32)  # TMA_B: the tile's first row
     for k in range(0, K, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptrs)
         else:
             a = tl.load(a_ptrs, mask=(k + offs_k < K)[None, :], other=0.0)
-        b = _load_b(b_ptrs, b_scale_ptr, rn, k, K, offs_kb, stride_bsn, stride_bsk,
-                    QUANT, EVEN_K, GROUP_K, BLOCK_K, BLOCK_N).to(a.dtype)  # fmt: skip
-        if GATED:
-            b_up = _load_b(up_ptrs, b_scale_ptr, rn + N, k, K, offs_kb, stride_bsn, stride_bsk,
-                           QUANT, EVEN_K, GROUP_K, BLOCK_K, BLOCK_N).to(a.dtype)  # fmt: skip
+        if TMA_B:  # columns past K read zeros
+            b = b_desc.load([desc_row, k]).T
+            if GATED:
+                b_up = b_desc.load([desc_row + N, k]).T
+        else:
+            b = _load_b(b_ptrs, b_scale_ptr, rn, k, K, offs_kb, stride_bsn, stride_bsk,
+                        QUANT, EVEN_K, GROUP_K, BLOCK_K, BLOCK_N).to(a.dtype)  # fmt: skip
+            if GATED:
+                b_up = _load_b(up_ptrs, b_scale_ptr, rn + N, k, K, offs_kb, stride_bsn, stride_bsk,
+                               QUANT, EVEN_K, GROUP_K, BLOCK_K, BLOCK_N).to(a.dtype)  # fmt: skip
         if QUANT == 1:  # FP8 blocks: the tile's partial products times its K group's scales
             a_s, b_s = group_scales(a_scale_ptr, b_scale_ptr, rm, rn, k // GROUP_K, stride_asm, stride_ask,
                                     stride_bsn, stride_bsk, 3, 3, GROUP_K, False)  # fmt: skip
@@ -172,10 +192,12 @@ def _launch(
     limit: float = 0.0,
     joint: bool = False,
     slots: int = 0,
+    tma: bool = False,
 ) -> None:
     """One launch over the pairs: c[pair, :n] for B = w[expert] ([E, n, k]; w13: [E, 2n, k]). `route`:
     the alignment for the grouped GEMM, or (tiles.gemv) the topk_ids [T, top_k] for the GEMV
-    (kernels/moe_gemv.py: `joint` gate and up rows, or `slots` > 0: c[token] the sum of its slots)."""
+    (kernels/moe_gemv.py: `joint` gate and up rows, or `slots` > 0: c[token] the sum of its slots).
+    `tma`: the grouped GEMM reads B through a tensor descriptor, where one describes it (_b_descriptor)."""
     quant = Q_NONE if not isinstance(w, QuantizedWeight) else MOE_FORMATS[w.scheme.format_name]
     data = w.data if isinstance(w, QuantizedWeight) else w
     b_scale = w.scale if isinstance(w, QuantizedWeight) else None
@@ -233,11 +255,24 @@ def _launch(
                               **pdl_launch())  # fmt: skip
         return
     grid = (route.num_blocks * triton.cdiv(n, tiles.block_n),)
+    b_desc = _b_descriptor(data, tiles) if tma and quant != Q_MXFP4 else None
     fused_moe_kernel[grid](
         *pointers, route.sorted_ids, route.block_expert, route.num_pairs, route.num_blocks, n, k, data.shape[0],
-        alpha, limit, *strides, IEEE=a.dtype == torch.float32, BLOCK_M=tiles.block_m, GROUP_M=tiles.group_m, **flags,
-        **pdl_launch(),
+        alpha, limit, b_desc, data.shape[1], *strides, IEEE=a.dtype == torch.float32, BLOCK_M=tiles.block_m,
+        GROUP_M=tiles.group_m, **flags, TMA_B=b_desc is not None, **pdl_launch(),
     )  # fmt: skip
+
+
+def _b_descriptor(data: torch.Tensor, tiles: GemmTiles):
+    """A tensor descriptor of stacked experts [E, N, K] as one [E * N, K] matrix with [BLOCK_N, BLOCK_K]
+    boxes, or None where a descriptor cannot describe them (rows not 16-byte multiples, not stacked
+    contiguously, this Triton without descriptors)."""
+    if TensorDescriptor is None or data.stride(0) != data.shape[1] * data.stride(1):
+        return None
+    flat = data.view(-1, data.shape[2])
+    if not descriptors_fit(flat):
+        return None
+    return TensorDescriptor.from_tensor(flat, [tiles.block_n, tiles.block_k])
 
 
 def _words(data: torch.Tensor, k: int, block_k: int) -> torch.Tensor | None:
@@ -335,12 +370,12 @@ def fused_moe(
     intermediate = torch.empty((t * top_k, i), dtype=x.dtype, device=x.device)
     _launch(a, a_scale, w13, intermediate, w13_bias, None, route, tiles.w13, n=i, k=h, a_row_div=top_k,
             gated=True, activation=MOE_ACTIVATIONS.index(activation), alpha=alpha, limit=limit,
-            joint=tiles.joint)  # fmt: skip
+            joint=tiles.joint, tma=tiles.tma_w13)  # fmt: skip
 
     a, a_scale = quantize_per_group(intermediate, w2.data.dtype, BLOCK) if fp8 else (intermediate, None)
     per_slot = out if top_k == 1 or slots else torch.empty((t * top_k, h), dtype=x.dtype, device=x.device)
     _launch(a, a_scale, w2, per_slot, w2_bias, weights, route, tiles.w2, n=h, k=i, a_row_div=1, gated=False,
-            slots=slots)  # fmt: skip
+            slots=slots, tma=tiles.tma_w2)  # fmt: skip
     if top_k > 1 and not slots:
         torch.sum(per_slot.view(t, top_k, h), dim=1, out=out)
     return out

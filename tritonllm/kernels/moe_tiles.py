@@ -9,8 +9,8 @@ kernels/tuned/moe_<device name>.json:
 KIND is the expert weights' kind ("bfloat16", "float16", "float32", "fp8_block", "mxfp4"), E the
 experts, H the hidden size, I the intermediate size, TOKENS the batch's tokens (its M bucket: the
 smallest tuned TOKENS >= T, else the largest, unless that is a GEMV's: a table swept at decode sizes
-only leaves larger batches to the default, not to one program per pair). GEMV entries may carry
-"joint" and "sum_slots" (MoeTiles' variants). No autotuning in the serving path. Without an entry
+only leaves larger batches to the default, not to one program per pair). Entries may carry
+MoeTiles' variants: "joint" and "sum_slots" (GEMV), "tma_w13" and "tma_w2" (grouped GEMM). No autotuning in the serving path. Without an entry
 the default depends on the expected rows per expert, T * top_k / E: small blocks when each expert
 sees few rows (decode: the weight read is the cost), larger ones as the rows grow.
 """
@@ -38,12 +38,17 @@ class MoeTiles:
     # w2 summing each token's top-k slots in registers, its block_n then shared by the slots (SLOTS)
     joint: bool = False
     sum_slots: bool = False
+    # the grouped GEMM's (kernels/moe.py TMA_B): each launch's expert weights through a tensor descriptor
+    tma_w13: bool = False
+    tma_w2: bool = False
 
     def __post_init__(self) -> None:
         if self.w13.gemv != self.w2.gemv:
             raise ValueError("MoE tiles: both launches are GEMVs (kernels/moe_gemv.py) or neither")
         if (self.joint or self.sum_slots) and not self.w13.gemv:
             raise ValueError("MoE tiles: joint and sum_slots are variants of the GEMV (gemv tiles)")
+        if (self.tma_w13 or self.tma_w2) and self.w13.gemv:
+            raise ValueError("MoE tiles: tma_w13 and tma_w2 are variants of the grouped GEMM (not gemv tiles)")
         if self.w13.block_m != self.w2.block_m:
             raise ValueError(f"MoE tiles: both GEMMs take one BLOCK_M, not {self.w13.block_m} and {self.w2.block_m}")
 
@@ -80,25 +85,31 @@ def tuned_moe_tiles(kind: str, e: int, h: int, i: int, tokens: int, device_name:
     entry = shapes[str(next((t for t in buckets if t >= tokens), buckets[-1]))]
     if tokens > buckets[-1] and entry["w13"].get("gemv"):  # a table of decode sizes only: not for a prefill
         return None
-    return MoeTiles(
-        GemmTiles(**entry["w13"]), GemmTiles(**entry["w2"]), **{k: entry[k] for k in GEMV_VARIANTS if k in entry}
-    )
+    variants = {k: entry[k] for k in VARIANTS if k in entry}
+    return MoeTiles(GemmTiles(**entry["w13"]), GemmTiles(**entry["w2"]), **variants)
 
 
-# the GEMV variants by name; TRITONLLM_MOE_GEMV ("joint,sum_slots", or "none") sets them over the
-# table's and the default's for A/B runs (scripts/bench_moe.py --gemv-variants, gpu_check.sh moe-gemv)
+# the variants by name (MoeTiles' flags): the GEMV's, then the grouped GEMM's; TRITONLLM_MOE_VARIANTS
+# ("joint,sum_slots", "tma" for both tma_*, ..., or "none") sets them over the table's and the default's
+# for A/B runs (scripts/bench_moe.py --variants, gpu_check.sh moe-variants)
 GEMV_VARIANTS = ("joint", "sum_slots")
+GROUPED_VARIANTS = ("tma_w13", "tma_w2")
+VARIANTS = GEMV_VARIANTS + GROUPED_VARIANTS
 
 
 @functools.cache
-def gemv_variants_override() -> dict[str, bool] | None:
-    text = os.environ.get("TRITONLLM_MOE_GEMV")
+def variants_override() -> dict[str, bool] | None:
+    text = os.environ.get("TRITONLLM_MOE_VARIANTS")
     if text is None:
         return None
     names = {n for n in text.replace(" ", "").split(",") if n and n != "none"}
-    if not names <= set(GEMV_VARIANTS):
-        raise ValueError(f"TRITONLLM_MOE_GEMV={text!r}: names among {GEMV_VARIANTS}, comma-separated, or 'none'")
-    return {n: n in names for n in GEMV_VARIANTS}
+    if "tma" in names:
+        names = (names - {"tma"}) | set(GROUPED_VARIANTS)
+    if not names <= set(VARIANTS):
+        raise ValueError(
+            f"TRITONLLM_MOE_VARIANTS={text!r}: names among {VARIANTS} (or tma), comma-separated, or 'none'"
+        )
+    return {n: n in names for n in VARIANTS}
 
 
 # up to this many expected pairs per expert the GEMV (no alignment, no row padding) is the default:
@@ -135,9 +146,9 @@ def pick_moe_tiles(kind: str, e: int, h: int, i: int, tokens: int, top_k: int, a
     family = gpu_family()
     if tiles is None:
         tiles = default_moe_tiles(tokens * top_k / e, family, kind)
-    override = gemv_variants_override()
-    if override is not None and tiles.gemv:
-        tiles = replace(tiles, **override)
+    override = variants_override()
+    if override is not None:
+        tiles = replace(tiles, **{k: override[k] for k in (GEMV_VARIANTS if tiles.gemv else GROUPED_VARIANTS)})
     return fit_moe_tiles(tiles, kind, a_bytes, b_bytes, family)
 
 
