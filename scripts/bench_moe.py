@@ -22,7 +22,8 @@ routed by the Triton router (softmax, renormalised). Per case:
   touched (distinct experts hit x bytes per expert, scales included) over triton_ms;
 - variants (--variants): the layer with each variant of its picked tiles off and on, the tiles
   otherwise those picked: the GEMV's (kernels/moe_gemv.py: "none", "joint", "sum_slots", "both"), the
-  grouped GEMM's ("none", "tma_w13", "tma_w2", "tma": B through tensor descriptors); warm ms, graph
+  grouped GEMM's ("none", "tma_w13", "tma_w2": B through tensor descriptors, "sorted_w2": w2 on the
+  intermediate in the alignment's order, A through a descriptor, "tma": all three); warm ms, graph
   ms (decode sizes), weight GB/s and TFLOP/s by graph (else warm) time, the error against the loop.
 
 Writes every row to OUT.json (device, torch and Triton versions) and prints a table.
@@ -155,9 +156,9 @@ VARIANTS = {
     "gemv": {"none": {}, "joint": dict(joint=True), "sum_slots": dict(sum_slots=True),
              "both": dict(joint=True, sum_slots=True)},
     "grouped": {"none": {}, "tma_w13": dict(tma_w13=True), "tma_w2": dict(tma_w2=True),
-                "tma": dict(tma_w13=True, tma_w2=True)},
+                "sorted_w2": dict(sorted_w2=True), "tma": dict(tma_w13=True, tma_w2=True, sorted_w2=True)},
 }  # fmt: skip
-NO_VARIANTS = dict(joint=False, sum_slots=False, tma_w13=False, tma_w2=False)
+NO_VARIANTS = dict(joint=False, sum_slots=False, tma_w13=False, tma_w2=False, sorted_w2=False)
 
 
 def layer_variants(x, w13, w2, weights, ids, expected: torch.Tensor, flops: float, weight_bytes: int) -> dict:

@@ -334,7 +334,8 @@ PY
       # GPU tests; the layer under each variant at decode sizes (Qwen3-30B-A3B bf16 / FP8 block, gpt-oss MXFP4)
       # and at prefill sizes (Qwen3 bf16 / FP8 block: the 450 TFLOP/s target at 8192); the tile sweep of gpt-oss
       # MXFP4 at 1 token with the variants (its table installed in this copy); gpt-oss-20b batch 1 end to end
-      # with the variants off and on (MOE_VARIANTS="none joint,sum_slots")
+      # (and MOE_VARIANT_RUNS="gptoss_batch1 qwen3_throughput": Qwen3-30B-A3B 1000 x 1024 + 128 too) with the
+      # variants off and on (MOE_VARIANTS="none joint,sum_slots,tma": tma = every descriptor read, sorted_w2 included)
       python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_moe.py 2>&1 | tee "$OUT/gpu_tests_moe.log" | tail -5
       python3 scripts/bench_moe.py "$OUT/moe_variants_decode.json" --shapes qwen3 gptoss --kinds bfloat16 fp8_block mxfp4 \
         --tokens 1 4 --torch-ref-max-tokens 0 --variants 2>&1 | tee "$OUT/moe_variants_decode.log" | tail -40
@@ -342,8 +343,9 @@ PY
         --tokens 1024 4096 8192 --torch-ref-max-tokens 0 --variants 2>&1 | tee "$OUT/moe_variants_prefill.log" | tail -30
       TUNE_MOE="gptoss:mxfp4" TUNE_MOE_TOKENS="1" bash "$0" tune-moe
       cp "$OUT/moe_tuned.json" tritonllm/kernels/tuned/moe_NVIDIA_H200.json
-      for variant in ${MOE_VARIANTS:-none joint,sum_slots}; do
-        TRITONLLM_MOE_VARIANTS=$variant MOE_RUNS=gptoss_batch1 MOE_TAG="_variants_${variant/,/_}" bash "$0" e2e-moe
+      for variant in ${MOE_VARIANTS:-none joint,sum_slots,tma}; do
+        TRITONLLM_MOE_VARIANTS=$variant MOE_RUNS="${MOE_VARIANT_RUNS:-gptoss_batch1}" MOE_TAG="_variants_${variant//,/_}" \
+          bash "$0" e2e-moe
       done ;;
     timeline)
       # what each kernel adds to a batch-1 decode step with PDL on (scripts/step_timeline.py: exposed time, not

@@ -11,7 +11,8 @@ alone on the real alignment (triton.testing.do_bench medians, L2 flushed); a lau
 checked against float32 of the same operands. Each launch also times its variants (MoeTiles'
 flags): the GEMV's (BLOCK_M 1, kernels/moe_gemv.py) w13 with gate and up rows in one pass
 ("w13_joint") and w2 summing each token's slots in registers ("w2_slots"); the grouped GEMM's B
-through a tensor descriptor ("w13_tma", "w2_tma"; float and FP8 experts). The table records which
+through a tensor descriptor ("w13_tma", "w2_tma"; float and FP8 experts), w2 on the intermediate in
+the alignment's order ("w2_sorted", with B's descriptor "w2_sorted_tma"). The table records which
 variant of each launch won (VARIANT_FLAGS). The case's winner is the BLOCK_M whose best w13 plus
 best w2 is fastest. Compilation is the slow part: a pool
 of worker processes first runs every distinct kernel once on small stand-in weights (filling
@@ -96,10 +97,22 @@ class Case:
             self._aligned[block_m] = moe_align(self.ids, self.e, block_m)
         return self._aligned[block_m]
 
+    def sorted_inputs(self, block_m: int) -> tuple:
+        """w2's input in the alignment's order (sorted_w2): row p holds the intermediate row of the pair at
+        position p (padding: row 0), so each pair's result is the unsorted launch's; FP8-quantized as w2 takes it."""
+        key = ("sorted", block_m)
+        if key not in self._aligned:
+            ids = self.align(block_m).sorted_ids.long()
+            inter = self.inter[torch.where(ids < self.inter.shape[0], ids, 0)]
+            fp8 = self.kind == "fp8_block"
+            self._aligned[key] = quantize_per_group(inter, torch.float8_e4m3fn, BLOCK) if fp8 else (inter, None)
+        return self._aligned[key]
+
     def run(self, which: str, tiles: GemmTiles) -> torch.Tensor:
         """One launch (WHICH), as fused_moe makes it: w13 / w13_joint -> the intermediate [T * k, I];
         w2 -> the per-slot rows [T * k, H], then their sum over the slots (timed with it); w2_slots ->
-        the summed out [T, H] (its slots a power of two >= top_k)."""
+        the summed out [T, H] (its slots a power of two >= top_k); w2_tma, w2_sorted, w2_sorted_tma: as
+        w2, B through a descriptor, A in the alignment's order (read through a descriptor), both."""
         fitted = fit_moe_tiles(MoeTiles(tiles, tiles), self.kind, 2, 2 if SCHEMES[self.kind] is None else 1)
         route = self.ids if tiles.gemv else self.align(tiles.block_m)
         if which.startswith("w13"):
@@ -110,8 +123,10 @@ class Case:
             moe._launch(self.a2, self.s2, self.w2, self.out, None, self.flat_weights, route, fitted.w2, n=self.h,
                         k=self.i, a_row_div=1, gated=False, slots=triton.next_power_of_2(self.top_k))  # fmt: skip
             return self.out
-        moe._launch(self.a2, self.s2, self.w2, self.out2, None, self.flat_weights, route, fitted.w2, n=self.h,
-                    k=self.i, a_row_div=1, gated=False, tma=which == "w2_tma")  # fmt: skip
+        in_order = which.startswith("w2_sorted")
+        a2, s2 = self.sorted_inputs(tiles.block_m) if in_order else (self.a2, self.s2)
+        moe._launch(a2, s2, self.w2, self.out2, None, self.flat_weights, route, fitted.w2, n=self.h, k=self.i,
+                    a_row_div=1, gated=False, tma=which.endswith("_tma"), sorted_a=in_order)  # fmt: skip
         if self.top_k > 1:
             torch.sum(self.out2.view(-1, self.top_k, self.h), dim=1, out=self.out)
         return self.out2
@@ -165,14 +180,19 @@ def _expected(case: Case, which: str) -> torch.Tensor:
 
 
 # a launch's variant -> the MoeTiles flag it sets when it wins
-VARIANT_FLAGS = {"w13_joint": "joint", "w2_slots": "sum_slots", "w13_tma": "tma_w13", "w2_tma": "tma_w2"}
+VARIANT_FLAGS = {
+    "w13_joint": ("joint",), "w2_slots": ("sum_slots",), "w13_tma": ("tma_w13",), "w2_tma": ("tma_w2",),
+    "w2_sorted": ("sorted_w2",), "w2_sorted_tma": ("sorted_w2", "tma_w2"),
+}  # fmt: skip
 
 
 def launches(block_m: int, top_k: int, kind: str = "bfloat16") -> tuple[str, ...]:
     """The launches a BLOCK_M times, with their variants: the GEMV's (w2_slots where there are slots to
-    sum), the grouped GEMM's descriptor reads (not for MXFP4, decoded from bytes)."""
+    sum), the grouped GEMM's descriptor reads (B: not for MXFP4, decoded from bytes) and w2 on the
+    intermediate in the alignment's order."""
     if block_m != 1:
-        return ("w13", "w2") + (("w13_tma", "w2_tma") if kind != "mxfp4" else ())
+        tma = ("w13_tma", "w2_tma", "w2_sorted_tma") if kind != "mxfp4" else ()
+        return ("w13", "w2", "w2_sorted") + tma
     return ("w13", "w13_joint", "w2") + (("w2_slots",) if top_k > 1 else ())
 
 
@@ -217,10 +237,10 @@ def tuned_table(rows: list[dict]) -> dict:
         entries = table.setdefault(kind, {}).setdefault(f"{e},{h},{i}", {})
         if str(tokens) not in entries or total < entries[str(tokens)]["us"]:
             entry = dict(w13=r["tiles"], w2=w2["tiles"], us=round(total, 2))
-            variants = launches(block_m, 2)  # this BLOCK_M's variants: their flags, won or not
-            entry.update(
-                {flag: name in (r["gemm"], w2["gemm"]) for name, flag in VARIANT_FLAGS.items() if name in variants}
-            )
+            # this BLOCK_M's variants' flags, each True where a winning launch's variant sets it
+            flags = {f for name in launches(block_m, 2) for f in VARIANT_FLAGS.get(name, ())}
+            won = set(VARIANT_FLAGS.get(r["gemm"], ())) | set(VARIANT_FLAGS.get(w2["gemm"], ()))
+            entry.update({flag: flag in won for flag in sorted(flags)})
             entries[str(tokens)] = entry
     return table
 
@@ -272,7 +292,9 @@ def main() -> None:
                     desc = lambda t: (
                         f"{t['block_m']}x{t['block_n']}x{t['block_k']} w{t['num_warps']} s{t['num_stages']}"
                     )  # noqa: E731
-                    variants = " ".join(v for v in VARIANT_FLAGS.values() if entry.get(v))
+                    variants = " ".join(
+                        f for f in ("joint", "sum_slots", "tma_w13", "tma_w2", "sorted_w2") if entry.get(f)
+                    )
                     print(f"{name:8s} {kind:9s} T={tokens:5d}: {entry['us']:.1f} us  w13 {desc(entry['w13'])}  "
                           f"w2 {desc(entry['w2'])} {variants}", flush=True)  # fmt: skip
                 args.out.write_text(json.dumps(dict(device=device_name(), torch=torch.__version__,

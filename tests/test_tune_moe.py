@@ -62,16 +62,19 @@ def test_the_grouped_sweep_times_the_descriptor_reads(monkeypatch) -> None:
     monkeypatch.setattr(tune_moe, "block_ms", lambda tokens, e, top_k: [16])
     e, _, h, i = tune_moe.SHAPES["tiny"]
     rows = tune_moe.sweep("tiny", "bfloat16", 7, tune_moe.make_experts("bfloat16", e, h, i), rep=1)
-    assert sorted(r["gemm"] for r in rows) == ["w13", "w13_tma", "w2", "w2_tma"]
+    assert sorted(r["gemm"] for r in rows) == ["w13", "w13_tma", "w2", "w2_sorted", "w2_sorted_tma", "w2_tma"]
     assert all("us" in r and r["rel_error"] < 1e-4 for r in rows), rows
-    timed = [dict(r, us=0.5 if r["gemm"] == "w2_tma" else 1.0) for r in rows]
-    entry = tune_moe.tuned_table(timed)["bfloat16"][f"{e},{h},{i}"]["7"]
-    assert (entry["tma_w13"], entry["tma_w2"]) == (False, True) and "joint" not in entry
+    for fast, expect in (("w2_tma", (False, True, False)), ("w2_sorted_tma", (False, True, True)),
+                         ("w2_sorted", (False, False, True)), ("w13_tma", (True, False, False))):  # fmt: skip
+        timed = [dict(r, us=0.5 if r["gemm"] == fast else 1.0 if r["gemm"] in ("w13", "w2") else 2.0) for r in rows]
+        entry = tune_moe.tuned_table(timed)["bfloat16"][f"{e},{h},{i}"]["7"]
+        assert (entry["tma_w13"], entry["tma_w2"], entry["sorted_w2"]) == expect and "joint" not in entry
 
 
 @pytest.mark.parametrize(
     "block_m, top_k, kind, expect",
-    [(16, 2, "bfloat16", ("w13", "w2", "w13_tma", "w2_tma")), (16, 2, "mxfp4", ("w13", "w2")),
+    [(16, 2, "bfloat16", ("w13", "w2", "w2_sorted", "w13_tma", "w2_tma", "w2_sorted_tma")),
+     (16, 2, "mxfp4", ("w13", "w2", "w2_sorted")),
      (1, 1, "bfloat16", ("w13", "w13_joint", "w2"))],
 )  # fmt: skip
 def test_launches(block_m, top_k, kind, expect) -> None:

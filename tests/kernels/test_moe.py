@@ -215,8 +215,9 @@ def test_variants_override_from_the_environment(monkeypatch) -> None:
         MoeTiles(GEMV_TILES["gemv_16x16"], GEMV_TILES["gemv_16x16"], tma_w2=True)
 
 
-def _spy_grouped(monkeypatch) -> list[bool]:
-    """The grouped GEMM launches' TMA_B flags, in order."""
+def _spy_grouped(monkeypatch, sorted_flags: bool = False) -> list:
+    """The grouped GEMM launches' TMA_B flags (sorted_flags: (TMA_B, SORTED_C, SORTED_A, A through a
+    descriptor)), in order."""
     from tritonllm.kernels import moe
 
     seen, real = [], moe.fused_moe_kernel
@@ -224,7 +225,8 @@ def _spy_grouped(monkeypatch) -> list[bool]:
     class Spy:
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
-                seen.append(kwargs["TMA_B"])
+                flags = (kwargs["TMA_B"], kwargs["SORTED_C"], kwargs["SORTED_A"], kwargs["TMA_A"])
+                seen.append(flags if sorted_flags else flags[0])
                 return real[grid](*args, **kwargs)
 
             return launch
@@ -254,6 +256,48 @@ def test_grouped_gemm_reads_the_experts_through_a_descriptor(tiles, activation, 
         got = fused_moe(*args, tiles=MoeTiles(tiles, tiles, **flags), activation=activation, **kwargs)
         assert_close_to_scale(got, expected, TOL)
         assert seen == [flags.get("tma_w13", False), flags.get("tma_w2", False)]
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["float", "fp8_block"])
+def test_w2_reads_an_intermediate_in_block_order(fp8, monkeypatch) -> None:
+    """sorted_w2: w13 writes the intermediate in the alignment's order (padding rows too) and w2 reads
+    each block's rows whole through a descriptor; alone and with both B descriptors; FP8 block experts
+    quantize that intermediate per row group as before."""
+    seen = _spy_grouped(monkeypatch, sorted_flags=True)
+    p = _problem(19, 6, 64, 96, 3, seed=37)
+    args, kwargs = _args(p, True)
+    tol = TOL
+    if fp8:
+        scheme = QuantScheme(FP8, "block", "group")
+        args = (p["x"], quantize_experts(p["w13"].float(), scheme), quantize_experts(p["w2"].float(), scheme),
+                p["topk_weights"], p["topk_ids"])  # fmt: skip
+        tol = 1e-2
+    expected = reference.fused_moe(*args, **kwargs)
+    base = g.GemmTiles(16, 32, 32, 1, 1, 1)
+    for flags in (dict(sorted_w2=True), dict(sorted_w2=True, tma_w13=True, tma_w2=True)):
+        seen.clear()
+        got = fused_moe(*args, tiles=MoeTiles(base, base, **flags), **kwargs)
+        assert_close_to_scale(got, expected, tol)
+        tma = flags.get("tma_w2", False)
+        assert seen == [(tma, True, False, False), (tma, False, True, True)]
+
+
+def test_a_wrong_block_order_is_caught(monkeypatch) -> None:
+    """Negative check: w2 reading the sorted intermediate one block off fails the tolerance."""
+    from tritonllm.kernels import moe
+
+    p = _problem(19, 6, 64, 96, 3, seed=37)
+    args, kwargs = _args(p, True)
+    real = moe.TensorDescriptor.from_tensor
+
+    def shifted(t, block):  # A's descriptor over the intermediate minus its first block
+        return real(t[block[0] :], block) if t.dtype == DTYPE and t.shape[1] == 96 else real(t, block)
+
+    monkeypatch.setattr(moe.TensorDescriptor, "from_tensor", staticmethod(shifted))
+    base = g.GemmTiles(16, 32, 32, 1, 1, 1)
+    got = fused_moe(*args, tiles=MoeTiles(base, base, sorted_w2=True), **kwargs)
+    with pytest.raises(AssertionError):
+        assert_close_to_scale(got, reference.fused_moe(*args, **kwargs), TOL)
 
 
 def test_grouped_gemm_descriptor_with_fp8_experts_and_fallbacks(monkeypatch) -> None:

@@ -102,19 +102,24 @@ def _dot(acc, a, b, IEEE: tl.constexpr):
 @triton.jit
 def fused_moe_kernel(
     a_ptr, b_ptr, c_ptr, bias_ptr, a_scale_ptr, b_scale_ptr, topk_weights_ptr, sorted_ids_ptr, block_expert_ptr,
-    num_pairs, num_blocks, N, K, num_experts, alpha, limit, b_desc, rows_per_expert,
+    num_pairs, num_blocks, N, K, num_experts, alpha, limit, a_desc, b_desc, rows_per_expert,
     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn, stride_bias_e,
     stride_asm, stride_ask, stride_bse, stride_bsn, stride_bsk,
     A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
     MUL_WEIGHTS: tl.constexpr, QUANT: tl.constexpr, GROUP_K: tl.constexpr, IEEE: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    PDL: tl.constexpr = False, TMA_B: tl.constexpr = False,
+    TMA_B: tl.constexpr = False, SORTED_A: tl.constexpr = False, TMA_A: tl.constexpr = False,
+    SORTED_C: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """c[pair, n] for the pairs of one aligned block and BLOCK_N columns (module docstring): A rows
     pair // A_ROW_DIV, B the block's expert's [N (x2 when GATED), K] matrix. TMA_B (float and FP8
     experts): B's tiles through b_desc, a tensor descriptor of the stacked experts as one
     [E * rows_per_expert, K] matrix with [BLOCK_N, BLOCK_K] boxes (Hopper: TMA bulk copies instead
-    of per-thread loads; rows past a tile's own read other rows or zeros, and are not stored)."""
+    of per-thread loads; rows past a tile's own read other rows or zeros, and are not stored).
+    SORTED_C (w13): c's rows in the alignment's order (row = the pair's position: the block's rows
+    contiguous), padding rows included (computed from A row 0: finite, never read back as results).
+    SORTED_A (w2, on such an intermediate): A's rows are the block's own, read through a_desc with
+    TMA_A ([BLOCK_M, BLOCK_K] boxes), else by pointers."""
     pdl_wait(PDL)
     pid_m, pid_n = tile_coords(tl.program_id(0), num_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -123,7 +128,11 @@ def fused_moe_kernel(
     pair = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     valid = pair < num_pairs
     pair = tl.where(valid, pair, 0)
-    rm = (pair // A_ROW_DIV).to(tl.int64)  # padding rows read row 0; their results are not stored
+    position = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # the rows' places in the alignment's order
+    if SORTED_A:
+        rm = position.to(tl.int64)
+    else:
+        rm = (pair // A_ROW_DIV).to(tl.int64)  # padding rows read row 0; their results are not stored
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rn = tl.where(offs_n < N, offs_n, 0)
     e = expert.to(tl.int64)
@@ -139,7 +148,9 @@ def fused_moe_kernel(
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     desc_row = (e * rows_per_expert + pid_n * BLOCK_N).to(tl.int32)  # TMA_B: the tile's first row
     for k in range(0, K, BLOCK_K):
-        if EVEN_K:
+        if TMA_A:  # SORTED_A through a descriptor; columns past K read zeros
+            a = a_desc.load([pid_m * BLOCK_M, k])
+        elif EVEN_K:
             a = tl.load(a_ptrs)
         else:
             a = tl.load(a_ptrs, mask=(k + offs_k < K)[None, :], other=0.0)
@@ -169,6 +180,9 @@ def fused_moe_kernel(
         b_ptrs += (BLOCK_K // PACK) * stride_bk
         up_ptrs += (BLOCK_K // PACK) * stride_bk
 
+    if SORTED_C:  # every row of the block, at its place
+        pair = position
+        valid = position >= 0
     moe_store(acc, acc_up, c_ptr, bias_ptr, topk_weights_ptr, pair, valid, e, rn, offs_n, N, alpha, limit,
               stride_cm, stride_cn, stride_bias_e, GATED, ACTIVATION, HAS_BIAS, MUL_WEIGHTS)  # fmt: skip
 
@@ -193,11 +207,15 @@ def _launch(
     joint: bool = False,
     slots: int = 0,
     tma: bool = False,
+    sorted_a: bool = False,
+    sorted_c: bool = False,
 ) -> None:
     """One launch over the pairs: c[pair, :n] for B = w[expert] ([E, n, k]; w13: [E, 2n, k]). `route`:
     the alignment for the grouped GEMM, or (tiles.gemv) the topk_ids [T, top_k] for the GEMV
     (kernels/moe_gemv.py: `joint` gate and up rows, or `slots` > 0: c[token] the sum of its slots).
-    `tma`: the grouped GEMM reads B through a tensor descriptor, where one describes it (_b_descriptor)."""
+    `tma`: the grouped GEMM reads B through a tensor descriptor, where one describes it (_b_descriptor).
+    `sorted_c`: c's rows in the alignment's order ([num_blocks * BLOCK_M, n]); `sorted_a`: a is such a
+    matrix, read through a descriptor where one describes it."""
     quant = Q_NONE if not isinstance(w, QuantizedWeight) else MOE_FORMATS[w.scheme.format_name]
     data = w.data if isinstance(w, QuantizedWeight) else w
     b_scale = w.scale if isinstance(w, QuantizedWeight) else None
@@ -256,23 +274,28 @@ def _launch(
         return
     grid = (route.num_blocks * triton.cdiv(n, tiles.block_n),)
     b_desc = _b_descriptor(data, tiles) if tma and quant != Q_MXFP4 else None
+    a_desc = TensorDescriptor.from_tensor(a, [tiles.block_m, tiles.block_k]) if sorted_a and _fits(a) else None
     fused_moe_kernel[grid](
         *pointers, route.sorted_ids, route.block_expert, route.num_pairs, route.num_blocks, n, k, data.shape[0],
-        alpha, limit, b_desc, data.shape[1], *strides, IEEE=a.dtype == torch.float32, BLOCK_M=tiles.block_m,
-        GROUP_M=tiles.group_m, **flags, TMA_B=b_desc is not None, **pdl_launch(),
+        alpha, limit, a_desc, b_desc, data.shape[1], *strides, IEEE=a.dtype == torch.float32, BLOCK_M=tiles.block_m,
+        GROUP_M=tiles.group_m, **flags, TMA_B=b_desc is not None, SORTED_A=sorted_a, TMA_A=a_desc is not None,
+        SORTED_C=sorted_c, **pdl_launch(),
     )  # fmt: skip
+
+
+def _fits(t: torch.Tensor) -> bool:
+    """Whether a tensor descriptor can describe this 2-D tensor (and this Triton has descriptors)."""
+    return TensorDescriptor is not None and descriptors_fit(t)
 
 
 def _b_descriptor(data: torch.Tensor, tiles: GemmTiles):
     """A tensor descriptor of stacked experts [E, N, K] as one [E * N, K] matrix with [BLOCK_N, BLOCK_K]
     boxes, or None where a descriptor cannot describe them (rows not 16-byte multiples, not stacked
     contiguously, this Triton without descriptors)."""
-    if TensorDescriptor is None or data.stride(0) != data.shape[1] * data.stride(1):
+    if data.stride(0) != data.shape[1] * data.stride(1):
         return None
     flat = data.view(-1, data.shape[2])
-    if not descriptors_fit(flat):
-        return None
-    return TensorDescriptor.from_tensor(flat, [tiles.block_n, tiles.block_k])
+    return TensorDescriptor.from_tensor(flat, [tiles.block_n, tiles.block_k]) if _fits(flat) else None
 
 
 def _words(data: torch.Tensor, k: int, block_k: int) -> torch.Tensor | None:
@@ -367,15 +390,18 @@ def fused_moe(
     weights = weights if weights.dtype == torch.float32 else weights.float()
 
     a, a_scale = quantize_per_group(x, w13.data.dtype, BLOCK) if fp8 else (x, None)
-    intermediate = torch.empty((t * top_k, i), dtype=x.dtype, device=x.device)
+    # sorted_w2: the intermediate in the alignment's order, so that w2 reads each block's rows whole
+    in_order = tiles.sorted_w2 and not tiles.gemv
+    rows = route.num_blocks * tiles.block_m if in_order else t * top_k
+    intermediate = torch.empty((rows, i), dtype=x.dtype, device=x.device)
     _launch(a, a_scale, w13, intermediate, w13_bias, None, route, tiles.w13, n=i, k=h, a_row_div=top_k,
             gated=True, activation=MOE_ACTIVATIONS.index(activation), alpha=alpha, limit=limit,
-            joint=tiles.joint, tma=tiles.tma_w13)  # fmt: skip
+            joint=tiles.joint, tma=tiles.tma_w13, sorted_c=in_order)  # fmt: skip
 
     a, a_scale = quantize_per_group(intermediate, w2.data.dtype, BLOCK) if fp8 else (intermediate, None)
     per_slot = out if top_k == 1 or slots else torch.empty((t * top_k, h), dtype=x.dtype, device=x.device)
     _launch(a, a_scale, w2, per_slot, w2_bias, weights, route, tiles.w2, n=h, k=i, a_row_div=1, gated=False,
-            slots=slots, tma=tiles.tma_w2)  # fmt: skip
+            slots=slots, tma=tiles.tma_w2, sorted_a=in_order)  # fmt: skip
     if top_k > 1 and not slots:
         torch.sum(per_slot.view(t, top_k, h), dim=1, out=out)
     return out

@@ -10,7 +10,7 @@ KIND is the expert weights' kind ("bfloat16", "float16", "float32", "fp8_block",
 experts, H the hidden size, I the intermediate size, TOKENS the batch's tokens (its M bucket: the
 smallest tuned TOKENS >= T, else the largest, unless that is a GEMV's: a table swept at decode sizes
 only leaves larger batches to the default, not to one program per pair). Entries may carry
-MoeTiles' variants: "joint" and "sum_slots" (GEMV), "tma_w13" and "tma_w2" (grouped GEMM). No autotuning in the serving path. Without an entry
+MoeTiles' variants: "joint" and "sum_slots" (GEMV), "tma_w13", "tma_w2" and "sorted_w2" (grouped GEMM). No autotuning in the serving path. Without an entry
 the default depends on the expected rows per expert, T * top_k / E: small blocks when each expert
 sees few rows (decode: the weight read is the cost), larger ones as the rows grow.
 """
@@ -38,17 +38,22 @@ class MoeTiles:
     # w2 summing each token's top-k slots in registers, its block_n then shared by the slots (SLOTS)
     joint: bool = False
     sum_slots: bool = False
-    # the grouped GEMM's (kernels/moe.py TMA_B): each launch's expert weights through a tensor descriptor
+    # the grouped GEMM's (kernels/moe.py): each launch's expert weights through a tensor descriptor
+    # (TMA_B); w13 writing the intermediate in the alignment's order, w2 reading its blocks' rows whole,
+    # through a descriptor (SORTED_C / SORTED_A)
     tma_w13: bool = False
     tma_w2: bool = False
+    sorted_w2: bool = False
 
     def __post_init__(self) -> None:
         if self.w13.gemv != self.w2.gemv:
             raise ValueError("MoE tiles: both launches are GEMVs (kernels/moe_gemv.py) or neither")
         if (self.joint or self.sum_slots) and not self.w13.gemv:
             raise ValueError("MoE tiles: joint and sum_slots are variants of the GEMV (gemv tiles)")
-        if (self.tma_w13 or self.tma_w2) and self.w13.gemv:
-            raise ValueError("MoE tiles: tma_w13 and tma_w2 are variants of the grouped GEMM (not gemv tiles)")
+        if (self.tma_w13 or self.tma_w2 or self.sorted_w2) and self.w13.gemv:
+            raise ValueError(
+                "MoE tiles: tma_w13, tma_w2 and sorted_w2 are variants of the grouped GEMM (not gemv tiles)"
+            )
         if self.w13.block_m != self.w2.block_m:
             raise ValueError(f"MoE tiles: both GEMMs take one BLOCK_M, not {self.w13.block_m} and {self.w2.block_m}")
 
@@ -93,7 +98,7 @@ def tuned_moe_tiles(kind: str, e: int, h: int, i: int, tokens: int, device_name:
 # ("joint,sum_slots", "tma" for both tma_*, ..., or "none") sets them over the table's and the default's
 # for A/B runs (scripts/bench_moe.py --variants, gpu_check.sh moe-variants)
 GEMV_VARIANTS = ("joint", "sum_slots")
-GROUPED_VARIANTS = ("tma_w13", "tma_w2")
+GROUPED_VARIANTS = ("tma_w13", "tma_w2", "sorted_w2")
 VARIANTS = GEMV_VARIANTS + GROUPED_VARIANTS
 
 
@@ -103,7 +108,7 @@ def variants_override() -> dict[str, bool] | None:
     if text is None:
         return None
     names = {n for n in text.replace(" ", "").split(",") if n and n != "none"}
-    if "tma" in names:
+    if "tma" in names:  # every descriptor read
         names = (names - {"tma"}) | set(GROUPED_VARIANTS)
     if not names <= set(VARIANTS):
         raise ValueError(
