@@ -1,78 +1,145 @@
-"""Compile the MoE kernels (kernels/moe_route.py, moe_align.py, moe.py) for NVIDIA sm90 / sm80 and AMD
-gfx942 without any GPU: the router at Qwen3 / DeepSeek / gpt-oss expert counts, the alignment (one
-program counting itself, and the counted multi-program path) at those counts, and the grouped
-GEMM's w13 (gated, with the activation) and w2 launches for bf16, FP8 block-128 and MXFP4 experts at
-every default tile bucket of that GPU family (kernels/moe_tiles.py). sm80 has no FP8: its FP8
-variants are expected to fail. Reports spills (local memory in the PTX) on NVIDIA.
+"""Compile the fused-MoE kernels (kernels/moe.py, moe_gemv.py) for NVIDIA sm90 without a GPU, and report
+per build whether ptxas spilled registers to local memory, which a slow MoE layer can hide behind: the
+default tiles of every kind at every rows-per-expert bucket (kernels/moe_tiles.py default_moe_tiles), both
+launches (w13 gated with its two accumulators, w2), and the variants (JOINT, SLOTS, TMA_B, SORTED_A/TMA_A).
 
-    python scripts/cross_compile_moe.py
+    python scripts/cross_compile_moe.py            # ~1 minute on a laptop CPU
+    python scripts/cross_compile_moe.py --all      # also every tile of the H200 table
+
+Prints one line a build: "<kind> <launch> <tiles> [variant]: ok | spills | error ..."; exit status 1 if any
+build fails or a plain one (no variant: what runs by default) spills. A variant's spill is reported: the
+tuner, which times it, leaves it out where it is slower.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import subprocess
 import sys
+import tempfile
 
 os.environ["TRITON_INTERPRET"] = "0"  # before tritonllm.platform, which would switch it on without a GPU
 
 # isort: split
-from cross_compile_gemm import TARGETS, run_checks  # this folder: sys.path[0] when run as a script
+import triton
+from cross_compile_attention import compile_kernel  # this folder: sys.path[0] when run as a script
+from triton.backends.compiler import GPUTarget
 
-from tritonllm.kernels import moe, moe_align, moe_gemv, moe_route, moe_tiles
+from tritonllm.kernels.gemm import GemmTiles
+from tritonllm.kernels.moe import fused_moe_kernel
+from tritonllm.kernels.moe_gemv import moe_gemv_kernel
+from tritonllm.kernels.moe_tiles import default_moe_tiles, fit_moe_tiles, tuned_file
+
+SM90 = GPUTarget("cuda", 90, 32)
+# kind -> (A's type, B's type, B scales' type, QUANT, GROUP_K)
+KINDS = {"bfloat16": ("bf16", "bf16", "fp32", 0, 1), "fp8_block": ("fp8e4nv", "fp8e4nv", "fp32", 1, 128),
+         "mxfp4": ("bf16", "u8", "u8", 2, 32)}  # fmt: skip
+BUCKETS = (0.1, 4, 16, 64, 500)  # rows per expert: the GEMV, then each grouped bucket
+DIVISIBLE = ("a_ptr", "b_ptr", "c_ptr", "K", "N", "stride_am", "stride_be", "stride_bn", "stride_cm")
 
 
-def main() -> int:
-    failures = 0
-    for target, family in TARGETS:
-        fp8 = "fp8e4nv" if target.backend == "cuda" else "fp8e4b8"
-        checks = []
-        for e, top_k, scoring in ((128, 8, 0), (256, 8, 1), (32, 4, 0)):
-            checks.append((f"route E={e} top-{top_k}", moe_route.moe_route_kernel, dict(logits_ptr="*bf16", weights_ptr="*fp32", ids_ptr="*i32"),
-                           dict(TOP_K=top_k, SCORING=scoring, RENORMALIZE=True, ROWS=4096 // e, BLOCK_E=e, BLOCK_K=top_k), 4, False))  # fmt: skip
-            align_types = dict(ids_ptr="*i32", counts_ptr="*i32", sorted_ids_ptr="*i32", block_expert_ptr="*i32")
-            steps = dict(STEP=moe_align.STEP, COUNT_STEP=moe_align.COUNT_STEP, TILE=moe_align.TILE)
-            checks.append((f"align counts E={e}", moe_align.moe_count_kernel, align_types,
-                           dict(BLOCK_E=e, STEP=moe_align.COUNT_STEP), moe_align.RANGE_WARPS, False))  # fmt: skip
-            for counted, block_m in ((False, 16), (True, 64), (True, 128)):
-                checks.append((f"align E={e} BLOCK_M={block_m}{' counted' if counted else ''}", moe_align.moe_align_kernel,
-                               align_types, dict(steps, COUNTED=counted, BLOCK_E=e, BLOCK_M=block_m),
-                               moe_align.RANGE_WARPS if counted else moe_align.SINGLE_WARPS, False))  # fmt: skip
-        kinds = [
-            ("bfloat16", dict(a_ptr="*bf16", b_ptr="*bf16"), dict(QUANT=moe.Q_NONE, GROUP_K=1), 2, 2),
-            ("fp8_block", dict(a_ptr=f"*{fp8}", b_ptr=f"*{fp8}", a_scale_ptr="*fp32", b_scale_ptr="*fp32"),
-             dict(QUANT=moe.Q_FP8_BLOCK, GROUP_K=128), 1, 1),
-            ("mxfp4", dict(a_ptr="*bf16", b_ptr="*u8", b_scale_ptr="*u8"), dict(QUANT=moe.Q_MXFP4, GROUP_K=32), 2, 1),
-        ]  # fmt: skip
-        for kind, types, quant, a_bytes, b_bytes in kinds:
-            for rows in (1, 16, 64, 1024):
-                tiles = moe_tiles.fit_moe_tiles(
-                    moe_tiles.default_moe_tiles(rows, family), kind, a_bytes, b_bytes, family
-                )
-                for gemm_name, t, gated in (("w13", tiles.w13, True), ("w2", tiles.w2, False)):
-                    all_types = dict(dict(c_ptr="*bf16", bias_ptr="*bf16", a_scale_ptr="*fp32", b_scale_ptr="*fp32",
-                                          topk_weights_ptr="*fp32", sorted_ids_ptr="*i32", block_expert_ptr="*i32",
-                                          alpha="fp32", limit="fp32"), **types)  # fmt: skip
-                    constexprs = dict(quant, A_ROW_DIV=8 if gated else 1, GATED=gated, ACTIVATION=1, HAS_BIAS=True,
-                                      MUL_WEIGHTS=not gated, IEEE=False, EVEN_K=True, BLOCK_M=t.block_m,
-                                      BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m)  # fmt: skip
-                    name = f"moe {kind} {gemm_name} rows/expert {rows} {t.block_m}x{t.block_n}x{t.block_k}"
-                    checks.append((name, moe.fused_moe_kernel, all_types, constexprs, t.num_warps, kind == "fp8_block"))
-            # the GEMV path (kernels/moe_gemv.py) at decode sizes; MXFP4 also read as int32 words (gemv_w4.py)
-            for words in (False, True) if kind == "mxfp4" else (False,):
-                gemv_types = dict(
-                    dict(c_ptr="*bf16", bias_ptr="*bf16", a_scale_ptr="*fp32", b_scale_ptr="*fp32",
-                         topk_weights_ptr="*fp32", topk_ids_ptr="*i32", alpha="fp32", limit="fp32"),
-                    **dict(types, **(dict(b_ptr="*i32") if words else {})),
-                )  # fmt: skip
-                for gemm_name, gated in (("w13", True), ("w2", False)):
-                    constexprs = dict(quant, A_ROW_DIV=8 if gated else 1, GATED=gated, ACTIVATION=1, HAS_BIAS=True,
-                                      MUL_WEIGHTS=not gated, EVEN_K=False, BLOCK_N=16, BLOCK_K=512 if a_bytes == 2 else 128,
-                                      WORDS=words, FP4_BITS=target.backend == "cuda")  # fmt: skip
-                    name = f"moe gemv {kind}{' words' if words else ''} {gemm_name}"
-                    checks.append((name, moe_gemv.moe_gemv_kernel, gemv_types, constexprs, 4, kind == "fp8_block"))
-        failures += run_checks(checks, target)
-    return failures
+def spills(kernel) -> bool:
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(kernel.asm["cubin"])
+        cubin.flush()
+        sass = subprocess.run([nvdisasm, "-c", cubin.name], capture_output=True, text=True, check=True).stdout
+    return "LDL" in sass or "STL" in sass
+
+
+def build(kind: str, gated: bool, tiles: GemmTiles, variant: dict) -> str:
+    """One launch's kernel as kernels/moe.py launches it: 'ok', 'spills' or the error's first line."""
+    a_t, b_t, s_t, quant, group_k = KINDS[kind]
+    words = quant == 2 and tiles.gemv
+    types = dict(a_ptr=f"*{a_t}", b_ptr="*i32" if words else f"*{b_t}", c_ptr="*bf16", bias_ptr="*bf16",
+                 a_scale_ptr="*fp32", b_scale_ptr=f"*{s_t}", topk_weights_ptr="*fp32", alpha="fp32", limit="fp32")  # fmt: skip
+    common = dict(A_ROW_DIV=8 if gated else 1, GATED=gated, ACTIVATION=0, HAS_BIAS=False, MUL_WEIGHTS=not gated,
+                  QUANT=quant, GROUP_K=group_k, EVEN_K=True, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, PDL=True,
+                  stride_ak=1, stride_bk=1, stride_cn=1)  # fmt: skip
+    if tiles.gemv:
+        fn, types["topk_ids_ptr"] = moe_gemv_kernel, "*i32"
+        slots = variant.get("slots", 0)
+        constexprs = dict(common, WORDS=words, FP4_BITS=True, JOINT=variant.get("joint", False), SLOTS=slots)
+        if slots:
+            constexprs["BLOCK_N"] = max(1, tiles.block_n // slots)
+    else:
+        fn = fused_moe_kernel
+        types.update(sorted_ids_ptr="*i32", block_expert_ptr="*i32")
+        tma_b, sorted_a = variant.get("tma_b", False), variant.get("sorted_a", False)
+        constexprs = dict(common, IEEE=False, BLOCK_M=tiles.block_m, GROUP_M=tiles.group_m, TMA_B=tma_b,
+                          SORTED_A=sorted_a, TMA_A=sorted_a, SORTED_C=False)  # fmt: skip
+        if tma_b:
+            types["b_desc"] = f"tensordesc<{b_t}[{tiles.block_n}, {tiles.block_k}]>"
+        else:
+            constexprs["b_desc"] = None
+        if sorted_a:
+            types["a_desc"] = f"tensordesc<{a_t}[{tiles.block_m}, {tiles.block_k}]>"
+        else:
+            constexprs["a_desc"] = None
+    try:
+        kernel = triton.compile(*_source(fn, types, constexprs), options=dict(num_warps=tiles.num_warps,
+                                                                               num_stages=tiles.num_stages))  # fmt: skip
+    except Exception as error:  # noqa: BLE001 - reported
+        return "error " + str(error).splitlines()[0][:160]
+    return "spills" if spills(kernel) else "ok"
+
+
+def _source(fn, types: dict, constexprs: dict) -> tuple:
+    """(source, target) for triton.compile: compile_kernel's specialisation, our stages and warps."""
+    from triton.compiler import ASTSource
+
+    signature = {n: ("constexpr" if n in constexprs else types.get(n, "i32")) for n in fn.arg_names}
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in DIVISIBLE}
+    consts = {(fn.arg_names.index(k),): v for k, v in constexprs.items()}
+    return ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs), SM90
+
+
+def cases(all_tuned: bool) -> list[tuple[str, bool, GemmTiles, dict, str]]:
+    """(kind, gated, tiles, variant, label): every kind's default tiles per bucket, fitted as fused_moe
+    fits them, each launch plain and with its variants; --all: the H200 table's tiles too."""
+    out = []
+    for kind in KINDS:
+        a_bytes, b_bytes = (1, 1) if kind == "fp8_block" else (2, 1 if kind == "mxfp4" else 2)
+        tiled = [(f"default {rows}", fit_moe_tiles(default_moe_tiles(rows, "hopper", kind), kind, a_bytes, b_bytes,
+                                                   "hopper")) for rows in BUCKETS]  # fmt: skip
+        if all_tuned:
+            import json
+
+            table = json.loads(tuned_file("NVIDIA H200").read_text()).get(kind, {})
+            for shape, buckets in table.items():
+                for tokens, entry in buckets.items():
+                    moe = fit_moe_tiles(default_moe_tiles(0.1, "hopper"), kind, a_bytes, b_bytes, "hopper")
+                    moe = type(moe)(GemmTiles(**entry["w13"]), GemmTiles(**entry["w2"]))
+                    tiled.append((f"table {shape} T={tokens}", moe))
+        for label, moe in tiled:
+            gemv = moe.gemv
+            for gated, tiles in ((True, moe.w13), (False, moe.w2)):
+                variants = [{}]
+                if gemv:
+                    variants.append(dict(joint=True) if gated else dict(slots=8))
+                elif kind != "mxfp4":
+                    variants.append(dict(tma_b=True) if gated else dict(tma_b=True, sorted_a=True))
+                elif not gated:
+                    variants.append(dict(sorted_a=True))
+                out += [(kind, gated, tiles, v, label) for v in variants]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--all", action="store_true", help="also every tile of the H200 table")
+    args = parser.parse_args(argv)
+    bad = 0
+    for kind, gated, tiles, variant, label in cases(args.all):
+        result = build(kind, gated, tiles, variant)
+        bad += result.startswith("error") or (result == "spills" and not variant)
+        shape = f"{tiles.block_m}x{tiles.block_n}x{tiles.block_k} w{tiles.num_warps} s{tiles.num_stages}"
+        extra = ",".join(f"{k}={v}" for k, v in variant.items())
+        print(f"{kind:9s} {'w13' if gated else 'w2':3s} {label:22s} {shape:22s} {extra:24s}: {result}", flush=True)
+    print(f"{bad} builds fail or spill by default")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
-    sys.exit(1 if main() else 0)
+    sys.exit(main())

@@ -500,6 +500,8 @@ def test_tile_table_lookup(tmp_path, monkeypatch) -> None:
         moe_tiles.fit_moe_tiles(moe_tiles.default_moe_tiles(500, "hopper"), "fp8_block", 1, 1, "hopper").w2.block_k
         <= 128
     )
+    fp8 = moe_tiles.default_moe_tiles(500, "hopper", "fp8_block")  # a 128 x 128 scale block a tile and step
+    assert (fp8.block_m, fp8.w13.block_n, fp8.w13.block_k) == (64, 128, 128)
 
 
 def test_fused_moe_layer_takes_the_triton_moe_by_default() -> None:

@@ -131,6 +131,13 @@ def default_moe_tiles(rows_per_expert: float, family: str, kind: str = "bfloat16
         t = GemmTiles(16, 128, 128, 1, 1, 4)
         return MoeTiles(t, t)
     stages = 2 if family == "cdna" else 4
+    if kind == "fp8_block" and rows_per_expert > 32:
+        # one 128 x 128 scale block a tile and K step (vLLM's and SGLang's block-FP8 default shape): each K
+        # step ends in a scaled add of its dot, so BLOCK_K 64 would double those waits; eight warps for
+        # w13's two accumulators (four spill in the sm90 build, as do the float tiles below at 128 rows:
+        # scripts/cross_compile_moe.py); untuned (session 9: 94 TFLOP/s at 8192 tokens on 128 x 128 x 64)
+        t = GemmTiles(64, 128, 128, 8, min(stages, 3), 8)
+        return MoeTiles(t, t)
     if rows_per_expert <= 8:
         t = GemmTiles(16, 64, 128, 4, stages, 8)
     elif rows_per_expert <= 32:
