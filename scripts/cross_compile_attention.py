@@ -35,19 +35,25 @@ POINTERS = {
 
 
 def compile_kernel(
-    fn: triton.JITFunction, target: GPUTarget, types: dict, constexprs: dict, num_warps: int, divisible=()
+    fn: triton.JITFunction,
+    target: GPUTarget,
+    types: dict,
+    constexprs: dict,
+    num_warps: int,
+    divisible=(),
+    num_stages: int | None = None,
 ):
     """Compile fn for target: its constexprs bound, every other argument typed from `types` (i32 when
     absent), those named in `divisible` known to be multiples of 16 (as Triton specialises pointers
-    and integers at launch: what lets it vectorise loads), at the backend's default pipelining depth.
-    Raises what the compiler raises."""
+    and integers at launch: what lets it vectorise loads), at `num_stages` (default: the backend's
+    default pipelining depth). Raises what the compiler raises."""
     signature = {n: ("constexpr" if n in constexprs else types.get(n, "i32")) for n in fn.arg_names}
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
     source = ASTSource(
         fn=fn, signature=signature, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
         attrs=attrs,
     )  # fmt: skip
-    stages = 2 if target.backend == "hip" else 3
+    stages = num_stages or (2 if target.backend == "hip" else 3)
     return triton.compile(source, target=target, options={"num_warps": num_warps, "num_stages": stages})
 
 

@@ -78,21 +78,10 @@ def build(kind: str, gated: bool, tiles: GemmTiles, variant: dict) -> str:
         else:
             constexprs["a_desc"] = None
     try:
-        kernel = triton.compile(*_source(fn, types, constexprs), options=dict(num_warps=tiles.num_warps,
-                                                                               num_stages=tiles.num_stages))  # fmt: skip
+        kernel = compile_kernel(fn, SM90, types, constexprs, tiles.num_warps, DIVISIBLE, tiles.num_stages)
     except Exception as error:  # noqa: BLE001 - reported
         return "error " + str(error).splitlines()[0][:160]
     return "spills" if spills(kernel) else "ok"
-
-
-def _source(fn, types: dict, constexprs: dict) -> tuple:
-    """(source, target) for triton.compile: compile_kernel's specialisation, our stages and warps."""
-    from triton.compiler import ASTSource
-
-    signature = {n: ("constexpr" if n in constexprs else types.get(n, "i32")) for n in fn.arg_names}
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in DIVISIBLE}
-    consts = {(fn.arg_names.index(k),): v for k, v in constexprs.items()}
-    return ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs), SM90
 
 
 def cases(all_tuned: bool) -> list[tuple[str, bool, GemmTiles, dict, str]]:
