@@ -33,12 +33,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_moe import DEVICE, DTYPE, SCHEMES, SHAPES, add_problem_args, device_name, make_experts, median_ms  # noqa: E402
+
+# isort: split
+import triton  # noqa: E402  (after tritonllm.platform, via bench_moe: it switches on the interpreter without a GPU)
 
 from tritonllm.kernels import moe  # noqa: E402
 from tritonllm.kernels.gemm import GemmTiles  # noqa: E402
