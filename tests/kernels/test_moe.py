@@ -442,6 +442,55 @@ def test_bf16_model_shapes(t, e, top_k, h, i) -> None:
         assert_close_to_scale(fused_moe(*args), reference.fused_moe(*args), 3e-2)
 
 
+GPU_VARIANTS = {
+    True: [dict(joint=True), dict(sum_slots=True), dict(joint=True, sum_slots=True)],  # the GEMV's
+    False: [dict(tma_w13=True, tma_w2=True), dict(sorted_w2=True), dict(tma_w13=True, tma_w2=True, sorted_w2=True)],
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not platform.is_gpu(), reason="bfloat16 tl.dot, TMA and CUDA graphs need the GPU")
+@pytest.mark.parametrize("t", [1, 4, 300])
+@pytest.mark.parametrize(
+    "e, top_k, h, i, activation",
+    [(128, 8, 2048, 768, "silu"), (32, 4, 2880, 2880, "swiglu_oai")],
+    ids=["qwen3", "gptoss"],
+)
+def test_variants_at_model_shapes(t, e, top_k, h, i, activation) -> None:
+    """Every variant of the picked tiles (the GEMV's at 1 and 4 tokens, the grouped GEMM's descriptor
+    reads at 300) at Qwen3-30B-A3B's and gpt-oss-20b's layers, bf16 / FP8 block / MXFP4 experts, with
+    biases, against the reference; then one of them captured in a CUDA graph and replayed."""
+    from dataclasses import replace
+
+    from tritonllm.kernels.moe import moe_tiles_for
+
+    p = _problem(t, e, h, i, top_k, seed=41, dtype=torch.bfloat16)
+    kwargs = dict(activation=activation, w13_bias=p["w13_bias"], w2_bias=p["w2_bias"])
+    for scheme in (None, QuantScheme(FP8, "block", "group"), QuantScheme(FP4, "mx", "none")):
+        w13, w2 = (
+            (p["w13"], p["w2"])
+            if scheme is None
+            else (quantize_experts(p["w13"], scheme), quantize_experts(p["w2"], scheme))
+        )
+        args = (p["x"], w13, w2, p["topk_weights"], p["topk_ids"])
+        expected = reference.fused_moe(*args, **kwargs)
+        picked = moe_tiles_for(p["x"], w13, w2, top_k)
+        for flags in GPU_VARIANTS[picked.gemv]:
+            got = fused_moe(*args, tiles=replace(picked, **flags), **kwargs)
+            assert_close_to_scale(got, expected, 2e-2 if scheme is None else 3e-2)
+    tiles = replace(picked, **GPU_VARIANTS[picked.gemv][-1])
+    out = torch.empty_like(p["x"])
+    run = lambda: fused_moe(*args, tiles=tiles, out=out, **kwargs)  # noqa: E731
+    run()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close_to_scale(out, expected, 3e-2)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not platform.is_gpu(), reason="CUDA graphs need the GPU")
 def test_decode_step_runs_without_host_syncs_and_replays_from_a_graph() -> None:
