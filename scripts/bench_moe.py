@@ -44,7 +44,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tritonllm import platform  # noqa: E402
-from tritonllm.kernels import reference  # noqa: E402
+from tritonllm.kernels import moe_tiles, reference  # noqa: E402
 from tritonllm.kernels.moe import fused_moe, moe_tiles_for  # noqa: E402
 from tritonllm.kernels.moe_route import moe_route  # noqa: E402
 from tritonllm.kernels.quant_formats import FP4, QuantizedWeight, QuantScheme  # noqa: E402
@@ -158,7 +158,7 @@ VARIANTS = {
     "grouped": {"none": {}, "tma_w13": dict(tma_w13=True), "tma_w2": dict(tma_w2=True),
                 "sorted_w2": dict(sorted_w2=True), "tma": dict(tma_w13=True, tma_w2=True, sorted_w2=True)},
 }  # fmt: skip
-NO_VARIANTS = dict(joint=False, sum_slots=False, tma_w13=False, tma_w2=False, sorted_w2=False)
+NO_VARIANTS = dict.fromkeys(moe_tiles.VARIANTS, False)
 
 
 def layer_variants(x, w13, w2, weights, ids, expected: torch.Tensor, flops: float, weight_bytes: int) -> dict:

@@ -15,7 +15,9 @@ the rotary kernel (kernels/rotary.py) alone and with the KV-cache write fused (b
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import tempfile
 
 os.environ["TRITON_INTERPRET"] = "0"  # before tritonllm.platform, which would switch it on without a GPU
 
@@ -55,6 +57,15 @@ def compile_kernel(
     )  # fmt: skip
     stages = num_stages or (2 if target.backend == "hip" else 3)
     return triton.compile(source, target=target, options={"num_warps": num_warps, "num_stages": stages})
+
+
+def disassemble(kernel) -> str:
+    """The SASS of a kernel compiled for NVIDIA (its cubin through Triton's bundled nvdisasm)."""
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(kernel.asm["cubin"])
+        cubin.flush()
+        return subprocess.run([nvdisasm, "-c", cubin.name], capture_output=True, text=True, check=True).stdout
 
 
 def compile_one(fn: triton.JITFunction, target: GPUTarget, kv: str, constexprs: dict) -> str | None:

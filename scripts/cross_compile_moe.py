@@ -15,21 +15,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import tempfile
 
 os.environ["TRITON_INTERPRET"] = "0"  # before tritonllm.platform, which would switch it on without a GPU
 
 # isort: split
-import triton
-from cross_compile_attention import compile_kernel  # this folder: sys.path[0] when run as a script
+from cross_compile_attention import compile_kernel, disassemble  # this folder: sys.path[0] when run as a script
 from triton.backends.compiler import GPUTarget
 
 from tritonllm.kernels.gemm import GemmTiles
 from tritonllm.kernels.moe import fused_moe_kernel
 from tritonllm.kernels.moe_gemv import moe_gemv_kernel
-from tritonllm.kernels.moe_tiles import default_moe_tiles, fit_moe_tiles, tuned_file
+from tritonllm.kernels.moe_tiles import MoeTiles, default_moe_tiles, fit_moe_tiles, tuned_file
 
 SM90 = GPUTarget("cuda", 90, 32)
 # kind -> (A's type, B's type, B scales' type, QUANT, GROUP_K)
@@ -39,17 +36,10 @@ BUCKETS = (0.1, 4, 16, 64, 500)  # rows per expert: the GEMV, then each grouped 
 DIVISIBLE = ("a_ptr", "b_ptr", "c_ptr", "K", "N", "stride_am", "stride_be", "stride_bn", "stride_cm")
 
 
-def spills(kernel) -> bool:
-    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-        cubin.write(kernel.asm["cubin"])
-        cubin.flush()
-        sass = subprocess.run([nvdisasm, "-c", cubin.name], capture_output=True, text=True, check=True).stdout
-    return "LDL" in sass or "STL" in sass
-
-
-def build(kind: str, gated: bool, tiles: GemmTiles, variant: dict) -> str:
-    """One launch's kernel as kernels/moe.py launches it: 'ok', 'spills' or the error's first line."""
+def compile_moe(kind: str, gated: bool, tiles: GemmTiles, variant: dict):
+    """One launch's kernel as kernels/moe.py launches it, compiled for sm90 (also scripts/sass_loop_mix.py
+    --moe); `variant`: joint, slots (the GEMV), tma_b, sorted_a (the grouped GEMM). Raises what the
+    compiler raises."""
     a_t, b_t, s_t, quant, group_k = KINDS[kind]
     words = quant == 2 and tiles.gemv
     types = dict(a_ptr=f"*{a_t}", b_ptr="*i32" if words else f"*{b_t}", c_ptr="*bf16", bias_ptr="*bf16",
@@ -77,11 +67,16 @@ def build(kind: str, gated: bool, tiles: GemmTiles, variant: dict) -> str:
             types["a_desc"] = f"tensordesc<{a_t}[{tiles.block_m}, {tiles.block_k}]>"
         else:
             constexprs["a_desc"] = None
+    return compile_kernel(fn, SM90, types, constexprs, tiles.num_warps, DIVISIBLE, tiles.num_stages)
+
+
+def build(kind: str, gated: bool, tiles: GemmTiles, variant: dict) -> str:
+    """compile_moe's result: 'ok', 'spills' (local memory in the SASS) or the error's first line."""
     try:
-        kernel = compile_kernel(fn, SM90, types, constexprs, tiles.num_warps, DIVISIBLE, tiles.num_stages)
+        sass = disassemble(compile_moe(kind, gated, tiles, variant))
     except Exception as error:  # noqa: BLE001 - reported
         return "error " + str(error).splitlines()[0][:160]
-    return "spills" if spills(kernel) else "ok"
+    return "spills" if "LDL" in sass or "STL" in sass else "ok"
 
 
 def cases(all_tuned: bool) -> list[tuple[str, bool, GemmTiles, dict, str]]:
@@ -98,9 +93,8 @@ def cases(all_tuned: bool) -> list[tuple[str, bool, GemmTiles, dict, str]]:
             table = json.loads(tuned_file("NVIDIA H200").read_text()).get(kind, {})
             for shape, buckets in table.items():
                 for tokens, entry in buckets.items():
-                    moe = fit_moe_tiles(default_moe_tiles(0.1, "hopper"), kind, a_bytes, b_bytes, "hopper")
-                    moe = type(moe)(GemmTiles(**entry["w13"]), GemmTiles(**entry["w2"]))
-                    tiled.append((f"table {shape} T={tokens}", moe))
+                    moe = MoeTiles(GemmTiles(**entry["w13"]), GemmTiles(**entry["w2"]))
+                    tiled.append((f"table {shape} T={tokens}", fit_moe_tiles(moe, kind, a_bytes, b_bytes, "hopper")))
         for label, moe in tiled:
             gemv = moe.gemv
             for gated, tiles in ((True, moe.w13), (False, moe.w2)):

@@ -16,18 +16,17 @@ import argparse
 import collections
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 os.environ["TRITON_INTERPRET"] = "0"  # before tritonllm.platform, which would switch it on without a GPU
 
 # isort: split
-import triton
-from cross_compile_attention import compile_kernel  # this folder: sys.path[0] when run as a script
+from cross_compile_attention import compile_kernel, disassemble  # this folder: sys.path[0] when run as a script
+from cross_compile_moe import compile_moe
 from triton.backends.compiler import GPUTarget
 
-from tritonllm.kernels import gemm_w4_sm90, gemv_w4, gemv_w4_sm90, moe_gemv
+from tritonllm.kernels import gemm_w4_sm90, gemv_w4, gemv_w4_sm90
+from tritonllm.kernels.gemm import GemmTiles
 
 DIVISIBLE = ("a_ptr", "w_ptr", "c_ptr", "s_ptr", "z_ptr", "ws_ptr", "K", "N", "K_PER_SPLIT", "stride_am",
              "stride_wn", "stride_cm", "stride_sn")  # fmt: skip
@@ -88,33 +87,22 @@ def main(argv: list[str] | None = None) -> collections.Counter:
 
 
 def compile_moe_gemv(launch: str, fp4: bool, block_n: int, block_w: int, warps: int, slots: int) -> tuple:
-    """The MoE GEMV (kernels/moe_gemv.py) for sm90 as the launcher builds it: MXFP4 experts read as words
-    (fp4) or bf16 ones, BLOCK_K = 8 x block_w (bf16: block_w x 8 values too); w13 gated (gate and up
-    loops apart, or `-joint` in one pass), w2 per pair or summing `slots` slots (its block_n the tile's
-    rows shared by them). Returns (kernel, a thread's weights an iteration)."""
+    """The MoE GEMV (kernels/moe_gemv.py) for sm90 as the launcher builds it (cross_compile_moe.compile_moe):
+    MXFP4 experts read as words (fp4) or bf16 ones, BLOCK_K = 8 x block_w (bf16: block_w x 8 values too); w13
+    gated (gate and up loops apart, or `-joint` in one pass), w2 per pair or summing `slots` slots (its block_n
+    the tile's rows shared by them). Returns (kernel, a thread's weights an iteration)."""
     gated, slot_count = launch.startswith("w13"), slots if launch == "w2-slots" else 0
+    variant = dict(joint=launch == "w13-joint", slots=slot_count)
+    tiles = GemmTiles(1, block_n, 8 * block_w, warps, 3, 1, gemv=True)
+    kernel = compile_moe("mxfp4" if fp4 else "bfloat16", gated, tiles, variant)
     bn = max(1, block_n // slot_count) if slot_count else block_n
-    types = dict(a_ptr="*bf16", b_ptr="*i32" if fp4 else "*bf16", c_ptr="*bf16", bias_ptr="*bf16", a_scale_ptr="*fp32",
-                 b_scale_ptr="*u8" if fp4 else "*fp32", topk_weights_ptr="*fp32", topk_ids_ptr="*i32", alpha="fp32",
-                 limit="fp32")  # fmt: skip
-    constexprs = dict(A_ROW_DIV=1, GATED=gated, ACTIVATION=1, HAS_BIAS=True, MUL_WEIGHTS=not gated, QUANT=2 if fp4 else 0,
-                      GROUP_K=32 if fp4 else 1, EVEN_K=True, BLOCK_N=bn, BLOCK_K=8 * block_w, WORDS=fp4, FP4_BITS=True,
-                      JOINT=launch == "w13-joint", SLOTS=slot_count, PDL=True, stride_ak=1, stride_bk=1, stride_bsk=1,
-                      stride_cn=1)  # fmt: skip
-    divisible = ("a_ptr", "b_ptr", "c_ptr", "K", "stride_am", "stride_be", "stride_bn", "stride_cm")
-    kernel = compile_kernel(moe_gemv.moe_gemv_kernel, GPUTarget("cuda", 90, 32), types, constexprs, warps, divisible)
     rows = bn * (2 if gated and launch.endswith("joint") else 1) * max(1, slot_count)  # rows an iteration
     return kernel, rows * block_w * (8 if fp4 else 1) * (1 if fp4 else 8) / (32 * warps)
 
 
 def report(kernel, weights: float) -> collections.Counter:
     """Print the loop's mix of a compiled kernel, per weight (`weights`: a thread's an iteration)."""
-    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-        cubin.write(kernel.asm["cubin"])
-        cubin.flush()
-        sass = subprocess.run([nvdisasm, "-c", cubin.name], capture_output=True, text=True, check=True).stdout
-    ops = loop_mix(sass)
+    ops = loop_mix(disassemble(kernel))
     total = sum(ops.values())
     print(f"loop: {total} instructions a thread an iteration, {weights:.0f} weights: {total / weights:.2f} a weight")
     print("spills to local memory" if "LDL" in ops or "STL" in ops else "no spills")

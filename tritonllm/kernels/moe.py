@@ -26,7 +26,8 @@ Variants, off unless the tile table (or TRITONLLM_MOE_VARIANTS) turns them on (M
 the GEMV's `joint` (gate and up rows in one pass) and `sum_slots` (w2 sums each token's slots in
 registers and writes out [T, H]: no per-slot buffer, no sum); the grouped GEMM's `tma_w13` /
 `tma_w2` (float and FP8 experts' tiles through a host-built tensor descriptor of [E * N, K]: TMA
-bulk copies on Hopper, as the dense persistent kernel reads its operands).
+bulk copies on Hopper, as the dense persistent kernel reads its operands) and `sorted_w2` (w13
+writes the intermediate in the alignment's order, w2 reads each block's rows through a descriptor).
 
 Padding rows (pair id T * k) read row 0 and are not stored; blocks past the last expert exit at
 once. The grid is static (moe_align's bound): nothing syncs with the host, decode steps capture.
@@ -264,7 +265,8 @@ def _launch(
         if words is not None:  # MXFP4 read as words of eight nibbles (kernels/gemv_w4.py)
             pointers = (pointers[0], words, *pointers[2:])
             strides = (*strides[:2], *words.stride(), *strides[5:])
-        rows_per_expert = strides[2] // strides[3]  # SLOTS: the experts' rows read as one matrix (_flat_experts)
+        b = words if words is not None else data
+        rows_per_expert = b.stride(0) // b.stride(1)  # SLOTS: the experts' rows read as one matrix (_flat_experts)
         if slots:
             flags["BLOCK_N"] = max(1, tiles.block_n // slots)  # the tile's rows shared by the slots
         grid = (triton.cdiv(n, flags["BLOCK_N"]), t if slots else t * top_k)
@@ -292,10 +294,15 @@ def _b_descriptor(data: torch.Tensor, tiles: GemmTiles):
     """A tensor descriptor of stacked experts [E, N, K] as one [E * N, K] matrix with [BLOCK_N, BLOCK_K]
     boxes, or None where a descriptor cannot describe them (rows not 16-byte multiples, not stacked
     contiguously, this Triton without descriptors)."""
-    if data.stride(0) != data.shape[1] * data.stride(1):
+    if not _stacked(data):
         return None
     flat = data.view(-1, data.shape[2])
     return TensorDescriptor.from_tensor(flat, [tiles.block_n, tiles.block_k]) if _fits(flat) else None
+
+
+def _stacked(t: torch.Tensor) -> bool:
+    """Whether [E, N, ...] experts lie N rows apart, so that they read as one [E * N, ...] matrix."""
+    return t.stride(0) == t.shape[1] * t.stride(1)
 
 
 def _words(data: torch.Tensor, k: int, block_k: int) -> torch.Tensor | None:
@@ -308,18 +315,18 @@ def _flat_experts(w: torch.Tensor | QuantizedWeight, block_k: int) -> bool:
     slot's rows e * N + n), scales included: experts N rows apart, MXFP4 as words, FP8 block scales
     whole (N a multiple of 128)."""
     if not isinstance(w, QuantizedWeight):
-        return w.stride(0) == w.shape[1] * w.stride(1)
+        return _stacked(w)
     data, scale = w.data, w.scale
     n = data.shape[1]
-    if w.scheme.format_name == "mxfp4:mx:none":
+    if w.scheme.format_name == "mxfp4:mx:none":  # scales a row each: [E, N, K / 32]
         data = _words(data, 2 * data.shape[2], block_k)
         scale_rows = n
-    else:
+    else:  # FP8 block: a row of scales each 128 rows, [E, N / 128, K / 128]
         scale_rows = n // BLOCK if n % BLOCK == 0 else None
     return (
         data is not None
         and scale_rows is not None
-        and data.stride(0) == n * data.stride(1)
+        and _stacked(data)
         and scale.stride(0) == scale_rows * scale.stride(1)
     )
 

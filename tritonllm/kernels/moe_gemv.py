@@ -51,7 +51,7 @@ def _row_dot(a_ptr, rows, a_scale_ptr, b_ptr, b_scale_ptr, rn, K, stride_am, str
         if SLOTS:
             a_ptrs = a_ptr + rows[:, None, None] * stride_am + (rn * 0)[:, :, None] + offs_k[None, None, :] * stride_ak
             b_ptrs = b_ptr + rn[:, :, None] * stride_bn + offs_kb[None, None, :] * stride_bk  # [SLOTS, BLOCK_N, .]
-            acc = tl.zeros((SLOTS, BLOCK_N) if QUANT == 2 else (SLOTS, BLOCK_N, BLOCK_K), dtype=tl.float32)
+            acc = tl.zeros((SLOTS, BLOCK_N, BLOCK_K), dtype=tl.float32)  # float / FP8 (MXFP4: the words)
         else:
             a_ptrs = (
                 a_ptr + rows * stride_am + (rn * 0)[:, None] + offs_k[None, :] * stride_ak

@@ -10,9 +10,10 @@ KIND is the expert weights' kind ("bfloat16", "float16", "float32", "fp8_block",
 experts, H the hidden size, I the intermediate size, TOKENS the batch's tokens (its M bucket: the
 smallest tuned TOKENS >= T, else the largest, unless that is a GEMV's: a table swept at decode sizes
 only leaves larger batches to the default, not to one program per pair). Entries may carry
-MoeTiles' variants: "joint" and "sum_slots" (GEMV), "tma_w13", "tma_w2" and "sorted_w2" (grouped GEMM). No autotuning in the serving path. Without an entry
-the default depends on the expected rows per expert, T * top_k / E: small blocks when each expert
-sees few rows (decode: the weight read is the cost), larger ones as the rows grow.
+MoeTiles' variants: "joint" and "sum_slots" (GEMV), "tma_w13", "tma_w2" and "sorted_w2" (grouped
+GEMM). No autotuning in the serving path. Without an entry the default depends on the expected rows
+per expert, T * top_k / E: small blocks when each expert sees few rows (decode: the weight read is
+the cost), larger ones as the rows grow.
 """
 
 from __future__ import annotations
