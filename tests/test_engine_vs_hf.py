@@ -49,6 +49,22 @@ def test_moe_models_match_hf_with_chunked_prefill_and_prefix_caching(architectur
     )  # fmt: skip
 
 
+def test_moe_kernel_variants_match_hf(prompts, monkeypatch):
+    """gpt-oss through the whole engine on the Triton MoE with every variant forced on (kernels/moe_tiles.py
+    TRITONLLM_MOE_VARIANTS): the GEMV's joint gate/up pass and in-register slot sum at decode, the grouped
+    GEMM's descriptor reads and block-ordered intermediate at prefill; off by default until the GPU
+    measures them, so this is their only engine-level check against HF."""
+    from tritonllm.kernels import moe_tiles
+
+    monkeypatch.setenv("TRITONLLM_MOE_VARIANTS", "joint,sum_slots,tma")
+    moe_tiles.variants_override.cache_clear()
+    try:
+        test_moe_models_match_hf_with_chunked_prefill_and_prefix_caching("GptOssForCausalLM", "triton", prompts)
+    finally:
+        monkeypatch.delenv("TRITONLLM_MOE_VARIANTS")
+        moe_tiles.variants_override.cache_clear()
+
+
 def check_against_hf(model_path: str, prompts: list[list[int]], num_steps: int = NUM_STEPS, **llm_args: object) -> None:
     tiny_model = model_path
     llm = LLM(model=model_path, **llm_args)
