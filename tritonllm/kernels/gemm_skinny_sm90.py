@@ -334,15 +334,16 @@ if HAVE_GLUON:
         inverse = 1.0 / scale  # multiplied, as quant.quantize_rows_and_store does
         return gl.convert_layout(scale, gl.SliceLayout(0, ACC)), gl.convert_layout(inverse, gl.SliceLayout(1, XL))
 
-    @gluon.jit
-    def xn_row_layout(ROW_PAD: gl.constexpr):
-        """A whole row of ROW_PAD values over the program's threads (xn_stats)."""
-        return gl.BlockedLayout([ROW_PAD // (32 * gl.num_warps())], [32], [gl.num_warps()], [0])
+    @gluon.constexpr_function
+    def xn_row_layout(row_pad, warps):
+        """A whole row of row_pad values over the program's threads (xn_stats). A constexpr function, not a jit
+        one: Triton 3.6 cannot return a layout from a jit function."""
+        return gl.BlockedLayout([row_pad // (32 * warps)], [32], [warps], [0])
 
     @gluon.jit
     def xn_norm_weight(g_ptr, K, ROW_PAD: gl.constexpr):
         """The norm weight g [K] in float32, in xn_row_layout: a parameter, loaded before the PDL wait."""
-        offs = gl.arange(0, ROW_PAD, layout=xn_row_layout(ROW_PAD))
+        offs = gl.arange(0, ROW_PAD, layout=xn_row_layout(ROW_PAD, gl.num_warps()))
         return gl.load(g_ptr + offs, mask=offs < K, other=0.0).to(gl.float32)
 
     @gluon.jit
@@ -353,7 +354,7 @@ if HAVE_GLUON:
         sets them: rstd = 1 / sqrt(mean(x^2) + eps), out = x rstd g rounded to XT, scale = max(amax(out),
         1e-12) / QMAX. A row at a time, the whole row in registers (ROW_PAD >= K). Rows past M: rstd 0,
         scale 1e-12 / QMAX (their values are zeros)."""
-        offs = gl.arange(0, ROW_PAD, layout=xn_row_layout(ROW_PAD))
+        offs = gl.arange(0, ROW_PAD, layout=xn_row_layout(ROW_PAD, gl.num_warps()))
         ok = offs < K
         rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, XL))
         rstd_rows = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, XL))
