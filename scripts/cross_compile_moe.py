@@ -26,7 +26,7 @@ from triton.backends.compiler import GPUTarget
 from tritonllm.kernels.gemm import GemmTiles
 from tritonllm.kernels.moe import fused_moe_kernel
 from tritonllm.kernels.moe_gemv import moe_gemv_kernel
-from tritonllm.kernels.moe_tiles import MoeTiles, default_moe_tiles, fit_moe_tiles, tuned_file
+from tritonllm.kernels.moe_tiles import MoeTiles, default_moe_tiles, fit_moe_tiles, gemv_reduce, tuned_file
 
 SM90 = GPUTarget("cuda", 90, 32)
 # kind -> (A's type, B's type, B scales' type, QUANT, GROUP_K)
@@ -38,7 +38,7 @@ DIVISIBLE = ("a_ptr", "b_ptr", "c_ptr", "K", "N", "stride_am", "stride_be", "str
 
 def compile_moe(kind: str, gated: bool, tiles: GemmTiles, variant: dict):
     """One launch's kernel as kernels/moe.py launches it, compiled for sm90 (also scripts/sass_loop_mix.py
-    --moe); `variant`: joint, slots (the GEMV), tma_b, sorted_a (the grouped GEMM). Raises what the
+    --moe); `variant`: joint, slots, reduce (the GEMV), tma_b, sorted_a (the grouped GEMM). Raises what the
     compiler raises."""
     a_t, b_t, s_t, quant, group_k = KINDS[kind]
     words = quant == 2 and tiles.gemv
@@ -50,7 +50,8 @@ def compile_moe(kind: str, gated: bool, tiles: GemmTiles, variant: dict):
     if tiles.gemv:
         fn, types["topk_ids_ptr"] = moe_gemv_kernel, "*i32"
         slots = variant.get("slots", 0)
-        constexprs = dict(common, WORDS=words, FP4_BITS=True, JOINT=variant.get("joint", False), SLOTS=slots)
+        constexprs = dict(common, WORDS=words, FP4_BITS=True, JOINT=variant.get("joint", False), SLOTS=slots,
+                          REDUCE=variant.get("reduce", gemv_reduce()))
         if slots:
             constexprs["BLOCK_N"] = max(1, tiles.block_n // slots)
     else:

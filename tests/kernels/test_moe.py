@@ -565,3 +565,42 @@ def test_fused_moe_layer_takes_the_triton_moe_by_default() -> None:
     got = layer(x, logits)
     layer.kernels = select_kernels({"moe": "torch_ref"})
     assert_close_to_scale(got, layer(x, logits), TOL)
+
+
+def test_default_variants_where_the_h200_measured_them_faster(tmp_path, monkeypatch) -> None:
+    """Hopper's defaults (session 27's H200 A/B): the GEMV's joint and sum_slots at one token only, the grouped
+    GEMM's descriptor reads for float and FP8-block experts beyond 32 rows an expert (MXFP4: pointer loads);
+    nothing on other families; a table entry's named variants win, unnamed ones take the default."""
+    from dataclasses import asdict
+
+    from tritonllm.kernels import moe_tiles
+
+    gemv = moe_tiles.default_moe_tiles(0.1, "hopper")
+    grouped = moe_tiles.default_moe_tiles(500, "hopper")
+    dv = moe_tiles.default_variants
+    assert dv(gemv, "hopper", "bfloat16", 1, 0.06) == dict(joint=True, sum_slots=True)
+    assert dv(gemv, "hopper", "mxfp4", 1, 0.1) == dict(joint=True, sum_slots=True)
+    assert dv(gemv, "hopper", "bfloat16", 4, 0.25) == {}
+    on = dict(tma_w13=True, tma_w2=True, sorted_w2=True)
+    assert dv(grouped, "hopper", "bfloat16", 1024, 64) == on and dv(grouped, "hopper", "fp8_block", 8192, 512) == on
+    assert dv(grouped, "hopper", "mxfp4", 8192, 1024) == {} and dv(grouped, "hopper", "bfloat16", 256, 16) == {}
+    assert dv(gemv, "cdna", "bfloat16", 1, 0.06) == {} and dv(grouped, "cpu", "bfloat16", 1024, 64) == {}
+
+    # through pick_moe_tiles as on an H200: a table entry naming joint only keeps it and gets sum_slots' default
+    monkeypatch.setattr(moe_tiles.platform, "is_gpu", lambda: True)
+    monkeypatch.setattr(moe_tiles.torch.cuda, "get_device_name", lambda device=None: "GPU")
+    monkeypatch.setattr(moe_tiles, "gpu_family", lambda: "hopper")
+    monkeypatch.setattr(moe_tiles, "variants_override", lambda: None)
+    t = gemv.w13
+    path = tmp_path / "moe_GPU.json"
+    entry = dict(w13=asdict(t), w2=asdict(t), us=1.0, joint=False)
+    path.write_text(json.dumps({"bfloat16": {"8,64,32": {"1": entry}}}))
+    monkeypatch.setattr(moe_tiles, "tuned_file", lambda name: path)
+    moe_tiles._table.cache_clear()
+    try:
+        picked = moe_tiles.pick_moe_tiles("bfloat16", 8, 64, 32, 1, 2, 2, 2)
+        assert picked.gemv and not picked.joint and picked.sum_slots
+        big = moe_tiles.pick_moe_tiles("bfloat16", 8, 64, 32, 4096, 2, 2, 2)  # no entry this large: the default
+        assert not big.gemv and big.tma_w13 and big.tma_w2 and big.sorted_w2
+    finally:
+        moe_tiles._table.cache_clear()

@@ -22,7 +22,8 @@ is small beside the GEMMs' (about a tenth at Qwen3-30B-A3B prefill shapes).
 Decode-sized batches (few pairs per expert: the tile table's or default tiles say `gemv`) take
 kernels/moe_gemv.py instead: one program per (pair, BLOCK_N columns), no alignment, same epilogue.
 
-Variants, off unless the tile table (or TRITONLLM_MOE_VARIANTS) turns them on (MoeTiles' flags):
+Variants (MoeTiles' flags: the tile table's, else on where the H200 measured them faster, moe_tiles.
+default_variants; TRITONLLM_MOE_VARIANTS over both):
 the GEMV's `joint` (gate and up rows in one pass) and `sum_slots` (w2 sums each token's slots in
 registers and writes out [T, H]: no per-slot buffer, no sum); the grouped GEMM's `tma_w13` /
 `tma_w2` (float and FP8 experts' tiles through a host-built tensor descriptor of [E * N, K]: TMA
@@ -55,7 +56,7 @@ from tritonllm.kernels.launch import pdl_launch, pdl_wait
 from tritonllm.kernels.moe_align import MoeAlignment, moe_align
 from tritonllm.kernels.moe_epilogue import moe_store
 from tritonllm.kernels.moe_gemv import moe_gemv_kernel
-from tritonllm.kernels.moe_tiles import MoeTiles, moe_kind, pick_moe_tiles
+from tritonllm.kernels.moe_tiles import MoeTiles, gemv_reduce, moe_kind, pick_moe_tiles
 from tritonllm.kernels.quant import quantize_per_group
 from tritonllm.kernels.quant_formats import BLOCK, MX_GROUP, QuantizedWeight
 from tritonllm.kernels.reference import MOE_ACTIVATIONS
@@ -271,7 +272,7 @@ def _launch(
             flags["BLOCK_N"] = max(1, tiles.block_n // slots)  # the tile's rows shared by the slots
         grid = (triton.cdiv(n, flags["BLOCK_N"]), t if slots else t * top_k)
         moe_gemv_kernel[grid](*pointers, route, n, k, alpha, limit, top_k, rows_per_expert, *strides, **flags,
-                              WORDS=words is not None, FP4_BITS=FP4_BITS, JOINT=joint, SLOTS=slots,
+                              WORDS=words is not None, FP4_BITS=FP4_BITS, JOINT=joint, SLOTS=slots, REDUCE=gemv_reduce(),
                               **pdl_launch())  # fmt: skip
         return
     grid = (route.num_blocks * triton.cdiv(n, tiles.block_n),)

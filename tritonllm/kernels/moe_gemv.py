@@ -32,7 +32,7 @@ from tritonllm.kernels.moe_epilogue import moe_store
 def _row_dot(a_ptr, rows, a_scale_ptr, b_ptr, b_scale_ptr, rn, K, stride_am, stride_ak, stride_asm, stride_ask,
              stride_bn, stride_bk, stride_bsn, stride_bsk, QUANT: tl.constexpr, GROUP_K: tl.constexpr,
              EVEN_K: tl.constexpr, WORDS: tl.constexpr, FP4_BITS: tl.constexpr, SLOTS: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+             REDUCE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
     """sum over K of w[rn, k] * a[row, k] in float32: one activation row (`rows` a scalar) against the
     weight rows rn [BLOCK_N]; or (SLOTS) a token's slots, `rows` [SLOTS] activation rows each against
     its own weight rows rn [SLOTS, BLOCK_N] of the experts' stacked weights read as one [E * N, K]
@@ -46,18 +46,34 @@ def _row_dot(a_ptr, rows, a_scale_ptr, b_ptr, b_scale_ptr, rn, K, stride_am, str
         PACK: tl.constexpr = 2 if QUANT == 2 else 1  # K values per byte of B
         offs_k = tl.arange(0, BLOCK_K)
         offs_kb = tl.arange(0, BLOCK_K // PACK)
-        # float weights: products accumulated per K column and summed once after the loop (a sum a step
-        # is a cross-warp reduction through shared memory, barriers included, every iteration)
+        # float weights, REDUCE (REDUCES): the K tile's products summed every step across the program's
+        # threads (0: a cross-warp reduction through shared memory, barriers included, every iteration; one
+        # float a row held), accumulated per K column and summed once after the loop (1: no barriers, the
+        # whole [BLOCK_N, BLOCK_K] tile of floats held), or summed every step over each thread's own eight
+        # consecutive columns only (2: no barriers, an eighth of the tile held)
+        CHUNK: tl.constexpr = min(8, BLOCK_K)
         if SLOTS:
             a_ptrs = a_ptr + rows[:, None, None] * stride_am + (rn * 0)[:, :, None] + offs_k[None, None, :] * stride_ak
+            a_row_ptrs = a_ptrs  # (REDUCE 0's single row: not SLOTS)
             b_ptrs = b_ptr + rn[:, :, None] * stride_bn + offs_kb[None, None, :] * stride_bk  # [SLOTS, BLOCK_N, .]
-            acc = tl.zeros((SLOTS, BLOCK_N, BLOCK_K), dtype=tl.float32)  # float / FP8 (MXFP4: the words)
+            if REDUCE == 0:
+                acc = tl.zeros((SLOTS, BLOCK_N), dtype=tl.float32)
+            elif REDUCE == 1:
+                acc = tl.zeros((SLOTS, BLOCK_N, BLOCK_K), dtype=tl.float32)
+            else:
+                acc = tl.zeros((SLOTS, BLOCK_N, BLOCK_K // CHUNK), dtype=tl.float32)
         else:
             a_ptrs = (
                 a_ptr + rows * stride_am + (rn * 0)[:, None] + offs_k[None, :] * stride_ak
             )  # [BLOCK_N, BLOCK_K]: the weight tile's layout
+            a_row_ptrs = a_ptr + rows * stride_am + offs_k * stride_ak  # REDUCE 0: one row, broadcast after the load
             b_ptrs = b_ptr + rn[:, None] * stride_bn + offs_kb[None, :] * stride_bk
-            acc = tl.zeros((BLOCK_N,) if QUANT == 2 else (BLOCK_N, BLOCK_K), dtype=tl.float32)
+            if QUANT == 2 or REDUCE == 0:
+                acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            elif REDUCE == 1:
+                acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+            else:
+                acc = tl.zeros((BLOCK_N, BLOCK_K // CHUNK), dtype=tl.float32)
         for k in range(0, K, BLOCK_K):
             if EVEN_K:
                 b = tl.load(b_ptrs)
@@ -67,7 +83,12 @@ def _row_dot(a_ptr, rows, a_scale_ptr, b_ptr, b_scale_ptr, rn, K, stride_am, str
                 acc += gemv_decoded_part(b, a_ptr + rows * stride_am, b_scale_ptr, b_scale_ptr, rn, k, K, stride_ak,
                                          stride_bsn, stride_bsk, DEC_FP4, GROUP_K, BLOCK_K, BLOCK_N)  # fmt: skip
             else:
-                if EVEN_K:
+                if REDUCE == 0 and not SLOTS:
+                    if EVEN_K:
+                        a = tl.load(a_row_ptrs).to(tl.float32)[None, :]
+                    else:
+                        a = tl.load(a_row_ptrs, mask=k + offs_k < K, other=0.0).to(tl.float32)[None, :]
+                elif EVEN_K:
                     a = tl.load(a_ptrs).to(tl.float32)
                 else:
                     a = tl.load(a_ptrs, mask=k + offs_k < K, other=0.0).to(tl.float32)
@@ -76,14 +97,23 @@ def _row_dot(a_ptr, rows, a_scale_ptr, b_ptr, b_scale_ptr, rn, K, stride_am, str
                     a_s = tl.load(a_scale_ptr + rows * stride_asm + (k // GROUP_K) * stride_ask)
                     b_s = tl.load(b_scale_ptr + (rn // GROUP_K) * stride_bsn + (k // GROUP_K) * stride_bsk)
                     if SLOTS:
-                        acc += b.to(tl.float32) * (a * (a_s[:, None] * b_s)[:, :, None])
+                        prod = b.to(tl.float32) * (a * (a_s[:, None] * b_s)[:, :, None])
                     else:
-                        acc += b.to(tl.float32) * (a * (a_s * b_s)[:, None])
+                        prod = b.to(tl.float32) * (a * (a_s * b_s)[:, None])
                 else:
-                    acc += b.to(tl.float32) * a
+                    prod = b.to(tl.float32) * a
+                if REDUCE == 0:
+                    acc += tl.sum(prod, axis=len(prod.shape) - 1)
+                elif REDUCE == 1:
+                    acc += prod
+                elif SLOTS:
+                    acc += tl.sum(tl.reshape(prod, [SLOTS, BLOCK_N, BLOCK_K // CHUNK, CHUNK]), axis=3)
+                else:
+                    acc += tl.sum(tl.reshape(prod, [BLOCK_N, BLOCK_K // CHUNK, CHUNK]), axis=2)
             a_ptrs += BLOCK_K * stride_ak
+            a_row_ptrs += BLOCK_K * stride_ak
             b_ptrs += (BLOCK_K // PACK) * stride_bk
-        if QUANT != 2:
+        if QUANT != 2 and REDUCE != 0:
             acc = tl.sum(acc, axis=len(acc.shape) - 1)
     return acc
 
@@ -97,7 +127,7 @@ def moe_gemv_kernel(
     A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
     MUL_WEIGHTS: tl.constexpr, QUANT: tl.constexpr, GROUP_K: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WORDS: tl.constexpr = False, FP4_BITS: tl.constexpr = True,
-    JOINT: tl.constexpr = False, SLOTS: tl.constexpr = 0, PDL: tl.constexpr = False,
+    JOINT: tl.constexpr = False, SLOTS: tl.constexpr = 0, REDUCE: tl.constexpr = 1, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """c[pair, n] for one pair (program axis 1) and BLOCK_N columns (axis 0): A row pair // A_ROW_DIV,
     B the pair's expert's [N (x2 when GATED), K] matrix. JOINT (GATED): the gate and up rows in one
@@ -118,7 +148,7 @@ def moe_gemv_kernel(
         acc = _row_dot(a_ptr, (pairs // A_ROW_DIV).to(tl.int64), a_scale_ptr, b_ptr, b_scale_ptr,
                        e[:, None] * rows_per_expert + rn[None, :], K, stride_am, stride_ak, stride_asm, stride_ask,
                        stride_bn, stride_bk, stride_bsn, stride_bsk, QUANT, GROUP_K, EVEN_K, WORDS, FP4_BITS, SLOTS,
-                       BLOCK_N, BLOCK_K)  # fmt: skip
+                       REDUCE, BLOCK_N, BLOCK_K)  # fmt: skip
         moe_store(acc, acc, c_ptr, bias_ptr, topk_weights_ptr, pairs, valid, e[:, None], rn, offs_n, N, alpha, limit,
                   stride_cm, stride_cn, stride_bias_e, False, ACTIVATION, HAS_BIAS, MUL_WEIGHTS,
                   tl.full([1], 0, tl.int32) + token)  # fmt: skip
@@ -131,17 +161,17 @@ def moe_gemv_kernel(
     if GATED and JOINT:  # rows gate n, up n, gate n + 1, ...: one pass, then the two halves apart
         both = _row_dot(a_ptr, row, a_scale_ptr, b_ptr, b_scale_ptr, tl.reshape(tl.join(rn, rn + N), [2 * BLOCK_N]), K,
                         stride_am, stride_ak, stride_asm, stride_ask, stride_bn, stride_bk, stride_bsn, stride_bsk,
-                        QUANT, GROUP_K, EVEN_K, WORDS, FP4_BITS, 0, 2 * BLOCK_N, BLOCK_K)  # fmt: skip
+                        QUANT, GROUP_K, EVEN_K, WORDS, FP4_BITS, 0, REDUCE, 2 * BLOCK_N, BLOCK_K)  # fmt: skip
         acc, acc_up = tl.split(tl.reshape(both, [BLOCK_N, 2]))
     else:
         acc = _row_dot(a_ptr, row, a_scale_ptr, b_ptr, b_scale_ptr, rn, K, stride_am, stride_ak, stride_asm,
                        stride_ask, stride_bn, stride_bk, stride_bsn, stride_bsk, QUANT, GROUP_K, EVEN_K, WORDS,
-                       FP4_BITS, 0, BLOCK_N, BLOCK_K)  # fmt: skip
+                       FP4_BITS, 0, REDUCE, BLOCK_N, BLOCK_K)  # fmt: skip
         acc_up = acc
         if GATED:  # w13's up rows, N below the gate rows
             acc_up = _row_dot(a_ptr, row, a_scale_ptr, b_ptr, b_scale_ptr, rn + N, K, stride_am, stride_ak,
                               stride_asm, stride_ask, stride_bn, stride_bk, stride_bsn, stride_bsk, QUANT, GROUP_K,
-                              EVEN_K, WORDS, FP4_BITS, 0, BLOCK_N, BLOCK_K)  # fmt: skip
+                              EVEN_K, WORDS, FP4_BITS, 0, REDUCE, BLOCK_N, BLOCK_K)  # fmt: skip
     pairs = tl.full([1], 0, tl.int32) + pair
     moe_store(acc[None, :], acc_up[None, :], c_ptr, bias_ptr, topk_weights_ptr, pairs, pairs >= 0, e, rn, offs_n, N,
               alpha, limit, stride_cm, stride_cn, stride_bias_e, GATED, ACTIVATION, HAS_BIAS, MUL_WEIGHTS)  # fmt: skip

@@ -11,9 +11,10 @@ experts, H the hidden size, I the intermediate size, TOKENS the batch's tokens (
 smallest tuned TOKENS >= T, else the largest, unless that is a GEMV's: a table swept at decode sizes
 only leaves larger batches to the default, not to one program per pair). Entries may carry
 MoeTiles' variants: "joint" and "sum_slots" (GEMV), "tma_w13", "tma_w2" and "sorted_w2" (grouped
-GEMM). No autotuning in the serving path. Without an entry the default depends on the expected rows
-per expert, T * top_k / E: small blocks when each expert sees few rows (decode: the weight read is
-the cost), larger ones as the rows grow.
+GEMM); a variant an entry does not name (entries tuned before the variants existed name none) takes
+default_variants'. No autotuning in the serving path. Without an entry the default depends on the
+expected rows per expert, T * top_k / E: small blocks when each expert sees few rows (decode: the
+weight read is the cost), larger ones as the rows grow.
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ def _table(device_name: str) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def tuned_moe_tiles(kind: str, e: int, h: int, i: int, tokens: int, device_name: str) -> MoeTiles | None:
+def tuned_entry(kind: str, e: int, h: int, i: int, tokens: int, device_name: str) -> dict | None:
+    """The table's entry for T = tokens (module docstring), or None."""
     shapes = _table(device_name).get(kind, {}).get(f"{e},{h},{i}")
     if not shapes:
         return None
@@ -91,8 +93,33 @@ def tuned_moe_tiles(kind: str, e: int, h: int, i: int, tokens: int, device_name:
     entry = shapes[str(next((t for t in buckets if t >= tokens), buckets[-1]))]
     if tokens > buckets[-1] and entry["w13"].get("gemv"):  # a table of decode sizes only: not for a prefill
         return None
+    return entry
+
+
+def entry_tiles(entry: dict) -> MoeTiles:
+    """A table entry's tiles and the variants it names (absent ones off)."""
     variants = {k: entry[k] for k in VARIANTS if k in entry}
     return MoeTiles(GemmTiles(**entry["w13"]), GemmTiles(**entry["w2"]), **variants)
+
+
+def tuned_moe_tiles(kind: str, e: int, h: int, i: int, tokens: int, device_name: str) -> MoeTiles | None:
+    entry = tuned_entry(kind, e, h, i, tokens, device_name)
+    return None if entry is None else entry_tiles(entry)
+
+
+def default_variants(tiles: MoeTiles, family: str, kind: str, tokens: int, rows_per_expert: float) -> dict[str, bool]:
+    """The variants where the H200 measured them faster (experiments/moe/README.md, session 27), for
+    Hopper: the GEMV's joint and sum_slots at one token (3-14% a layer: Qwen3-30B-A3B bf16 / FP8 block /
+    MXFP4, gpt-oss bf16; +-2% elsewhere; at four tokens joint lost up to 12%), the grouped GEMM's
+    three descriptor reads together for float and FP8-block experts beyond 32 rows an expert (4-17% at
+    1024-8192 tokens; MXFP4 keeps pointer loads). Elsewhere (other GPUs, the interpreter) all off."""
+    if family != "hopper":
+        return {}
+    if tiles.gemv:
+        return dict(joint=True, sum_slots=True) if tokens == 1 else {}
+    if kind in ("bfloat16", "float16", "fp8_block") and rows_per_expert > 32:
+        return dict.fromkeys(GROUPED_VARIANTS, True)
+    return {}
 
 
 # the variants by name (MoeTiles' flags): the GEMV's, then the grouped GEMM's; TRITONLLM_MOE_VARIANTS
@@ -101,6 +128,20 @@ def tuned_moe_tiles(kind: str, e: int, h: int, i: int, tokens: int, device_name:
 GEMV_VARIANTS = ("joint", "sum_slots")
 GROUPED_VARIANTS = ("tma_w13", "tma_w2", "sorted_w2")
 VARIANTS = GEMV_VARIANTS + GROUPED_VARIANTS
+
+
+# the float GEMV's K reduction (kernels/moe_gemv.py _row_dot's REDUCE): 0 a cross-thread sum every step,
+# 1 per column, summed once after the loop, 2 per thread's eight columns every step
+GEMV_REDUCES = (0, 1, 2)
+
+
+@functools.cache
+def gemv_reduce() -> int:
+    """The float GEMV's K reduction: TRITONLLM_MOE_GEMV_REDUCE (for A/B runs), else 1."""
+    text = os.environ.get("TRITONLLM_MOE_GEMV_REDUCE", "1")
+    if text not in {str(r) for r in GEMV_REDUCES}:
+        raise ValueError(f"TRITONLLM_MOE_GEMV_REDUCE={text!r}: one of {GEMV_REDUCES}")
+    return int(text)
 
 
 @functools.cache
@@ -144,7 +185,9 @@ def default_moe_tiles(rows_per_expert: float, family: str, kind: str = "bfloat16
     elif rows_per_expert <= 32:
         t = GemmTiles(32, 64, 128, 4, stages, 8)
     elif rows_per_expert <= 128:
-        t = GemmTiles(64, 128, 64, 4, min(stages, 3), 8)
+        # MXFP4's w13 (two accumulators and the nibble unpacking) spills on four warps in Triton 3.6's sm90
+        # build (the GPU image's; 3.9 fits it): eight
+        t = GemmTiles(64, 128, 64, 8 if kind == "mxfp4" else 4, min(stages, 3), 8)
     else:
         t = GemmTiles(128, 128, 64, 8, min(stages, 3), 8)
     return MoeTiles(t, t)
@@ -153,12 +196,15 @@ def default_moe_tiles(rows_per_expert: float, family: str, kind: str = "bfloat16
 def pick_moe_tiles(kind: str, e: int, h: int, i: int, tokens: int, top_k: int, a_bytes: int, b_bytes: int) -> MoeTiles:
     """The table's tiles for this GPU and shape, else the default; fitted to shared memory (w13 holds
     two B tiles: gate and up) and to the format's scale groups (FP8 block: BLOCK_K <= 128)."""
-    tiles = None
+    entry = None
     if platform.is_gpu():
-        tiles = tuned_moe_tiles(kind, e, h, i, tokens, torch.cuda.get_device_name(platform.DEVICE))
+        entry = tuned_entry(kind, e, h, i, tokens, torch.cuda.get_device_name(platform.DEVICE))
     family = gpu_family()
-    if tiles is None:
-        tiles = default_moe_tiles(tokens * top_k / e, family, kind)
+    rows_per_expert = tokens * top_k / e
+    tiles = default_moe_tiles(rows_per_expert, family, kind) if entry is None else entry_tiles(entry)
+    # default_variants' for each variant the entry does not name
+    defaults = default_variants(tiles, family, kind, tokens, rows_per_expert)
+    tiles = replace(tiles, **{k: v for k, v in defaults.items() if entry is None or k not in entry})
     override = variants_override()
     if override is not None:
         tiles = replace(tiles, **{k: override[k] for k in (GEMV_VARIANTS if tiles.gemv else GROUPED_VARIANTS)})
