@@ -112,7 +112,7 @@ GEMV_VARIANTS = {"joint": dict(joint=True), "sum_slots": dict(sum_slots=True), "
 
 
 def _spy_gemv(monkeypatch) -> list[dict]:
-    """The GEMV launches' JOINT / SLOTS flags, in order."""
+    """The GEMV launches' JOINT / SLOTS / REDUCE flags, in order."""
     from tritonllm.kernels import moe
 
     seen, real = [], moe.moe_gemv_kernel
@@ -120,7 +120,9 @@ def _spy_gemv(monkeypatch) -> list[dict]:
     class Spy:
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
-                seen.append(dict(joint=kwargs["JOINT"], slots=kwargs["SLOTS"], grid=tuple(grid)))
+                seen.append(
+                    dict(joint=kwargs["JOINT"], slots=kwargs["SLOTS"], reduce=kwargs["REDUCE"], grid=tuple(grid))
+                )
                 return real[grid](*args, **kwargs)
 
             return launch
@@ -172,6 +174,40 @@ def test_gemv_variants_with_quantized_experts(scheme, h, i, monkeypatch) -> None
     tol = 1e-2 if scheme.act == "group" else (4 * TOL if DTYPE == torch.float32 else 2e-2)
     assert_close_to_scale(got, reference.fused_moe(*args, **kwargs), tol)
     assert [(s["joint"], s["slots"]) for s in seen] == [(True, 0), (False, 2)]
+
+
+@pytest.mark.parametrize("reduce", [0, 1, 2])
+@pytest.mark.parametrize("fp8", [False, True], ids=["float", "fp8_block"])
+def test_gemv_k_reductions_match_reference(reduce, fp8, monkeypatch) -> None:
+    """Each way the float GEMV sums its K tiles (REDUCE: every step across threads, once after the loop,
+    every step within each thread's eight columns) on ragged K (I 40 against 32-column tiles; FP8: H 128,
+    I 136), plain and with joint + sum_slots, against the reference; the launches take the mode set."""
+    from tritonllm.kernels import moe_tiles
+
+    seen = _spy_gemv(monkeypatch)
+    monkeypatch.setenv("TRITONLLM_MOE_GEMV_REDUCE", str(reduce))
+    moe_tiles.gemv_reduce.cache_clear()
+    try:
+        h, i = (128, 136) if fp8 else (48, 40)
+        p = _problem(3, 6, h, i, 3, seed=40 + reduce)
+        w13, w2 = p["w13"], p["w2"]
+        if fp8:
+            scheme = QuantScheme(FP8, "block", "group")
+            w13, w2 = quantize_experts(w13.float(), scheme), quantize_experts(w2.float(), scheme)
+        args = (p["x"], w13, w2, p["topk_weights"], p["topk_ids"])
+        kwargs = dict(activation="swiglu_oai", w13_bias=p["w13_bias"], w2_bias=p["w2_bias"])
+        expected = reference.fused_moe(*args, **kwargs)
+        tol = 1e-2 if fp8 else TOL
+        t = g.GemmTiles(1, 16, 32, 1, 1, 1, gemv=True)
+        for flags in ({}, dict(joint=True, sum_slots=True)):
+            assert_close_to_scale(fused_moe(*args, tiles=MoeTiles(t, t, **flags), **kwargs), expected, tol)
+        assert [s["reduce"] for s in seen] == [reduce] * 4
+        monkeypatch.setenv("TRITONLLM_MOE_GEMV_REDUCE", "3")
+        moe_tiles.gemv_reduce.cache_clear()
+        with pytest.raises(ValueError, match="TRITONLLM_MOE_GEMV_REDUCE"):
+            moe_tiles.gemv_reduce()
+    finally:
+        moe_tiles.gemv_reduce.cache_clear()
 
 
 def test_sum_slots_falls_back_where_the_experts_do_not_read_as_one_matrix(monkeypatch) -> None:
