@@ -51,7 +51,7 @@ def compile_moe(kind: str, gated: bool, tiles: GemmTiles, variant: dict):
         fn, types["topk_ids_ptr"] = moe_gemv_kernel, "*i32"
         slots = variant.get("slots", 0)
         constexprs = dict(common, WORDS=words, FP4_BITS=True, JOINT=variant.get("joint", False), SLOTS=slots,
-                          REDUCE=variant.get("reduce", gemv_reduce()))
+                          REDUCE=variant.get("reduce", gemv_reduce()))  # fmt: skip
         if slots:
             constexprs["BLOCK_N"] = max(1, tiles.block_n // slots)
     else:

@@ -15,6 +15,11 @@ The epilogue is the grouped GEMM's (kernels/moe_epilogue.py): bias, gated activa
 gate rows and, I below, the up rows: two accumulators), top-k weight, store per pair. Formats:
 float weights; FP8 block-128 (e4m3 weights and per-token-group e4m3 activations, each K tile within
 one 128 group, times its activation and weight scales); MXFP4 (e2m1 pairs, e8m0 scale per 32).
+
+How the float paths sum along K is a constexpr (REDUCE, _row_dot; moe_tiles.gemv_reduce picks it):
+every step across the program's threads (0: a barrier a step), per column once after the loop (1:
+the whole float tile in registers), or every step within each thread's eight columns and across
+threads once after the loop (2, the default: no barrier in the loop, the fewest registers).
 """
 
 from __future__ import annotations
@@ -54,7 +59,6 @@ def _row_dot(a_ptr, rows, a_scale_ptr, b_ptr, b_scale_ptr, rn, K, stride_am, str
         CHUNK: tl.constexpr = min(8, BLOCK_K)
         if SLOTS:
             a_ptrs = a_ptr + rows[:, None, None] * stride_am + (rn * 0)[:, :, None] + offs_k[None, None, :] * stride_ak
-            a_row_ptrs = a_ptrs  # (REDUCE 0's single row: not SLOTS)
             b_ptrs = b_ptr + rn[:, :, None] * stride_bn + offs_kb[None, None, :] * stride_bk  # [SLOTS, BLOCK_N, .]
             if REDUCE == 0:
                 acc = tl.zeros((SLOTS, BLOCK_N), dtype=tl.float32)
@@ -63,10 +67,10 @@ def _row_dot(a_ptr, rows, a_scale_ptr, b_ptr, b_scale_ptr, rn, K, stride_am, str
             else:
                 acc = tl.zeros((SLOTS, BLOCK_N, BLOCK_K // CHUNK), dtype=tl.float32)
         else:
-            a_ptrs = (
-                a_ptr + rows * stride_am + (rn * 0)[:, None] + offs_k[None, :] * stride_ak
-            )  # [BLOCK_N, BLOCK_K]: the weight tile's layout
-            a_row_ptrs = a_ptr + rows * stride_am + offs_k * stride_ak  # REDUCE 0: one row, broadcast after the load
+            if REDUCE == 0:  # one row [BLOCK_K], broadcast after the load
+                a_ptrs = a_ptr + rows * stride_am + offs_k * stride_ak
+            else:  # [BLOCK_N, BLOCK_K]: the weight tile's layout
+                a_ptrs = a_ptr + rows * stride_am + (rn * 0)[:, None] + offs_k[None, :] * stride_ak
             b_ptrs = b_ptr + rn[:, None] * stride_bn + offs_kb[None, :] * stride_bk
             if QUANT == 2 or REDUCE == 0:
                 acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
@@ -83,35 +87,33 @@ def _row_dot(a_ptr, rows, a_scale_ptr, b_ptr, b_scale_ptr, rn, K, stride_am, str
                 acc += gemv_decoded_part(b, a_ptr + rows * stride_am, b_scale_ptr, b_scale_ptr, rn, k, K, stride_ak,
                                          stride_bsn, stride_bsk, DEC_FP4, GROUP_K, BLOCK_K, BLOCK_N)  # fmt: skip
             else:
-                if REDUCE == 0 and not SLOTS:
-                    if EVEN_K:
-                        a = tl.load(a_row_ptrs).to(tl.float32)[None, :]
-                    else:
-                        a = tl.load(a_row_ptrs, mask=k + offs_k < K, other=0.0).to(tl.float32)[None, :]
-                elif EVEN_K:
+                if EVEN_K:
                     a = tl.load(a_ptrs).to(tl.float32)
                 else:
                     a = tl.load(a_ptrs, mask=k + offs_k < K, other=0.0).to(tl.float32)
+                if REDUCE == 0 and not SLOTS:
+                    a = a[None, :]
+                prod = b.to(tl.float32) * a
+                if REDUCE == 0:
+                    part = tl.sum(prod, axis=len(prod.shape) - 1)
+                elif REDUCE == 1:
+                    part = prod
+                elif SLOTS:
+                    part = tl.sum(tl.reshape(prod, [SLOTS, BLOCK_N, BLOCK_K // CHUNK, CHUNK]), axis=3)
+                else:
+                    part = tl.sum(tl.reshape(prod, [BLOCK_N, BLOCK_K // CHUNK, CHUNK]), axis=2)
                 if QUANT == 1:  # FP8 block: the tile lies in one K group (SLOTS: N a multiple of it, so rn // GROUP_K
-                    # is the flat row of the expert's scales)
+                    # is the flat row of the expert's scales); scaled once the step's columns are summed
                     a_s = tl.load(a_scale_ptr + rows * stride_asm + (k // GROUP_K) * stride_ask)
                     b_s = tl.load(b_scale_ptr + (rn // GROUP_K) * stride_bsn + (k // GROUP_K) * stride_bsk)
                     if SLOTS:
-                        prod = b.to(tl.float32) * (a * (a_s[:, None] * b_s)[:, :, None])
+                        scale = a_s[:, None] * b_s  # [SLOTS, BLOCK_N]
+                        part = part * scale if REDUCE == 0 else part * scale[:, :, None]
                     else:
-                        prod = b.to(tl.float32) * (a * (a_s * b_s)[:, None])
-                else:
-                    prod = b.to(tl.float32) * a
-                if REDUCE == 0:
-                    acc += tl.sum(prod, axis=len(prod.shape) - 1)
-                elif REDUCE == 1:
-                    acc += prod
-                elif SLOTS:
-                    acc += tl.sum(tl.reshape(prod, [SLOTS, BLOCK_N, BLOCK_K // CHUNK, CHUNK]), axis=3)
-                else:
-                    acc += tl.sum(tl.reshape(prod, [BLOCK_N, BLOCK_K // CHUNK, CHUNK]), axis=2)
+                        scale = a_s * b_s  # [BLOCK_N]
+                        part = part * scale if REDUCE == 0 else part * scale[:, None]
+                acc += part
             a_ptrs += BLOCK_K * stride_ak
-            a_row_ptrs += BLOCK_K * stride_ak
             b_ptrs += (BLOCK_K // PACK) * stride_bk
         if QUANT != 2 and REDUCE != 0:
             acc = tl.sum(acc, axis=len(acc.shape) - 1)
@@ -127,7 +129,7 @@ def moe_gemv_kernel(
     A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
     MUL_WEIGHTS: tl.constexpr, QUANT: tl.constexpr, GROUP_K: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WORDS: tl.constexpr = False, FP4_BITS: tl.constexpr = True,
-    JOINT: tl.constexpr = False, SLOTS: tl.constexpr = 0, REDUCE: tl.constexpr = 1, PDL: tl.constexpr = False,
+    JOINT: tl.constexpr = False, SLOTS: tl.constexpr = 0, REDUCE: tl.constexpr = 2, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """c[pair, n] for one pair (program axis 1) and BLOCK_N columns (axis 0): A row pair // A_ROW_DIV,
     B the pair's expert's [N (x2 when GATED), K] matrix. JOINT (GATED): the gate and up rows in one

@@ -131,14 +131,20 @@ VARIANTS = GEMV_VARIANTS + GROUPED_VARIANTS
 
 
 # the float GEMV's K reduction (kernels/moe_gemv.py _row_dot's REDUCE): 0 a cross-thread sum every step,
-# 1 per column, summed once after the loop, 2 per thread's eight columns every step
+# 1 per column, summed once after the loop, 2 per thread's eight columns every step. 2 is the default, from
+# the sm90 SASS, not yet timed: the H200 measured 1 (session 26's) slower than session 9's per-step sum on
+# gpt-oss bf16 (106 / 274 us at 1 / 4 tokens against 68 / 191), and 1 holds the whole float tile (w13 78-82
+# registers, joint 148); 2 issues the same loads with fewer instructions, no barrier in the loop and the
+# fewest registers of the three (w13 54, w2 30-34, joint 70; 0: 62, 54, 94). experiments/moe/README.md,
+# session 27, has the A/B command
 GEMV_REDUCES = (0, 1, 2)
+DEFAULT_GEMV_REDUCE = 2
 
 
 @functools.cache
 def gemv_reduce() -> int:
-    """The float GEMV's K reduction: TRITONLLM_MOE_GEMV_REDUCE (for A/B runs), else 1."""
-    text = os.environ.get("TRITONLLM_MOE_GEMV_REDUCE", "1")
+    """The float GEMV's K reduction: TRITONLLM_MOE_GEMV_REDUCE (for A/B runs), else DEFAULT_GEMV_REDUCE."""
+    text = os.environ.get("TRITONLLM_MOE_GEMV_REDUCE", str(DEFAULT_GEMV_REDUCE))
     if text not in {str(r) for r in GEMV_REDUCES}:
         raise ValueError(f"TRITONLLM_MOE_GEMV_REDUCE={text!r}: one of {GEMV_REDUCES}")
     return int(text)
