@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [llama3-8b-config]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [llama3-8b-config]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -346,6 +346,15 @@ PY
       for variant in ${MOE_VARIANTS:-none joint,sum_slots,tma}; do
         TRITONLLM_MOE_VARIANTS=$variant MOE_RUNS="${MOE_VARIANT_RUNS:-gptoss_batch1}" MOE_TAG="_variants_${variant//,/_}" \
           bash "$0" e2e-moe
+      done ;;
+    moe-reduce)
+      # session 27's build: the float MoE GEMV's three K reductions (TRITONLLM_MOE_GEMV_REDUCE 0: a cross-thread
+      # sum a step, 1: per column then once, 2: per thread's 8 columns a step, the default) at decode sizes,
+      # each with the GEMV variants, bf16 and FP8 block, Qwen3-30B-A3B's and gpt-oss's layers
+      for r in 2 1 0; do
+        TRITONLLM_MOE_GEMV_REDUCE=$r python3 scripts/bench_moe.py "$OUT/moe_reduce$r.json" --shapes gptoss qwen3 \
+          --kinds bfloat16 fp8_block --tokens 1 4 --torch-ref-max-tokens 0 --variants > "$OUT/moe_reduce$r.log" 2>&1
+        echo "== REDUCE $r"; grep -E "T=|none|both" "$OUT/moe_reduce$r.log" | cut -c1-100
       done ;;
     timeline)
       # what each kernel adds to a batch-1 decode step with PDL on (scripts/step_timeline.py: exposed time, not
