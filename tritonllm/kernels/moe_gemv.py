@@ -51,11 +51,11 @@ def _row_dot(a_ptr, rows, a_scale_ptr, b_ptr, b_scale_ptr, rn, K, stride_am, str
         PACK: tl.constexpr = 2 if QUANT == 2 else 1  # K values per byte of B
         offs_k = tl.arange(0, BLOCK_K)
         offs_kb = tl.arange(0, BLOCK_K // PACK)
-        # float weights, REDUCE (REDUCES): the K tile's products summed every step across the program's
-        # threads (0: a cross-warp reduction through shared memory, barriers included, every iteration; one
-        # float a row held), accumulated per K column and summed once after the loop (1: no barriers, the
-        # whole [BLOCK_N, BLOCK_K] tile of floats held), or summed every step over each thread's own eight
-        # consecutive columns only (2: no barriers, an eighth of the tile held)
+        # float weights, by REDUCE (moe_tiles.gemv_reduce): the K tile's products summed every step across
+        # the program's threads (0: a cross-warp reduction through shared memory, barriers included, every
+        # iteration; one float a row held), accumulated per K column and summed once after the loop (1: no
+        # barriers, the whole [BLOCK_N, BLOCK_K] tile of floats held), or summed every step over each
+        # thread's own eight consecutive columns only (2: no barriers, an eighth of the tile held)
         CHUNK: tl.constexpr = min(8, BLOCK_K)
         if SLOTS:
             a_ptrs = a_ptr + rows[:, None, None] * stride_am + (rn * 0)[:, :, None] + offs_k[None, None, :] * stride_ak

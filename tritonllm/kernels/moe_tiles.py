@@ -109,7 +109,7 @@ def tuned_moe_tiles(kind: str, e: int, h: int, i: int, tokens: int, device_name:
 
 def default_variants(tiles: MoeTiles, family: str, kind: str, tokens: int, rows_per_expert: float) -> dict[str, bool]:
     """The variants where the H200 measured them faster (experiments/moe/README.md, session 27), for
-    Hopper: the GEMV's joint and sum_slots at one token (3-14% a layer: Qwen3-30B-A3B bf16 / FP8 block /
+    Hopper: the GEMV's joint and sum_slots at one token (3-16% a layer: Qwen3-30B-A3B bf16 / FP8 block /
     MXFP4, gpt-oss bf16; +-2% elsewhere; at four tokens joint lost up to 12%), the grouped GEMM's
     three descriptor reads together for float and FP8-block experts beyond 32 rows an expert (4-17% at
     1024-8192 tokens; MXFP4 keeps pointer loads). Elsewhere (other GPUs, the interpreter) all off."""
