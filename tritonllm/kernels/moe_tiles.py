@@ -134,9 +134,10 @@ VARIANTS = GEMV_VARIANTS + GROUPED_VARIANTS
 # 1 per column, summed once after the loop, 2 per thread's eight columns every step. 2 is the default, from
 # the sm90 SASS, not yet timed: the H200 measured 1 (session 26's) slower than session 9's per-step sum on
 # gpt-oss bf16 (106 / 274 us at 1 / 4 tokens against 68 / 191), and 1 holds the whole float tile (w13 78-82
-# registers, joint 148); 2 issues the same loads with fewer instructions, no barrier in the loop and the
-# fewest registers of the three (w13 54, w2 30-34, joint 70; 0: 62, 54, 94). experiments/moe/README.md,
-# session 27, has the A/B command
+# registers, joint 148); 2 issues the same loads, no barrier in the loop, the fewest registers of the three
+# (w13 54, w2 30-34, joint 70; 0: 62, 54, 94) and 3.9 loop instructions a weight (1: 3.4, 0: 5.8; issue
+# is not the bound: ~4 us of a 16 us weight read at one token). experiments/moe/README.md, session 27, has
+# the A/B command
 GEMV_REDUCES = (0, 1, 2)
 DEFAULT_GEMV_REDUCE = 2
 
