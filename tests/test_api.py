@@ -1,6 +1,7 @@
 """The offline API's contract (vLLM's): parameters, stops, seeds, n, logprobs, chat, bad input."""
 
 import pytest
+import torch
 
 from tritonllm import LLM, SamplingParams
 from tritonllm.outputs import Logprob
@@ -75,6 +76,23 @@ def test_out_of_range_top_k_and_seed_are_served(llm):
         got = llm.generate(prompt, SamplingParams(seed=seed, **kw), use_tqdm=False)[0].outputs[0].token_ids
         same = llm.generate(prompt, SamplingParams(seed=seed % 2**62, **kw), use_tqdm=False)[0].outputs[0].token_ids
         assert got == same and len(got) == 6
+
+
+@pytest.mark.parametrize("sampler", ["auto", "torch_ref"])
+def test_vanishing_temperature_and_top_p_are_served_greedily(tiny_llama, sampler):
+    """A temperature below 1e-5 is greedy (vLLM's rule: dividing the logits by 1e-45, a float32 denormal,
+    made every positive logit inf and the reference sampler's draw fail), and a top_p below float32's smallest
+    normal (1e-308 passes the (0, 1] check but is 0 in float32, keeping no token) keeps the most probable
+    token, as the server's fuzzer found. Both samplers; the tokens are the greedy ones."""
+    assert SamplingParams(temperature=1e-30).temperature == 0.0 and SamplingParams(temperature=1e-5).temperature
+    assert 0 < SamplingParams(top_p=1e-308).top_p == torch.finfo(torch.float32).tiny
+    llm = LLM(model=tiny_llama, max_model_len=128, seed=0, kernels=None if sampler == "auto" else {"sampling": sampler})
+    kw = dict(max_tokens=5, ignore_eos=True, seed=3)
+    prompt = ["0.1.0"]
+    greedy = llm.generate(prompt, SamplingParams(temperature=0.0, **kw), use_tqdm=False)[0].outputs[0].token_ids
+    for params in (dict(top_p=1.1125369292536007e-308), dict(temperature=1e-45), dict(temperature=1e-30, top_p=1e-40)):
+        got = llm.generate(prompt, SamplingParams(**params, **kw), use_tqdm=False)[0].outputs[0].token_ids
+        assert got == greedy, params
 
 
 def test_n_returns_n_distinct_completions(llm):

@@ -6,6 +6,12 @@ import enum
 from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20
+# below this a temperature is greedy, as in vLLM (_SAMPLING_EPS): the samplers divide the logits by it in
+# float32, where a smaller one overflows (1e-45 is a float32 denormal: every positive logit becomes inf)
+SAMPLING_EPS = 1e-5
+# the smallest normal float32: the samplers compare top_p in float32, where a smaller positive top_p
+# (1e-308 passes the (0, 1] check) would round to 0 and keep no token
+FLOAT32_TINY = 1.1754943508222875e-38
 
 
 class RequestOutputKind(enum.Enum):
@@ -52,6 +58,10 @@ class SamplingParams:
         need(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
         need(isinstance(self.top_k, int) and self.top_k >= -1, f"top_k must be -1, 0 (off) or >= 1, got {self.top_k}")
         need(0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}")
+        if self.temperature < SAMPLING_EPS:
+            self.temperature = 0.0
+        # any top_p below float32's smallest normal keeps just the most probable token(s), as that one does
+        self.top_p = max(self.top_p, FLOAT32_TINY)
         need(self.seed is None or isinstance(self.seed, int), f"seed must be an integer or None, got {self.seed!r}")
         need(
             self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),

@@ -147,6 +147,16 @@ def test_sampling_mask_keeps_tied_logits_together() -> None:
         assert expected[row].sum() == torch.isin(logits[row], kept_values).sum()
 
 
+def test_a_zero_top_p_keeps_the_most_probable_token() -> None:
+    """top_p 0 (what a top_p below float32's smallest normal becomes in float32) keeps the most probable
+    token in both masks: the reference kept none and its draw failed on NaN probabilities."""
+    logits = _logits(5, 300, seed=9)
+    params = _params(5, seed=10)
+    params["top_p"] = torch.zeros(5)
+    expected = _assert_masks_agree(logits, params)
+    assert (expected.sum(-1) >= 1).all() and expected[torch.arange(5), logits.float().argmax(-1)].all()
+
+
 # ---- sample --------------------------------------------------------------------------------
 
 

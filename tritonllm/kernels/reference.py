@@ -327,6 +327,7 @@ def sampling_mask(
     sorted_probs = probs.sort(dim=-1, descending=True).values
     mass_before = sorted_probs.cumsum(-1) - sorted_probs
     kept_sorted = (mass_before < top_p[:, None].float()) | (top_p[:, None] >= 1)
+    kept_sorted[:, 0] = True  # the most probable token, whatever top_p (0 included)
     threshold = sorted_probs.masked_fill(~kept_sorted, float("inf")).min(-1, keepdim=True).values
     keep &= probs >= threshold
     p_full = torch.softmax(scaled, dim=-1)
