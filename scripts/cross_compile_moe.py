@@ -5,10 +5,16 @@ launches (w13 gated with its two accumulators, w2), and the variants (JOINT, SLO
 
     python scripts/cross_compile_moe.py            # ~1 minute on a laptop CPU
     python scripts/cross_compile_moe.py --all      # also every tile of the H200 table
+    python scripts/cross_compile_moe.py --targets  # also sm80 and gfx942 (below)
 
 Prints one line a build: "<kind> <launch> <tiles> [variant]: ok | spills | error ..."; exit status 1 if any
 build fails or a plain one (no variant: what runs by default) spills. A variant's spill is reported: the
 tuner, which times it, leaves it out where it is slower.
+
+--targets: one source for CUDA and ROCm, as before the spill check: the router (kernels/moe_route.py) at
+Qwen3 / DeepSeek / gpt-oss expert counts, the alignment (kernels/moe_align.py: one program counting itself,
+and the counted multi-program path) and both fused-MoE launches at every default tile bucket (variants off)
+for sm90, sm80 and gfx942. sm80 has no FP8: its FP8 builds are expected to fail.
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ os.environ["TRITON_INTERPRET"] = "0"  # before tritonllm.platform, which would s
 
 # isort: split
 from cross_compile_attention import compile_kernel, disassemble  # this folder: sys.path[0] when run as a script
+from cross_compile_gemm import TARGETS, run_checks
 from triton.backends.compiler import GPUTarget
 
+from tritonllm.kernels import moe_align, moe_route
 from tritonllm.kernels.gemm import GemmTiles
 from tritonllm.kernels.moe import fused_moe_kernel
 from tritonllm.kernels.moe_gemv import moe_gemv_kernel
@@ -36,21 +44,25 @@ BUCKETS = (0.1, 4, 16, 64, 500)  # rows per expert: the GEMV, then each grouped 
 DIVISIBLE = ("a_ptr", "b_ptr", "c_ptr", "K", "N", "stride_am", "stride_be", "stride_bn", "stride_cm")
 
 
-def compile_moe(kind: str, gated: bool, tiles: GemmTiles, variant: dict):
-    """One launch's kernel as kernels/moe.py launches it, compiled for sm90 (also scripts/sass_loop_mix.py
+def compile_moe(kind: str, gated: bool, tiles: GemmTiles, variant: dict, target: GPUTarget = SM90):
+    """One launch's kernel as kernels/moe.py launches it, compiled for `target` (also scripts/sass_loop_mix.py
     --moe); `variant`: joint, slots, reduce (the GEMV), tma_b, sorted_a (the grouped GEMM). Raises what the
     compiler raises."""
     a_t, b_t, s_t, quant, group_k = KINDS[kind]
+    cuda = target.backend == "cuda"
+    pdl = cuda and target.arch >= 90  # programmatic dependent launch: Hopper on
+    if not cuda:  # MI300's FP8
+        a_t, b_t = (t.replace("fp8e4nv", "fp8e4b8") for t in (a_t, b_t))
     words = quant == 2 and tiles.gemv
     types = dict(a_ptr=f"*{a_t}", b_ptr="*i32" if words else f"*{b_t}", c_ptr="*bf16", bias_ptr="*bf16",
                  a_scale_ptr="*fp32", b_scale_ptr=f"*{s_t}", topk_weights_ptr="*fp32", alpha="fp32", limit="fp32")  # fmt: skip
     common = dict(A_ROW_DIV=8 if gated else 1, GATED=gated, ACTIVATION=0, HAS_BIAS=False, MUL_WEIGHTS=not gated,
-                  QUANT=quant, GROUP_K=group_k, EVEN_K=True, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, PDL=True,
+                  QUANT=quant, GROUP_K=group_k, EVEN_K=True, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, PDL=pdl,
                   stride_ak=1, stride_bk=1, stride_cn=1)  # fmt: skip
     if tiles.gemv:
         fn, types["topk_ids_ptr"] = moe_gemv_kernel, "*i32"
         slots = variant.get("slots", 0)
-        constexprs = dict(common, WORDS=words, FP4_BITS=True, JOINT=variant.get("joint", False), SLOTS=slots,
+        constexprs = dict(common, WORDS=words, FP4_BITS=cuda, JOINT=variant.get("joint", False), SLOTS=slots,
                           REDUCE=variant.get("reduce", gemv_reduce()))  # fmt: skip
         if slots:
             constexprs["BLOCK_N"] = max(1, tiles.block_n // slots)
@@ -68,7 +80,7 @@ def compile_moe(kind: str, gated: bool, tiles: GemmTiles, variant: dict):
             types["a_desc"] = f"tensordesc<{a_t}[{tiles.block_m}, {tiles.block_k}]>"
         else:
             constexprs["a_desc"] = None
-    return compile_kernel(fn, SM90, types, constexprs, tiles.num_warps, DIVISIBLE, tiles.num_stages)
+    return compile_kernel(fn, target, types, constexprs, tiles.num_warps, DIVISIBLE, tiles.num_stages)
 
 
 def build(kind: str, gated: bool, tiles: GemmTiles, variant: dict) -> str:
@@ -110,11 +122,49 @@ def cases(all_tuned: bool) -> list[tuple[str, bool, GemmTiles, dict, str]]:
     return out
 
 
+def target_checks() -> int:
+    """--targets (module docstring): the router, the alignment and both launches at each default bucket
+    for every target; the unexpected failures."""
+    failures = 0
+    for target, family in TARGETS:
+        pdl = dict(PDL=target.backend == "cuda" and target.arch >= 90)  # as launch.pdl_launch sets it
+        checks = []
+        for e, top_k, scoring in ((128, 8, 0), (256, 8, 1), (32, 4, 0)):
+            checks.append((f"route E={e} top-{top_k}", moe_route.moe_route_kernel, dict(logits_ptr="*bf16", weights_ptr="*fp32", ids_ptr="*i32"),
+                           dict(pdl, TOP_K=top_k, SCORING=scoring, RENORMALIZE=True, ROWS=4096 // e, BLOCK_E=e, BLOCK_K=top_k), 4, False))  # fmt: skip
+            align_types = dict(ids_ptr="*i32", counts_ptr="*i32", sorted_ids_ptr="*i32", block_expert_ptr="*i32")
+            steps = dict(STEP=moe_align.STEP, COUNT_STEP=moe_align.COUNT_STEP, TILE=moe_align.TILE)
+            checks.append((f"align counts E={e}", moe_align.moe_count_kernel, align_types,
+                           dict(pdl, BLOCK_E=e, STEP=moe_align.COUNT_STEP), moe_align.RANGE_WARPS, False))  # fmt: skip
+            for counted, block_m in ((False, 16), (True, 64), (True, 128)):
+                checks.append((f"align E={e} BLOCK_M={block_m}{' counted' if counted else ''}", moe_align.moe_align_kernel,
+                               align_types, dict(steps, **pdl, COUNTED=counted, BLOCK_E=e, BLOCK_M=block_m),
+                               moe_align.RANGE_WARPS if counted else moe_align.SINGLE_WARPS, False))  # fmt: skip
+        failures += run_checks(checks, target)
+        for kind in KINDS:
+            a_bytes, b_bytes = (1, 1) if kind == "fp8_block" else (2, 1 if kind == "mxfp4" else 2)
+            for rows in BUCKETS:
+                moe = fit_moe_tiles(default_moe_tiles(rows, family, kind), kind, a_bytes, b_bytes, family)
+                for gated, tiles in ((True, moe.w13), (False, moe.w2)):
+                    try:
+                        compile_moe(kind, gated, tiles, {}, target)
+                        error = None
+                    except Exception as err:  # noqa: BLE001 - reported
+                        error = str(err).splitlines()[0][:160]
+                    expected = error is not None and kind == "fp8_block" and target.arch == 80
+                    failures += error is not None and not expected
+                    status = "ok" if error is None else ("expected failure (no FP8)" if expected else f"FAILED: {error}")
+                    name = f"{kind} {'w13' if gated else 'w2'} default {rows} {tiles.block_m}x{tiles.block_n}x{tiles.block_k}"
+                    print(f"{target.backend} {target.arch} {name}: {status}", flush=True)
+    return failures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--all", action="store_true", help="also every tile of the H200 table")
+    parser.add_argument("--targets", action="store_true", help="also the router and alignment, and sm80 / gfx942")
     args = parser.parse_args(argv)
-    bad = 0
+    bad = target_checks() if args.targets else 0
     for kind, gated, tiles, variant, label in cases(args.all):
         result = build(kind, gated, tiles, variant)
         bad += result.startswith("error") or (result == "spills" and not variant)
