@@ -52,8 +52,8 @@ def test_moe_models_match_hf_with_chunked_prefill_and_prefix_caching(architectur
 def test_moe_kernel_variants_match_hf(prompts, monkeypatch):
     """gpt-oss through the whole engine on the Triton MoE with every variant forced on (kernels/moe_tiles.py
     TRITONLLM_MOE_VARIANTS): the GEMV's joint gate/up pass and in-register slot sum at decode, the grouped
-    GEMM's descriptor reads and block-ordered intermediate at prefill; off by default until the GPU
-    measures them, so this is their only engine-level check against HF."""
+    GEMM's descriptor reads and block-ordered intermediate at prefill; on by default only on Hopper
+    (moe_tiles.default_variants), so on the CPU this is their engine-level check against HF."""
     from tritonllm.kernels import moe_tiles
 
     monkeypatch.setenv("TRITONLLM_MOE_VARIANTS", "joint,sum_slots,tma")

@@ -111,24 +111,28 @@ def test_fused_moe_with_several_tiles_and_k_steps(tiles) -> None:
 GEMV_VARIANTS = {"joint": dict(joint=True), "sum_slots": dict(sum_slots=True), "both": dict(joint=True, sum_slots=True)}
 
 
-def _spy_gemv(monkeypatch) -> list[dict]:
-    """The GEMV launches' JOINT / SLOTS / REDUCE flags, in order."""
+def _spy(monkeypatch, kernel: str, record) -> list:
+    """What record(grid, kwargs) makes of each launch of kernels/moe.py's `kernel`, in order (the launches run)."""
     from tritonllm.kernels import moe
 
-    seen, real = [], moe.moe_gemv_kernel
+    seen, real = [], getattr(moe, kernel)
 
     class Spy:
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
-                seen.append(
-                    dict(joint=kwargs["JOINT"], slots=kwargs["SLOTS"], reduce=kwargs["REDUCE"], grid=tuple(grid))
-                )
+                seen.append(record(grid, kwargs))
                 return real[grid](*args, **kwargs)
 
             return launch
 
-    monkeypatch.setattr(moe, "moe_gemv_kernel", Spy())
+    monkeypatch.setattr(moe, kernel, Spy())
     return seen
+
+
+def _spy_gemv(monkeypatch) -> list[dict]:
+    """The GEMV launches' JOINT / SLOTS / REDUCE flags and grids, in order."""
+    return _spy(monkeypatch, "moe_gemv_kernel", lambda grid, kw: dict(joint=kw["JOINT"], slots=kw["SLOTS"],
+                                                                      reduce=kw["REDUCE"], grid=tuple(grid)))  # fmt: skip
 
 
 @pytest.mark.parametrize("variant", GEMV_VARIANTS)
@@ -254,21 +258,12 @@ def test_variants_override_from_the_environment(monkeypatch) -> None:
 def _spy_grouped(monkeypatch, sorted_flags: bool = False) -> list:
     """The grouped GEMM launches' TMA_B flags (sorted_flags: (TMA_B, SORTED_C, SORTED_A, A through a
     descriptor)), in order."""
-    from tritonllm.kernels import moe
 
-    seen, real = [], moe.fused_moe_kernel
+    def record(grid, kw):
+        flags = (kw["TMA_B"], kw["SORTED_C"], kw["SORTED_A"], kw["TMA_A"])
+        return flags if sorted_flags else flags[0]
 
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                flags = (kwargs["TMA_B"], kwargs["SORTED_C"], kwargs["SORTED_A"], kwargs["TMA_A"])
-                seen.append(flags if sorted_flags else flags[0])
-                return real[grid](*args, **kwargs)
-
-            return launch
-
-    monkeypatch.setattr(moe, "fused_moe_kernel", Spy())
-    return seen
+    return _spy(monkeypatch, "fused_moe_kernel", record)
 
 
 @pytest.mark.parametrize(
