@@ -106,12 +106,10 @@ def _row_dot(a_ptr, rows, a_scale_ptr, b_ptr, b_scale_ptr, rn, K, stride_am, str
                     # is the flat row of the expert's scales); scaled once the step's columns are summed
                     a_s = tl.load(a_scale_ptr + rows * stride_asm + (k // GROUP_K) * stride_ask)
                     b_s = tl.load(b_scale_ptr + (rn // GROUP_K) * stride_bsn + (k // GROUP_K) * stride_bsk)
-                    if SLOTS:
-                        scale = a_s[:, None] * b_s  # [SLOTS, BLOCK_N]
-                        part = part * scale if REDUCE == 0 else part * scale[:, :, None]
-                    else:
-                        scale = a_s * b_s  # [BLOCK_N]
-                        part = part * scale if REDUCE == 0 else part * scale[:, None]
+                    scale = a_s[:, None] * b_s if SLOTS else a_s * b_s  # [SLOTS, BLOCK_N] / [BLOCK_N]
+                    if REDUCE != 0:  # part keeps a column axis
+                        scale = tl.expand_dims(scale, len(scale.shape))
+                    part = part * scale
                 acc += part
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += (BLOCK_K // PACK) * stride_bk
