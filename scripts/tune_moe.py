@@ -239,8 +239,9 @@ def tuned_table(rows: list[dict]) -> dict:
         entries = table.setdefault(kind, {}).setdefault(f"{e},{h},{i}", {})
         if str(tokens) not in entries or total < entries[str(tokens)]["us"]:
             entry = dict(w13=r["tiles"], w2=w2["tiles"], us=round(total, 2))
-            # this BLOCK_M's variants' flags, each True where a winning launch's variant sets it
-            flags = {f for name in launches(block_m, 2) for f in VARIANT_FLAGS.get(name, ())}
+            # the flags of the variants this BLOCK_M and kind timed (the others take moe_tiles.default_variants'),
+            # each True where a winning launch's variant sets it
+            flags = {f for name in launches(block_m, 2, kind) for f in VARIANT_FLAGS.get(name, ())}
             won = set(VARIANT_FLAGS.get(r["gemm"], ())) | set(VARIANT_FLAGS.get(w2["gemm"], ()))
             entry.update({flag: flag in won for flag in sorted(flags)})
             entries[str(tokens)] = entry
