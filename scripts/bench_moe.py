@@ -1,7 +1,7 @@
 """Time the Triton fused MoE (kernels/moe.py) beside torch baselines, on the GPU.
 
     python scripts/bench_moe.py OUT.json [--shapes qwen3 mixtral] [--kinds bfloat16 fp8_block mxfp4]
-        [--tokens 1 4 16 64 256 1024 4096 8192] [--torch-ref-max-tokens 256] [--variants]
+        [--tokens 1 4 16 64 256 1024 4096 8192] [--torch-ref-max-tokens 256] [--variants] [--kernels]
 
 Shapes: Qwen3-30B-A3B (E 128, top-8, H 2048, I 768) and Mixtral-8x7B (E 8, top-2, H 4096, I 14336),
 random bf16 weights (FP8 block-128 and MXFP4 experts quantized from them), random router logits
@@ -24,7 +24,9 @@ routed by the Triton router (softmax, renormalised). Per case:
   otherwise those picked: the GEMV's (kernels/moe_gemv.py: "none", "joint", "sum_slots", "both"), the
   grouped GEMM's ("none", "tma_w13", "tma_w2": B through tensor descriptors, "sorted_w2": w2 on the
   intermediate in the alignment's order, A through a descriptor, "tma": all three); warm ms, graph
-  ms (decode sizes), weight GB/s and TFLOP/s by graph (else warm) time, the error against the loop.
+  ms (decode sizes), weight GB/s and TFLOP/s by graph (else warm) time, the error against the loop;
+- kernel_us (--kernels, decode sizes on the GPU): each kernel's mean time in a graph replay (L2
+  flushed between replays) and the replay's window, from a torch.profiler trace.
 
 Writes every row to OUT.json (device, torch and Triton versions) and prints a table.
 """
@@ -134,7 +136,7 @@ def cold_ms(fn) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def graph_ms(fn) -> float:
+def captured(fn) -> torch.cuda.CUDAGraph:
     fn()  # compiled before capture
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -144,7 +146,48 @@ def graph_ms(fn) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return median_ms(graph.replay)
+    return graph
+
+
+def graph_ms(fn) -> float:
+    return median_ms(captured(fn).replay)
+
+
+def kernel_us(fn, reps: int = 20) -> dict:
+    """Each kernel's mean GPU time (us) a call of fn, from a torch.profiler trace of `reps` CUDA-graph
+    replays with L2 flushed between them (a 256 MB fill, left out); "window": the median replay's span,
+    its first kernel's start to its last kernel's end (launch gaps and PDL overlap included)."""
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    graph = captured(fn)
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device=DEVICE)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            flush.zero_()
+            graph.replay()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as trace:
+        prof.export_chrome_trace(trace.name)
+        events = json.load(open(trace.name))["traceEvents"]
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    out: dict = {}
+    windows, span = [], None
+    for e in kernels:
+        if "fill" in e["name"].lower():  # the flush: closes the replay before it
+            if span:
+                windows.append(span[1] - span[0])
+            span = None
+            continue
+        key = e["name"].split("(")[0][:60]
+        out[key] = out.get(key, 0.0) + e["dur"] / reps
+        end = e["ts"] + e["dur"]
+        span = (e["ts"], end) if span is None else (span[0], max(span[1], end))
+    if span:
+        windows.append(span[1] - span[0])
+    out["window"] = sorted(windows)[len(windows) // 2] if windows else 0.0
+    return {k: round(v, 2) for k, v in out.items()}
 
 
 def device_name() -> str:
@@ -180,7 +223,8 @@ def layer_variants(x, w13, w2, weights, ids, expected: torch.Tensor, flops: floa
     return out
 
 
-def bench_case(name: str, kind: str, experts: dict, tokens: int, torch_ref_max: int, variants: bool = False) -> dict:
+def bench_case(name: str, kind: str, experts: dict, tokens: int, torch_ref_max: int, variants: bool = False,
+               kernels: bool = False) -> dict:  # fmt: skip
     e, top_k, h, i = SHAPES[name]
     gen = torch.Generator(device=DEVICE).manual_seed(tokens)
     x = torch.randn(tokens, h, device=DEVICE, generator=gen).to(DTYPE)
@@ -194,6 +238,11 @@ def bench_case(name: str, kind: str, experts: dict, tokens: int, torch_ref_max: 
     row["route_ms"] = median_ms(lambda: moe_route(logits, top_k, True))
     if tokens <= 256 and platform.is_gpu():
         row["triton_graph_ms"] = graph_ms(run)
+        if kernels:
+            try:
+                row["kernel_us"] = kernel_us(run)
+            except Exception as error:  # noqa: BLE001 - a profiler failure loses this figure, not the run
+                row["kernel_us"] = {"error": repr(error)[:200]}
     bf16 = (x, experts["w13_bf16"], experts["w2_bf16"], weights, ids)
     row["loop_ms"] = median_ms(lambda: torch_loop(*bf16))
     expected = torch_loop(*bf16).float()
@@ -227,6 +276,7 @@ def main() -> None:
     add_problem_args(parser)
     parser.add_argument("--torch-ref-max-tokens", type=int, default=256, help="time the float32 reference up to here")
     parser.add_argument("--variants", action="store_true", help="time the picked tiles' variants (MoeTiles' flags)")
+    parser.add_argument("--kernels", action="store_true", help="decode sizes: each kernel's time in a graph replay")
     args = parser.parse_args()
     import triton
 
@@ -236,13 +286,15 @@ def main() -> None:
         for kind in args.kinds:
             experts = make_experts(kind, e, h, i)
             for tokens in args.tokens:
-                row = bench_case(name, kind, experts, tokens, args.torch_ref_max_tokens, args.variants)
+                row = bench_case(name, kind, experts, tokens, args.torch_ref_max_tokens, args.variants, args.kernels)
                 rows.append(row)
                 graph = f" graph {row['triton_graph_ms']:.3f}" if "triton_graph_ms" in row else ""
                 print(f"{name:8s} {kind:9s} T={tokens:5d}: triton {row['triton_ms']:.3f} ms{graph} (cold "
                       f"{row['triton_cold_ms']:.1f}) loop {row['loop_ms']:.3f} ms x{row['speedup_vs_loop']:.2f}  "
                       f"{row['tflops']:.0f} TFLOP/s  {row['weight_gbps']:.0f} GB/s ({row['experts_hit']} experts)  "
                       f"route {row['route_ms'] * 1e3:.1f} us  err {row['rel_error_vs_loop']:.1e}", flush=True)  # fmt: skip
+                if "kernel_us" in row:
+                    print("    kernels (us):", "  ".join(f"{k} {v}" for k, v in row["kernel_us"].items()), flush=True)
                 for variant, v in row.get("variants", {}).items():
                     print(f"    {variant:9s}: {v.get('graph_ms', v['ms']) * 1e3:8.1f} us  {v['weight_gbps']:5.0f} GB/s  "
                           f"{v['tflops']:5.0f} TFLOP/s  err {v['rel_error_vs_loop']:.1e}", flush=True)  # fmt: skip

@@ -357,7 +357,10 @@ PY
         TRITONLLM_MOE_GEMV_REDUCE=$r python3 scripts/bench_moe.py "$OUT/moe_reduce$r.json" --shapes gptoss qwen3 \
           --kinds bfloat16 fp8_block --tokens 1 4 --torch-ref-max-tokens 0 --variants > "$OUT/moe_reduce$r.log" 2>&1
         echo "== REDUCE $r"; grep -E "T=|none|both" "$OUT/moe_reduce$r.log" | cut -c1-100
-      done ;;
+      done
+      # each kernel's time in the decode layer's graph replay (the defaults), where the microseconds go
+      python3 scripts/bench_moe.py "$OUT/moe_kernels.json" --shapes gptoss qwen3 --kinds bfloat16 fp8_block mxfp4 \
+        --tokens 1 4 --torch-ref-max-tokens 0 --kernels 2>&1 | tee "$OUT/moe_kernels.log" | grep -E "T=|kernels" ;;
     timeline)
       # what each kernel adds to a batch-1 decode step with PDL on (scripts/step_timeline.py: exposed time, not
       # summed durations), per TIMELINE_VARIANTS (fp8: online FP8, triton_sm90 linears; fp8_xn: with
