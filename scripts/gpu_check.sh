@@ -256,13 +256,17 @@ PY
           | tee "$OUT/${model}_$exp${MOE_TAG:-}.log" | grep -E "tok/s|Error|error" | tail -4
       done ;;
     tune-moe)
-      # the fused-MoE tile sweep, one (shape, kind) per TUNE_MOE entry "shape:kind" (a few minutes each);
-      # the merged table goes to $OUT/moe_tuned.json (copy it to tritonllm/kernels/tuned/moe_NVIDIA_H200.json)
-      cp tritonllm/kernels/tuned/moe_NVIDIA_H200.json "$OUT/moe_tuned.json" 2>/dev/null  # this sweep's buckets replace its
+      # the fused-MoE tile sweep, one (shape, kind) per TUNE_MOE entry "shape:kind" (a few minutes each;
+      # TUNE_MOE_TOKENS="1 4", TUNE_MOE_BLOCK_MS=1: the GEMV alone); the merged table, named for the GPU
+      # it ran on (moe_tiles.tuned_file: an H100's is not an H200's), goes to $OUT: copy it to kernels/tuned/
+      table=$(python3 -c "import torch; from tritonllm.kernels.moe_tiles import tuned_file
+print(tuned_file(torch.cuda.get_device_name()))")
+      cp "$table" "$OUT/" 2>/dev/null  # this sweep's buckets replace the device's table's, the rest stay
       for case in ${TUNE_MOE:-qwen3:bfloat16}; do
         python3 scripts/tune_moe.py "$OUT/tune_moe_${case/:/_}.json" --shapes ${case%%:*} --kinds ${case##*:} \
-          ${TUNE_MOE_TOKENS:+--tokens $TUNE_MOE_TOKENS} 2>&1 | tee "$OUT/tune_moe_${case/:/_}.log" | grep -v "^compile" | tail -12
-        python3 scripts/tune_moe.py "$OUT/tune_moe_${case/:/_}.json" --write-tuned "$OUT/moe_tuned.json" --update
+          ${TUNE_MOE_TOKENS:+--tokens $TUNE_MOE_TOKENS} ${TUNE_MOE_BLOCK_MS:+--block-ms $TUNE_MOE_BLOCK_MS} 2>&1 \
+          | tee "$OUT/tune_moe_${case/:/_}.log" | grep -v "^compile" | tail -12
+        python3 scripts/tune_moe.py "$OUT/tune_moe_${case/:/_}.json" --write-tuned "$OUT/$(basename "$table")" --update
       done ;;
     bench-moe)
       # the fused MoE beside torch at Qwen3-30B-A3B's layer (BENCH_MOE_KINDS="bfloat16 fp8_block mxfp4")
@@ -344,7 +348,7 @@ PY
       python3 scripts/bench_moe.py "$OUT/moe_variants_prefill.json" --shapes qwen3 --kinds bfloat16 fp8_block \
         --tokens 1024 4096 8192 --torch-ref-max-tokens 0 --variants 2>&1 | tee "$OUT/moe_variants_prefill.log" | tail -30
       TUNE_MOE="gptoss:mxfp4" TUNE_MOE_TOKENS="1" bash "$0" tune-moe
-      cp "$OUT/moe_tuned.json" tritonllm/kernels/tuned/moe_NVIDIA_H200.json
+      cp "$OUT"/moe_NVIDIA_*.json tritonllm/kernels/tuned/
       for variant in ${MOE_VARIANTS:-none joint,sum_slots,tma}; do
         TRITONLLM_MOE_VARIANTS=$variant MOE_RUNS="${MOE_VARIANT_RUNS:-gptoss_batch1}" MOE_TAG="_variants_${variant//,/_}" \
           bash "$0" e2e-moe

@@ -1,7 +1,7 @@
 """Tile sweep for the fused MoE (kernels/moe.py), on the GPU: writes kernels/tuned/moe_<GPU>.json.
 
     python scripts/tune_moe.py OUT.json [--shapes qwen3 mixtral] [--kinds bfloat16 fp8_block mxfp4]
-        [--tokens 1 4 16 64 256 1024 4096 8192] [--jobs 16] [--rep 20]
+        [--tokens 1 4 16 64 256 1024 4096 8192] [--block-ms 1 16 ...] [--jobs 16] [--rep 20]
     python scripts/tune_moe.py OUT.json --write-tuned tritonllm/kernels/tuned/moe_NVIDIA_H200.json [--update]
 
 For each (shape, kind, tokens), every BLOCK_M that the expected rows per expert can fill, and for
@@ -17,7 +17,8 @@ variant of each launch won (VARIANT_FLAGS). The case's winner is the BLOCK_M who
 best w2 is fastest. Compilation is the slow part: a pool
 of worker processes first runs every distinct kernel once on small stand-in weights (filling
 Triton's on-disk cache), then the timing process loads compiled kernels. One shape and kind takes a
-few minutes; run them one at a time (`--shapes qwen3 --kinds bfloat16`) and merge the files with
+few minutes (`--block-ms 1`: the GEMV's alone, for decode buckets); OUT.json is rewritten after each
+launch, so a sweep cut off by a time limit keeps what it timed; run them one at a time (`--shapes qwen3 --kinds bfloat16`) and merge the files with
 `--write-tuned ... --update` (each run's (kind, shape, tokens) entries replace the file's, the rest stay).
 No run-time autotuning: fused_moe reads the written table (kernels/moe_tiles.py).
 """
@@ -198,10 +199,15 @@ def launches(block_m: int, top_k: int, kind: str = "bfloat16") -> tuple[str, ...
     return ("w13", "w13_joint", "w2") + (("w2_slots",) if top_k > 1 else ())
 
 
-def sweep(name: str, kind: str, tokens: int, experts: dict, rep: int) -> list[dict]:
+def sweep(name: str, kind: str, tokens: int, experts: dict, rep: int, only: tuple[int, ...] = (),
+          save=lambda rows: None) -> list[dict]:  # fmt: skip
+    """Every candidate of every launch of the case's BLOCK_Ms (those in `only`, when given); `save`
+    gets the rows so far after each launch, so a sweep cut off by a time limit keeps what it timed."""
     case = Case(name, kind, tokens, experts)
-    rows = []
+    rows: list[dict] = []
     for block_m in block_ms(tokens, case.e, case.top_k):
+        if only and block_m not in only:
+            continue
         for which in launches(block_m, case.top_k, kind):
             expected = _expected(case, which)
             for tiles in candidates(kind, block_m):
@@ -214,6 +220,7 @@ def sweep(name: str, kind: str, tokens: int, experts: dict, rep: int) -> list[di
                     rows.append(dict(base, error=str(error)[:200]))
                     continue
                 rows.append(dict(base, us=ms * 1e3, rel_error=err))
+            save(rows)
     return rows
 
 
@@ -254,6 +261,7 @@ def main() -> None:
     add_problem_args(parser)
     parser.add_argument("--jobs", type=int, default=16)
     parser.add_argument("--rep", type=int, default=20, help="ms of runs per timing")
+    parser.add_argument("--block-ms", nargs="+", type=int, default=[], help="only these BLOCK_Ms (1: the GEMV)")
     parser.add_argument("--write-tuned", type=Path, help="write OUT.json's winners here; no sweep")
     parser.add_argument("--update", action="store_true", help="with --write-tuned: keep the file's other entries")
     args = parser.parse_args()
@@ -276,6 +284,8 @@ def main() -> None:
         for name, kind, tokens in todo:
             e, top_k, _, _ = SHAPES[name]
             for block_m in block_ms(tokens, e, top_k):
+                if args.block_ms and block_m not in args.block_ms:
+                    continue
                 for which, tiles in itertools.product(launches(block_m, top_k, kind), candidates(kind, block_m)):
                     if (name, kind, which, tiles) not in seen:
                         seen.add((name, kind, which, tiles))
@@ -284,12 +294,17 @@ def main() -> None:
             failed = sum(pool.map(_compile, tasks, chunksize=4))
         print(f"{len(tasks)} kernels compiled by {args.jobs} processes, {failed} failed", flush=True)
     rows: list[dict] = []
+
+    def save(more: list[dict]) -> None:
+        args.out.write_text(json.dumps(dict(device=device_name(), torch=torch.__version__, triton=triton.__version__,
+                                            rows=rows + more), indent=0))  # fmt: skip
+
     for name in args.shapes:
         e, _, h, i = SHAPES[name]
         for kind in args.kinds:
             experts = make_experts(kind, e, h, i)
             for tokens in args.tokens:
-                rows += sweep(name, kind, tokens, experts, args.rep)
+                rows += sweep(name, kind, tokens, experts, args.rep, tuple(args.block_ms), save)
                 entry = tuned_table(rows).get(kind, {}).get(f"{e},{h},{i}", {}).get(str(tokens))
                 if entry:
                     desc = lambda t: (
@@ -300,8 +315,7 @@ def main() -> None:
                     )
                     print(f"{name:8s} {kind:9s} T={tokens:5d}: {entry['us']:.1f} us  w13 {desc(entry['w13'])}  "
                           f"w2 {desc(entry['w2'])} {variants}", flush=True)  # fmt: skip
-                args.out.write_text(json.dumps(dict(device=device_name(), torch=torch.__version__,
-                                                    triton=triton.__version__, rows=rows), indent=0))  # fmt: skip
+                save([])
             del experts
             if DEVICE.type == "cuda":
                 torch.cuda.empty_cache()
