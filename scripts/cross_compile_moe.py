@@ -34,7 +34,7 @@ from tritonllm.kernels import moe_align, moe_route
 from tritonllm.kernels.gemm import GemmTiles
 from tritonllm.kernels.moe import fused_moe_kernel
 from tritonllm.kernels.moe_gemv import moe_gemv_kernel
-from tritonllm.kernels.moe_tiles import MoeTiles, default_moe_tiles, fit_moe_tiles, gemv_reduce, tuned_file
+from tritonllm.kernels.moe_tiles import MoeTiles, default_moe_tiles, fit_moe_tiles, gemv_loads, gemv_reduce, tuned_file
 
 SM90 = GPUTarget("cuda", 90, 32)
 # kind -> (A's type, B's type, B scales' type, QUANT, GROUP_K)
@@ -70,7 +70,7 @@ def moe_signature(kind: str, gated: bool, tiles: GemmTiles, variant: dict, targe
         fn, types["topk_ids_ptr"] = moe_gemv_kernel, "*i32"
         slots = variant.get("slots", 0)
         constexprs = dict(common, WORDS=words, FP4_BITS=cuda, JOINT=variant.get("joint", False), SLOTS=slots,
-                          REDUCE=variant.get("reduce", gemv_reduce()))  # fmt: skip
+                          REDUCE=variant.get("reduce", gemv_reduce()), LOADS=variant.get("loads", gemv_loads()))  # fmt: skip
         if slots:
             constexprs["BLOCK_N"] = max(1, tiles.block_n // slots)
     else:

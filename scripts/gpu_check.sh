@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [llama3-8b-config]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [llama3-8b-config]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -365,6 +365,21 @@ print(tuned_file(torch.cuda.get_device_name()))")
       # each kernel's time in the decode layer's graph replay (the defaults), where the microseconds go
       python3 scripts/bench_moe.py "$OUT/moe_kernels.json" --shapes gptoss qwen3 --kinds bfloat16 fp8_block mxfp4 \
         --tokens 1 4 --torch-ref-max-tokens 0 --kernels 2>&1 | tee "$OUT/moe_kernels.log" | grep -E "T=|kernels" ;;
+    moe-loads)
+      # session 28's build: the MXFP4 GEMV's load schedules (TRITONLLM_MOE_GEMV_LOADS 0: the scales loaded after
+      # the activation's layout change, behind its barriers, the default; 1: every load at the top of its step;
+      # 2: a step ahead in registers): their tests on the GPU, then each kernel's time in the decode layer
+      # (L2 flushed) per schedule, gpt-oss and Qwen3-30B-A3B shapes, 1 and 4 tokens; MOE_LOADS_E2E=N: then
+      # gpt-oss-20b batch 1 end to end under schedule N
+      python3 -m pytest -q -o addopts="" tests/kernels/test_moe.py -k "load_schedules or mxfp4" 2>&1 | tail -3
+      for l in 0 1 2; do
+        TRITONLLM_MOE_GEMV_LOADS=$l python3 scripts/bench_moe.py "$OUT/moe_loads$l.json" --shapes gptoss qwen3 \
+          --kinds mxfp4 --tokens 1 4 --torch-ref-max-tokens 0 --kernels > "$OUT/moe_loads$l.log" 2>&1
+        echo "== LOADS $l"; grep -E "T=|kernels" "$OUT/moe_loads$l.log" | cut -c1-160
+      done
+      if [ -n "${MOE_LOADS_E2E:-}" ]; then
+        TRITONLLM_MOE_GEMV_LOADS=$MOE_LOADS_E2E MOE_RUNS=gptoss_batch1 MOE_TAG="_loads$MOE_LOADS_E2E" bash "$0" e2e-moe
+      fi ;;
     timeline)
       # what each kernel adds to a batch-1 decode step with PDL on (scripts/step_timeline.py: exposed time, not
       # summed durations), per TIMELINE_VARIANTS (fp8: online FP8, triton_sm90 linears; fp8_xn: with

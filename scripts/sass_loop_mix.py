@@ -7,7 +7,7 @@ much as by HBM (experiments/quant4/README.md), so this count is the figure a dec
     python scripts/sass_loop_mix.py [--fp4] [--block-n 16] [--block-w 128] [--warps 4]
     python scripts/sass_loop_mix.py --gluon [--fp4]   # the Hopper kernel (kernels/gemv_w4_sm90.py)
     python scripts/sass_loop_mix.py --gemm [--fp4] [--block-n 128] [--block-m 16] [--scale-after] [--prefetch 2] [--x-at-step]   # the Hopper W4 MMA GEMM (M 2..64)
-    python scripts/sass_loop_mix.py --moe w13|w13-joint|w2|w2-slots [--fp4] [--slots 4] [--block-n 16] [--block-w 64]   # the MoE GEMV (kernels/moe_gemv.py; bf16 experts without --fp4)
+    python scripts/sass_loop_mix.py --moe w13|w13-joint|w2|w2-slots [--fp4] [--slots 4] [--block-n 16] [--block-w 64] [--loads 0|1|2]   # the MoE GEMV (kernels/moe_gemv.py; bf16 experts without --fp4)
 """
 
 from __future__ import annotations
@@ -62,9 +62,12 @@ def main(argv: list[str] | None = None) -> collections.Counter:
     parser.add_argument("--x-at-step", action="store_true", help="--gemm: the activation tile loaded at its step")
     parser.add_argument("--moe", choices=("w13", "w13-joint", "w2", "w2-slots"), help="the MoE GEMV's launch instead")
     parser.add_argument("--slots", type=int, default=4, help="--moe w2-slots: the slots a program sums (power of 2)")
+    parser.add_argument("--loads", type=int, choices=(0, 1, 2), help="--moe --fp4: the GEMV's load schedule (LOADS)")
     args = parser.parse_args(argv)
     if args.moe:
-        return report(*compile_moe_gemv(args.moe, args.fp4, args.block_n, args.block_w, args.warps, args.slots))
+        return report(
+            *compile_moe_gemv(args.moe, args.fp4, args.block_n, args.block_w, args.warps, args.slots, args.loads)
+        )
     if args.gemm:  # a thread's weights a K step: BLOCK_N x 128 over the warpgroup's 128 threads
         kernel = gemm_w4_sm90.compile_sm90(block_n=args.block_n, bm=args.block_m, fp4=args.fp4,
                                            scale_after=args.scale_after, prefetch=args.prefetch,
@@ -86,13 +89,15 @@ def main(argv: list[str] | None = None) -> collections.Counter:
     return report(kernel, args.block_n * args.block_w * 8 / (32 * args.warps))  # a thread's weights an iteration
 
 
-def compile_moe_gemv(launch: str, fp4: bool, block_n: int, block_w: int, warps: int, slots: int) -> tuple:
+def compile_moe_gemv(launch: str, fp4: bool, block_n: int, block_w: int, warps: int, slots: int, loads=None) -> tuple:
     """The MoE GEMV (kernels/moe_gemv.py) for sm90 as the launcher builds it (cross_compile_moe.compile_moe):
     MXFP4 experts read as words (fp4) or bf16 ones, BLOCK_K = 8 x block_w (bf16: block_w x 8 values too); w13
     gated (gate and up loops apart, or `-joint` in one pass), w2 per pair or summing `slots` slots (its block_n
     the tile's rows shared by them). Returns (kernel, a thread's weights an iteration)."""
     gated, slot_count = launch.startswith("w13"), slots if launch == "w2-slots" else 0
     variant = dict(joint=launch == "w13-joint", slots=slot_count)
+    if loads is not None:
+        variant["loads"] = loads
     tiles = GemmTiles(1, block_n, 8 * block_w, warps, 3, 1, gemv=True)
     kernel = compile_moe("mxfp4" if fp4 else "bfloat16", gated, tiles, variant)
     bn = max(1, block_n // slot_count) if slot_count else block_n

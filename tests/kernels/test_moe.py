@@ -214,6 +214,37 @@ def test_gemv_k_reductions_match_reference(reduce, fp8, monkeypatch) -> None:
         moe_tiles.gemv_reduce.cache_clear()
 
 
+@pytest.mark.parametrize("loads", [0, 1, 2])
+def test_mxfp4_gemv_load_schedules_match_reference(loads, monkeypatch) -> None:
+    """Each schedule of the MXFP4 GEMV's loads (LOADS: the scales late, every load at the top of its
+    step, a step ahead) on K even over several steps (H 256 against 64-column tiles: the step past the
+    end reloads the last) and ragged (I 96), plain and with joint + sum_slots, against the reference;
+    the launches take the schedule set, and an unknown one is refused by name."""
+    from tritonllm.kernels import moe_tiles
+
+    seen = _spy(monkeypatch, "moe_gemv_kernel", lambda grid, kw: kw["LOADS"])
+    monkeypatch.setenv("TRITONLLM_MOE_GEMV_LOADS", str(loads))
+    moe_tiles.gemv_loads.cache_clear()
+    try:
+        p = _problem(3, 6, 256, 96, 3, seed=50 + loads)
+        scheme = QuantScheme(FP4, "mx", "none")
+        w13, w2 = quantize_experts(p["w13"].float(), scheme), quantize_experts(p["w2"].float(), scheme)
+        args = (p["x"], w13, w2, p["topk_weights"], p["topk_ids"])
+        kwargs = dict(activation="swiglu_oai", w13_bias=p["w13_bias"], w2_bias=p["w2_bias"])
+        expected = reference.fused_moe(*args, **kwargs)
+        t = g.GemmTiles(1, 16, 64, 1, 1, 1, gemv=True)
+        for flags in ({}, dict(joint=True, sum_slots=True)):
+            got = fused_moe(*args, tiles=MoeTiles(t, t, **flags), **kwargs)
+            assert_close_to_scale(got, expected, 4 * TOL if DTYPE == torch.float32 else 2e-2)
+        assert seen == [loads] * 4
+        monkeypatch.setenv("TRITONLLM_MOE_GEMV_LOADS", "3")
+        moe_tiles.gemv_loads.cache_clear()
+        with pytest.raises(ValueError, match="TRITONLLM_MOE_GEMV_LOADS"):
+            moe_tiles.gemv_loads()
+    finally:
+        moe_tiles.gemv_loads.cache_clear()
+
+
 def test_sum_slots_falls_back_where_the_experts_do_not_read_as_one_matrix(monkeypatch) -> None:
     """FP8 block experts with H 48 (w2's 128-row scale blocks span experts) and float experts that are
     a slice of wider storage take the per-slot buffer, with the same result."""

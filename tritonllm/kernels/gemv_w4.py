@@ -87,12 +87,13 @@ def _eight_columns(a8):
 
 @triton.jit
 def _tile_groups(words, a8, s_ptrs, z_ptrs, g_in, FP4: tl.constexpr, FP4_BITS: tl.constexpr, GPI: tl.constexpr,
-                 BLOCK_W: tl.constexpr):  # fmt: skip
+                 BLOCK_W: tl.constexpr, LOADED: tl.constexpr = False):  # fmt: skip
     """One K tile's contribution to the per-group accumulator: words [BLOCK_N, BLOCK_W] (or [1, ...]
     for several rows), a8 the activation tile broadcastable against them ([1, BLOCK_W, 8] for one
     row, [ROWS, 1, BLOCK_W, 8] for several: a_j[w] = a[8 (kw + w) + j]), s_ptrs / z_ptrs / g_in the
-    tile's groups' scales, zero points and mask ([BLOCK_N, GPI]). Returns [BLOCK_N, GPI] (or
-    [ROWS, BLOCK_N, GPI]): each group's s (16 sum f a - (16 + z) sum a), or e8m0-scaled sum f a."""
+    tile's groups' scales, zero points and mask ([BLOCK_N, GPI]; LOADED: s_ptrs / z_ptrs are the
+    loaded scales and zero points themselves). Returns [BLOCK_N, GPI] (or [ROWS, BLOCK_N, GPI]): each
+    group's s (16 sum f a - (16 + z) sum a), or e8m0-scaled sum f a."""
     a8 = a8.to(tl.float32)
     if FP4 and FP4_BITS:
         a8 = a8 * FP4_ACT_SCALE
@@ -107,13 +108,13 @@ def _tile_groups(words, a8, s_ptrs, z_ptrs, g_in, FP4: tl.constexpr, FP4_BITS: t
     part += _nibble(words, 7, FP4, FP4_BITS) * a7
     part_g = tl.sum(tl.reshape(part, part.shape[:-1] + [GPI, BLOCK_W // GPI]), axis=len(part.shape))
     if FP4:  # e8m0: the float with exponent bits e
-        e = tl.load(s_ptrs, mask=g_in, other=0).to(tl.int32)
+        e = (s_ptrs if LOADED else tl.load(s_ptrs, mask=g_in, other=0)).to(tl.int32)
         out = part_g * (e << 23).to(tl.float32, bitcast=True)
     else:
         a_sum = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
         a_sum_g = tl.sum(tl.reshape(a_sum, a_sum.shape[:-1] + [GPI, BLOCK_W // GPI]), axis=len(a_sum.shape))
-        s = tl.load(s_ptrs, mask=g_in, other=0).to(tl.float32)
-        z = tl.load(z_ptrs, mask=g_in, other=0).to(tl.float32)
+        s = (s_ptrs if LOADED else tl.load(s_ptrs, mask=g_in, other=0)).to(tl.float32)
+        z = (z_ptrs if LOADED else tl.load(z_ptrs, mask=g_in, other=0)).to(tl.float32)
         out = s * (16.0 * part_g - (16.0 + z) * a_sum_g)
     return out
 
@@ -121,13 +122,24 @@ def _tile_groups(words, a8, s_ptrs, z_ptrs, g_in, FP4: tl.constexpr, FP4_BITS: t
 @triton.jit
 def w4_row_dot(a_ptr, rows, rows_in, w_ptr, s_ptr, z_ptr, rn, k_start, k_end, stride_am, stride_ak, stride_wn,
                stride_sn, stride_sk, FP4: tl.constexpr, FP4_BITS: tl.constexpr, GROUP_K: tl.constexpr,
-               EVEN: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):  # fmt: skip
+               EVEN: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
+               LOADS: tl.constexpr = 0):  # fmt: skip
     """sum over k in [k_start, k_end) of w[rn, k] * a[row, k] in float32 for the activation rows
     `rows` ([ROWS] int64, those not `rows_in` read as zeros; rows_in None: all) and the weight rows
     rn: [BLOCK_N] for ROWS 1, [ROWS, BLOCK_N] above (each weight tile decoded once for all rows); rn
     [ROWS, BLOCK_N] pairs activation row r with weight rows rn[r] only (the MoE GEMV's slots, each
     its own expert's rows). w_ptr is the int32 view of the packed weight (stride_wn words a row);
-    k_start a multiple of 8 * BLOCK_W and of the group, k_end a multiple of 8 (EVEN: of 8 * BLOCK_W)."""
+    k_start a multiple of 8 * BLOCK_W and of the group, k_end a multiple of 8 (EVEN: of 8 * BLOCK_W).
+    LOADS, when a step's loads are issued: 0 words and activation at the top of the step, the scales
+    (and zero points) where the decoded tile needs them, after the activation's layout change (its
+    barriers: in the sm90 build the scales' load then waits out a second memory latency a step); 1
+    all of the step's loads at its top; 2 those of the next step too, a step ahead in registers
+    (more bytes in flight a program, for grids too small to cover HBM's latency). 1 and 2: MXFP4 with
+    k_start 0 and rows_in None (the MoE GEMV's calls)."""
+    if LOADS != 0:  # the MoE GEMV's MXFP4 only: k_start 0, every activation row read
+        tl.static_assert(FP4, "w4_row_dot LOADS 1 / 2: MXFP4 only")
+        return _w4_row_dot_ahead(a_ptr, rows, w_ptr, s_ptr, rn, k_end, stride_am, stride_ak, stride_wn, stride_sn,
+                                 stride_sk, FP4_BITS, GROUP_K, EVEN, ROWS, BLOCK_N, BLOCK_W, LOADS == 2)  # fmt: skip
     offs_w = tl.arange(0, BLOCK_W)
     WPG: tl.constexpr = GROUP_K // 8  # words a scale group
     GPI: tl.constexpr = BLOCK_W // WPG if BLOCK_W > WPG else 1  # groups a tile (a tile within one group: 1)
@@ -173,6 +185,75 @@ def w4_row_dot(a_ptr, rows, rows_in, w_ptr, s_ptr, z_ptr, rn, k_start, k_end, st
         a_ptrs += 8 * BLOCK_W * stride_ak
     out = tl.sum(acc, axis=len(acc.shape) - 1)
     if FP4 and FP4_BITS:
+        out = out * FP4_OUT_SCALE
+    return out
+
+
+@triton.jit
+def _w4_step_loads(a_ptr, rows, w_ptr, s_ptr, rn_w, kw, kw_end, stride_am, stride_ak, stride_wn, stride_sn, stride_sk,
+                   GROUP_K: tl.constexpr, EVEN: tl.constexpr, ROWS: tl.constexpr, BLOCK_W: tl.constexpr):  # fmt: skip
+    """Step kw's loads (w4_row_dot's LOADS 1 / 2, MXFP4): words, the activation tile (shaped for
+    _tile_groups) and the e8m0 scales; masked off past kw_end unless EVEN."""
+    WPG: tl.constexpr = GROUP_K // 8
+    GPI: tl.constexpr = BLOCK_W // WPG if BLOCK_W > WPG else 1
+    offs_w = kw + tl.arange(0, BLOCK_W)
+    in_k = offs_w < kw_end
+    cols = (offs_w[:, None] * 8 + tl.arange(0, 8)[None, :]) * stride_ak  # [BLOCK_W, 8]
+    w_ptrs = w_ptr + rn_w * stride_wn + offs_w
+    g = kw // WPG + tl.arange(0, GPI)
+    if EVEN:
+        words = tl.load(w_ptrs)
+    else:
+        words = tl.load(w_ptrs, mask=in_k, other=0)
+    s = tl.load(s_ptr + rn_w * stride_sn + g * stride_sk, mask=g * WPG < kw_end, other=0)
+    if ROWS == 1:
+        a_ptrs = a_ptr + rows * stride_am + cols
+    else:  # each row against its own weight rows (rn_w [ROWS, BLOCK_N, 1])
+        a_ptrs = a_ptr + rows[:, None, None] * stride_am + cols[None, :, :]
+    if EVEN:
+        a8 = tl.load(a_ptrs)
+    else:
+        a8 = tl.load(a_ptrs, mask=in_k[:, None], other=0.0)
+    if ROWS == 1:
+        a8 = a8[None, :, :]
+    else:
+        a8 = a8[:, None, :, :]
+    return words, a8, s
+
+
+@triton.jit
+def _w4_row_dot_ahead(a_ptr, rows, w_ptr, s_ptr, rn, k_end, stride_am, stride_ak, stride_wn, stride_sn, stride_sk,
+                      FP4_BITS: tl.constexpr, GROUP_K: tl.constexpr, EVEN: tl.constexpr, ROWS: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, AHEAD: tl.constexpr):  # fmt: skip
+    """w4_row_dot's MXFP4 sum over [0, k_end) (k_end > 0) with each step's loads at its top (AHEAD: a
+    step early, the next step's loads before this step's decode; the step past the end reloads the last
+    one when EVEN, is masked off otherwise)."""
+    WPG: tl.constexpr = GROUP_K // 8
+    GPI: tl.constexpr = BLOCK_W // WPG if BLOCK_W > WPG else 1
+    kw_end = k_end // 8
+    rn_w = tl.expand_dims(rn, len(rn.shape))  # [..., BLOCK_N, 1]
+    if ROWS == 1:
+        acc = tl.zeros((BLOCK_N, GPI), tl.float32)
+    else:
+        acc = tl.zeros((ROWS, BLOCK_N, GPI), tl.float32)
+    if AHEAD:
+        words, a8, s = _w4_step_loads(a_ptr, rows, w_ptr, s_ptr, rn_w, 0, kw_end, stride_am, stride_ak, stride_wn,
+                                      stride_sn, stride_sk, GROUP_K, EVEN, ROWS, BLOCK_W)  # fmt: skip
+    for kw in range(0, kw_end, BLOCK_W):
+        if AHEAD:
+            kw_next = kw + BLOCK_W
+            if EVEN:  # in bounds: past the end, this step again (written so that it stays a multiple of BLOCK_W)
+                kw_next = kw + BLOCK_W * (kw_next < kw_end).to(tl.int32)
+            n_words, n_a8, n_s = _w4_step_loads(a_ptr, rows, w_ptr, s_ptr, rn_w, kw_next, kw_end, stride_am, stride_ak,
+                                                stride_wn, stride_sn, stride_sk, GROUP_K, EVEN, ROWS, BLOCK_W)  # fmt: skip
+        else:
+            words, a8, s = _w4_step_loads(a_ptr, rows, w_ptr, s_ptr, rn_w, kw, kw_end, stride_am, stride_ak, stride_wn,
+                                          stride_sn, stride_sk, GROUP_K, EVEN, ROWS, BLOCK_W)  # fmt: skip
+        acc += _tile_groups(words, a8, s, s, None, True, FP4_BITS, GPI, BLOCK_W, True)
+        if AHEAD:
+            words, a8, s = n_words, n_a8, n_s
+    out = tl.sum(acc, axis=len(acc.shape) - 1)
+    if FP4_BITS:
         out = out * FP4_OUT_SCALE
     return out
 

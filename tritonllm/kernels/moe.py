@@ -56,7 +56,7 @@ from tritonllm.kernels.launch import pdl_launch, pdl_wait
 from tritonllm.kernels.moe_align import MoeAlignment, moe_align
 from tritonllm.kernels.moe_epilogue import moe_store
 from tritonllm.kernels.moe_gemv import moe_gemv_kernel
-from tritonllm.kernels.moe_tiles import MoeTiles, gemv_reduce, moe_kind, pick_moe_tiles
+from tritonllm.kernels.moe_tiles import MoeTiles, gemv_loads, gemv_reduce, moe_kind, pick_moe_tiles
 from tritonllm.kernels.quant import quantize_per_group
 from tritonllm.kernels.quant_formats import BLOCK, MX_GROUP, QuantizedWeight
 from tritonllm.kernels.reference import MOE_ACTIVATIONS
@@ -273,7 +273,7 @@ def _launch(
         grid = (triton.cdiv(n, flags["BLOCK_N"]), t if slots else t * top_k)
         moe_gemv_kernel[grid](*pointers, route, n, k, alpha, limit, top_k, rows_per_expert, *strides, **flags,
                               WORDS=words is not None, FP4_BITS=FP4_BITS, JOINT=joint, SLOTS=slots, REDUCE=gemv_reduce(),
-                              **pdl_launch())  # fmt: skip
+                              LOADS=gemv_loads(), **pdl_launch())  # fmt: skip
         return
     grid = (route.num_blocks * triton.cdiv(n, tiles.block_n),)
     b_desc = _b_descriptor(data, tiles) if tma and quant != Q_MXFP4 else None

@@ -16,7 +16,10 @@ gate rows and, I below, the up rows: two accumulators), top-k weight, store per 
 float weights; FP8 block-128 (e4m3 weights and per-token-group e4m3 activations, each K tile within
 one 128 group, times its activation and weight scales); MXFP4 (e2m1 pairs, e8m0 scale per 32).
 
-How the float paths sum along K is a constexpr (REDUCE, _row_dot; moe_tiles.gemv_reduce picks it):
+When MXFP4's loads are issued is a constexpr too (LOADS, kernels/gemv_w4.py w4_row_dot; moe_tiles.gemv_loads
+picks it): the scales after the activation's layout change (0, the default), every load at the top of its
+step (1), or a step ahead (2). How the float paths sum along K is a constexpr (REDUCE, _row_dot;
+moe_tiles.gemv_reduce picks it):
 every step across the program's threads (0: a barrier a step), per column once after the loop (1:
 the whole float tile in registers), or every step within each thread's eight columns and across
 threads once after the loop (2, the default: no barrier in the loop, the fewest registers).
@@ -37,7 +40,7 @@ from tritonllm.kernels.moe_epilogue import moe_store
 def _row_dot(a_ptr, rows, a_scale_ptr, b_ptr, b_scale_ptr, rn, K, stride_am, stride_ak, stride_asm, stride_ask,
              stride_bn, stride_bk, stride_bsn, stride_bsk, QUANT: tl.constexpr, GROUP_K: tl.constexpr,
              EVEN_K: tl.constexpr, WORDS: tl.constexpr, FP4_BITS: tl.constexpr, SLOTS: tl.constexpr,
-             REDUCE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+             REDUCE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LOADS: tl.constexpr = 0):  # fmt: skip
     """sum over K of w[rn, k] * a[row, k] in float32: one activation row (`rows` a scalar) against the
     weight rows rn [BLOCK_N]; or (SLOTS) a token's slots, `rows` [SLOTS] activation rows each against
     its own weight rows rn [SLOTS, BLOCK_N] of the experts' stacked weights read as one [E * N, K]
@@ -46,7 +49,7 @@ def _row_dot(a_ptr, rows, a_scale_ptr, b_ptr, b_scale_ptr, rn, K, stride_am, str
     if QUANT == 2 and WORDS:
         acc = w4_row_dot(a_ptr, rows, None, b_ptr, b_scale_ptr, b_scale_ptr, rn, 0, K, stride_am, stride_ak, stride_bn,
                          stride_bsn, stride_bsk, True, FP4_BITS, GROUP_K, EVEN_K, SLOTS if SLOTS else 1, BLOCK_N,
-                         BLOCK_K // 8)  # fmt: skip
+                         BLOCK_K // 8, LOADS)  # fmt: skip
     else:
         PACK: tl.constexpr = 2 if QUANT == 2 else 1  # K values per byte of B
         offs_k = tl.arange(0, BLOCK_K)
@@ -128,6 +131,7 @@ def moe_gemv_kernel(
     MUL_WEIGHTS: tl.constexpr, QUANT: tl.constexpr, GROUP_K: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WORDS: tl.constexpr = False, FP4_BITS: tl.constexpr = True,
     JOINT: tl.constexpr = False, SLOTS: tl.constexpr = 0, REDUCE: tl.constexpr = 2, PDL: tl.constexpr = False,
+    LOADS: tl.constexpr = 0,
 ):  # fmt: skip
     """c[pair, n] for one pair (program axis 1) and BLOCK_N columns (axis 0): A row pair // A_ROW_DIV,
     B the pair's expert's [N (x2 when GATED), K] matrix. JOINT (GATED): the gate and up rows in one
@@ -148,7 +152,7 @@ def moe_gemv_kernel(
         acc = _row_dot(a_ptr, (pairs // A_ROW_DIV).to(tl.int64), a_scale_ptr, b_ptr, b_scale_ptr,
                        e[:, None] * rows_per_expert + rn[None, :], K, stride_am, stride_ak, stride_asm, stride_ask,
                        stride_bn, stride_bk, stride_bsn, stride_bsk, QUANT, GROUP_K, EVEN_K, WORDS, FP4_BITS, SLOTS,
-                       REDUCE, BLOCK_N, BLOCK_K)  # fmt: skip
+                       REDUCE, BLOCK_N, BLOCK_K, LOADS)  # fmt: skip
         moe_store(acc, acc, c_ptr, bias_ptr, topk_weights_ptr, pairs, valid, e[:, None], rn, offs_n, N, alpha, limit,
                   stride_cm, stride_cn, stride_bias_e, False, ACTIVATION, HAS_BIAS, MUL_WEIGHTS,
                   tl.full([1], 0, tl.int32) + token)  # fmt: skip
@@ -161,17 +165,17 @@ def moe_gemv_kernel(
     if GATED and JOINT:  # rows gate n, up n, gate n + 1, ...: one pass, then the two halves apart
         both = _row_dot(a_ptr, row, a_scale_ptr, b_ptr, b_scale_ptr, tl.reshape(tl.join(rn, rn + N), [2 * BLOCK_N]), K,
                         stride_am, stride_ak, stride_asm, stride_ask, stride_bn, stride_bk, stride_bsn, stride_bsk,
-                        QUANT, GROUP_K, EVEN_K, WORDS, FP4_BITS, 0, REDUCE, 2 * BLOCK_N, BLOCK_K)  # fmt: skip
+                        QUANT, GROUP_K, EVEN_K, WORDS, FP4_BITS, 0, REDUCE, 2 * BLOCK_N, BLOCK_K, LOADS)  # fmt: skip
         acc, acc_up = tl.split(tl.reshape(both, [BLOCK_N, 2]))
     else:
         acc = _row_dot(a_ptr, row, a_scale_ptr, b_ptr, b_scale_ptr, rn, K, stride_am, stride_ak, stride_asm,
                        stride_ask, stride_bn, stride_bk, stride_bsn, stride_bsk, QUANT, GROUP_K, EVEN_K, WORDS,
-                       FP4_BITS, 0, REDUCE, BLOCK_N, BLOCK_K)  # fmt: skip
+                       FP4_BITS, 0, REDUCE, BLOCK_N, BLOCK_K, LOADS)  # fmt: skip
         acc_up = acc
         if GATED:  # w13's up rows, N below the gate rows
             acc_up = _row_dot(a_ptr, row, a_scale_ptr, b_ptr, b_scale_ptr, rn + N, K, stride_am, stride_ak,
                               stride_asm, stride_ask, stride_bn, stride_bk, stride_bsn, stride_bsk, QUANT, GROUP_K,
-                              EVEN_K, WORDS, FP4_BITS, 0, REDUCE, BLOCK_N, BLOCK_K)  # fmt: skip
+                              EVEN_K, WORDS, FP4_BITS, 0, REDUCE, BLOCK_N, BLOCK_K, LOADS)  # fmt: skip
     pairs = tl.full([1], 0, tl.int32) + pair
     moe_store(acc[None, :], acc_up[None, :], c_ptr, bias_ptr, topk_weights_ptr, pairs, pairs >= 0, e, rn, offs_n, N,
               alpha, limit, stride_cm, stride_cn, stride_bias_e, GATED, ACTIVATION, HAS_BIAS, MUL_WEIGHTS)  # fmt: skip
