@@ -366,15 +366,16 @@ print(tuned_file(torch.cuda.get_device_name()))")
       python3 scripts/bench_moe.py "$OUT/moe_kernels.json" --shapes gptoss qwen3 --kinds bfloat16 fp8_block mxfp4 \
         --tokens 1 4 --torch-ref-max-tokens 0 --kernels 2>&1 | tee "$OUT/moe_kernels.log" | grep -E "T=|kernels" ;;
     moe-loads)
-      # session 28's build: the MXFP4 GEMV's load schedules (TRITONLLM_MOE_GEMV_LOADS 0: the scales loaded after
-      # the activation's layout change, behind its barriers, the default; 1: every load at the top of its step;
-      # 2: a step ahead in registers): their tests on the GPU, then each kernel's time in the decode layer
-      # (L2 flushed) per schedule, gpt-oss and Qwen3-30B-A3B shapes, 1 and 4 tokens; MOE_LOADS_E2E=N: then
-      # gpt-oss-20b batch 1 end to end under schedule N
+      # session 28's build: the MoE GEMV's load schedules (TRITONLLM_MOE_GEMV_LOADS 0: the scales loaded late,
+      # MXFP4's behind the activation's layout-change barriers, FP8 block's after the products, the default;
+      # 1: every load at the top of its step; 2: a step ahead in registers): their tests on the GPU, then each
+      # kernel's time in the decode layer (L2 flushed) per schedule, gpt-oss and Qwen3-30B-A3B shapes, bf16,
+      # FP8 block and MXFP4 experts, 1 and 4 tokens; MOE_LOADS_E2E=N: then gpt-oss-20b batch 1 under schedule N
       python3 -m pytest -q -o addopts="" tests/kernels/test_moe.py -k "load_schedules or mxfp4" 2>&1 | tail -3
       for l in 0 1 2; do
         TRITONLLM_MOE_GEMV_LOADS=$l python3 scripts/bench_moe.py "$OUT/moe_loads$l.json" --shapes gptoss qwen3 \
-          --kinds mxfp4 --tokens 1 4 --torch-ref-max-tokens 0 --kernels > "$OUT/moe_loads$l.log" 2>&1
+          --kinds ${MOE_LOADS_KINDS:-mxfp4 fp8_block bfloat16} --tokens 1 4 --torch-ref-max-tokens 0 --kernels \
+          > "$OUT/moe_loads$l.log" 2>&1
         echo "== LOADS $l"; grep -E "T=|kernels" "$OUT/moe_loads$l.log" | cut -c1-160
       done
       if [ -n "${MOE_LOADS_E2E:-}" ]; then

@@ -215,34 +215,44 @@ def test_gemv_k_reductions_match_reference(reduce, fp8, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("loads", [0, 1, 2])
-def test_mxfp4_gemv_load_schedules_match_reference(loads, monkeypatch) -> None:
-    """Each schedule of the MXFP4 GEMV's loads (LOADS: the scales late, every load at the top of its
-    step, a step ahead) on K even over several steps (H 256 against 64-column tiles: the step past the
-    end reloads the last) and ragged (I 96), plain and with joint + sum_slots, against the reference;
-    the launches take the schedule set, and an unknown one is refused by name."""
+@pytest.mark.parametrize("kind", ["mxfp4", "fp8_block", "float"])
+def test_gemv_load_schedules_match_reference(loads, kind, monkeypatch) -> None:
+    """Each schedule of the GEMV's loads (LOADS: the scales after the products / the activation's layout
+    change, every load at the top of its step, a step ahead) on K even over several steps (MXFP4: H 256
+    against 64-column tiles, where the step past the end reloads the last; float: H 128 on 32) and ragged
+    (I 96 / 40; FP8 block: H 128, I 136 on 32-column tiles), plain and with joint + sum_slots (float: under
+    the K reductions 0 and 2 too), against the reference; the launches take the schedule set, and an
+    unknown one is refused by name."""
     from tritonllm.kernels import moe_tiles
 
     seen = _spy(monkeypatch, "moe_gemv_kernel", lambda grid, kw: kw["LOADS"])
     monkeypatch.setenv("TRITONLLM_MOE_GEMV_LOADS", str(loads))
     moe_tiles.gemv_loads.cache_clear()
     try:
-        p = _problem(3, 6, 256, 96, 3, seed=50 + loads)
-        scheme = QuantScheme(FP4, "mx", "none")
-        w13, w2 = quantize_experts(p["w13"].float(), scheme), quantize_experts(p["w2"].float(), scheme)
+        h, i, block_k, tol = {"mxfp4": (256, 96, 64, 4 * TOL if DTYPE == torch.float32 else 2e-2),
+                              "fp8_block": (128, 136, 32, 1e-2), "float": (128, 40, 32, TOL)}[kind]  # fmt: skip
+        p = _problem(3, 6, h, i, 3, seed=50 + loads)
+        w13, w2 = p["w13"], p["w2"]
+        if kind != "float":
+            scheme = QuantScheme(FP4, "mx", "none") if kind == "mxfp4" else QuantScheme(FP8, "block", "group")
+            w13, w2 = quantize_experts(w13.float(), scheme), quantize_experts(w2.float(), scheme)
         args = (p["x"], w13, w2, p["topk_weights"], p["topk_ids"])
         kwargs = dict(activation="swiglu_oai", w13_bias=p["w13_bias"], w2_bias=p["w2_bias"])
         expected = reference.fused_moe(*args, **kwargs)
-        t = g.GemmTiles(1, 16, 64, 1, 1, 1, gemv=True)
-        for flags in ({}, dict(joint=True, sum_slots=True)):
-            got = fused_moe(*args, tiles=MoeTiles(t, t, **flags), **kwargs)
-            assert_close_to_scale(got, expected, 4 * TOL if DTYPE == torch.float32 else 2e-2)
-        assert seen == [loads] * 4
+        t = g.GemmTiles(1, 16, block_k, 1, 1, 1, gemv=True)
+        for reduce in (0, 2) if kind == "float" else (2,):
+            monkeypatch.setenv("TRITONLLM_MOE_GEMV_REDUCE", str(reduce))
+            moe_tiles.gemv_reduce.cache_clear()
+            for flags in ({}, dict(joint=True, sum_slots=True)):
+                assert_close_to_scale(fused_moe(*args, tiles=MoeTiles(t, t, **flags), **kwargs), expected, tol)
+        assert seen == [loads] * len(seen) and len(seen) == (8 if kind == "float" else 4)
         monkeypatch.setenv("TRITONLLM_MOE_GEMV_LOADS", "3")
         moe_tiles.gemv_loads.cache_clear()
         with pytest.raises(ValueError, match="TRITONLLM_MOE_GEMV_LOADS"):
             moe_tiles.gemv_loads()
     finally:
         moe_tiles.gemv_loads.cache_clear()
+        moe_tiles.gemv_reduce.cache_clear()
 
 
 def test_sum_slots_falls_back_where_the_experts_do_not_read_as_one_matrix(monkeypatch) -> None:

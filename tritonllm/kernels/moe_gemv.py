@@ -16,9 +16,9 @@ gate rows and, I below, the up rows: two accumulators), top-k weight, store per 
 float weights; FP8 block-128 (e4m3 weights and per-token-group e4m3 activations, each K tile within
 one 128 group, times its activation and weight scales); MXFP4 (e2m1 pairs, e8m0 scale per 32).
 
-When MXFP4's loads are issued is a constexpr too (LOADS, kernels/gemv_w4.py w4_row_dot; moe_tiles.gemv_loads
-picks it): the scales after the activation's layout change (0, the default), every load at the top of its
-step (1), or a step ahead (2). How the float paths sum along K is a constexpr (REDUCE, _row_dot;
+When a step's loads are issued is a constexpr too (LOADS; moe_tiles.gemv_loads picks it): the scales late
+(0, the default: MXFP4's after the activation's layout change, kernels/gemv_w4.py; FP8 block's after the
+products), every load at the top of its step (1), or a step ahead in registers (2). How the float paths sum along K is a constexpr (REDUCE, _row_dot;
 moe_tiles.gemv_reduce picks it):
 every step across the program's threads (0: a barrier a step), per column once after the loop (1:
 the whole float tile in registers), or every step within each thread's eight columns and across
@@ -34,6 +34,60 @@ from tritonllm.kernels.gemm_scales import DEC_FP4, gemv_decoded_part
 from tritonllm.kernels.gemv_w4 import w4_row_dot
 from tritonllm.kernels.launch import pdl_wait
 from tritonllm.kernels.moe_epilogue import moe_store
+
+
+@triton.jit
+def _float_part(b, a, a_s, b_s, a_scale_ptr, b_scale_ptr, rows, rn, k, stride_asm, stride_ask, stride_bsn, stride_bsk,
+                QUANT: tl.constexpr, GROUP_K: tl.constexpr, SLOTS: tl.constexpr, REDUCE: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LOADED: tl.constexpr):  # fmt: skip
+    """One K step of the float / FP8-block GEMV: b the weight tile, a the activation (float32, shaped as
+    _row_dot loads it), summed by REDUCE; FP8 block: times the step's activation and weight scales
+    (LOADED: a_s and b_s, else loaded here, after the products: LOADS 0's order)."""
+    CHUNK: tl.constexpr = min(8, BLOCK_K)
+    if REDUCE == 0 and not SLOTS:
+        a = a[None, :]
+    prod = b.to(tl.float32) * a
+    if REDUCE == 0:
+        part = tl.sum(prod, axis=len(prod.shape) - 1)
+    elif REDUCE == 1:
+        part = prod
+    elif SLOTS:
+        part = tl.sum(tl.reshape(prod, [SLOTS, BLOCK_N, BLOCK_K // CHUNK, CHUNK]), axis=3)
+    else:
+        part = tl.sum(tl.reshape(prod, [BLOCK_N, BLOCK_K // CHUNK, CHUNK]), axis=2)
+    if QUANT == 1:  # FP8 block: the tile lies in one K group (SLOTS: N a multiple of it, so rn // GROUP_K
+        # is the flat row of the expert's scales); scaled once the step's columns are summed
+        if not LOADED:
+            a_s = tl.load(a_scale_ptr + rows * stride_asm + (k // GROUP_K) * stride_ask)
+            b_s = tl.load(b_scale_ptr + (rn // GROUP_K) * stride_bsn + (k // GROUP_K) * stride_bsk)
+        scale = a_s[:, None] * b_s if SLOTS else a_s * b_s  # [SLOTS, BLOCK_N] / [BLOCK_N]
+        if REDUCE != 0:  # part keeps a column axis
+            scale = tl.expand_dims(scale, len(scale.shape))
+        part = part * scale
+    return part
+
+
+@triton.jit
+def _float_loads(a_ptrs, b_ptrs, a_scale_ptr, b_scale_ptr, rows, rn, k, K, stride_ak, stride_bk, stride_asm,
+                 stride_ask, stride_bsn, stride_bsk, QUANT: tl.constexpr, GROUP_K: tl.constexpr, EVEN_K: tl.constexpr,
+                 BLOCK_K: tl.constexpr):  # fmt: skip
+    """Step k's loads of the float / FP8-block GEMV (LOADS 1 / 2): the weight tile, the activation as
+    float32 (a_ptrs / b_ptrs: step 0's, any shape), and FP8 block's two scales (else zeros); masked
+    past K unless EVEN_K, the scales' step clamped into K."""
+    offs_k = tl.arange(0, BLOCK_K)
+    if EVEN_K:
+        b = tl.load(b_ptrs + k * stride_bk)
+        a = tl.load(a_ptrs + k * stride_ak).to(tl.float32)
+    else:
+        b = tl.load(b_ptrs + k * stride_bk, mask=k + offs_k < K, other=0.0)
+        a = tl.load(a_ptrs + k * stride_ak, mask=k + offs_k < K, other=0.0).to(tl.float32)
+    a_s = 0.0
+    b_s = 0.0
+    if QUANT == 1:
+        g = tl.minimum(k, K - 1) // GROUP_K
+        a_s = tl.load(a_scale_ptr + rows * stride_asm + g * stride_ask)
+        b_s = tl.load(b_scale_ptr + (rn // GROUP_K) * stride_bsn + g * stride_bsk)
+    return b, a, a_s, b_s
 
 
 @triton.jit
@@ -81,41 +135,45 @@ def _row_dot(a_ptr, rows, a_scale_ptr, b_ptr, b_scale_ptr, rn, K, stride_am, str
                 acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
             else:
                 acc = tl.zeros((BLOCK_N, BLOCK_K // CHUNK), dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
-            if EVEN_K:
-                b = tl.load(b_ptrs)
-            else:
-                b = tl.load(b_ptrs, mask=k // PACK + offs_kb < K // PACK, other=0.0)
-            if QUANT == 2:  # bytes (not SLOTS: the launcher gives SLOTS the words)
-                acc += gemv_decoded_part(b, a_ptr + rows * stride_am, b_scale_ptr, b_scale_ptr, rn, k, K, stride_ak,
-                                         stride_bsn, stride_bsk, DEC_FP4, GROUP_K, BLOCK_K, BLOCK_N)  # fmt: skip
-            else:
+        if QUANT != 2 and LOADS != 0:  # float / FP8 block with the step's loads at its top, or a step ahead
+            if LOADS == 2:
+                b, a, a_s, b_s = _float_loads(a_ptrs, b_ptrs, a_scale_ptr, b_scale_ptr, rows, rn, 0, K, stride_ak,
+                                              stride_bk, stride_asm, stride_ask, stride_bsn, stride_bsk, QUANT, GROUP_K,
+                                              EVEN_K, BLOCK_K)  # fmt: skip
+            for k in range(0, K, BLOCK_K):
+                if LOADS == 2:
+                    k_next = k + BLOCK_K
+                    if EVEN_K:  # in bounds: past the end, this step again (a multiple of BLOCK_K still)
+                        k_next = k + BLOCK_K * (k_next < K).to(tl.int32)
+                    n_b, n_a, n_as, n_bs = _float_loads(a_ptrs, b_ptrs, a_scale_ptr, b_scale_ptr, rows, rn, k_next, K,
+                                                        stride_ak, stride_bk, stride_asm, stride_ask, stride_bsn,
+                                                        stride_bsk, QUANT, GROUP_K, EVEN_K, BLOCK_K)  # fmt: skip
+                else:
+                    b, a, a_s, b_s = _float_loads(a_ptrs, b_ptrs, a_scale_ptr, b_scale_ptr, rows, rn, k, K, stride_ak,
+                                                  stride_bk, stride_asm, stride_ask, stride_bsn, stride_bsk, QUANT,
+                                                  GROUP_K, EVEN_K, BLOCK_K)  # fmt: skip
+                acc += _float_part(b, a, a_s, b_s, a_scale_ptr, b_scale_ptr, rows, rn, k, stride_asm, stride_ask,
+                                   stride_bsn, stride_bsk, QUANT, GROUP_K, SLOTS, REDUCE, BLOCK_N, BLOCK_K, True)  # fmt: skip
+                if LOADS == 2:
+                    b, a, a_s, b_s = n_b, n_a, n_as, n_bs
+        else:
+            for k in range(0, K, BLOCK_K):
                 if EVEN_K:
-                    a = tl.load(a_ptrs).to(tl.float32)
+                    b = tl.load(b_ptrs)
                 else:
-                    a = tl.load(a_ptrs, mask=k + offs_k < K, other=0.0).to(tl.float32)
-                if REDUCE == 0 and not SLOTS:
-                    a = a[None, :]
-                prod = b.to(tl.float32) * a
-                if REDUCE == 0:
-                    part = tl.sum(prod, axis=len(prod.shape) - 1)
-                elif REDUCE == 1:
-                    part = prod
-                elif SLOTS:
-                    part = tl.sum(tl.reshape(prod, [SLOTS, BLOCK_N, BLOCK_K // CHUNK, CHUNK]), axis=3)
+                    b = tl.load(b_ptrs, mask=k // PACK + offs_kb < K // PACK, other=0.0)
+                if QUANT == 2:  # bytes (not SLOTS: the launcher gives SLOTS the words)
+                    acc += gemv_decoded_part(b, a_ptr + rows * stride_am, b_scale_ptr, b_scale_ptr, rn, k, K,
+                                             stride_ak, stride_bsn, stride_bsk, DEC_FP4, GROUP_K, BLOCK_K, BLOCK_N)  # fmt: skip
                 else:
-                    part = tl.sum(tl.reshape(prod, [BLOCK_N, BLOCK_K // CHUNK, CHUNK]), axis=2)
-                if QUANT == 1:  # FP8 block: the tile lies in one K group (SLOTS: N a multiple of it, so rn // GROUP_K
-                    # is the flat row of the expert's scales); scaled once the step's columns are summed
-                    a_s = tl.load(a_scale_ptr + rows * stride_asm + (k // GROUP_K) * stride_ask)
-                    b_s = tl.load(b_scale_ptr + (rn // GROUP_K) * stride_bsn + (k // GROUP_K) * stride_bsk)
-                    scale = a_s[:, None] * b_s if SLOTS else a_s * b_s  # [SLOTS, BLOCK_N] / [BLOCK_N]
-                    if REDUCE != 0:  # part keeps a column axis
-                        scale = tl.expand_dims(scale, len(scale.shape))
-                    part = part * scale
-                acc += part
-            a_ptrs += BLOCK_K * stride_ak
-            b_ptrs += (BLOCK_K // PACK) * stride_bk
+                    if EVEN_K:
+                        a = tl.load(a_ptrs).to(tl.float32)
+                    else:
+                        a = tl.load(a_ptrs, mask=k + offs_k < K, other=0.0).to(tl.float32)
+                    acc += _float_part(b, a, 0.0, 0.0, a_scale_ptr, b_scale_ptr, rows, rn, k, stride_asm, stride_ask,
+                                       stride_bsn, stride_bsk, QUANT, GROUP_K, SLOTS, REDUCE, BLOCK_N, BLOCK_K, False)  # fmt: skip
+                a_ptrs += BLOCK_K * stride_ak
+                b_ptrs += (BLOCK_K // PACK) * stride_bk
         if QUANT != 2 and REDUCE != 0:
             acc = tl.sum(acc, axis=len(acc.shape) - 1)
     return acc

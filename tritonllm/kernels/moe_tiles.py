@@ -151,17 +151,19 @@ def gemv_reduce() -> int:
     return int(text)
 
 
-# when the MXFP4 GEMV issues a step's loads (kernels/gemv_w4.py w4_row_dot's LOADS): 0 the scales after the
-# activation's layout change (the sm90 SASS: behind its barriers, so a step waits out two memory latencies;
-# what every figure so far measured), 1 every load at the top of its step, 2 a step ahead in registers.
-# 0 stays the default until the GPU A/B (`bash scripts/gpu_check.sh moe-loads`) says otherwise
+# when the GEMV issues a step's loads (kernels/moe_gemv.py LOADS; MXFP4: gemv_w4.w4_row_dot's): 0 the
+# scales late (MXFP4's after the activation's layout change, behind its barriers, FP8 block's after the
+# products: in the sm90 SASS a step then waits out two memory latencies; what every figure so far measured),
+# 1 every load at the top of its step, 2 a step ahead in registers (sm90: MXFP4 w13 joint 8 x 1024 96 -> 128
+# registers, FP8 block w13 32 -> 65, bf16 w13 54 -> 128). 0 stays the default until the GPU A/B
+# (`bash scripts/gpu_check.sh moe-loads`) says otherwise
 GEMV_LOADS = (0, 1, 2)
 DEFAULT_GEMV_LOADS = 0
 
 
 @functools.cache
 def gemv_loads() -> int:
-    """The MXFP4 GEMV's load schedule: TRITONLLM_MOE_GEMV_LOADS (for A/B runs), else DEFAULT_GEMV_LOADS."""
+    """The GEMV's load schedule: TRITONLLM_MOE_GEMV_LOADS (for A/B runs), else DEFAULT_GEMV_LOADS."""
     text = os.environ.get("TRITONLLM_MOE_GEMV_LOADS", str(DEFAULT_GEMV_LOADS))
     if text not in {str(r) for r in GEMV_LOADS}:
         raise ValueError(f"TRITONLLM_MOE_GEMV_LOADS={text!r}: one of {GEMV_LOADS}")
