@@ -47,8 +47,8 @@ DIVISIBLE = ("a_ptr", "b_ptr", "c_ptr", "K", "N", "stride_am", "stride_be", "str
 
 def compile_moe(kind: str, gated: bool, tiles: GemmTiles, variant: dict, target: GPUTarget = SM90):
     """One launch's kernel as kernels/moe.py launches it, compiled for `target` (also scripts/sass_loop_mix.py
-    --moe); `variant`: joint, slots, reduce (the GEMV), tma_b, sorted_a (the grouped GEMM). Raises what the
-    compiler raises."""
+    --moe); `variant`: joint, slots, reduce, loads (the GEMV), tma_b, sorted_a, one_b_group (the grouped
+    GEMM). Raises what the compiler raises."""
     fn, types, constexprs = moe_signature(kind, gated, tiles, variant, target)
     return compile_kernel(fn, target, types, constexprs, tiles.num_warps, DIVISIBLE, tiles.num_stages)
 
@@ -77,8 +77,10 @@ def moe_signature(kind: str, gated: bool, tiles: GemmTiles, variant: dict, targe
         fn = fused_moe_kernel
         types.update(sorted_ids_ptr="*i32", block_expert_ptr="*i32")
         tma_b, sorted_a = variant.get("tma_b", False), variant.get("sorted_a", False)
+        # FP8 block: the launcher's one_b_group at a shape whose N is whole 128-row blocks (Qwen3-30B-A3B's)
+        one_group = variant.get("one_b_group", quant == 1 and group_k % tiles.block_n == 0)
         constexprs = dict(common, IEEE=False, BLOCK_M=tiles.block_m, GROUP_M=tiles.group_m, TMA_B=tma_b,
-                          SORTED_A=sorted_a, TMA_A=sorted_a, SORTED_C=False)  # fmt: skip
+                          SORTED_A=sorted_a, TMA_A=sorted_a, SORTED_C=False, ONE_B_GROUP=one_group)  # fmt: skip
         if tma_b:
             types["b_desc"] = f"tensordesc<{b_t}[{tiles.block_n}, {tiles.block_k}]>"
         else:

@@ -330,6 +330,33 @@ def test_grouped_gemm_reads_the_experts_through_a_descriptor(tiles, activation, 
         assert seen == [flags.get("tma_w13", False), flags.get("tma_w2", False)]
 
 
+@pytest.mark.parametrize("block_n, one_group", [(64, True), (128, True), (256, False)])
+def test_fp8_block_grouped_gemm_with_one_b_scale_a_tile(block_n, one_group, monkeypatch) -> None:
+    """FP8 block experts with I and H whole 128-row scale blocks (I 256: w13's up rows start at block 2):
+    tiles within one block load B's scale once a K step (ONE_B_GROUP, both launches), a tile spanning
+    two does not; against the reference, with scales that differ from block to block (so a wrong block's
+    scale is caught). Where N is not whole blocks (w13 at I 40) the gated launch keeps a scale a column."""
+    seen = _spy(monkeypatch, "fused_moe_kernel", lambda grid, kw: kw["ONE_B_GROUP"])
+    scheme = QuantScheme(FP8, "block", "group")
+    p = _problem(9, 4, 256, 256, 2, seed=61)
+    scale = torch.tensor([1.0, 4.0, 0.25, 2.0], device=DEVICE, dtype=DTYPE)  # per 128-row block of w13 / w2
+    w13 = p["w13"] * scale.repeat_interleave(128)[:, None]
+    w2 = p["w2"] * scale[:2].repeat_interleave(128)[:, None]
+    w13, w2 = quantize_experts(w13.float(), scheme), quantize_experts(w2.float(), scheme)
+    assert w13.scale[0, 1].min() > 4 * w13.scale[0, 2].max(), "the blocks' scales should differ"
+    args = (p["x"], w13, w2, p["topk_weights"], p["topk_ids"])
+    t = g.GemmTiles(16, block_n, 128, 4, 1, 1)
+    got = fused_moe(*args, tiles=MoeTiles(t, t))
+    assert_close_to_scale(got, reference.fused_moe(*args), 1e-2)
+    assert seen == [one_group, one_group]
+    if block_n == 64:
+        q = _problem(5, 4, 128, 40, 2, seed=62)
+        args = (q["x"], *(quantize_experts(q[w].float(), scheme) for w in ("w13", "w2")), q["topk_weights"],
+                q["topk_ids"])  # fmt: skip
+        assert_close_to_scale(fused_moe(*args, tiles=MoeTiles(t, t)), reference.fused_moe(*args), 1e-2)
+        assert seen[2:] == [False, True]
+
+
 @pytest.mark.parametrize("fp8", [False, True], ids=["float", "fp8_block"])
 def test_w2_reads_an_intermediate_in_block_order(fp8, monkeypatch) -> None:
     """sorted_w2: w13 writes the intermediate in the alignment's order (padding rows too) and w2 reads
