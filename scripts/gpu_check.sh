@@ -378,6 +378,13 @@ print(tuned_file(torch.cuda.get_device_name()))")
           > "$OUT/moe_loads$l.log" 2>&1
         echo "== LOADS $l"; grep -E "T=|kernels" "$OUT/moe_loads$l.log" | cut -c1-160
       done
+      # the grouped GEMM's FP8 block B scale, one load a K step where the tile lies in one scale block (the
+      # default since session 28) against one a column (before), Qwen3-30B-A3B's layer at prefill sizes
+      for v in tile column; do
+        TRITONLLM_MOE_FP8_B_SCALE=$v python3 scripts/bench_moe.py "$OUT/moe_fp8_bscale_$v.json" --shapes qwen3 \
+          --kinds fp8_block --tokens 1024 4096 8192 --torch-ref-max-tokens 0 > "$OUT/moe_fp8_bscale_$v.log" 2>&1
+        echo "== FP8 B scale a $v"; grep -E "T=" "$OUT/moe_fp8_bscale_$v.log" | cut -c1-120
+      done
       if [ -n "${MOE_LOADS_E2E:-}" ]; then
         TRITONLLM_MOE_GEMV_LOADS=$MOE_LOADS_E2E MOE_RUNS=gptoss_batch1 MOE_TAG="_loads$MOE_LOADS_E2E" bash "$0" e2e-moe
       fi ;;

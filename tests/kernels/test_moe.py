@@ -349,7 +349,12 @@ def test_fp8_block_grouped_gemm_with_one_b_scale_a_tile(block_n, one_group, monk
     got = fused_moe(*args, tiles=MoeTiles(t, t))
     assert_close_to_scale(got, reference.fused_moe(*args), 1e-2)
     assert seen == [one_group, one_group]
-    if block_n == 64:
+    if block_n == 64:  # the A/B switch: a scale a column, the same result
+        monkeypatch.setenv("TRITONLLM_MOE_FP8_B_SCALE", "column")
+        assert_close_to_scale(fused_moe(*args, tiles=MoeTiles(t, t)), got, 1e-3)
+        assert seen[2:] == [False, False]
+        monkeypatch.delenv("TRITONLLM_MOE_FP8_B_SCALE")
+        del seen[2:]
         q = _problem(5, 4, 128, 40, 2, seed=62)
         args = (q["x"], *(quantize_experts(q[w].float(), scheme) for w in ("w13", "w2")), q["topk_weights"],
                 q["topk_ids"])  # fmt: skip

@@ -43,6 +43,8 @@ Quantized experts (w13 / w2 as QuantizedWeight with stacked data and scales, MOE
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -297,7 +299,10 @@ def _launch(
 
 def one_b_group(quant: int, block_n: int, n: int, group: int, gated: bool) -> bool:
     """Whether each grouped-GEMM tile's columns (and, gated, its up rows, N below) lie in one of FP8 block's
-    128-row scale blocks (fused_moe_kernel's ONE_B_GROUP)."""
+    128-row scale blocks (fused_moe_kernel's ONE_B_GROUP). TRITONLLM_MOE_FP8_B_SCALE=column keeps a scale
+    load a column everywhere (the A/B of `gpu_check.sh moe-loads`)."""
+    if os.environ.get("TRITONLLM_MOE_FP8_B_SCALE") == "column":
+        return False
     return quant == Q_FP8_BLOCK and group % block_n == 0 and (not gated or n % group == 0)
 
 
