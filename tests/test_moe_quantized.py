@@ -57,12 +57,19 @@ def test_online_quantization_quantizes_the_experts(architecture, method, overrid
     experts = next(m for m in model.modules() if type(m).__name__ == "FusedMoE")
     assert experts.scheme.format_name == format_name and experts.online_scheme is None
     ours, ref = _log_probs(source, "auto", method), _log_probs(source, "torch_ref", method)
-    # the Triton and torch paths round differently, so a near-tie among a random model's router scores
-    # can pick another expert at a later position (then everything after differs): most positions agree
+    unquantized = _log_probs(source, "torch_ref")
+    # the Triton and torch paths quantize the activations with rounding that may differ by an ulp (x / s
+    # against x * (1 / s)), which moves an FP8 value at a rounding boundary to its neighbour: the positions
+    # where that happens differ by up to a few 1e-2 (how many depends on the random weights; transformers'
+    # initialisation changed them once). What must hold: the Triton path is the reference's quantization up
+    # to such flips, a small fraction of what quantizing moves the model, and as close to the unquantized one
     agree = ((ours - ref).abs().amax(-1) < 1e-3).float().mean()
-    drift = (ref - _log_probs(source, "torch_ref")).abs().mean()
+    apart = (ours - ref).abs().mean()
+    drift, drift_ours = (ref - unquantized).abs().mean(), (ours - unquantized).abs().mean()
     print(
-        f"online {method} {architecture}: {agree:.0%} of positions as the reference; vs unquantized: mean |d logprob| {drift:.4f}"
+        f"online {method} {architecture}: {agree:.0%} of positions within 1e-3 of the reference, mean |d logprob| "
+        f"{apart:.4f} from it; vs unquantized: {drift_ours:.4f} (reference {drift:.4f})"
     )
-    assert agree >= 0.8
+    assert apart < 0.05 * drift  # measured 0.0029 against 0.297 (FP8), 0 (MXFP4)
+    assert abs(drift_ours - drift) < 0.1 * drift
     assert 0 < drift < 2.5  # random weights: 1.51 (MXFP4 Mixtral), 0.3 (FP8) measured

@@ -113,7 +113,7 @@ def fused_moe_kernel(
     MUL_WEIGHTS: tl.constexpr, QUANT: tl.constexpr, GROUP_K: tl.constexpr, IEEE: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     TMA_B: tl.constexpr = False, SORTED_A: tl.constexpr = False, TMA_A: tl.constexpr = False,
-    SORTED_C: tl.constexpr = False, PDL: tl.constexpr = False, ONE_B_GROUP: tl.constexpr = False,
+    SORTED_C: tl.constexpr = False, ONE_B_GROUP: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """c[pair, n] for the pairs of one aligned block and BLOCK_N columns (module docstring): A rows
     pair // A_ROW_DIV, B the block's expert's [N (x2 when GATED), K] matrix. TMA_B (float and FP8

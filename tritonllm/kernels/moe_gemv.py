@@ -188,8 +188,8 @@ def moe_gemv_kernel(
     A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
     MUL_WEIGHTS: tl.constexpr, QUANT: tl.constexpr, GROUP_K: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WORDS: tl.constexpr = False, FP4_BITS: tl.constexpr = True,
-    JOINT: tl.constexpr = False, SLOTS: tl.constexpr = 0, REDUCE: tl.constexpr = 2, PDL: tl.constexpr = False,
-    LOADS: tl.constexpr = 0,
+    JOINT: tl.constexpr = False, SLOTS: tl.constexpr = 0, REDUCE: tl.constexpr = 2, LOADS: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """c[pair, n] for one pair (program axis 1) and BLOCK_N columns (axis 0): A row pair // A_ROW_DIV,
     B the pair's expert's [N (x2 when GATED), K] matrix. JOINT (GATED): the gate and up rows in one
