@@ -43,14 +43,17 @@ KINDS = {"bfloat16": ("bf16", "bf16", "fp32", 0, 1), "fp8_block": ("fp8e4nv", "f
 OPERAND_BYTES = {"bfloat16": (2, 2), "fp8_block": (1, 1), "mxfp4": (2, 1)}  # (A, B) bytes, as fused_moe fits tiles
 BUCKETS = (0.1, 4, 16, 64, 500)  # rows per expert: the GEMV, then each grouped bucket
 DIVISIBLE = ("a_ptr", "b_ptr", "c_ptr", "K", "N", "stride_am", "stride_be", "stride_bn", "stride_cm")
+RAGGED_K = tuple(d for d in DIVISIBLE if d not in ("K", "stride_bn"))  # K, and B's row stride, not multiples of 16
 
 
-def compile_moe(kind: str, gated: bool, tiles: GemmTiles, variant: dict, target: GPUTarget = SM90):
+def compile_moe(kind: str, gated: bool, tiles: GemmTiles, variant: dict, target: GPUTarget = SM90,
+                divisible: tuple[str, ...] = DIVISIBLE):  # fmt: skip
     """One launch's kernel as kernels/moe.py launches it, compiled for `target` (also scripts/sass_loop_mix.py
     --moe); `variant`: joint, slots, reduce, loads (the GEMV), tma_b, sorted_a, one_b_group (the grouped
-    GEMM). Raises what the compiler raises."""
+    GEMM), even_k (default True); `divisible`: the arguments specialised as multiples of 16 (RAGGED_K's:
+    gpt-oss's K = 2880, whose MXFP4 rows are 360 words). Raises what the compiler raises."""
     fn, types, constexprs = moe_signature(kind, gated, tiles, variant, target)
-    return compile_kernel(fn, target, types, constexprs, tiles.num_warps, DIVISIBLE, tiles.num_stages)
+    return compile_kernel(fn, target, types, constexprs, tiles.num_warps, divisible, tiles.num_stages)
 
 
 def moe_signature(kind: str, gated: bool, tiles: GemmTiles, variant: dict, target: GPUTarget) -> tuple:
@@ -64,7 +67,7 @@ def moe_signature(kind: str, gated: bool, tiles: GemmTiles, variant: dict, targe
     types = dict(a_ptr=f"*{a_t}", b_ptr="*i32" if words else f"*{b_t}", c_ptr="*bf16", bias_ptr="*bf16",
                  a_scale_ptr="*fp32", b_scale_ptr=f"*{s_t}", topk_weights_ptr="*fp32", alpha="fp32", limit="fp32")  # fmt: skip
     common = dict(A_ROW_DIV=8 if gated else 1, GATED=gated, ACTIVATION=0, HAS_BIAS=False, MUL_WEIGHTS=not gated,
-                  QUANT=quant, GROUP_K=group_k, EVEN_K=True, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, PDL=pdl,
+                  QUANT=quant, GROUP_K=group_k, EVEN_K=variant.get("even_k", True), BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, PDL=pdl,
                   stride_ak=1, stride_bk=1, stride_cn=1)  # fmt: skip
     if tiles.gemv:
         fn, types["topk_ids_ptr"] = moe_gemv_kernel, "*i32"

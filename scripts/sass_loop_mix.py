@@ -7,7 +7,7 @@ much as by HBM (experiments/quant4/README.md), so this count is the figure a dec
     python scripts/sass_loop_mix.py [--fp4] [--block-n 16] [--block-w 128] [--warps 4]
     python scripts/sass_loop_mix.py --gluon [--fp4]   # the Hopper kernel (kernels/gemv_w4_sm90.py)
     python scripts/sass_loop_mix.py --gemm [--fp4] [--block-n 128] [--block-m 16] [--scale-after] [--prefetch 2] [--x-at-step]   # the Hopper W4 MMA GEMM (M 2..64)
-    python scripts/sass_loop_mix.py --moe w13|w13-joint|w2|w2-slots [--fp4] [--slots 4] [--block-n 16] [--block-w 64] [--loads 0|1|2]   # the MoE GEMV (kernels/moe_gemv.py; bf16 experts without --fp4)
+    python scripts/sass_loop_mix.py --moe w13|w13-joint|w2|w2-slots [--fp4] [--slots 4] [--block-n 16] [--block-w 64] [--loads 0|1|2] [--ragged-k]   # the MoE GEMV (kernels/moe_gemv.py; bf16 experts without --fp4)
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ os.environ["TRITON_INTERPRET"] = "0"  # before tritonllm.platform, which would s
 
 # isort: split
 from cross_compile_attention import compile_kernel, disassemble  # this folder: sys.path[0] when run as a script
-from cross_compile_moe import compile_moe
+from cross_compile_moe import DIVISIBLE as MOE_DIVISIBLE
+from cross_compile_moe import RAGGED_K, compile_moe
 from triton.backends.compiler import GPUTarget
 
 from tritonllm.kernels import gemm_w4_sm90, gemv_w4, gemv_w4_sm90
@@ -62,11 +63,18 @@ def main(argv: list[str] | None = None) -> collections.Counter:
     parser.add_argument("--x-at-step", action="store_true", help="--gemm: the activation tile loaded at its step")
     parser.add_argument("--moe", choices=("w13", "w13-joint", "w2", "w2-slots"), help="the MoE GEMV's launch instead")
     parser.add_argument("--slots", type=int, default=4, help="--moe w2-slots: the slots a program sums (power of 2)")
-    parser.add_argument("--loads", type=int, choices=(0, 1, 2), help="--moe --fp4: the GEMV's load schedule (LOADS)")
+    parser.add_argument("--loads", type=int, choices=(0, 1, 2), help="--moe: the GEMV's load schedule (LOADS)")
+    parser.add_argument(
+        "--ragged-k",
+        action="store_true",
+        help="--moe: K and B's row stride not multiples of 16, K not of the tile (gpt-oss's 2880)",
+    )
     args = parser.parse_args(argv)
     if args.moe:
         return report(
-            *compile_moe_gemv(args.moe, args.fp4, args.block_n, args.block_w, args.warps, args.slots, args.loads)
+            *compile_moe_gemv(
+                args.moe, args.fp4, args.block_n, args.block_w, args.warps, args.slots, args.loads, args.ragged_k
+            )
         )
     if args.gemm:  # a thread's weights a K step: BLOCK_N x 128 over the warpgroup's 128 threads
         kernel = gemm_w4_sm90.compile_sm90(block_n=args.block_n, bm=args.block_m, fp4=args.fp4,
@@ -89,7 +97,8 @@ def main(argv: list[str] | None = None) -> collections.Counter:
     return report(kernel, args.block_n * args.block_w * 8 / (32 * args.warps))  # a thread's weights an iteration
 
 
-def compile_moe_gemv(launch: str, fp4: bool, block_n: int, block_w: int, warps: int, slots: int, loads=None) -> tuple:
+def compile_moe_gemv(launch: str, fp4: bool, block_n: int, block_w: int, warps: int, slots: int, loads=None,
+                     ragged_k: bool = False) -> tuple:  # fmt: skip
     """The MoE GEMV (kernels/moe_gemv.py) for sm90 as the launcher builds it (cross_compile_moe.compile_moe):
     MXFP4 experts read as words (fp4) or bf16 ones, BLOCK_K = 8 x block_w (bf16: block_w x 8 values too); w13
     gated (gate and up loops apart, or `-joint` in one pass), w2 per pair or summing `slots` slots (its block_n
@@ -98,8 +107,12 @@ def compile_moe_gemv(launch: str, fp4: bool, block_n: int, block_w: int, warps: 
     variant = dict(joint=launch == "w13-joint", slots=slot_count)
     if loads is not None:
         variant["loads"] = loads
+    if ragged_k:
+        variant["even_k"] = False
     tiles = GemmTiles(1, block_n, 8 * block_w, warps, 3, 1, gemv=True)
-    kernel = compile_moe("mxfp4" if fp4 else "bfloat16", gated, tiles, variant)
+    kernel = compile_moe(
+        "mxfp4" if fp4 else "bfloat16", gated, tiles, variant, divisible=RAGGED_K if ragged_k else MOE_DIVISIBLE
+    )
     bn = max(1, block_n // slot_count) if slot_count else block_n
     rows = bn * (2 if gated and launch.endswith("joint") else 1) * max(1, slot_count)  # rows an iteration
     return kernel, rows * block_w * (8 if fp4 else 1) * (1 if fp4 else 8) / (32 * warps)
