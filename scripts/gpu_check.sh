@@ -378,6 +378,12 @@ print(tuned_file(torch.cuda.get_device_name()))")
           > "$OUT/moe_loads$l.log" 2>&1
         echo "== LOADS $l"; grep -E "T=|kernels" "$OUT/moe_loads$l.log" | cut -c1-160
       done
+      # the opt-in Gluon MoE GEMV for MXFP4 experts (kernels/moe_gemv_sm90.py): its GPU tests, then the decode
+      # layer's kernels with it (beside the LOADS runs above)
+      python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_moe_gemv_sm90.py 2>&1 | tail -3
+      TRITONLLM_MOE_GEMV_GLUON=1 python3 scripts/bench_moe.py "$OUT/moe_gluon.json" --shapes gptoss qwen3 --kinds mxfp4 \
+        --tokens 1 4 --torch-ref-max-tokens 0 --kernels > "$OUT/moe_gluon.log" 2>&1
+      echo "== Gluon MoE GEMV"; grep -E "T=|kernels" "$OUT/moe_gluon.log" | cut -c1-160
       # the grouped GEMM's FP8 block B scale, one load a K step where the tile lies in one scale block (the
       # default since session 28) against one a column (before), Qwen3-30B-A3B's layer at prefill sizes
       for v in tile column; do

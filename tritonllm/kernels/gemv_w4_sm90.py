@@ -263,16 +263,16 @@ if HAVE_GLUON:
         return acc, acc_z
 
     @gluon.jit
-    def w4_gemv_sm90_kernel(
-        a_ptr, w_ptr, c_ptr, bias_ptr, s_ptr, z_ptr,
-        N, K, stride_wn, stride_sn, stride_sk, m0, m1,
-        FP4: gl.constexpr, GROUP_K: gl.constexpr, ROWS: gl.constexpr, WARPS_K: gl.constexpr, PREFETCH: gl.constexpr,
-        EVEN: gl.constexpr, HAS_BIAS: gl.constexpr, PDL: gl.constexpr = False,
-    ):  # fmt: skip
-        """c[0, n] = sum_k a[0, k] w[n, k] (+ bias) for BLOCK_N = ROWS x NUM_WARPS / WARPS_K weight rows a
-        program. m0, m1: the decode's bit masks (FP4_MASKS / INT4_MASKS). EVEN: K a multiple of the K
-        tile. PREFETCH: the next K tile's loads are issued before this tile's arithmetic."""
-        gluon_pdl_wait(PDL)
+    def w4_rows_dot(a_ptr, w_ptr, s_ptr, z_ptr, row0, N, K, stride_wn, stride_sn, stride_sk, m0, m1,
+                    FP4: gl.constexpr, GROUP_K: gl.constexpr, ROWS: gl.constexpr, WARPS_K: gl.constexpr,
+                    PREFETCH: gl.constexpr, EVEN: gl.constexpr, INTERLEAVE: gl.constexpr = False):  # fmt: skip
+        """sum_k a[k] w[n, k] in float32 for the BLOCK_N = ROWS x NUM_WARPS / WARPS_K rows n = row0 + i
+        (rows at or past N read row 0; their results are for the caller to mask): ([BLOCK_N] sums, [BLOCK_N]
+        row indices), both in SliceLayout(1, LG). INTERLEAVE (a gated MLP's gate and up rows, N apart):
+        tile row i is gate row row0 + i // 2 when i is even, up row N + row0 + i // 2 when odd (columns
+        at or past N read column 0), and the indices returned are the columns row0 + i // 2.
+        w4_gemv_sm90_kernel's loop; the MoE's GEMV (moe_gemv_sm90.py) calls it for each (token, expert)
+        pair."""
         WPG: gl.constexpr = GROUP_K // 8
         GPI: gl.constexpr = 32 // (WPG // _WPT) * WARPS_K  # groups an iteration
         BLOCK_N: gl.constexpr = ROWS * (_WARPS // WARPS_K)
@@ -285,8 +285,12 @@ if HAVE_GLUON:
         n3 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
         g3 = gl.arange(0, GPI, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
         w3 = gl.arange(0, WPG, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
-        rn3 = gl.program_id(0) * BLOCK_N + n3
-        rn3 = gl.where(rn3 < N, rn3, 0).to(gl.int64)
+        if INTERLEAVE:
+            rn3 = row0 + n3 // 2
+            rn3 = (gl.where(rn3 < N, rn3, 0) + (n3 % 2) * N).to(gl.int64)
+        else:
+            rn3 = row0 + n3
+            rn3 = gl.where(rn3 < N, rn3, 0).to(gl.int64)
         w_ptrs = w_ptr + (
             gl.expand_dims(gl.expand_dims(rn3 * stride_wn, 1), 2)
             + gl.expand_dims(gl.expand_dims(g3 * WPG, 0), 2)
@@ -304,8 +308,12 @@ if HAVE_GLUON:
         # scales, zero points: s_ptr + n * stride_sn + (kw / WPG + g) * stride_sk
         ng = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LG))
         gg = gl.arange(0, GPI, layout=gl.SliceLayout(0, LG))
-        rng = gl.program_id(0) * BLOCK_N + ng
-        rng = gl.where(rng < N, rng, 0).to(gl.int64)
+        if INTERLEAVE:
+            rng = row0 + ng // 2
+            rng = (gl.where(rng < N, rng, 0) + (ng % 2) * N).to(gl.int64)
+        else:
+            rng = row0 + ng
+            rng = gl.where(rng < N, rng, 0).to(gl.int64)
         s_off = gl.expand_dims(rng * stride_sn, 1) + gl.expand_dims(gg * stride_sk, 0)
         s_ptrs = s_ptr + s_off
         z_ptrs = z_ptr + s_off
@@ -342,7 +350,24 @@ if HAVE_GLUON:
             out = out * _OUT_SCALE
         else:
             out = out - gl.sum(acc_z, axis=1)
-        n_out = gl.program_id(0) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LG))
+        if INTERLEAVE:
+            return out, row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LG)) // 2
+        return out, row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LG))
+
+    @gluon.jit
+    def w4_gemv_sm90_kernel(
+        a_ptr, w_ptr, c_ptr, bias_ptr, s_ptr, z_ptr,
+        N, K, stride_wn, stride_sn, stride_sk, m0, m1,
+        FP4: gl.constexpr, GROUP_K: gl.constexpr, ROWS: gl.constexpr, WARPS_K: gl.constexpr, PREFETCH: gl.constexpr,
+        EVEN: gl.constexpr, HAS_BIAS: gl.constexpr, PDL: gl.constexpr = False,
+    ):  # fmt: skip
+        """c[0, n] = sum_k a[0, k] w[n, k] (+ bias) for BLOCK_N = ROWS x NUM_WARPS / WARPS_K weight rows a
+        program. m0, m1: the decode's bit masks (FP4_MASKS / INT4_MASKS). EVEN: K a multiple of the K
+        tile. PREFETCH: the next K tile's loads are issued before this tile's arithmetic."""
+        gluon_pdl_wait(PDL)
+        BLOCK_N: gl.constexpr = ROWS * (_WARPS // WARPS_K)
+        out, n_out = w4_rows_dot(a_ptr, w_ptr, s_ptr, z_ptr, gl.program_id(0) * BLOCK_N, N, K, stride_wn, stride_sn,
+                                 stride_sk, m0, m1, FP4, GROUP_K, ROWS, WARPS_K, PREFETCH, EVEN)  # fmt: skip
         if HAS_BIAS:
             out += gl.load(bias_ptr + n_out, mask=n_out < N).to(gl.float32)
         gl.store(c_ptr + n_out, out.to(c_ptr.dtype.element_ty), mask=n_out < N)

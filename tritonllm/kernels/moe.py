@@ -50,6 +50,7 @@ import triton
 import triton.language as tl
 
 from tritonllm import platform
+from tritonllm.kernels import moe_gemv_sm90
 from tritonllm.kernels.gemm import GemmTiles
 from tritonllm.kernels.gemm_persistent import descriptors_fit, tile_coords
 from tritonllm.kernels.gemm_scales import DEC_FP4, dequant_values, group_scales, unpack_values
@@ -274,6 +275,11 @@ def _launch(
     if tiles.gemv:
         t, top_k = route.shape
         words = _words(data, k, tiles.block_k) if quant == Q_MXFP4 else None
+        if words is not None and not slots and moe_gemv_sm90.takes(a, k):  # opt-in: the Hopper Gluon GEMV
+            moe_gemv_sm90.moe_w4_gemv_sm90(a, words, c, bias, b_scale, topk_weights, route, n=n, k=k,
+                                           a_row_div=a_row_div, gated=gated, activation=activation, alpha=alpha,
+                                           limit=limit, pdl=pdl_launch())  # fmt: skip
+            return
         if words is not None:  # MXFP4 read as words of eight nibbles (kernels/gemv_w4.py)
             pointers = (pointers[0], words, *pointers[2:])
             strides = (*strides[:2], *words.stride(), *strides[5:])
@@ -414,6 +420,8 @@ def fused_moe(
     slots = (
         triton.next_power_of_2(top_k) if tiles.sum_slots and top_k > 1 and _flat_experts(w2, tiles.w2.block_k) else 0
     )
+    if tiles.gemv and fmt == "mxfp4:mx:none" and moe_gemv_sm90.takes(x, h):  # the Gluon GEMV: per-slot rows
+        slots = 0
     weights = topk_weights.reshape(-1)
     weights = weights if weights.dtype == torch.float32 else weights.float()
 

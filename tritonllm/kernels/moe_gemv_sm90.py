@@ -1,0 +1,139 @@
+"""The MoE GEMV for MXFP4 experts on NVIDIA Hopper, in Gluon: the dense Gluon GEMV's K loop
+(kernels/gemv_w4_sm90.py w4_rows_dot: layouts chosen by hand, so that no value changes threads inside
+the loop, and a thread's words and activations are the same 16-byte runs) run for each (token,
+expert) pair, with the MoE's epilogue: the expert's bias, the gated activation (w13: gate and up rows,
+N apart, interleaved in one tile, so one pass over K gives both sums of a column to the same thread),
+the pair's top-k weight (w2: its per-slot row, summed over the slots by fused_moe).
+
+Why: the portable Triton GEMV (kernels/moe_gemv.py) moves 0.9-1.3 TB/s of MXFP4 experts (26-36% of
+the H100's and H200's bandwidth; experiments/moe/README.md, session 28) where the dense Gluon GEMV
+reads about 2 TB/s on the H200: in the Triton build, ptxas spreads a step's loads over the loop (the
+last issued just before their use), and at Qwen3's K the activation changes layout through shared
+memory every step; Triton picks those layouts, and they differ between its versions.
+
+Opt-in (TRITONLLM_MOE_GEMV_GLUON=1) until the GPU has timed and checked it: Gluon does not run in the
+interpreter, so on the CPU it is only compiled (tests/kernels/test_moe_gemv_sm90.py); its numerics
+are GPU tests. Takes MXFP4 experts read as words at decode sizes (the GEMV's tiles), one pair a
+program column; the program rows are the dense kernel's tiling (gemv_w4_sm90.TILINGS["fp4"]).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+
+from tritonllm.kernels import gemv_w4_sm90 as dense
+from tritonllm.kernels.launch import compile_gluon_sm90, gluon_pdl_wait, gluon_sm90_available
+from tritonllm.kernels.moe_epilogue import moe_activation
+
+if dense.HAVE_GLUON:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+
+def enabled() -> bool:
+    """TRITONLLM_MOE_GEMV_GLUON=1 turns the kernel on (for MXFP4 experts, where it takes the shape)."""
+    return os.environ.get("TRITONLLM_MOE_GEMV_GLUON", "0") == "1"
+
+
+def takes(a: torch.Tensor, k: int) -> bool:
+    """Whether fused_moe runs this kernel for a GEMV launch on activations `a` [rows, K] (MXFP4 words
+    checked by the caller): switched on, K whole MXFP4 groups, the activation read as the dense kernel
+    reads it, an sm90 GPU whose Triton compiles it."""
+    return (
+        enabled() and k % 32 == 0 and a.stride(1) == 1 and a.dtype in (torch.bfloat16, torch.float16) and available()
+    )  # fmt: skip
+
+
+@functools.cache
+def available() -> bool:
+    return gluon_sm90_available(
+        dense.HAVE_GLUON,
+        "MoE MXFP4 GEMV",
+        "the portable Triton MoE GEMV serves MXFP4 experts instead",
+        lambda: compile_sm90(gated=True),
+        lambda: compile_sm90(gated=False),
+    )
+
+
+def compile_sm90(gated: bool, even: bool = False, tiling: dense.Tiling | None = None):
+    """Compile the kernel for sm90 without a GPU (w13 gated with gpt-oss's activation and biases, or w2
+    with the top-k weights); returns the compiled kernel. For tests and the availability probe."""
+    t = tiling or dense.TILINGS["fp4"]
+    constexprs = dict(A_ROW_DIV=4 if gated else 1, GATED=gated, ACTIVATION=1, HAS_BIAS=True, MUL_WEIGHTS=not gated,
+                      ROWS=t.rows, WARPS_K=t.warps_k, PREFETCH=t.prefetch, EVEN=even, PDL=True)  # fmt: skip
+    types = dict(a_ptr="*bf16", w_ptr="*i32", c_ptr="*bf16", bias_ptr="*bf16", s_ptr="*u8",
+                 topk_weights_ptr="*fp32", topk_ids_ptr="*i32", alpha="fp32", limit="fp32")  # fmt: skip
+    return compile_gluon_sm90(moe_w4_gemv_sm90_kernel, constexprs, types, ("a_ptr", "w_ptr", "s_ptr", "stride_am"),
+                              num_warps=dense.NUM_WARPS)  # fmt: skip
+
+
+def moe_w4_gemv_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
+                     scale: torch.Tensor, topk_weights: torch.Tensor | None, topk_ids: torch.Tensor, *, n: int,
+                     k: int, a_row_div: int, gated: bool, activation: int, alpha: float, limit: float,
+                     pdl: dict) -> None:  # fmt: skip
+    """c[pair, :n] for every (token, slot) pair of topk_ids [T, top_k]: a's row pair // a_row_div against
+    the pair's expert's MXFP4 rows (words [E, N (x2 gated), K / 8] int32, scale [E, N (x2), K / 32] e8m0),
+    + bias [E, N (x2)], gated: activation(gate, up); topk_weights [T * top_k] float32: times the pair's."""
+    t = dense.TILINGS["fp4"]
+    block_n = t.rows * dense.NUM_WARPS // t.warps_k // (2 if gated else 1)  # columns a program (gated: half its rows)
+    pairs = topk_ids.numel()
+    moe_w4_gemv_sm90_kernel[(triton.cdiv(n, block_n), pairs)](
+        a, words, c, bias if bias is not None else c, scale, topk_weights if topk_weights is not None else scale,
+        topk_ids, n, k, alpha, limit, a.stride(0), words.stride(0), words.stride(1), c.stride(0),
+        bias.stride(0) if bias is not None else 0, scale.stride(0), scale.stride(1), scale.stride(2),
+        *dense.FP4_MASKS, A_ROW_DIV=a_row_div, GATED=gated, ACTIVATION=activation, HAS_BIAS=bias is not None,
+        MUL_WEIGHTS=topk_weights is not None, ROWS=t.rows, WARPS_K=t.warps_k, PREFETCH=t.prefetch,
+        EVEN=k % dense.tile_k(t) == 0, num_warps=dense.NUM_WARPS, **pdl,
+    )  # fmt: skip
+
+
+if dense.HAVE_GLUON:
+    _activation = gluon.jit(moe_activation.fn)  # elementwise: the Triton epilogue's, as it is
+
+    @gluon.jit
+    def moe_w4_gemv_sm90_kernel(
+        a_ptr, w_ptr, c_ptr, bias_ptr, s_ptr, topk_weights_ptr, topk_ids_ptr,
+        N, K, alpha, limit, stride_am, stride_we, stride_wn, stride_cm, stride_bias_e, stride_se, stride_sn,
+        stride_sk, m0, m1,
+        A_ROW_DIV: gl.constexpr, GATED: gl.constexpr, ACTIVATION: gl.constexpr, HAS_BIAS: gl.constexpr,
+        MUL_WEIGHTS: gl.constexpr, ROWS: gl.constexpr, WARPS_K: gl.constexpr, PREFETCH: gl.constexpr,
+        EVEN: gl.constexpr, PDL: gl.constexpr = False,
+    ):  # fmt: skip
+        """c[pair, n] for pair = program axis 1 and BLOCK_N = ROWS x NUM_WARPS / WARPS_K columns n (axis 0):
+        A row pair // A_ROW_DIV, B the pair's expert's rows (GATED: gate rows n, up rows N + n), the
+        MoE epilogue (kernels/moe_epilogue.py's order: bias, activation, top-k weight)."""
+        gluon_pdl_wait(PDL)
+        BLOCK_N: gl.constexpr = ROWS * (dense._WARPS // WARPS_K)
+        pair = gl.program_id(1)
+        e = gl.load(topk_ids_ptr + pair).to(gl.int64)
+        a_row = a_ptr + (pair // A_ROW_DIV).to(gl.int64) * stride_am
+        w_e = w_ptr + e * stride_we
+        s_e = s_ptr + e * stride_se
+        # MXFP4 rows are whole 16-byte runs (K a multiple of 32): said so, the words load 16 bytes a lane
+        # even where the row stride is not a multiple of 16 words (gpt-oss's K = 2880: 360)
+        stride_wn = stride_wn // 4 * 4
+        if GATED:  # one pass over K: the tile's rows are gate and up rows of BLOCK_N / 2 columns, interleaved
+            row0 = gl.program_id(0) * (BLOCK_N // 2)
+            both, n_both = dense.w4_rows_dot(a_row, w_e, s_e, s_e, row0, N, K, stride_wn, stride_sn, stride_sk, m0,
+                                             m1, True, 32, ROWS, WARPS_K, PREFETCH, EVEN, True)  # fmt: skip
+            if HAS_BIAS:  # gate bias n, up bias N + n
+                up_row = (gl.arange(0, BLOCK_N, layout=n_both.type.layout) % 2) * N
+                both += gl.load(bias_ptr + e * stride_bias_e + n_both + up_row, mask=n_both < N, other=0.0).to(
+                    gl.float32
+                )
+            out, up = gl.split(gl.reshape(both, [BLOCK_N // 2, 2]))
+            n_out, _ = gl.split(gl.reshape(n_both, [BLOCK_N // 2, 2]))
+            out = _activation(out, up, alpha, limit, ACTIVATION)
+        else:
+            out, n_out = dense.w4_rows_dot(a_row, w_e, s_e, s_e, gl.program_id(0) * BLOCK_N, N, K, stride_wn,
+                                           stride_sn, stride_sk, m0, m1, True, 32, ROWS, WARPS_K, PREFETCH, EVEN)  # fmt: skip
+            if HAS_BIAS:
+                out += gl.load(bias_ptr + e * stride_bias_e + n_out, mask=n_out < N, other=0.0).to(gl.float32)
+        in_n = n_out < N
+        if MUL_WEIGHTS:
+            out = out * gl.load(topk_weights_ptr + pair)
+        gl.store(c_ptr + pair.to(gl.int64) * stride_cm + n_out, out.to(c_ptr.dtype.element_ty), mask=in_n)
