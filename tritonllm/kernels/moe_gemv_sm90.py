@@ -103,9 +103,10 @@ if dense.HAVE_GLUON:
         MUL_WEIGHTS: gl.constexpr, ROWS: gl.constexpr, WARPS_K: gl.constexpr, PREFETCH: gl.constexpr,
         EVEN: gl.constexpr, PDL: gl.constexpr = False,
     ):  # fmt: skip
-        """c[pair, n] for pair = program axis 1 and BLOCK_N = ROWS x NUM_WARPS / WARPS_K columns n (axis 0):
-        A row pair // A_ROW_DIV, B the pair's expert's rows (GATED: gate rows n, up rows N + n), the
-        MoE epilogue (kernels/moe_epilogue.py's order: bias, activation, top-k weight)."""
+        """c[pair, n] for pair = program axis 1 and, on axis 0, BLOCK_N = ROWS x NUM_WARPS / WARPS_K weight rows
+        a program: BLOCK_N columns n, or (GATED) BLOCK_N / 2 columns' gate rows n and up rows N + n. A row
+        pair // A_ROW_DIV, B the pair's expert's rows; the MoE epilogue in kernels/moe_epilogue.py's order
+        (bias, activation, top-k weight)."""
         gluon_pdl_wait(PDL)
         BLOCK_N: gl.constexpr = ROWS * (dense._WARPS // WARPS_K)
         pair = gl.program_id(1)
