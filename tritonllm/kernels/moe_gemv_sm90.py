@@ -67,7 +67,7 @@ def compile_sm90(gated: bool, even: bool = False, tiling: dense.Tiling | None = 
                       ROWS=t.rows, WARPS_K=t.warps_k, PREFETCH=t.prefetch, EVEN=even, PDL=True)  # fmt: skip
     types = dict(a_ptr="*bf16", w_ptr="*i32", c_ptr="*bf16", bias_ptr="*bf16", s_ptr="*u8",
                  topk_weights_ptr="*fp32", topk_ids_ptr="*i32", alpha="fp32", limit="fp32")  # fmt: skip
-    return compile_gluon_sm90(moe_w4_gemv_sm90_kernel, constexprs, types, ("a_ptr", "w_ptr", "s_ptr", "stride_am"),
+    return compile_gluon_sm90(moe_w4_gemv_sm90_kernel, constexprs, types, ("a_ptr", "w_ptr", "s_ptr", "stride_am", "K"),
                               num_warps=dense.NUM_WARPS)  # fmt: skip
 
 
