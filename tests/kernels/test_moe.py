@@ -180,6 +180,14 @@ def test_gemv_variants_with_quantized_experts(scheme, h, i, monkeypatch) -> None
     assert [(s["joint"], s["slots"]) for s in seen] == [(True, 0), (False, 2)]
 
 
+def _assert_refused(monkeypatch, name: str, value: str, switch) -> None:
+    """An A/B switch (a cached moe_tiles reader) refuses an unknown value by the variable's name."""
+    monkeypatch.setenv(name, value)
+    switch.cache_clear()
+    with pytest.raises(ValueError, match=name):
+        switch()
+
+
 @pytest.mark.parametrize("reduce", [0, 1, 2])
 @pytest.mark.parametrize("fp8", [False, True], ids=["float", "fp8_block"])
 def test_gemv_k_reductions_match_reference(reduce, fp8, monkeypatch) -> None:
@@ -206,10 +214,7 @@ def test_gemv_k_reductions_match_reference(reduce, fp8, monkeypatch) -> None:
         for flags in ({}, dict(joint=True, sum_slots=True)):
             assert_close_to_scale(fused_moe(*args, tiles=MoeTiles(t, t, **flags), **kwargs), expected, tol)
         assert [s["reduce"] for s in seen] == [reduce] * 4
-        monkeypatch.setenv("TRITONLLM_MOE_GEMV_REDUCE", "3")
-        moe_tiles.gemv_reduce.cache_clear()
-        with pytest.raises(ValueError, match="TRITONLLM_MOE_GEMV_REDUCE"):
-            moe_tiles.gemv_reduce()
+        _assert_refused(monkeypatch, "TRITONLLM_MOE_GEMV_REDUCE", "3", moe_tiles.gemv_reduce)
     finally:
         moe_tiles.gemv_reduce.cache_clear()
 
@@ -246,10 +251,7 @@ def test_gemv_load_schedules_match_reference(loads, kind, monkeypatch) -> None:
             for flags in ({}, dict(joint=True, sum_slots=True)):
                 assert_close_to_scale(fused_moe(*args, tiles=MoeTiles(t, t, **flags), **kwargs), expected, tol)
         assert seen == [loads] * len(seen) and len(seen) == (8 if kind == "float" else 4)
-        monkeypatch.setenv("TRITONLLM_MOE_GEMV_LOADS", "3")
-        moe_tiles.gemv_loads.cache_clear()
-        with pytest.raises(ValueError, match="TRITONLLM_MOE_GEMV_LOADS"):
-            moe_tiles.gemv_loads()
+        _assert_refused(monkeypatch, "TRITONLLM_MOE_GEMV_LOADS", "3", moe_tiles.gemv_loads)
     finally:
         moe_tiles.gemv_loads.cache_clear()
         moe_tiles.gemv_reduce.cache_clear()

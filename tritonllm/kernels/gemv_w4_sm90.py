@@ -263,6 +263,18 @@ if HAVE_GLUON:
         return acc, acc_z
 
     @gluon.jit
+    def _tile_rows(i, row0, N, INTERLEAVE: gl.constexpr):
+        """Tile row i's weight row (int64; rows at or past N read row 0): row0 + i, or (INTERLEAVE) gate row
+        row0 + i // 2 for even i and up row N + row0 + i // 2 for odd i (w4_rows_dot)."""
+        if INTERLEAVE:
+            rows = row0 + i // 2
+            rows = gl.where(rows < N, rows, 0) + (i % 2) * N
+        else:
+            rows = row0 + i
+            rows = gl.where(rows < N, rows, 0)
+        return rows.to(gl.int64)
+
+    @gluon.jit
     def w4_rows_dot(a_ptr, w_ptr, s_ptr, z_ptr, row0, N, K, stride_wn, stride_sn, stride_sk, m0, m1,
                     FP4: gl.constexpr, GROUP_K: gl.constexpr, ROWS: gl.constexpr, WARPS_K: gl.constexpr,
                     PREFETCH: gl.constexpr, EVEN: gl.constexpr, INTERLEAVE: gl.constexpr = False):  # fmt: skip
@@ -285,12 +297,7 @@ if HAVE_GLUON:
         n3 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
         g3 = gl.arange(0, GPI, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
         w3 = gl.arange(0, WPG, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
-        if INTERLEAVE:
-            rn3 = row0 + n3 // 2
-            rn3 = (gl.where(rn3 < N, rn3, 0) + (n3 % 2) * N).to(gl.int64)
-        else:
-            rn3 = row0 + n3
-            rn3 = gl.where(rn3 < N, rn3, 0).to(gl.int64)
+        rn3 = _tile_rows(n3, row0, N, INTERLEAVE)
         w_ptrs = w_ptr + (
             gl.expand_dims(gl.expand_dims(rn3 * stride_wn, 1), 2)
             + gl.expand_dims(gl.expand_dims(g3 * WPG, 0), 2)
@@ -308,12 +315,7 @@ if HAVE_GLUON:
         # scales, zero points: s_ptr + n * stride_sn + (kw / WPG + g) * stride_sk
         ng = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LG))
         gg = gl.arange(0, GPI, layout=gl.SliceLayout(0, LG))
-        if INTERLEAVE:
-            rng = row0 + ng // 2
-            rng = (gl.where(rng < N, rng, 0) + (ng % 2) * N).to(gl.int64)
-        else:
-            rng = row0 + ng
-            rng = gl.where(rng < N, rng, 0).to(gl.int64)
+        rng = _tile_rows(ng, row0, N, INTERLEAVE)
         s_off = gl.expand_dims(rng * stride_sn, 1) + gl.expand_dims(gg * stride_sk, 0)
         s_ptrs = s_ptr + s_off
         z_ptrs = z_ptr + s_off

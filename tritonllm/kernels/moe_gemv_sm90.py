@@ -44,7 +44,8 @@ def takes(a: torch.Tensor, k: int) -> bool:
     checked by the caller): switched on, K whole MXFP4 groups, the activation read as the dense kernel
     reads it, an sm90 GPU whose Triton compiles it."""
     return (
-        enabled() and k % 32 == 0 and a.stride(1) == 1 and a.dtype in (torch.bfloat16, torch.float16) and available()
+        enabled() and dense.supported(1, k, 32) and a.stride(1) == 1 and a.dtype in (torch.bfloat16, torch.float16)
+        and available()
     )  # fmt: skip
 
 

@@ -142,13 +142,18 @@ GEMV_REDUCES = (0, 1, 2)
 DEFAULT_GEMV_REDUCE = 2
 
 
+def _mode_from_env(name: str, modes: tuple[int, ...], default: int) -> int:
+    """An A/B switch: the environment's `name` (one of `modes`, else refused by name), or `default`."""
+    text = os.environ.get(name, str(default))
+    if text not in {str(m) for m in modes}:
+        raise ValueError(f"{name}={text!r}: one of {modes}")
+    return int(text)
+
+
 @functools.cache
 def gemv_reduce() -> int:
     """The float GEMV's K reduction: TRITONLLM_MOE_GEMV_REDUCE (for A/B runs), else DEFAULT_GEMV_REDUCE."""
-    text = os.environ.get("TRITONLLM_MOE_GEMV_REDUCE", str(DEFAULT_GEMV_REDUCE))
-    if text not in {str(r) for r in GEMV_REDUCES}:
-        raise ValueError(f"TRITONLLM_MOE_GEMV_REDUCE={text!r}: one of {GEMV_REDUCES}")
-    return int(text)
+    return _mode_from_env("TRITONLLM_MOE_GEMV_REDUCE", GEMV_REDUCES, DEFAULT_GEMV_REDUCE)
 
 
 # when the GEMV issues a step's loads (kernels/moe_gemv.py LOADS; MXFP4: gemv_w4.w4_row_dot's): 0 the
@@ -164,10 +169,7 @@ DEFAULT_GEMV_LOADS = 0
 @functools.cache
 def gemv_loads() -> int:
     """The GEMV's load schedule: TRITONLLM_MOE_GEMV_LOADS (for A/B runs), else DEFAULT_GEMV_LOADS."""
-    text = os.environ.get("TRITONLLM_MOE_GEMV_LOADS", str(DEFAULT_GEMV_LOADS))
-    if text not in {str(r) for r in GEMV_LOADS}:
-        raise ValueError(f"TRITONLLM_MOE_GEMV_LOADS={text!r}: one of {GEMV_LOADS}")
-    return int(text)
+    return _mode_from_env("TRITONLLM_MOE_GEMV_LOADS", GEMV_LOADS, DEFAULT_GEMV_LOADS)
 
 
 @functools.cache
