@@ -11,6 +11,9 @@ Prints one line a build: "<kind> <launch> <tiles> [variant]: ok | spills | error
 build fails or a plain one (no variant: what runs by default) spills. A variant's spill is reported: the
 tuner, which times it, leaves it out where it is slower.
 
+The fused router (kernels/moe_route.py's router_route_kernel) builds first, at gpt-oss's, Qwen3-30B-A3B's
+and Mixtral's decode shapes.
+
 --targets: one source for CUDA and ROCm, as before the spill check: the router (kernels/moe_route.py) at
 Qwen3 / DeepSeek / gpt-oss expert counts, the alignment (kernels/moe_align.py: one program counting itself,
 and the counted multi-program path) and both fused-MoE launches at every default tile bucket (variants off)
@@ -43,7 +46,7 @@ KINDS = {"bfloat16": ("bf16", "bf16", "fp32", 0, 1), "fp8_block": ("fp8e4nv", "f
 OPERAND_BYTES = {"bfloat16": (2, 2), "fp8_block": (1, 1), "mxfp4": (2, 1)}  # (A, B) bytes, as fused_moe fits tiles
 BUCKETS = (0.1, 4, 16, 64, 500)  # rows per expert: the GEMV, then each grouped bucket
 DIVISIBLE = ("a_ptr", "b_ptr", "c_ptr", "K", "N", "stride_am", "stride_be", "stride_bn", "stride_cm")
-RAGGED_K = tuple(d for d in DIVISIBLE if d not in ("K", "stride_bn"))  # K, and B's row stride, not multiples of 16
+RAGGED_K = tuple(d for d in DIVISIBLE if d != "stride_bn")  # gpt-oss: K = 2880 is a multiple of 16, its 360-word rows not
 
 
 def compile_moe(kind: str, gated: bool, tiles: GemmTiles, variant: dict, target: GPUTarget = SM90,
@@ -134,13 +137,32 @@ def cases(all_tuned: bool) -> list[tuple[str, bool, GemmTiles, dict, str]]:
     return out
 
 
+# the fused router (moe_route.router_route_kernel) at decode sizes: (experts, top_k, hidden, tokens) of
+# gpt-oss-20b, Qwen3-30B-A3B and Mixtral-8x7B
+ROUTER_SHAPES = ((32, 4, 2880, 1), (128, 8, 2048, 8), (8, 2, 4096, 4))
+
+
+def router_checks(pdl: dict) -> list[tuple]:
+    """run_checks's (name, kernel, types, constexprs, num_warps, uses_fp8) for the fused router's builds."""
+    checks = []
+    for e, top_k, k, t in ROUTER_SHAPES:
+        block_t, experts, block_k = moe_route.router_tiles(t, e, k)
+        types = dict(x_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16", logits_ptr="*fp32", weights_ptr="*fp32",
+                     ids_ptr="*i32", counter_ptr="*i32")  # fmt: skip
+        constexprs = dict(pdl, TOP_K=top_k, SCORING=0, RENORMALIZE=True, HAS_BIAS=True, BLOCK_T=block_t,
+                          EXPERTS=experts, BLOCK_K=block_k, BLOCK_E=max(e, 2), SLOTS=top_k)  # fmt: skip
+        checks.append((f"router E={e} top-{top_k} K={k} T={t}", moe_route.router_route_kernel, types, constexprs, 4,
+                       False))  # fmt: skip
+    return checks
+
+
 def target_checks() -> int:
     """--targets (module docstring): the router, the alignment and both launches at each default bucket
     for every target; the unexpected failures."""
     failures = 0
     for target, family in TARGETS:
         pdl = dict(PDL=target.backend == "cuda" and target.arch >= 90)  # as launch.pdl_launch sets it
-        checks = []
+        checks = router_checks(pdl)
         for e, top_k, scoring in ((128, 8, 0), (256, 8, 1), (32, 4, 0)):
             checks.append((f"route E={e} top-{top_k}", moe_route.moe_route_kernel, dict(logits_ptr="*bf16", weights_ptr="*fp32", ids_ptr="*i32"),
                            dict(pdl, TOP_K=top_k, SCORING=scoring, RENORMALIZE=True, ROWS=4096 // e, BLOCK_E=e, BLOCK_K=top_k), 4, False))  # fmt: skip
@@ -170,6 +192,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets", action="store_true", help="also the router and alignment, and sm80 / gfx942")
     args = parser.parse_args(argv)
     bad = target_checks() if args.targets else 0
+    for name, fn, types, constexprs, num_warps, _ in router_checks(dict(PDL=True)):  # sm90: built, and spills?
+        try:
+            sass = disassemble(compile_kernel(fn, SM90, types, constexprs, num_warps))
+            result = "spills" if "LDL" in sass or "STL" in sass else "ok"
+        except Exception as error:  # noqa: BLE001 - reported
+            result = "error " + str(error).splitlines()[0][:160]
+        bad += result != "ok"
+        print(f"{name}: {result}", flush=True)
     for kind, gated, tiles, variant, label in cases(args.all):
         result = build(kind, gated, tiles, variant)
         bad += result.startswith("error") or (result == "spills" and not variant)

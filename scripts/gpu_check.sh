@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [llama3-8b-config]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-router] [llama3-8b-config]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -365,6 +365,19 @@ print(tuned_file(torch.cuda.get_device_name()))")
       # each kernel's time in the decode layer's graph replay (the defaults), where the microseconds go
       python3 scripts/bench_moe.py "$OUT/moe_kernels.json" --shapes gptoss qwen3 --kinds bfloat16 fp8_block mxfp4 \
         --tokens 1 4 --torch-ref-max-tokens 0 --kernels 2>&1 | tee "$OUT/moe_kernels.log" | grep -E "T=|kernels" ;;
+    moe-router)
+      # session 29's build, for its first GPU run: a MoE block's router GEMM (cuBLAS, often with a split-K reduction
+      # kernel) and its routing kernel as one kernel at decode sizes (fuse_moe_router, kernels/moe_route.py's
+      # router_route): its GPU tests, gpt-oss-20b batch 1 end to end without and with it (MOE_ROUTER_RUNS adds
+      # e.g. qwen3_throughput), then both batch-1 kernel tables (where the router's microseconds went)
+      python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_moe_router.py tests/test_engine_gpu.py -k "router" \
+        2>&1 | tail -3
+      for fuse in false true; do
+        MOE_RUNS="${MOE_ROUTER_RUNS:-gptoss_batch1}" MOE_ARGS="fuse_moe_router=$fuse" MOE_TAG="_router_$fuse" bash "$0" e2e-moe
+      done
+      PROFILE_VARIANTS=gptoss PROFILE_TAG=_router_false bash "$0" profile-b1 | grep -E "step_ms|route|nvjet|splitK"
+      PROFILE_VARIANTS=gptoss PROFILE_ARGS=--fuse-moe-router PROFILE_TAG=_router_true bash "$0" profile-b1 \
+        | grep -E "step_ms|route|nvjet|splitK" ;;
     moe-loads)
       # session 28's build: the MoE GEMV's load schedules (TRITONLLM_MOE_GEMV_LOADS 0: the scales loaded late,
       # MXFP4's behind the activation's layout-change barriers, FP8 block's after the products, the default;

@@ -93,6 +93,7 @@ def main() -> None:
     )
     parser.add_argument("--fuse-norm-into-gemm", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument("--fuse-gated-mlp", action="store_true", help="fuse_gated_activation + fuse_down_input_quant")
+    parser.add_argument("--fuse-moe-router", action="store_true", help="a MoE router's GEMM and routing in one kernel")
     parser.add_argument("--kernel-table", type=int, default=0, help="report the N kernels taking most GPU time")
     parser.add_argument("--output-json", default=None)
     parser.add_argument("--trace", default=None, help="also write the Chrome trace here")
@@ -108,6 +109,7 @@ def main() -> None:
         fuse_norm_into_gemm=args.fuse_norm_into_gemm,
         fuse_gated_activation=args.fuse_gated_mlp,
         fuse_down_input_quant=args.fuse_gated_mlp,
+        fuse_moe_router=args.fuse_moe_router,
         kernels=dict(choice.split("=", 1) for choice in args.kernel) or None,
     )
     engine = llm.llm_engine

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> collections.Counter:
     parser.add_argument(
         "--ragged-k",
         action="store_true",
-        help="--moe: K and B's row stride not multiples of 16, K not of the tile (gpt-oss's 2880)",
+        help="--moe: B's row stride not a multiple of 16, K not one of the tile (gpt-oss's 2880: rows of 360 words)",
     )
     args = parser.parse_args(argv)
     if args.moe:

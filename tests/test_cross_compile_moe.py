@@ -24,3 +24,4 @@ def test_moe_kernels_build_for_sm90_without_spills_by_default() -> None:
     for kind in ("bfloat16", "fp8_block", "mxfp4"):  # each kind's GEMV and grouped builds, with variants
         assert any(line.startswith(kind) and "slots=8" in line for line in lines)
     assert any("tma_b=True,sorted_a=True" in line for line in lines)
+    assert sum(line.startswith("router E=") for line in lines) == 3  # the fused router at three models' shapes

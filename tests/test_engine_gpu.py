@@ -96,6 +96,24 @@ def test_fp8_batch1_decode_with_the_down_input_quantized_in_its_gemm_matches_unf
                            kernels={"linear": "triton_sm90"})  # fmt: skip
 
 
+def test_bf16_batch1_decode_with_the_moe_router_fused_matches_unfused(monkeypatch):
+    """gpt-oss (the fitted tiny one) in bf16 with fuse_moe_router: its decode steps (CUDA graphs) run each MoE
+    block's router GEMM and routing as one kernel (kernels/moe_route.py's router_route, its arrival counter
+    reset for every replay); greedy tokens equal and logprobs close to the router's GEMM and moe_route."""
+    from tritonllm.kernels import moe_route
+
+    calls = []
+    kernel = moe_route.router_route_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            calls.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(moe_route, "router_route_kernel", Spy())
+    _fused_matches_unfused("fuse_moe_router", calls, True, "GptOssForCausalLM", max_model_len=512)
+
+
 def test_fp8_batch1_decode_with_the_norms_in_the_gemms_matches_unfused(monkeypatch):
     """Online FP8 at batch 1 with fuse_norm_into_gemm: qkv and gate_up normalize and quantize the residual
     stream in their skinny GEMMs (XN), o_proj and down_proj add into it in their epilogues; greedy tokens
@@ -131,10 +149,11 @@ def _spy_fused_launcher(monkeypatch, name: str, unsplit: bool = False) -> list:
     return calls
 
 
-def _fused_matches_unfused(flag: str, launches: list, launched_when_fused: bool, **llm_args) -> None:
-    """Batch-1 greedy decode of the fitted tiny Llama in bf16 with `flag` on, then off: `launches` (filled by a
+def _fused_matches_unfused(flag: str, launches: list, launched_when_fused: bool,
+                           architecture: str = "LlamaForCausalLM", **llm_args) -> None:  # fmt: skip
+    """Batch-1 greedy decode of the fitted tiny model in bf16 with `flag` on, then off: `launches` (filled by a
     spied kernel) non-empty exactly when `flag` is launched_when_fused; greedy tokens equal, logprobs close."""
-    path = str(fitted_tiny_model_path("LlamaForCausalLM"))
+    path = str(fitted_tiny_model_path(architecture))
     prompts = [{"prompt_token_ids": list(range(100, 160))}]
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=0)
     runs = []

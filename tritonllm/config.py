@@ -171,6 +171,7 @@ _ENGINE_FLAGS = (
     "fuse_gated_activation",
     "fuse_down_input_quant",
     "fuse_norm_into_gemm",
+    "fuse_moe_router",
 )  # EngineConfig's booleans outside the groups
 _ENGINE_INTS = ("piecewise_first_size",)  # and its integers
 
@@ -220,6 +221,10 @@ class EngineConfig:
     # epilogues, so no RMSNorm kernel runs between the layers (kernels/linear.py's norm_linear_sm90 and
     # residual_linear_sm90); false: the fused add + RMSNorm + quantization kernel (ablation)
     fuse_norm_into_gemm: bool = False
+    # at decode sizes (up to 8 tokens) a MoE block's router linear layer and its routing run as one kernel (the
+    # moe op's router_route, kernels/moe_route.py) instead of the router's GEMM and the routing kernel; off
+    # until timed on a GPU (scripts/gpu_check.sh moe-router)
+    fuse_moe_router: bool = False
 
     @staticmethod
     def from_dict(values: dict[str, Any]) -> EngineConfig:

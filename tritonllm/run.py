@@ -62,6 +62,7 @@ def main(cfg: DictConfig) -> None:
             "fuse_gated_activation": cfg.fuse_gated_activation,
             "fuse_down_input_quant": cfg.fuse_down_input_quant,
             "fuse_norm_into_gemm": cfg.fuse_norm_into_gemm,
+            "fuse_moe_router": cfg.fuse_moe_router,
         }
     )
     hydra_cfg = HydraConfig.get()

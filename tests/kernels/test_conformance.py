@@ -339,6 +339,14 @@ def test_moe(impl, dtype) -> None:
         assert torch.equal(ids, ref_ids)
         assert_close_to_scale(weights, ref_weights, _tol(dtype))
     x = _randn(num_tokens, hidden, dtype=dtype, seed=41)
+    router_route = impl.entries.get("router_route")  # optional: the router's GEMM and the routing in one kernel
+    if router_route is not None:
+        router, router_bias = _randn(experts, hidden, dtype=dtype, seed=46), _randn(experts, dtype=dtype, seed=47)
+        for tokens in (1, 5):
+            got = router_route(x[:tokens], router, router_bias, 2, True, "softmax")
+            expected = reference.router_route(x[:tokens], router, router_bias, 2, True, "softmax")
+            assert torch.equal(got[1], expected[1])
+            assert_close_to_scale(got[0], expected[0], 4 * _tol(dtype))
     w13 = _randn(experts, 2 * inter, hidden, dtype=dtype, seed=42) * hidden**-0.5
     w2 = _randn(experts, hidden, inter, dtype=dtype, seed=43) * inter**-0.5
     biases = dict(

@@ -35,9 +35,9 @@ sys.path.insert(0, "scripts")
 from cross_compile_attention import disassemble
 from sass_loop_mix import loop_mix
 from tritonllm.kernels import moe_gemv_sm90 as m
-for gated in (True, False):
+for gated, activation, bias in ((True, 1, True), (False, 1, True), (True, 0, False)):
     for even in (True, False):
-        sass = disassemble(m.compile_sm90(gated=gated, even=even))
+        sass = disassemble(m.compile_sm90(gated=gated, even=even, activation=activation, bias=bias))
         ops = loop_mix(sass)
         print(gated, even, "spills" if "LDL" in sass or "STL" in sass else "ok", ops["BAR"] + ops["STS"] + ops["LDS"])
 """
@@ -45,7 +45,7 @@ for gated in (True, False):
 
 @pytest.mark.skipif(not gemv_w4_sm90.HAVE_GLUON, reason="this Triton has no Gluon")
 def test_compiles_for_sm90_without_spills_or_layout_changes_in_its_loop() -> None:
-    """w13 (gate and up rows interleaved, gpt-oss's activation, biases) and w2 (top-k weights), K a
+    """w13 (gate and up rows interleaved, gpt-oss's activation and biases, or Qwen3's SiLU without) and w2 (top-k weights), K a
     multiple of the K tile and not: built with Triton's ptxas (a subprocess: this one runs the
     interpreter), no local memory, and no barrier or shared-memory access in the K loop."""
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT))
@@ -53,7 +53,7 @@ def test_compiles_for_sm90_without_spills_or_layout_changes_in_its_loop() -> Non
                             timeout=900)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     lines = [line.split() for line in result.stdout.splitlines() if line.startswith(("True", "False"))]
-    assert len(lines) == 4, result.stdout
+    assert len(lines) == 6, result.stdout
     assert all(spills == "ok" and moves == "0" for *_, spills, moves in lines), result.stdout
 
 
@@ -86,16 +86,21 @@ def test_fused_moe_leaves_it_alone_unless_switched_on_and_on_hopper(monkeypatch)
 @needs_sm90
 @pytest.mark.parametrize("activation", ["swiglu_oai", "silu"])
 @pytest.mark.parametrize(
-    "t, e, h, i, top_k", [(1, 32, 2880, 2880, 4), (3, 8, 2880, 2880, 4), (2, 6, 256, 192, 2), (4, 5, 96, 4160, 3)]
+    "t, e, h, i, top_k",
+    [(1, 32, 2880, 2880, 4), (3, 8, 2880, 2880, 4), (2, 6, 256, 192, 2), (4, 5, 96, 4160, 3), (2, 4, 4096, 64, 1)],
 )
-def test_matches_the_reference(activation, t, e, h, i, top_k, monkeypatch) -> None:
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_matches_the_reference(activation, bias, t, e, h, i, top_k, monkeypatch) -> None:
     """Switched on, both launches run the Gluon kernel and the layer matches the reference: gpt-oss's
-    shape (K = 2880: rows of 360 words, one masked K tile), small ones, K beyond one K tile (4160)."""
+    shape (K = 2880: rows of 360 words, one masked K tile), small ones, K beyond one K tile (4160), w13's K
+    a whole K tile (4096: the unmasked path) with top_k 1 (w2 stores straight into the output); with and
+    without biases (Qwen3-MoE: SiLU, none)."""
     monkeypatch.setenv("TRITONLLM_MOE_GEMV_GLUON", "1")
     spy = LaunchSpy(moe_gemv_sm90.moe_w4_gemv_sm90_kernel)
     monkeypatch.setattr(moe_gemv_sm90, "moe_w4_gemv_sm90_kernel", spy)
     args, biases = _problem(t, e, h, i, top_k, seed=71 + t, dtype=torch.bfloat16)
     tiles = MoeTiles(*[GemmTiles(1, 16, 512, 4, 2, 1, gemv=True)] * 2)
+    biases = biases if bias else {}
     got = fused_moe(*args, tiles=tiles, activation=activation, **biases)
     expected = reference.fused_moe(*args, activation=activation, **biases)
     assert_close_to_scale(got, expected, 2e-2)

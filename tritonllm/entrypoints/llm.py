@@ -55,6 +55,7 @@ class LLM:
         fuse_gated_activation: bool = False,
         fuse_down_input_quant: bool = False,
         fuse_norm_into_gemm: bool = False,
+        fuse_moe_router: bool = False,
         quantization: str | None = None,
         load_format: str = "auto",
         kv_cache_dtype: str = "auto",
@@ -112,6 +113,7 @@ class LLM:
             fuse_gated_activation=fuse_gated_activation,
             fuse_down_input_quant=fuse_down_input_quant,
             fuse_norm_into_gemm=fuse_norm_into_gemm,
+            fuse_moe_router=fuse_moe_router,
         )
         self._start(config)
 

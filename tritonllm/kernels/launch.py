@@ -97,7 +97,7 @@ MAX_ARRIVAL_COUNTERS = 1 << 16
 def arrival_counters(device: torch.device) -> torch.Tensor | None:
     """The device's counters, allocated on first use; None while a CUDA graph is being captured before
     they exist (an allocation there would be zeroed only on replay; the engine's warm-ups run eagerly
-    first, and `ensure_arrival_counters` allocates them up front)."""
+    first, and the decode graphs' capture, worker/cuda_graph.py, allocates them before its first graph)."""
     device = torch.device(device)
     counters = _ARRIVAL_COUNTERS.get(device)
     if counters is None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):

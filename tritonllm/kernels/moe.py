@@ -275,7 +275,8 @@ def _launch(
     if tiles.gemv:
         t, top_k = route.shape
         words = _words(data, k, tiles.block_k) if quant == Q_MXFP4 else None
-        if words is not None and not slots and moe_gemv_sm90.takes(a, k):  # opt-in: the Hopper Gluon GEMV
+        gluon = words is not None and not slots and moe_gemv_sm90.takes(a, k) and moe_gemv_sm90.fits(words, c)
+        if gluon:  # opt-in: the Hopper Gluon GEMV
             moe_gemv_sm90.moe_w4_gemv_sm90(a, words, c, bias, b_scale, topk_weights, route, n=n, k=k,
                                            a_row_div=a_row_div, gated=gated, activation=activation, alpha=alpha,
                                            limit=limit, pdl=pdl_launch())  # fmt: skip

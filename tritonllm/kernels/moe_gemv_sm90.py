@@ -40,13 +40,19 @@ def enabled() -> bool:
 
 
 def takes(a: torch.Tensor, k: int) -> bool:
-    """Whether fused_moe runs this kernel for a GEMV launch on activations `a` [rows, K] (MXFP4 words
-    checked by the caller): switched on, K whole MXFP4 groups, the activation read as the dense kernel
-    reads it, an sm90 GPU whose Triton compiles it."""
+    """Whether fused_moe runs this kernel for a GEMV launch on activations `a` [rows, K] (the operands' layout
+    checked by `fits`): switched on, K whole MXFP4 groups, the activation read as the dense kernel reads it,
+    an sm90 GPU whose Triton compiles it."""
     return (
         enabled() and dense.supported(1, k, 32) and a.stride(1) == 1 and a.dtype in (torch.bfloat16, torch.float16)
         and available()
     )  # fmt: skip
+
+
+def fits(words: torch.Tensor, c: torch.Tensor) -> bool:
+    """Whether the kernel reads these MXFP4 words [E, N, K / 8] and writes c [pairs, N] as they lie: word rows
+    16-byte aligned (it loads them 16 bytes a lane), c's columns contiguous (it stores them so)."""
+    return words.stride(1) % 4 == 0 and words.stride(2) == 1 and c.stride(1) == 1
 
 
 @functools.cache
@@ -57,14 +63,17 @@ def available() -> bool:
         "the portable Triton MoE GEMV serves MXFP4 experts instead",
         lambda: compile_sm90(gated=True),
         lambda: compile_sm90(gated=False),
+        lambda: compile_sm90(gated=True, activation=0, bias=False),
     )
 
 
-def compile_sm90(gated: bool, even: bool = False, tiling: dense.Tiling | None = None):
-    """Compile the kernel for sm90 without a GPU (w13 gated with gpt-oss's activation and biases, or w2
-    with the top-k weights); returns the compiled kernel. For tests and the availability probe."""
+def compile_sm90(gated: bool, even: bool = False, tiling: dense.Tiling | None = None, activation: int = 1,
+                 bias: bool = True):  # fmt: skip
+    """Compile the kernel for sm90 without a GPU (w13 gated, by default with gpt-oss's activation and biases;
+    activation 0 and no bias: Qwen3-MoE's; or w2 with the top-k weights); returns the compiled kernel. For
+    tests and the availability probe."""
     t = tiling or dense.TILINGS["fp4"]
-    constexprs = dict(A_ROW_DIV=4 if gated else 1, GATED=gated, ACTIVATION=1, HAS_BIAS=True, MUL_WEIGHTS=not gated,
+    constexprs = dict(A_ROW_DIV=4 if gated else 1, GATED=gated, ACTIVATION=activation, HAS_BIAS=bias, MUL_WEIGHTS=not gated,
                       ROWS=t.rows, WARPS_K=t.warps_k, PREFETCH=t.prefetch, EVEN=even, PDL=True)  # fmt: skip
     types = dict(a_ptr="*bf16", w_ptr="*i32", c_ptr="*bf16", bias_ptr="*bf16", s_ptr="*u8",
                  topk_weights_ptr="*fp32", topk_ids_ptr="*i32", alpha="fp32", limit="fp32")  # fmt: skip

@@ -6,6 +6,13 @@ below any real score), scores them (softmax over the experts, or a sigmoid each)
 takes the top k one at a time: the largest score, the lowest expert id among those equal to it
 (ties go to the lower id), which is then struck out. k is small (at most 16) and unrolled. The
 weights are divided by their sum when `renormalize`. No host synchronisation: capturable.
+
+At decode sizes the router's linear layer and the routing are one kernel (`router_route`, the op's
+optional entry; EngineConfig.fuse_moe_router): each program computes a few experts' logits for every
+token (the router's weight read once, spread over the programs), stores them as float32 rounded to the
+activations' dtype (as the linear layer's output is), and the last program to arrive (an arrival
+counter, launch.arrival_counters) routes every token. One launch where the unfused path takes the
+router's GEMM (cuBLAS: a GEMV and often a split-K reduction kernel) and the routing kernel.
 """
 
 from __future__ import annotations
@@ -15,11 +22,45 @@ import triton
 import triton.language as tl
 
 from tritonllm import platform
-from tritonllm.kernels.launch import pdl_launch, pdl_wait
+from tritonllm.kernels.launch import arrival_counters, pdl_launch, pdl_wait
 from tritonllm.kernels.reference import MOE_SCORINGS
 from tritonllm.kernels.registry import register
 
 MAX_TOP_K = 16
+# router_route: tokens it takes (more: the router's GEMM, then moe_route), experts it scores
+ROUTER_MAX_TOKENS = 8
+ROUTER_MAX_EXPERTS = 256
+
+
+@triton.jit
+def _route_rows(logits, rows, in_rows, experts, E, weights_ptr, ids_ptr, TOP_K: tl.constexpr, SCORING: tl.constexpr,
+                RENORMALIZE: tl.constexpr, SLOTS: tl.constexpr):  # fmt: skip
+    """Score the float32 logits [ROWS, BLOCK_E] (experts past E, and rows not in_rows, any finite value)
+    and store each row's top-k weights and expert ids (SLOTS: TOP_K rounded up to a power of two)."""
+    mask = in_rows[:, None] & (experts < E)[None, :]
+    logits = tl.where(mask, logits, -float("inf"))
+    logits = tl.where(in_rows[:, None], logits, 0.0)  # rows past T: finite (never stored)
+    if SCORING == 0:  # softmax
+        p = tl.exp(logits - tl.max(logits, axis=1)[:, None])
+        scores = p / tl.sum(p, axis=1)[:, None]
+    else:  # sigmoid
+        scores = 1.0 / (1.0 + tl.exp(-logits))
+    scores = tl.where(mask, scores, -1.0)  # below every real score (all >= 0)
+    slots = tl.arange(0, SLOTS)
+    weights = tl.zeros((logits.shape[0], SLOTS), dtype=tl.float32)
+    ids = tl.zeros((logits.shape[0], SLOTS), dtype=tl.int32)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(scores, axis=1)
+        best_id = tl.min(tl.where(scores == best[:, None], experts[None, :], logits.shape[1]), axis=1)
+        weights = tl.where(slots[None, :] == j, best[:, None], weights)
+        ids = tl.where(slots[None, :] == j, best_id[:, None], ids)
+        scores = tl.where(experts[None, :] == best_id[:, None], -2.0, scores)
+    if RENORMALIZE:
+        weights = weights / tl.sum(weights, axis=1)[:, None]
+    out_mask = in_rows[:, None] & (slots < TOP_K)[None, :]
+    out_offs = rows[:, None].to(tl.int64) * TOP_K + slots[None, :]
+    tl.store(weights_ptr + out_offs, weights, mask=out_mask)
+    tl.store(ids_ptr + out_offs, ids, mask=out_mask)
 
 
 @triton.jit
@@ -35,29 +76,63 @@ def moe_route_kernel(
     in_rows = rows < T
     mask = in_rows[:, None] & (experts < E)[None, :]
     ptrs = logits_ptr + rows[:, None].to(tl.int64) * stride_lt + experts[None, :] * stride_le
-    logits = tl.load(ptrs, mask=mask, other=-float("inf")).to(tl.float32)
-    logits = tl.where(in_rows[:, None], logits, 0.0)  # rows past T: finite (never stored)
-    if SCORING == 0:  # softmax
-        p = tl.exp(logits - tl.max(logits, axis=1)[:, None])
-        scores = p / tl.sum(p, axis=1)[:, None]
-    else:  # sigmoid
-        scores = 1.0 / (1.0 + tl.exp(-logits))
-    scores = tl.where(mask, scores, -1.0)  # below every real score (all >= 0)
-    slots = tl.arange(0, BLOCK_K)
-    weights = tl.zeros((ROWS, BLOCK_K), dtype=tl.float32)
-    ids = tl.zeros((ROWS, BLOCK_K), dtype=tl.int32)
-    for j in tl.static_range(TOP_K):
-        best = tl.max(scores, axis=1)
-        best_id = tl.min(tl.where(scores == best[:, None], experts[None, :], BLOCK_E), axis=1)
-        weights = tl.where(slots[None, :] == j, best[:, None], weights)
-        ids = tl.where(slots[None, :] == j, best_id[:, None], ids)
-        scores = tl.where(experts[None, :] == best_id[:, None], -2.0, scores)
-    if RENORMALIZE:
-        weights = weights / tl.sum(weights, axis=1)[:, None]
-    out_mask = in_rows[:, None] & (slots < TOP_K)[None, :]
-    out_offs = rows[:, None].to(tl.int64) * TOP_K + slots[None, :]
-    tl.store(weights_ptr + out_offs, weights, mask=out_mask)
-    tl.store(ids_ptr + out_offs, ids, mask=out_mask)
+    logits = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    _route_rows(logits, rows, in_rows, experts, E, weights_ptr, ids_ptr, TOP_K, SCORING, RENORMALIZE, BLOCK_K)
+
+
+@triton.jit
+def router_route_kernel(
+    x_ptr, w_ptr, bias_ptr, logits_ptr, weights_ptr, ids_ptr, counter_ptr, T, E, K, stride_xt, stride_we,
+    TOP_K: tl.constexpr, SCORING: tl.constexpr, RENORMALIZE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_T: tl.constexpr, EXPERTS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
+    SLOTS: tl.constexpr, PDL: tl.constexpr = False,
+):  # fmt: skip
+    """logits[t, e] = x[t] . w[e] (+ bias[e]) for every token t < T (<= BLOCK_T) and this program's EXPERTS
+    experts, summed in float32 and rounded to x's dtype (the router linear's output), stored in the float32
+    workspace logits [T, E]; the last program to arrive on counter_ptr routes every token (_route_rows) and
+    leaves the counter at zero. Both operands are loaded as the product's [BLOCK_T, EXPERTS, BLOCK_K] tile (each
+    token's row once an expert, each expert's row once a token: repeats served by L1), so the product needs no
+    layout change."""
+    pdl_wait(PDL)
+    tokens = tl.arange(0, BLOCK_T)
+    experts = tl.program_id(0) * EXPERTS + tl.arange(0, EXPERTS)
+    t_in = tokens < T
+    e_in = experts < E
+    offs_k = tl.arange(0, BLOCK_K)[None, None, :]
+    zero_t = (tokens * 0)[:, None, None]
+    zero_e = (experts * 0)[None, :, None]
+    x_ptrs = x_ptr + (tokens[:, None, None].to(tl.int64) * stride_xt + zero_e) + offs_k
+    w_ptrs = w_ptr + (tl.where(e_in, experts, 0)[None, :, None].to(tl.int64) * stride_we + zero_t) + offs_k
+    x_rows = t_in[:, None, None] & (zero_e == 0)
+    acc = tl.zeros((BLOCK_T, EXPERTS), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        k_in = k + offs_k < K
+        x = tl.load(x_ptrs + k, mask=x_rows & k_in, other=0.0).to(tl.float32)
+        w = tl.load(w_ptrs + k, mask=(zero_t == 0) & k_in, other=0.0).to(tl.float32)
+        acc += tl.sum(x * w, axis=2)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + experts, mask=e_in, other=0.0).to(tl.float32)[None, :]
+    logits = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(logits_ptr + tokens[:, None] * E + experts[None, :], logits, mask=t_in[:, None] & e_in[None, :])
+    tl.debug_barrier()  # every thread's logits stored before the (releasing) arrival
+    if tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
+        every = tl.arange(0, BLOCK_E)
+        ptrs = logits_ptr + tokens[:, None] * E + every[None, :]
+        all_logits = tl.load(ptrs, mask=t_in[:, None] & (every < E)[None, :], other=0.0, cache_modifier=".cg")
+        _route_rows(all_logits, tokens, t_in, every, E, weights_ptr, ids_ptr, TOP_K, SCORING, RENORMALIZE, SLOTS)
+        tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+
+
+def _check_route(experts: int, top_k: int, scoring: str) -> None:
+    if scoring not in MOE_SCORINGS:
+        raise ValueError(f"MoE scoring {scoring!r} is not one of {MOE_SCORINGS}")
+    if not 0 < top_k <= min(experts, MAX_TOP_K):
+        raise ValueError(f"moe_route: top_k {top_k} must be in 1..{min(experts, MAX_TOP_K)} ({experts} experts)")
+
+
+def _route_outputs(t: int, top_k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    weights = torch.empty((t, top_k), dtype=torch.float32, device=device)
+    return weights, torch.empty((t, top_k), dtype=torch.int32, device=device)
 
 
 @register("moe", "triton")
@@ -65,13 +140,9 @@ def moe_route(
     router_logits: torch.Tensor, top_k: int, renormalize: bool, scoring: str = "softmax"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """router_logits [T, E] -> (weights float32 [T, top_k], expert ids int32 [T, top_k])."""
-    if scoring not in MOE_SCORINGS:
-        raise ValueError(f"MoE scoring {scoring!r} is not one of {MOE_SCORINGS}")
     t, e = router_logits.shape
-    if not 0 < top_k <= min(e, MAX_TOP_K):
-        raise ValueError(f"moe_route: top_k {top_k} must be in 1..{min(e, MAX_TOP_K)} ({e} experts)")
-    weights = torch.empty((t, top_k), dtype=torch.float32, device=router_logits.device)
-    ids = torch.empty((t, top_k), dtype=torch.int32, device=router_logits.device)
+    _check_route(e, top_k, scoring)
+    weights, ids = _route_outputs(t, top_k, router_logits.device)
     if t == 0:
         return weights, ids
     block_e = triton.next_power_of_2(e)
@@ -82,5 +153,47 @@ def moe_route(
         router_logits, weights, ids, t, e, router_logits.stride(0), router_logits.stride(1),
         TOP_K=top_k, SCORING=MOE_SCORINGS.index(scoring), RENORMALIZE=renormalize,
         ROWS=rows, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k), num_warps=4, **pdl_launch(),
+    )  # fmt: skip
+    return weights, ids
+
+
+def router_tiles(t: int, e: int, k: int) -> tuple[int, int, int]:
+    """router_route_kernel's (BLOCK_T, experts a program, BLOCK_K): about 32 programs, so the router's weight
+    is read by that many SMs at once, and at most 8192 float32 products a K step (64 a thread of four warps)."""
+    block_t = triton.next_power_of_2(t)
+    experts = max(1, triton.next_power_of_2(e) // 32)
+    largest = 1 << max(6, (8192 // (block_t * experts)).bit_length() - 1)  # a power of two, at least 64
+    return block_t, experts, min(triton.next_power_of_2(k), largest)
+
+
+@register("moe", "triton")
+def router_route(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int, renormalize: bool,
+    scoring: str = "softmax",
+) -> tuple[torch.Tensor, torch.Tensor] | None:  # fmt: skip
+    """The router's linear layer (x [T, H] times weight [E, H], plus bias [E]) and moe_route in one launch:
+    moe_route's (weights, ids) of the logits as the linear layer would give them (rounded to x's dtype).
+    None where the kernel does not take the call: more than ROUTER_MAX_TOKENS tokens (a prefill: the GEMM
+    pays there) or ROUTER_MAX_EXPERTS experts, a weight not in x's dtype, rows not contiguous, or no
+    arrival counters (a graph captured before they exist); the caller then runs the layer and moe_route."""
+    t, k = x.shape
+    e = weight.shape[0]
+    _check_route(e, top_k, scoring)
+    plain = isinstance(weight, torch.Tensor) and weight.dtype == x.dtype and weight.shape[1] == k
+    if not (0 < t <= ROUTER_MAX_TOKENS and e <= ROUTER_MAX_EXPERTS and plain):
+        return None
+    if x.stride(1) != 1 or weight.stride(1) != 1 or (bias is not None and bias.stride(0) != 1):
+        return None
+    counters = arrival_counters(x.device)
+    if counters is None:
+        return None
+    block_t, experts, block_k = router_tiles(t, e, k)
+    logits = torch.empty((t, e), dtype=torch.float32, device=x.device)
+    weights, ids = _route_outputs(t, top_k, x.device)
+    router_route_kernel[(triton.cdiv(e, experts),)](
+        x, weight, bias if bias is not None else weight, logits, weights, ids, counters, t, e, k, x.stride(0),
+        weight.stride(0), TOP_K=top_k, SCORING=MOE_SCORINGS.index(scoring), RENORMALIZE=renormalize,
+        HAS_BIAS=bias is not None, BLOCK_T=block_t, EXPERTS=experts, BLOCK_K=block_k,
+        BLOCK_E=triton.next_power_of_2(e), SLOTS=triton.next_power_of_2(top_k), num_warps=4, **pdl_launch(),
     )  # fmt: skip
     return weights, ids

@@ -485,6 +485,16 @@ def moe_route(
     return weights, ids.to(torch.int32)
 
 
+@register("moe", "torch_ref")
+def router_route(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int, renormalize: bool,
+    scoring: str = "softmax",
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The router's linear layer, its logits rounded to x's dtype as the layer gives them, then moe_route."""
+    logits = F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
+    return moe_route(logits, top_k, renormalize, scoring)
+
+
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeAlignment:
     """topk_ids [T, k] -> the pairs (p = t * k + j) sorted by expert, each expert's segment padded to
     a multiple of block_m with T * k, blocks past the last segment marked expert E; each expert's pairs

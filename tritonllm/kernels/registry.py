@@ -46,7 +46,7 @@ OPS: dict[str, tuple[str, ...]] = {
         "residual_linear",
         "gated_mlp_linear",
     ),
-    "moe": ("moe_route", "fused_moe"),
+    "moe": ("moe_route", "fused_moe", "router_route"),
 }
 # entry points an implementation may leave out: fused kernels only some implementations have. Left out,
 # the entry returns None and its caller runs the unfused ops (linear's gated_linear: gate_up's GEMM with
@@ -57,9 +57,11 @@ OPS: dict[str, tuple[str, ...]] = {
 # (without it, the norm kernel and the GEMM); residual_linear: a layer whose output is added into the
 # residual stream in its GEMM's epilogue (without it, the GEMM, and the add in the next norm's kernel);
 # gated_mlp_linear: a gated MLP's two GEMMs with the SiLU-mul and the down input's quantization inside them
-# (without it, gate_up, the activation op, down)
+# (without it, gate_up, the activation op, down); moe's router_route: a MoE router's linear layer and the
+# routing in one kernel at decode sizes (without it, the router's GEMM, then moe_route)
 OPTIONAL_ENTRIES: dict[str, frozenset[str]] = {
-    "linear": frozenset({"gated_linear", "silu_mul_linear", "norm_linear", "residual_linear", "gated_mlp_linear"})
+    "linear": frozenset({"gated_linear", "silu_mul_linear", "norm_linear", "residual_linear", "gated_mlp_linear"}),
+    "moe": frozenset({"router_route"}),
 }
 ENTRY_OPS: dict[str, str] = {entry: op for op, entries in OPS.items() for entry in entries}
 FLOATS = frozenset({torch.float32, torch.float16, torch.bfloat16})

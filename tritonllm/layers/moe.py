@@ -67,6 +67,8 @@ class FusedMoE(nn.Module):
         self.renormalize, self.scoring, self.activation = renormalize, scoring, activation
         self.alpha, self.limit = alpha, limit
         self.kernels = default_kernels()  # the engine binds its own (kernels/registry.py)
+        # the router's linear layer and the routing in one kernel at decode sizes (EngineConfig.fuse_moe_router)
+        self.fuse_router = False
 
         def param(*shape: int) -> nn.Parameter:
             return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
@@ -87,9 +89,20 @@ class FusedMoE(nn.Module):
         self.w13_bias = param(num_experts, 2 * intermediate_size) if bias else None
         self.w2_bias = param(num_experts, hidden_size) if bias and tp.rank == 0 else None  # added once
 
-    def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        """x [T, H], router_logits [T, E] -> the weighted sum of each token's top-k experts [T, H]."""
-        weights, ids = self.kernels.moe_route(router_logits, self.top_k, self.renormalize, self.scoring)
+    def route(self, x: torch.Tensor, router: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's top-k (weights, expert ids) from the router's linear layer on x [T, H]: with fuse_router,
+        one kernel where the moe implementation has one for the call (its router_route), else the layer's
+        GEMM and then moe_route."""
+        if self.fuse_router:
+            route = self.kernels.router_route(x, router.weight, router.bias, self.top_k, self.renormalize,
+                                              self.scoring)  # fmt: skip
+            if route is not None:
+                return route
+        return self.kernels.moe_route(router(x), self.top_k, self.renormalize, self.scoring)
+
+    def forward(self, x: torch.Tensor, route: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x [T, H] and its route (self.route) -> the weighted sum of each token's top-k experts [T, H]."""
+        weights, ids = route
         w13, w2 = self.w13, self.w2
         if self.scheme is not None:
             w13 = QuantizedWeight(self.scheme, self.w13, self.w13_scale)

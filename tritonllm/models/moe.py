@@ -104,7 +104,7 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert_gate = Linear(hidden, 1, False, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.experts(x, getattr(self, self.router_name)(x))
+        out = self.experts(x, self.experts.route(x, getattr(self, self.router_name)))
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out

@@ -28,6 +28,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from tritonllm.kernels.launch import arrival_counters
 from tritonllm.worker.staging import StagingBuffer
 
 logger = logging.getLogger(__name__)
@@ -106,6 +107,9 @@ class DecodeGraphs:
         """Capture `body` (the runner's decode step: (size, input views) -> hidden states, tokens
         sampled into its last_sampled) at every size. The graphs keep no reference to the runner."""
         start = time.perf_counter()
+        # the kernels that count arrivals (split-K GEMMs, split-KV attention, the fused MoE router) find their
+        # counters allocated before any capture, whichever sizes their warm-ups took
+        arrival_counters(torch.device("cuda", torch.cuda.current_device()))
         pool = None
         for size in reversed(self.sizes):
             self._stage_padding(size)  # valid inputs for the warm-up and the capture

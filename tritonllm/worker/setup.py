@@ -24,6 +24,7 @@ from tritonllm.kernels.launch import set_pdl
 from tritonllm.kernels.registry import OPS, KernelContext, Kernels, select_kernels
 from tritonllm.layers.activation import SiluAndMul
 from tritonllm.layers.attention import Attention
+from tritonllm.layers.moe import FusedMoE
 from tritonllm.models.llama import LlamaDecoderLayer
 from tritonllm.models.loader import fit_rope_tables, layer_features, linear_formats, load_model, model_max_len, used_ops
 from tritonllm.worker.model_runner import ModelRunner
@@ -60,6 +61,8 @@ def set_up_rank(config: EngineConfig, path: str, tp: TensorParallel) -> RankSetu
             module.fuse_down_input = config.fuse_down_input_quant
         elif isinstance(module, LlamaDecoderLayer):
             module.fuse_norm = config.fuse_norm_into_gemm
+        elif isinstance(module, FusedMoE):
+            module.fuse_router = config.fuse_moe_router
     # this engine's kernels, bound to its model's layers by the runner: another engine in the same
     # process may choose others
     context = KernelContext(
