@@ -11,7 +11,9 @@ routed by the Triton router (softmax, renormalised). Per case:
   of warm runs (triton.testing.do_bench, L2 flushed between runs); triton_cold_ms: its first call
   for that case, timed to completion (includes Triton's compilation where the case needs a new
   specialisation); triton_graph_ms (tokens <= 256: decode sizes): replayed from a CUDA graph;
-  route_ms: the router alone;
+  route_ms: the router alone; router_unfused_us / router_fused_us (tokens <= 8 on the GPU, graph replay):
+  the router's linear layer [E, H] with a bias (cuBLAS) and then the routing kernel, against the two in one
+  kernel (moe_route.router_route: fuse_moe_router);
 - loop_ms: a per-expert torch loop in bf16 (one sort, x[rows] @ w13[e].T, SiLU-mul, @ w2[e].T,
   index_add per expert hit; quantized kinds use the dequantized bf16 weights: the baseline a
   quantized checkpoint would otherwise run); torch_ref_ms (tokens <= --torch-ref-max-tokens): the
@@ -48,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tritonllm import platform  # noqa: E402
 from tritonllm.kernels import moe_tiles, reference  # noqa: E402
 from tritonllm.kernels.moe import fused_moe, moe_tiles_for  # noqa: E402
-from tritonllm.kernels.moe_route import moe_route  # noqa: E402
+from tritonllm.kernels.moe_route import ROUTER_MAX_TOKENS, moe_route, router_route  # noqa: E402
 from tritonllm.kernels.quant_formats import FP4, QuantizedWeight, QuantScheme  # noqa: E402
 from tritonllm.quantization.quantize import quantize_experts  # noqa: E402
 
@@ -236,6 +238,12 @@ def bench_case(name: str, kind: str, experts: dict, tokens: int, torch_ref_max: 
     row["triton_cold_ms"] = cold_ms(run)
     row["triton_ms"] = median_ms(run)
     row["route_ms"] = median_ms(lambda: moe_route(logits, top_k, True))
+    if tokens <= ROUTER_MAX_TOKENS and platform.is_gpu():
+        router = (torch.randn(e, h, device=DEVICE, generator=gen) * h**-0.5).to(DTYPE)
+        bias = torch.randn(e, device=DEVICE, generator=gen).to(DTYPE)
+        unfused = lambda: moe_route(torch.nn.functional.linear(x, router, bias), top_k, True)  # noqa: E731
+        row["router_unfused_us"] = graph_ms(unfused) * 1e3
+        row["router_fused_us"] = graph_ms(lambda: router_route(x, router, bias, top_k, True)) * 1e3
     if tokens <= 256 and platform.is_gpu():
         row["triton_graph_ms"] = graph_ms(run)
         if kernels:
@@ -293,6 +301,9 @@ def main() -> None:
                       f"{row['triton_cold_ms']:.1f}) loop {row['loop_ms']:.3f} ms x{row['speedup_vs_loop']:.2f}  "
                       f"{row['tflops']:.0f} TFLOP/s  {row['weight_gbps']:.0f} GB/s ({row['experts_hit']} experts)  "
                       f"route {row['route_ms'] * 1e3:.1f} us  err {row['rel_error_vs_loop']:.1e}", flush=True)  # fmt: skip
+                if "router_fused_us" in row:
+                    unfused, fused = row["router_unfused_us"], row["router_fused_us"]
+                    print(f"    router: GEMM + route {unfused:.1f} us, fused {fused:.1f} us", flush=True)
                 if "kernel_us" in row:
                     print("    kernels (us):", "  ".join(f"{k} {v}" for k, v in row["kernel_us"].items()), flush=True)
                 for variant, v in row.get("variants", {}).items():

@@ -46,7 +46,8 @@ KINDS = {"bfloat16": ("bf16", "bf16", "fp32", 0, 1), "fp8_block": ("fp8e4nv", "f
 OPERAND_BYTES = {"bfloat16": (2, 2), "fp8_block": (1, 1), "mxfp4": (2, 1)}  # (A, B) bytes, as fused_moe fits tiles
 BUCKETS = (0.1, 4, 16, 64, 500)  # rows per expert: the GEMV, then each grouped bucket
 DIVISIBLE = ("a_ptr", "b_ptr", "c_ptr", "K", "N", "stride_am", "stride_be", "stride_bn", "stride_cm")
-RAGGED_K = tuple(d for d in DIVISIBLE if d != "stride_bn")  # gpt-oss: K = 2880 is a multiple of 16, its 360-word rows not
+# gpt-oss: K = 2880 is a multiple of 16, its 360-word MXFP4 rows are not
+RAGGED_K = tuple(d for d in DIVISIBLE if d != "stride_bn")
 
 
 def compile_moe(kind: str, gated: bool, tiles: GemmTiles, variant: dict, target: GPUTarget = SM90,

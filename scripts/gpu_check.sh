@@ -372,6 +372,8 @@ print(tuned_file(torch.cuda.get_device_name()))")
       # e.g. qwen3_throughput), then both batch-1 kernel tables (where the router's microseconds went)
       python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_moe_router.py tests/test_engine_gpu.py -k "router" \
         2>&1 | tail -3
+      python3 scripts/bench_moe.py "$OUT/moe_router.json" --shapes gptoss qwen3 --kinds mxfp4 --tokens 1 4 8 \
+        --torch-ref-max-tokens 0 2>&1 | grep -E "T=|router"
       for fuse in false true; do
         MOE_RUNS="${MOE_ROUTER_RUNS:-gptoss_batch1}" MOE_ARGS="fuse_moe_router=$fuse" MOE_TAG="_router_$fuse" bash "$0" e2e-moe
       done
