@@ -368,8 +368,9 @@ print(tuned_file(torch.cuda.get_device_name()))")
     moe-router)
       # session 29's build, for its first GPU run: a MoE block's router GEMM (cuBLAS, often with a split-K reduction
       # kernel) and its routing kernel as one kernel at decode sizes (fuse_moe_router, kernels/moe_route.py's
-      # router_route): its GPU tests, gpt-oss-20b batch 1 end to end without and with it (MOE_ROUTER_RUNS adds
-      # e.g. qwen3_throughput), then both batch-1 kernel tables (where the router's microseconds went)
+      # router_route): its GPU tests, the router alone (bench_moe: GEMM + route against fused, graph replay), gpt-oss-20b
+      # batch 1 end to end without and with it (MOE_ROUTER_RUNS adds e.g. qwen3_throughput); MOE_ROUTER_PROFILE=1:
+      # then both batch-1 kernel tables (where the router's microseconds went)
       python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_moe_router.py tests/test_engine_gpu.py -k "router" \
         2>&1 | tail -3
       python3 scripts/bench_moe.py "$OUT/moe_router.json" --shapes gptoss qwen3 --kinds mxfp4 --tokens 1 4 8 \
@@ -377,9 +378,11 @@ print(tuned_file(torch.cuda.get_device_name()))")
       for fuse in false true; do
         MOE_RUNS="${MOE_ROUTER_RUNS:-gptoss_batch1}" MOE_ARGS="fuse_moe_router=$fuse" MOE_TAG="_router_$fuse" bash "$0" e2e-moe
       done
-      PROFILE_VARIANTS=gptoss PROFILE_TAG=_router_false bash "$0" profile-b1 | grep -E "step_ms|route|nvjet|splitK"
-      PROFILE_VARIANTS=gptoss PROFILE_ARGS=--fuse-moe-router PROFILE_TAG=_router_true bash "$0" profile-b1 \
-        | grep -E "step_ms|route|nvjet|splitK" ;;
+      if [ -n "${MOE_ROUTER_PROFILE:-}" ]; then
+        PROFILE_VARIANTS=gptoss PROFILE_TAG=_router_false bash "$0" profile-b1 | grep -E "step_ms|route|nvjet|splitK"
+        PROFILE_VARIANTS=gptoss PROFILE_ARGS=--fuse-moe-router PROFILE_TAG=_router_true bash "$0" profile-b1 \
+          | grep -E "step_ms|route|nvjet|splitK"
+      fi ;;
     moe-loads)
       # session 28's build: the MoE GEMV's load schedules (TRITONLLM_MOE_GEMV_LOADS 0: the scales loaded late,
       # MXFP4's behind the activation's layout-change barriers, FP8 block's after the products, the default;
