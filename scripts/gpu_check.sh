@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-router] [llama3-8b-config]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-router] [gptoss-linears] [llama3-8b-config]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -383,6 +383,13 @@ print(tuned_file(torch.cuda.get_device_name()))")
         PROFILE_VARIANTS=gptoss PROFILE_ARGS=--fuse-moe-router PROFILE_TAG=_router_true bash "$0" profile-b1 \
           | grep -E "step_ms|route|nvjet|splitK"
       fi ;;
+    gptoss-linears)
+      # gpt-oss-20b batch 1 with its bf16 projections (qkv, o with biases, the 201k-row LM head) on the Triton skinny
+      # GEMM (kernels.linear=triton_sm90: M <= 4 bf16, split-K summed in the kernel) instead of cuBLAS (auto: torch;
+      # cuBLAS splits o_proj's K and launches a reduction kernel after it), each end to end
+      for linear in torch triton_sm90; do
+        MOE_RUNS=gptoss_batch1 MOE_ARGS="kernels.linear=$linear" MOE_TAG="_linear_$linear" bash "$0" e2e-moe
+      done ;;
     moe-loads)
       # session 28's build: the MoE GEMV's load schedules (TRITONLLM_MOE_GEMV_LOADS 0: the scales loaded late,
       # MXFP4's behind the activation's layout-change barriers, FP8 block's after the products, the default;
