@@ -77,7 +77,7 @@ def moe_signature(kind: str, gated: bool, tiles: GemmTiles, variant: dict, targe
         fn, types["topk_ids_ptr"] = moe_gemv_kernel, "*i32"
         slots = variant.get("slots", 0)
         constexprs = dict(common, WORDS=words, FP4_BITS=cuda, JOINT=variant.get("joint", False), SLOTS=slots,
-                          REDUCE=variant.get("reduce", gemv_reduce()), LOADS=variant.get("loads", gemv_loads()))  # fmt: skip
+                          REDUCE=variant.get("reduce", gemv_reduce()), LOADS=variant.get("loads", gemv_loads(words)))  # fmt: skip
         if slots:
             constexprs["BLOCK_N"] = max(1, tiles.block_n // slots)
     else:

@@ -379,7 +379,8 @@ print(tuned_file(torch.cuda.get_device_name()))")
         MOE_RUNS="${MOE_ROUTER_RUNS:-gptoss_batch1}" MOE_ARGS="fuse_moe_router=$fuse" MOE_TAG="_router_$fuse" bash "$0" e2e-moe
       done
       if [ -n "${MOE_ROUTER_PROFILE:-}" ]; then
-        PROFILE_VARIANTS=gptoss PROFILE_TAG=_router_false bash "$0" profile-b1 | grep -E "step_ms|route|nvjet|splitK"
+        PROFILE_VARIANTS=gptoss PROFILE_ARGS=--no-fuse-moe-router PROFILE_TAG=_router_false bash "$0" profile-b1 \
+          | grep -E "step_ms|route|nvjet|splitK"
         PROFILE_VARIANTS=gptoss PROFILE_ARGS=--fuse-moe-router PROFILE_TAG=_router_true bash "$0" profile-b1 \
           | grep -E "step_ms|route|nvjet|splitK"
       fi ;;

@@ -93,7 +93,8 @@ def main() -> None:
     )
     parser.add_argument("--fuse-norm-into-gemm", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument("--fuse-gated-mlp", action="store_true", help="fuse_gated_activation + fuse_down_input_quant")
-    parser.add_argument("--fuse-moe-router", action="store_true", help="a MoE router's GEMM and routing in one kernel")
+    parser.add_argument("--fuse-moe-router", action=argparse.BooleanOptionalAction, default=True,
+                        help="a MoE router's GEMM and routing in one kernel at decode sizes")  # fmt: skip
     parser.add_argument("--kernel-table", type=int, default=0, help="report the N kernels taking most GPU time")
     parser.add_argument("--output-json", default=None)
     parser.add_argument("--trace", default=None, help="also write the Chrome trace here")

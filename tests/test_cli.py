@@ -95,7 +95,7 @@ def test_flags_map_to_llm_kwargs():
             "--no-align-prefill-chunks",
             "--fuse-down-input-quant",
             "--fuse-norm-into-gemm",
-            "--fuse-moe-router",
+            "--no-fuse-moe-router",
         ]
     )
     assert args.port == 9001
@@ -120,7 +120,7 @@ def test_flags_map_to_llm_kwargs():
         "fuse_gated_activation": True,
         "fuse_down_input_quant": True,
         "fuse_norm_into_gemm": True,
-        "fuse_moe_router": True,
+        "fuse_moe_router": False,
         "quantization": "int8",
         "load_format": "dummy",
         "kv_cache_dtype": "fp8",

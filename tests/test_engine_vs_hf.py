@@ -66,9 +66,9 @@ def test_moe_kernel_variants_match_hf(prompts, monkeypatch):
 
 
 def test_fused_moe_router_matches_hf(prompts, monkeypatch):
-    """gpt-oss with fuse_moe_router: its decode steps (4 tokens) route with the router's linear layer and the
-    top-k in one kernel (kernels/moe_route.py's router_route), its prefill chunks (24 tokens) with the GEMM
-    and moe_route; greedy tokens and logprobs as HF's, and the fused kernel seen running."""
+    """gpt-oss with fuse_moe_router (the default): its decode steps of one sequence route with the router's
+    linear layer and the top-k in one kernel (kernels/moe_route.py's router_route), its prefill chunks (24
+    tokens) with the GEMM and moe_route; greedy tokens and logprobs as HF's, and the fused kernel seen running."""
     from tritonllm.kernels import moe_route
 
     launches = []
@@ -83,7 +83,7 @@ def test_fused_moe_router_matches_hf(prompts, monkeypatch):
     shared = [*prompts[:3], prompts[2][:32] + prompts[3]]
     check_against_hf(
         str(tiny_model_path("GptOssForCausalLM")), shared, num_steps=8, block_size=16, max_model_len=256,
-        max_num_batched_tokens=24, kernel_backend="triton", fuse_moe_router=True,
+        max_num_batched_tokens=24, max_num_seqs=1, kernel_backend="triton", fuse_moe_router=True,
     )  # fmt: skip
     assert len(launches) >= 2 * 7  # two MoE layers a decode step, at least seven decode steps
 

@@ -42,7 +42,7 @@ class RunConfig:
     fuse_gated_activation: bool = False  # true: gate_up's SiLU-mul in the skinny GEMM's epilogue (ablation)
     fuse_down_input_quant: bool = False  # true: a W8A8 down projection's GEMM quantizes its input at decode sizes
     fuse_norm_into_gemm: bool = False  # true: FP8 decode GEMMs normalize their input / add the residual themselves
-    fuse_moe_router: bool = False  # true: a MoE router's GEMM and routing in one kernel at decode sizes
+    fuse_moe_router: bool = True  # a MoE router's GEMM and routing in one kernel at decode sizes; false: ablation
     output_json: str | None = None  # a path: also write the results there as JSON
 
 

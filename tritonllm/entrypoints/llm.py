@@ -55,7 +55,7 @@ class LLM:
         fuse_gated_activation: bool = False,
         fuse_down_input_quant: bool = False,
         fuse_norm_into_gemm: bool = False,
-        fuse_moe_router: bool = False,
+        fuse_moe_router: bool = True,
         quantization: str | None = None,
         load_format: str = "auto",
         kv_cache_dtype: str = "auto",

@@ -291,7 +291,7 @@ def _launch(
         grid = (triton.cdiv(n, flags["BLOCK_N"]), t if slots else t * top_k)
         moe_gemv_kernel[grid](*pointers, route, n, k, alpha, limit, top_k, rows_per_expert, *strides, **flags,
                               WORDS=words is not None, FP4_BITS=FP4_BITS, JOINT=joint, SLOTS=slots, REDUCE=gemv_reduce(),
-                              LOADS=gemv_loads(), **pdl_launch())  # fmt: skip
+                              LOADS=gemv_loads(words is not None), **pdl_launch())  # fmt: skip
         return
     grid = (route.num_blocks * triton.cdiv(n, tiles.block_n),)
     b_desc = _b_descriptor(data, tiles) if tma and quant != Q_MXFP4 else None

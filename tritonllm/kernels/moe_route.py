@@ -30,6 +30,12 @@ MAX_TOP_K = 16
 # router_route: tokens it takes (more: the router's GEMM, then moe_route), experts it scores
 ROUTER_MAX_TOKENS = 8
 ROUTER_MAX_EXPERTS = 256
+# the tokens up to which fuse_moe_router takes router_route (layers/moe.py): on the H100 (session 29, bench_moe,
+# graph replay, bf16, against cuBLAS's GEMV with bias and moe_route) 8.4 against 11.4 us at gpt-oss's router
+# (32 x 2880) and 11.3 against 12.7 us at Qwen3-30B-A3B's (128 x 2048) at 1 token; at 4 tokens 11.4 against
+# 12.6 and 16.4 against 11.6, at 8 tokens 16.9 against 12.4 and 24.3 against 12.0 (each program's K loop and
+# the last program's top-k grow with the tokens); 2 tokens not measured yet
+FUSED_ROUTER_TOKENS = 1
 
 
 @triton.jit

@@ -160,16 +160,19 @@ def gemv_reduce() -> int:
 # scales late (MXFP4's after the activation's layout change, behind its barriers, FP8 block's after the
 # products: in the sm90 SASS a step then waits out two memory latencies; what every figure so far measured),
 # 1 every load at the top of its step, 2 a step ahead in registers (sm90: MXFP4 w13 joint 8 x 1024 96 -> 128
-# registers, FP8 block w13 32 -> 65, bf16 w13 54 -> 128). 0 stays the default until the GPU A/B
-# (`bash scripts/gpu_check.sh moe-loads`) says otherwise
+# registers, FP8 block w13 32 -> 65, bf16 w13 54 -> 128). The H100 A/B (session 29, `gpu_check.sh moe-loads`,
+# the decode layer's kernels with L2 flushed) for MXFP4 read as words: 1 beat 0 at every shape (gpt-oss 1 / 4
+# tokens 51.3 -> 47.8 / 139.7 -> 134.6 us, Qwen3-30B-A3B 22.0 -> 20.6 / 60.3 -> 58.9 us) and 2 was within 1%
+# of 1 (better for gpt-oss, worse for Qwen3): MXFP4 takes 1. The float and FP8-block paths were not timed: 0
 GEMV_LOADS = (0, 1, 2)
-DEFAULT_GEMV_LOADS = 0
+DEFAULT_GEMV_LOADS = {"words": 1, "other": 0}
 
 
 @functools.cache
-def gemv_loads() -> int:
-    """The GEMV's load schedule: TRITONLLM_MOE_GEMV_LOADS (for A/B runs), else DEFAULT_GEMV_LOADS."""
-    return _mode_from_env("TRITONLLM_MOE_GEMV_LOADS", GEMV_LOADS, DEFAULT_GEMV_LOADS)
+def gemv_loads(words: bool = False) -> int:
+    """The GEMV's load schedule: TRITONLLM_MOE_GEMV_LOADS (for A/B runs), else DEFAULT_GEMV_LOADS's for MXFP4
+    read as words (`words`) or the other paths."""
+    return _mode_from_env("TRITONLLM_MOE_GEMV_LOADS", GEMV_LOADS, DEFAULT_GEMV_LOADS["words" if words else "other"])
 
 
 @functools.cache

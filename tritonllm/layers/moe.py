@@ -22,6 +22,7 @@ from torch import nn
 
 from tritonllm.distributed.parallel_state import SINGLE, TensorParallel
 from tritonllm.distributed.shard import RankSlice, TensorDims, narrow_to_rank
+from tritonllm.kernels.moe_route import FUSED_ROUTER_TOKENS
 from tritonllm.kernels.quant_formats import BLOCK, FP4, FP8_DTYPES, MX_GROUP, QuantizedWeight, QuantScheme
 from tritonllm.kernels.reference import MOE_ACTIVATIONS, MOE_SCORINGS
 from tritonllm.kernels.registry import default_kernels
@@ -90,10 +91,10 @@ class FusedMoE(nn.Module):
         self.w2_bias = param(num_experts, hidden_size) if bias and tp.rank == 0 else None  # added once
 
     def route(self, x: torch.Tensor, router: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each token's top-k (weights, expert ids) from the router's linear layer on x [T, H]: with fuse_router,
-        one kernel where the moe implementation has one for the call (its router_route), else the layer's
-        GEMM and then moe_route."""
-        if self.fuse_router:
+        """Each token's top-k (weights, expert ids) from the router's linear layer on x [T, H]: with fuse_router
+        and at most FUSED_ROUTER_TOKENS tokens (where it measured faster), one kernel where the moe
+        implementation has one for the call (its router_route), else the layer's GEMM and then moe_route."""
+        if self.fuse_router and x.shape[0] <= FUSED_ROUTER_TOKENS:
             route = self.kernels.router_route(x, router.weight, router.bias, self.top_k, self.renormalize,
                                               self.scoring)  # fmt: skip
             if route is not None:

@@ -73,7 +73,9 @@ class MoESpec:
             return cls(config.num_local_experts, config.num_experts_per_tok, config.intermediate_size, True,
                        "swiglu_oai", "router", True, True, None,
                        # alpha: a config field in recent transformers, a constant (1.702) in the modeling code before
-                       alpha=getattr(config, "swiglu_alpha", 1.702), limit=config.swiglu_limit)  # fmt: skip
+                       # limit: a config field (7.0 in gpt-oss's checkpoints); transformers 5.17's GptOssConfig
+                       # has no such attribute, so a config it wrote lacks it: the modeling code's 7.0
+                       alpha=getattr(config, "swiglu_alpha", 1.702), limit=getattr(config, "swiglu_limit", 7.0))  # fmt: skip
         raise ValueError(f"no mixture-of-experts layout for model_type {kind!r}")
 
     def is_sparse(self, layer: int) -> bool:
