@@ -100,6 +100,27 @@ def test_auto_takes_cublas_for_unquantized_models_only() -> None:
     assert select_kernels({"linear": "torch"}, fp8).choice["linear"] == "torch"
 
 
+def test_auto_takes_hybrid_sm90_for_unquantized_models_on_hopper(monkeypatch) -> None:
+    """Where the skinny Gluon GEMM runs (an sm90 GPU), `auto` takes cuBLAS with it at decode sizes (hybrid_sm90)
+    for unquantized bf16 / fp16 models; quantized models still take the Triton GEMMs, float32 and other platforms
+    cuBLAS; `kernels.linear=torch` stays the plain cuBLAS baseline."""
+    from tritonllm.kernels import gemm_skinny_sm90
+
+    monkeypatch.setattr(gemm_skinny_sm90, "available", lambda: True)
+    hopper = KernelContext(platform="cuda", dtype=torch.bfloat16)
+    assert select_kernels({"linear": "auto"}, hopper).choice["linear"] == "hybrid_sm90"
+    assert select_kernels({"linear": "torch"}, hopper).choice["linear"] == "torch"
+    fp8 = KernelContext(platform="cuda", dtype=torch.bfloat16, linear_formats=frozenset({"fp8:channel:token"}))
+    assert select_kernels({"linear": "auto"}, fp8).choice["linear"] != "hybrid_sm90"
+    for other in (
+        KernelContext(platform="rocm", dtype=torch.bfloat16),
+        KernelContext(platform="cuda", dtype=torch.float32),
+    ):
+        assert select_kernels({"linear": "auto"}, other).choice["linear"] == "torch"
+    monkeypatch.setattr(gemm_skinny_sm90, "available", lambda: False)  # another NVIDIA GPU
+    assert select_kernels({"linear": "auto"}, hopper).choice["linear"] == "torch"
+
+
 def test_moe_selection_follows_the_expert_formats_not_the_linear_layers() -> None:
     """The fused MoE serves float, FP8 block and MXFP4 experts whatever the model's linear layers are
     (a W8A16 model's bf16 experts still take it); experts in another format take the reference."""
