@@ -4,8 +4,9 @@ except at decode sizes, where the skinny Gluon GEMM (kernels/gemm_skinny_sm90.py
 At M <= 4 rows of 16-bit activations (gemm_skinny_sm90.measured_faster) the skinny GEMM streams the weight by TMA
 and sums its K splits in its own kernel (cuBLAS launches a reduction kernel after a split-K GEMV), and starts its
 weight copies under the previous kernel's tail (PDL). On an H100 (session 29, experiments/moe/README.md) gpt-oss-20b
-batch-1 TPOT fell from 2.728 to 2.541 ms with every bf16 projection on the Triton GEMMs (`triton_sm90`), and
-Llama-3-8B bf16 batch 1 ran 1.11x cuBLAS that way on the H200 (session 14, experiments/gemm/README.md). Larger M
+batch-1 TPOT fell from 2.728 to 2.541 ms with every bf16 projection on the Triton GEMMs (`triton_sm90`), and with
+this implementation Llama-3-8B bf16 batch-1 TPOT went from 6.223 to 5.975 ms (cuBLAS alone); on the H200 Llama-3-8B
+bf16 batch 1 ran 1.11x cuBLAS on `triton_sm90` (session 14, experiments/gemm/README.md). Larger M
 (prefill, many sequences) stays on cuBLAS, where the Triton GEMMs were 0.96-1.03x of it. Quantized layers are
 `torch`'s (cuBLAS's FP8 / INT8 GEMMs; `auto` takes the Triton implementations for quantized models).
 """

@@ -34,7 +34,8 @@ ROUTER_MAX_EXPERTS = 256
 # graph replay, bf16, against cuBLAS's GEMV with bias and moe_route) 8.4 against 11.4 us at gpt-oss's router
 # (32 x 2880) and 11.3 against 12.7 us at Qwen3-30B-A3B's (128 x 2048) at 1 token; at 4 tokens 11.4 against
 # 12.6 and 16.4 against 11.6, at 8 tokens 16.9 against 12.4 and 24.3 against 12.0 (each program's K loop and
-# the last program's top-k grow with the tokens); 2 tokens not measured yet
+# the last program's top-k grow with the tokens); at 2 tokens (a later call) 9.7 against 12.6 (gpt-oss) but 13.5
+# against 13.1 us (Qwen3)
 FUSED_ROUTER_TOKENS = 1
 
 
