@@ -2,6 +2,7 @@
 
     python scripts/bench_moe.py OUT.json [--shapes qwen3 mixtral] [--kinds bfloat16 fp8_block mxfp4]
         [--tokens 1 4 16 64 256 1024 4096 8192] [--torch-ref-max-tokens 256] [--variants] [--kernels]
+    python scripts/bench_moe.py OUT.json --router-only [--shapes gptoss qwen3] [--tokens 1 2 3 4]
 
 Shapes: Qwen3-30B-A3B (E 128, top-8, H 2048, I 768) and Mixtral-8x7B (E 8, top-2, H 4096, I 14336),
 random bf16 weights (FP8 block-128 and MXFP4 experts quantized from them), random router logits
@@ -13,7 +14,7 @@ routed by the Triton router (softmax, renormalised). Per case:
   specialisation); triton_graph_ms (tokens <= 256: decode sizes): replayed from a CUDA graph;
   route_ms: the router alone; router_unfused_us / router_fused_us (tokens <= 8 on the GPU, graph replay):
   the router's linear layer [E, H] with a bias (cuBLAS) and then the routing kernel, against the two in one
-  kernel (moe_route.router_route: fuse_moe_router);
+  kernel (moe_route.router_route: fuse_moe_router); --router-only: those two figures alone (no experts built);
 - loop_ms: a per-expert torch loop in bf16 (one sort, x[rows] @ w13[e].T, SiLU-mul, @ w2[e].T,
   index_add per expert hit; quantized kinds use the dequantized bf16 weights: the baseline a
   quantized checkpoint would otherwise run); torch_ref_ms (tokens <= --torch-ref-max-tokens): the
@@ -239,11 +240,7 @@ def bench_case(name: str, kind: str, experts: dict, tokens: int, torch_ref_max: 
     row["triton_ms"] = median_ms(run)
     row["route_ms"] = median_ms(lambda: moe_route(logits, top_k, True))
     if tokens <= ROUTER_MAX_TOKENS and platform.is_gpu():
-        router = (torch.randn(e, h, device=DEVICE, generator=gen) * h**-0.5).to(DTYPE)
-        bias = torch.randn(e, device=DEVICE, generator=gen).to(DTYPE)
-        unfused = lambda: moe_route(torch.nn.functional.linear(x, router, bias), top_k, True)  # noqa: E731
-        row["router_unfused_us"] = graph_ms(unfused) * 1e3
-        row["router_fused_us"] = graph_ms(lambda: router_route(x, router, bias, top_k, True)) * 1e3
+        row.update(router_us(x, e, top_k, gen))
     if tokens <= 256 and platform.is_gpu():
         row["triton_graph_ms"] = graph_ms(run)
         if kernels:
@@ -271,6 +268,32 @@ def bench_case(name: str, kind: str, experts: dict, tokens: int, torch_ref_max: 
     return row
 
 
+def router_us(x: torch.Tensor, e: int, top_k: int, gen: torch.Generator) -> dict:
+    """The router for activations x [T, H] and a random [E, H] router with a bias, by graph replay (us): its linear
+    layer (cuBLAS) and then the routing kernel, against both in one kernel (router_route)."""
+    h = x.shape[1]
+    router = (torch.randn(e, h, device=DEVICE, generator=gen) * h**-0.5).to(DTYPE)
+    bias = torch.randn(e, device=DEVICE, generator=gen).to(DTYPE)
+    unfused = graph_ms(lambda: moe_route(torch.nn.functional.linear(x, router, bias), top_k, True))
+    fused = graph_ms(lambda: router_route(x, router, bias, top_k, True))
+    return dict(router_unfused_us=unfused * 1e3, router_fused_us=fused * 1e3)
+
+
+def router_only(shapes: list[str], tokens: list[int]) -> list[dict]:
+    """--router-only: router_us at each shape's router and token count (at most ROUTER_MAX_TOKENS), printed."""
+    rows = []
+    for name in shapes:
+        e, top_k, h, _ = SHAPES[name]
+        for t in (t for t in tokens if t <= ROUTER_MAX_TOKENS):
+            gen = torch.Generator(device=DEVICE).manual_seed(t)
+            x = torch.randn(t, h, device=DEVICE, generator=gen).to(DTYPE)
+            row = dict(shape=name, tokens=t, experts=e, top_k=top_k, hidden=h, **router_us(x, e, top_k, gen))
+            print(f"router {name} E={e} T={t}: GEMM + route {row['router_unfused_us']:.1f} us, fused "
+                  f"{row['router_fused_us']:.1f} us", flush=True)  # fmt: skip
+            rows.append(row)
+    return rows
+
+
 def add_problem_args(parser: argparse.ArgumentParser) -> None:
     """--shapes, --kinds and --tokens: the problems this script and tune_moe.py run."""
     parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, choices=list(SHAPES))
@@ -285,9 +308,19 @@ def main() -> None:
     parser.add_argument("--torch-ref-max-tokens", type=int, default=256, help="time the float32 reference up to here")
     parser.add_argument("--variants", action="store_true", help="time the picked tiles' variants (MoeTiles' flags)")
     parser.add_argument("--kernels", action="store_true", help="decode sizes: each kernel's time in a graph replay")
+    parser.add_argument("--router-only", action="store_true", help="the router alone, unfused and fused (the GPU)")
     args = parser.parse_args()
     import triton
 
+    def write(rows: list[dict]) -> None:
+        args.out.write_text(json.dumps(dict(device=device_name(), torch=torch.__version__, triton=triton.__version__,
+                                            rows=rows), indent=1))  # fmt: skip
+
+    if args.router_only:
+        if not platform.is_gpu():
+            parser.error("--router-only times CUDA-graph replays: it needs a GPU")
+        write(router_only(args.shapes, args.tokens))
+        return
     rows = []
     for name in args.shapes:
         e, _, h, i = SHAPES[name]
@@ -309,8 +342,7 @@ def main() -> None:
                 for variant, v in row.get("variants", {}).items():
                     print(f"    {variant:9s}: {v.get('graph_ms', v['ms']) * 1e3:8.1f} us  {v['weight_gbps']:5.0f} GB/s  "
                           f"{v['tflops']:5.0f} TFLOP/s  err {v['rel_error_vs_loop']:.1e}", flush=True)  # fmt: skip
-                args.out.write_text(json.dumps(dict(device=device_name(), torch=torch.__version__,
-                                                    triton=triton.__version__, rows=rows), indent=1))  # fmt: skip
+                write(rows)
             del experts
             if platform.is_gpu():
                 torch.cuda.empty_cache()
