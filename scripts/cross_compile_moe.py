@@ -99,13 +99,18 @@ def moe_signature(kind: str, gated: bool, tiles: GemmTiles, variant: dict, targe
     return fn, types, constexprs
 
 
-def build(kind: str, gated: bool, tiles: GemmTiles, variant: dict) -> str:
-    """compile_moe's result: 'ok', 'spills' (local memory in the SASS) or the error's first line."""
+def sass_status(compile_fn) -> str:
+    """A build's result: 'ok', 'spills' (local memory in the SASS) or the error's first line."""
     try:
-        sass = disassemble(compile_moe(kind, gated, tiles, variant))
+        sass = disassemble(compile_fn())
     except Exception as error:  # noqa: BLE001 - reported
         return "error " + str(error).splitlines()[0][:160]
     return "spills" if "LDL" in sass or "STL" in sass else "ok"
+
+
+def build(kind: str, gated: bool, tiles: GemmTiles, variant: dict) -> str:
+    """compile_moe's result (sass_status)."""
+    return sass_status(lambda: compile_moe(kind, gated, tiles, variant))
 
 
 def cases(all_tuned: bool) -> list[tuple[str, bool, GemmTiles, dict, str]]:
@@ -194,11 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     bad = target_checks() if args.targets else 0
     for name, fn, types, constexprs, num_warps, _ in router_checks(dict(PDL=True)):  # sm90: built, and spills?
-        try:
-            sass = disassemble(compile_kernel(fn, SM90, types, constexprs, num_warps))
-            result = "spills" if "LDL" in sass or "STL" in sass else "ok"
-        except Exception as error:  # noqa: BLE001 - reported
-            result = "error " + str(error).splitlines()[0][:160]
+        result = sass_status(lambda: compile_kernel(fn, SM90, types, constexprs, num_warps))  # noqa: B023
         bad += result != "ok"
         print(f"{name}: {result}", flush=True)
     for kind, gated, tiles, variant, label in cases(args.all):
