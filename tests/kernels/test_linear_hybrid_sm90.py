@@ -7,18 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
+from seeded import randn  # this folder
 
 from tritonllm import platform
 from tritonllm.kernels import gemm_skinny_sm90, linear_hybrid_sm90
 
-DEVICE = platform.DEVICE
-
 
 def _operands(m: int, n: int, k: int, dtype: torch.dtype, seed: int) -> tuple:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=g).to(DEVICE, dtype)
-    w = (torch.randn(n, k, generator=g) * k**-0.5).to(DEVICE, dtype)  # outputs O(1)
-    return x, w, torch.randn(n, generator=g).to(DEVICE, dtype)
+    w = (randn(n, k, seed=seed + 1) * k**-0.5).to(dtype)  # outputs O(1)
+    return randn(m, k, seed=seed, dtype=dtype), w, randn(n, seed=seed + 2, dtype=dtype)
 
 
 def test_without_the_skinny_kernel_it_is_f_linear() -> None:

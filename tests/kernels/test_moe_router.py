@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from seeded import randn  # this folder (pytest puts it on sys.path)
 
 from tritonllm import platform
 from tritonllm.kernels import moe_route as mr
@@ -17,11 +18,9 @@ DEVICE = platform.DEVICE
 
 
 def _problem(t: int, e: int, h: int, seed: int, dtype: torch.dtype, bias: bool) -> tuple:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(t, h, generator=g).to(DEVICE, dtype)
-    w = (torch.randn(e, h, generator=g) * 2 * h**-0.5).to(DEVICE, dtype)  # logits ~ N(0, 4): distinct top-k
-    b = torch.randn(e, generator=g).to(DEVICE, dtype) if bias else None
-    return x, w, b
+    x = randn(t, h, seed=seed, dtype=dtype)
+    w = (randn(e, h, seed=seed + 1) * 2 * h**-0.5).to(dtype)  # logits ~ N(0, 4): distinct top-k
+    return x, w, randn(e, seed=seed + 2, dtype=dtype) if bias else None
 
 
 # (tokens, experts, hidden, top_k): one K step; 2880 (gpt-oss's hidden) in two steps of 2048 with a ragged tail;
