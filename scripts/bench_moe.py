@@ -31,6 +31,9 @@ routed by the Triton router (softmax, renormalised). Per case:
 - kernel_us (--kernels, decode sizes on the GPU): each kernel's mean time in a graph replay (L2
   flushed between replays) and the replay's window, from a torch.profiler trace.
 
+--pdl: the kernels launch with programmatic dependent launch, as the engine's decode steps do (off by
+default: the figures before session 30 were taken without it).
+
 Writes every row to OUT.json (device, torch and Triton versions) and prints a table.
 """
 
@@ -309,7 +312,12 @@ def main() -> None:
     parser.add_argument("--variants", action="store_true", help="time the picked tiles' variants (MoeTiles' flags)")
     parser.add_argument("--kernels", action="store_true", help="decode sizes: each kernel's time in a graph replay")
     parser.add_argument("--router-only", action="store_true", help="the router alone, unfused and fused (the GPU)")
+    parser.add_argument("--pdl", action="store_true", help="launch with programmatic dependent launch, as the engine")
     args = parser.parse_args()
+    if args.pdl:
+        from tritonllm.kernels.launch import set_pdl
+
+        print("PDL", "on" if set_pdl(True) else "unsupported here: off", flush=True)
     import triton
 
     def write(rows: list[dict]) -> None:

@@ -53,7 +53,7 @@ RAGGED_K = tuple(d for d in DIVISIBLE if d != "stride_bn")
 def compile_moe(kind: str, gated: bool, tiles: GemmTiles, variant: dict, target: GPUTarget = SM90,
                 divisible: tuple[str, ...] = DIVISIBLE):  # fmt: skip
     """One launch's kernel as kernels/moe.py launches it, compiled for `target` (also scripts/sass_loop_mix.py
-    --moe); `variant`: joint, slots, reduce, loads (the GEMV), tma_b, sorted_a, one_b_group (the grouped
+    --moe); `variant`: joint, slots, reduce, loads, early (the GEMV), tma_b, sorted_a, one_b_group (the grouped
     GEMM), even_k (default True); `divisible`: the arguments specialised as multiples of 16 (RAGGED_K's:
     gpt-oss's K = 2880, whose MXFP4 rows are 360 words). Raises what the compiler raises."""
     fn, types, constexprs = moe_signature(kind, gated, tiles, variant, target)
@@ -77,7 +77,8 @@ def moe_signature(kind: str, gated: bool, tiles: GemmTiles, variant: dict, targe
         fn, types["topk_ids_ptr"] = moe_gemv_kernel, "*i32"
         slots = variant.get("slots", 0)
         constexprs = dict(common, WORDS=words, FP4_BITS=cuda, JOINT=variant.get("joint", False), SLOTS=slots,
-                          REDUCE=variant.get("reduce", gemv_reduce()), LOADS=variant.get("loads", gemv_loads(words)))  # fmt: skip
+                          REDUCE=variant.get("reduce", gemv_reduce()), LOADS=variant.get("loads", gemv_loads(words)),
+                          EARLY=variant.get("early", False))  # fmt: skip
         if slots:
             constexprs["BLOCK_N"] = max(1, tiles.block_n // slots)
     else:
@@ -135,6 +136,8 @@ def cases(all_tuned: bool) -> list[tuple[str, bool, GemmTiles, dict, str]]:
                 variants = [{}]
                 if gemv:
                     variants.append(dict(joint=True) if gated else dict(slots=8))
+                    if kind == "mxfp4" and not gated:  # w2's loads before the PDL wait (moe_tiles.gemv_early)
+                        variants.append(dict(slots=8, early=True))
                 elif kind != "mxfp4":
                     variants.append(dict(tma_b=True) if gated else dict(tma_b=True, sorted_a=True))
                 elif not gated:

@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-router] [gptoss-linears] [llama3-8b-config]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -270,8 +270,10 @@ print(tuned_file(torch.cuda.get_device_name()))")
       done ;;
     bench-moe)
       # the fused MoE beside torch at Qwen3-30B-A3B's layer (BENCH_MOE_KINDS="bfloat16 fp8_block mxfp4")
-      python3 scripts/bench_moe.py "$OUT/moe_bench.json" --shapes ${BENCH_MOE_SHAPES:-qwen3} \
-        --kinds ${BENCH_MOE_KINDS:-bfloat16 fp8_block mxfp4} 2>&1 | tee "$OUT/moe_bench.log" | tail -30 ;;
+      # (BENCH_MOE_TOKENS="4096 8192": those only; BENCH_MOE_TAG: file suffix)
+      python3 scripts/bench_moe.py "$OUT/moe_bench${BENCH_MOE_TAG:-}.json" --shapes ${BENCH_MOE_SHAPES:-qwen3} \
+        --kinds ${BENCH_MOE_KINDS:-bfloat16 fp8_block mxfp4} ${BENCH_MOE_TOKENS:+--tokens $BENCH_MOE_TOKENS} 2>&1 \
+        | tee "$OUT/moe_bench${BENCH_MOE_TAG:-}.log" | tail -30 ;;
     w4-scale-after)
       # the W4 GEMM's opt-in scale-after mode (session 20, not yet run on a GPU): its GPU tests, the layer
       # sweep (weights cold in L2) against the default plans, then Llama-3-8B int4 decode steps with and without it
@@ -420,6 +422,33 @@ print(tuned_file(torch.cuda.get_device_name()))")
       if [ -n "${MOE_LOADS_E2E:-}" ]; then
         TRITONLLM_MOE_GEMV_LOADS=$MOE_LOADS_E2E MOE_RUNS=gptoss_batch1 MOE_TAG="_loads$MOE_LOADS_E2E" bash "$0" e2e-moe
       fi ;;
+    moe-early)
+      # session 30's build: w2's MXFP4 slot GEMV loading its expert ids and first K step's weights before its PDL
+      # wait (TRITONLLM_MOE_GEMV_EARLY, moe_tiles.gemv_early): its tests, the decode layer's kernels and window
+      # with PDL on (graph replay, L2 flushed) off and on, then gpt-oss-20b batch 1 off and on
+      python3 -m pytest -q -o addopts="" tests/kernels/test_moe.py -k "early or load_schedules" 2>&1 | tail -2
+      for e in 0 1; do
+        TRITONLLM_MOE_GEMV_EARLY=$e python3 scripts/bench_moe.py "$OUT/moe_early$e.json" --shapes gptoss qwen3 \
+          --kinds mxfp4 --tokens 1 --torch-ref-max-tokens 0 --kernels --pdl > "$OUT/moe_early$e.log" 2>&1
+        echo "== EARLY $e"; grep -E "T=|kernels" "$OUT/moe_early$e.log" | cut -c1-200
+      done
+      for e in ${MOE_EARLY_E2E:-1 0}; do
+        TRITONLLM_MOE_GEMV_EARLY=$e MOE_RUNS=gptoss_batch1 MOE_TAG="_early$e" bash "$0" e2e-moe
+      done ;;
+    ncu-moe)
+      # Nsight Compute on the MoE decode GEMV (scripts/ncu_moe.py), one layer's w13 and w2 launches per NCU_MOE
+      # case "shape:kind:tokens": speed of light, occupancy, launch statistics, warp stalls, memory workload
+      # (caches flushed between ncu's replays: the weight read cold, as a decode step reads it)
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      for case in ${NCU_MOE:-gptoss:mxfp4:1 gptoss:bfloat16:1 qwen3:bfloat16:1 qwen3:mxfp4:1}; do
+        IFS=: read -r shape kind tokens <<< "$case"
+        timeout 150 "$NCU" --clock-control none -k regex:moe_gemv --launch-skip 4 --launch-count 2 --section SpeedOfLight \
+          --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+          --section SchedulerStats python3 scripts/ncu_moe.py "$shape" "$kind" "$tokens" \
+          > "$OUT/ncu_moe_${shape}_${kind}_$tokens.txt" 2>&1
+        echo "== $case"; grep -E "moe_gemv_kernel|Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Grid Size|Warp Cycles Per Issued|Issued Warp|No Eligible" \
+          "$OUT/ncu_moe_${shape}_${kind}_$tokens.txt" | head -60
+      done ;;
     timeline)
       # what each kernel adds to a batch-1 decode step with PDL on (scripts/step_timeline.py: exposed time, not
       # summed durations), per TIMELINE_VARIANTS (fp8: online FP8, triton_sm90 linears; fp8_xn: with

@@ -68,7 +68,10 @@ def candidates(kind: str, block_m: int) -> list[GemmTiles]:
     block_ks = (64, 128) if kind == "fp8_block" else (64, 128, 256)
     out = []
     for bn, bk, warps, stages in itertools.product((32, 64, 128, 256), block_ks, (4, 8), (3, 4)):
-        if bn == 256 and block_m > 64 or block_m * bn * bk > 128 * 256 * 64 or (warps == 8 and block_m * bn < 64 * 128):
+        # 128 x 256 only as the dense GEMM's large-M tile (x 64, eight warps; w2's: w13's gate and up
+        # accumulators would double it)
+        big = bn == 256 and block_m > 64 and not (bk == 64 and warps == 8)
+        if big or block_m * bn * bk > 128 * 256 * 64 or (warps == 8 and block_m * bn < 64 * 128):
             continue
         out.append(GemmTiles(block_m, bn, bk, warps, stages, 8))
     return out

@@ -257,6 +257,41 @@ def test_gemv_load_schedules_match_reference(loads, kind, monkeypatch) -> None:
         moe_tiles.gemv_reduce.cache_clear()
 
 
+@pytest.mark.parametrize("loads", [1, 2])
+@pytest.mark.parametrize("h", [256, 224], ids=["even_k", "ragged_k"])
+def test_w2_early_loads_match_reference(loads, h, monkeypatch) -> None:
+    """w2's MXFP4 slot GEMV with its ids and first K step's weights loaded before the PDL wait (EARLY; the
+    interpreter runs it without PDL, same numerics): K (w2's I = H here) over several 64-column steps,
+    even and ragged (224: the last step masked), both load schedules that take it, against the reference;
+    only w2 takes EARLY, and the switch off (or an unknown value, refused by name) leaves it off."""
+    from tritonllm.kernels import moe_tiles
+
+    seen = _spy(monkeypatch, "moe_gemv_kernel", lambda grid, kw: (kw["SLOTS"], kw["EARLY"]))
+    monkeypatch.setenv("TRITONLLM_MOE_GEMV_LOADS", str(loads))
+    monkeypatch.setenv("TRITONLLM_MOE_GEMV_EARLY", "1")
+    moe_tiles.gemv_loads.cache_clear()
+    moe_tiles.gemv_early.cache_clear()
+    try:
+        p = _problem(3, 6, h, h, 3, seed=60 + loads)
+        scheme = QuantScheme(FP4, "mx", "none")
+        w13, w2 = quantize_experts(p["w13"].float(), scheme), quantize_experts(p["w2"].float(), scheme)
+        args = (p["x"], w13, w2, p["topk_weights"], p["topk_ids"])
+        kwargs = dict(activation="swiglu_oai", w13_bias=p["w13_bias"], w2_bias=p["w2_bias"])
+        expected = reference.fused_moe(*args, **kwargs)
+        tiles = MoeTiles(*[g.GemmTiles(1, 16, 64, 1, 1, 1, gemv=True)] * 2, joint=True, sum_slots=True)
+        tol = 4 * TOL if DTYPE == torch.float32 else 2e-2
+        assert_close_to_scale(fused_moe(*args, tiles=tiles, **kwargs), expected, tol)
+        assert seen == [(0, False), (4, True)]
+        monkeypatch.setenv("TRITONLLM_MOE_GEMV_EARLY", "0")
+        moe_tiles.gemv_early.cache_clear()
+        fused_moe(*args, tiles=tiles, **kwargs)
+        assert seen[2:] == [(0, False), (4, False)]
+        _assert_refused(monkeypatch, "TRITONLLM_MOE_GEMV_EARLY", "2", moe_tiles.gemv_early)
+    finally:
+        moe_tiles.gemv_loads.cache_clear()
+        moe_tiles.gemv_early.cache_clear()
+
+
 def test_sum_slots_falls_back_where_the_experts_do_not_read_as_one_matrix(monkeypatch) -> None:
     """FP8 block experts with H 48 (w2's 128-row scale blocks span experts) and float experts that are
     a slice of wider storage take the per-slot buffer, with the same result."""

@@ -123,7 +123,7 @@ def _tile_groups(words, a8, s_ptrs, z_ptrs, g_in, FP4: tl.constexpr, FP4_BITS: t
 def w4_row_dot(a_ptr, rows, rows_in, w_ptr, s_ptr, z_ptr, rn, k_start, k_end, stride_am, stride_ak, stride_wn,
                stride_sn, stride_sk, FP4: tl.constexpr, FP4_BITS: tl.constexpr, GROUP_K: tl.constexpr,
                EVEN: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
-               LOADS: tl.constexpr = 0):  # fmt: skip
+               LOADS: tl.constexpr = 0, FIRST: tl.constexpr = False, words0=0, s0=0):  # fmt: skip
     """sum over k in [k_start, k_end) of w[rn, k] * a[row, k] in float32 for the activation rows
     `rows` ([ROWS] int64, those not `rows_in` read as zeros; rows_in None: all) and the weight rows
     rn: [BLOCK_N] for ROWS 1, [ROWS, BLOCK_N] above (each weight tile decoded once for all rows); rn
@@ -135,11 +135,14 @@ def w4_row_dot(a_ptr, rows, rows_in, w_ptr, s_ptr, z_ptr, rn, k_start, k_end, st
     barriers: in the sm90 build the scales' load then waits out a second memory latency a step); 1
     all of the step's loads at its top; 2 those of the next step too, a step ahead in registers
     (more bytes in flight a program, for grids too small to cover HBM's latency). 1 and 2: MXFP4 with
-    k_start 0 and rows_in None (the MoE GEMV's calls)."""
+    k_start 0 and rows_in None (the MoE GEMV's calls); there FIRST: step 0's words and scales are words0
+    / s0, loaded by the caller (w4_step_weights: the MoE GEMV's w2, before its PDL wait)."""
+    tl.static_assert(LOADS != 0 or not FIRST, "w4_row_dot FIRST: LOADS 1 / 2 only")
     if LOADS != 0:  # the MoE GEMV's MXFP4 only: k_start 0, every activation row read
         tl.static_assert(FP4, "w4_row_dot LOADS 1 / 2: MXFP4 only")
         return _w4_row_dot_ahead(a_ptr, rows, w_ptr, s_ptr, rn, k_end, stride_am, stride_ak, stride_wn, stride_sn,
-                                 stride_sk, FP4_BITS, GROUP_K, EVEN, ROWS, BLOCK_N, BLOCK_W, LOADS == 2)  # fmt: skip
+                                 stride_sk, FP4_BITS, GROUP_K, EVEN, ROWS, BLOCK_N, BLOCK_W, LOADS == 2, FIRST, words0,
+                                 s0)  # fmt: skip
     offs_w = tl.arange(0, BLOCK_W)
     WPG: tl.constexpr = GROUP_K // 8  # words a scale group
     GPI: tl.constexpr = BLOCK_W // WPG if BLOCK_W > WPG else 1  # groups a tile (a tile within one group: 1)
@@ -190,22 +193,30 @@ def w4_row_dot(a_ptr, rows, rows_in, w_ptr, s_ptr, z_ptr, rn, k_start, k_end, st
 
 
 @triton.jit
-def _w4_step_loads(a_ptr, rows, w_ptr, s_ptr, rn_w, kw, kw_end, stride_am, stride_ak, stride_wn, stride_sn, stride_sk,
-                   GROUP_K: tl.constexpr, EVEN: tl.constexpr, ROWS: tl.constexpr, BLOCK_W: tl.constexpr):  # fmt: skip
-    """Step kw's loads (w4_row_dot's LOADS 1 / 2, MXFP4): words, the activation tile (shaped for
-    _tile_groups) and the e8m0 scales; masked off past kw_end unless EVEN."""
+def w4_step_weights(w_ptr, s_ptr, rn_w, kw, kw_end, stride_wn, stride_sn, stride_sk, GROUP_K: tl.constexpr,
+                    EVEN: tl.constexpr, BLOCK_W: tl.constexpr):  # fmt: skip
+    """Step kw's weight loads (MXFP4): the words [..., BLOCK_N, BLOCK_W] of the rows rn_w ([..., BLOCK_N,
+    1]) and their e8m0 scales; masked off past kw_end unless EVEN. No operand another kernel writes: the
+    MoE GEMV's w2 issues step 0's before its PDL wait (w4_row_dot's FIRST)."""
     WPG: tl.constexpr = GROUP_K // 8
     GPI: tl.constexpr = BLOCK_W // WPG if BLOCK_W > WPG else 1
     offs_w = kw + tl.arange(0, BLOCK_W)
-    in_k = offs_w < kw_end
-    cols = (offs_w[:, None] * 8 + tl.arange(0, 8)[None, :]) * stride_ak  # [BLOCK_W, 8]
     w_ptrs = w_ptr + rn_w * stride_wn + offs_w
     g = kw // WPG + tl.arange(0, GPI)
     if EVEN:
         words = tl.load(w_ptrs)
     else:
-        words = tl.load(w_ptrs, mask=in_k, other=0)
+        words = tl.load(w_ptrs, mask=offs_w < kw_end, other=0)
     s = tl.load(s_ptr + rn_w * stride_sn + g * stride_sk, mask=g * WPG < kw_end, other=0)
+    return words, s
+
+
+@triton.jit
+def _w4_step_act(a_ptr, rows, kw, kw_end, stride_am, stride_ak, EVEN: tl.constexpr, ROWS: tl.constexpr,
+                 BLOCK_W: tl.constexpr):  # fmt: skip
+    """Step kw's activation tile, shaped for _tile_groups; masked off past kw_end unless EVEN."""
+    offs_w = kw + tl.arange(0, BLOCK_W)
+    cols = (offs_w[:, None] * 8 + tl.arange(0, 8)[None, :]) * stride_ak  # [BLOCK_W, 8]
     if ROWS == 1:
         a_ptrs = a_ptr + rows * stride_am + cols
     else:  # each row against its own weight rows (rn_w [ROWS, BLOCK_N, 1])
@@ -213,21 +224,34 @@ def _w4_step_loads(a_ptr, rows, w_ptr, s_ptr, rn_w, kw, kw_end, stride_am, strid
     if EVEN:
         a8 = tl.load(a_ptrs)
     else:
-        a8 = tl.load(a_ptrs, mask=in_k[:, None], other=0.0)
+        a8 = tl.load(a_ptrs, mask=(offs_w < kw_end)[:, None], other=0.0)
     if ROWS == 1:
         a8 = a8[None, :, :]
     else:
         a8 = a8[:, None, :, :]
+    return a8
+
+
+@triton.jit
+def _w4_step_loads(a_ptr, rows, w_ptr, s_ptr, rn_w, kw, kw_end, stride_am, stride_ak, stride_wn, stride_sn, stride_sk,
+                   GROUP_K: tl.constexpr, EVEN: tl.constexpr, ROWS: tl.constexpr, BLOCK_W: tl.constexpr):  # fmt: skip
+    """Step kw's loads (w4_row_dot's LOADS 1 / 2, MXFP4): words, the activation tile (shaped for
+    _tile_groups) and the e8m0 scales; masked off past kw_end unless EVEN."""
+    words, s = w4_step_weights(w_ptr, s_ptr, rn_w, kw, kw_end, stride_wn, stride_sn, stride_sk, GROUP_K, EVEN,
+                               BLOCK_W)  # fmt: skip
+    a8 = _w4_step_act(a_ptr, rows, kw, kw_end, stride_am, stride_ak, EVEN, ROWS, BLOCK_W)
     return words, a8, s
 
 
 @triton.jit
 def _w4_row_dot_ahead(a_ptr, rows, w_ptr, s_ptr, rn, k_end, stride_am, stride_ak, stride_wn, stride_sn, stride_sk,
                       FP4_BITS: tl.constexpr, GROUP_K: tl.constexpr, EVEN: tl.constexpr, ROWS: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, AHEAD: tl.constexpr):  # fmt: skip
+                      BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, AHEAD: tl.constexpr, FIRST: tl.constexpr,
+                      words0, s0):  # fmt: skip
     """w4_row_dot's MXFP4 sum over [0, k_end) (k_end > 0) with each step's loads at its top (AHEAD: a
     step early, the next step's loads before this step's decode; the step past the end reloads the last
-    one when EVEN, is masked off otherwise)."""
+    one when EVEN, is masked off otherwise). FIRST: step 0's words and scales are words0 / s0, loaded
+    by the caller (w4_step_weights), its activation here."""
     WPG: tl.constexpr = GROUP_K // 8
     GPI: tl.constexpr = BLOCK_W // WPG if BLOCK_W > WPG else 1
     kw_end = k_end // 8
@@ -236,10 +260,19 @@ def _w4_row_dot_ahead(a_ptr, rows, w_ptr, s_ptr, rn, k_end, stride_am, stride_ak
         acc = tl.zeros((BLOCK_N, GPI), tl.float32)
     else:
         acc = tl.zeros((ROWS, BLOCK_N, GPI), tl.float32)
+    start = 0
     if AHEAD:
-        words, a8, s = _w4_step_loads(a_ptr, rows, w_ptr, s_ptr, rn_w, 0, kw_end, stride_am, stride_ak, stride_wn,
-                                      stride_sn, stride_sk, GROUP_K, EVEN, ROWS, BLOCK_W)  # fmt: skip
-    for kw in range(0, kw_end, BLOCK_W):
+        if FIRST:
+            words, s = words0, s0
+            a8 = _w4_step_act(a_ptr, rows, 0, kw_end, stride_am, stride_ak, EVEN, ROWS, BLOCK_W)
+        else:
+            words, a8, s = _w4_step_loads(a_ptr, rows, w_ptr, s_ptr, rn_w, 0, kw_end, stride_am, stride_ak, stride_wn,
+                                          stride_sn, stride_sk, GROUP_K, EVEN, ROWS, BLOCK_W)  # fmt: skip
+    elif FIRST:  # step 0 on the caller's weights, then the loop from step 1
+        a8 = _w4_step_act(a_ptr, rows, 0, kw_end, stride_am, stride_ak, EVEN, ROWS, BLOCK_W)
+        acc += _tile_groups(words0, a8, s0, s0, None, True, FP4_BITS, GPI, BLOCK_W, True)
+        start = BLOCK_W
+    for kw in range(start, kw_end, BLOCK_W):
         if AHEAD:
             kw_next = kw + BLOCK_W
             if EVEN:  # in bounds: past the end, this step again (written so that it stays a multiple of BLOCK_W)

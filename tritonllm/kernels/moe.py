@@ -59,7 +59,7 @@ from tritonllm.kernels.launch import pdl_launch, pdl_wait
 from tritonllm.kernels.moe_align import MoeAlignment, moe_align
 from tritonllm.kernels.moe_epilogue import moe_store
 from tritonllm.kernels.moe_gemv import moe_gemv_kernel
-from tritonllm.kernels.moe_tiles import MoeTiles, gemv_loads, gemv_reduce, moe_kind, pick_moe_tiles
+from tritonllm.kernels.moe_tiles import MoeTiles, gemv_early, gemv_loads, gemv_reduce, moe_kind, pick_moe_tiles
 from tritonllm.kernels.quant import quantize_per_group
 from tritonllm.kernels.quant_formats import BLOCK, MX_GROUP, QuantizedWeight
 from tritonllm.kernels.reference import MOE_ACTIVATIONS
@@ -223,13 +223,16 @@ def _launch(
     tma: bool = False,
     sorted_a: bool = False,
     sorted_c: bool = False,
+    early: bool = False,
 ) -> None:
     """One launch over the pairs: c[pair, :n] for B = w[expert] ([E, n, k]; w13: [E, 2n, k]). `route`:
     the alignment for the grouped GEMM, or (tiles.gemv) the topk_ids [T, top_k] for the GEMV
     (kernels/moe_gemv.py: `joint` gate and up rows, or `slots` > 0: c[token] the sum of its slots).
     `tma`: the grouped GEMM reads B through a tensor descriptor, where one describes it (_b_descriptor).
     `sorted_c`: c's rows in the alignment's order ([num_blocks * BLOCK_M, n]); `sorted_a`: a is such a
-    matrix, read through a descriptor where one describes it."""
+    matrix, read through a descriptor where one describes it. `early`: a launch whose route no launch
+    since the one before it has written (w2's), so that the GEMV may read its ids and first weights
+    before its PDL wait (moe_tiles.gemv_early: MXFP4 words with summed slots)."""
     quant = Q_NONE if not isinstance(w, QuantizedWeight) else MOE_FORMATS[w.scheme.format_name]
     data = w.data if isinstance(w, QuantizedWeight) else w
     b_scale = w.scale if isinstance(w, QuantizedWeight) else None
@@ -289,9 +292,12 @@ def _launch(
         if slots:
             flags["BLOCK_N"] = max(1, tiles.block_n // slots)  # the tile's rows shared by the slots
         grid = (triton.cdiv(n, flags["BLOCK_N"]), t if slots else t * top_k)
+        loads = gemv_loads(words is not None)
+        pdl = pdl_launch()
+        early = early and bool(slots) and words is not None and loads != 0 and gemv_early()  # (pays with PDL only)
         moe_gemv_kernel[grid](*pointers, route, n, k, alpha, limit, top_k, rows_per_expert, *strides, **flags,
                               WORDS=words is not None, FP4_BITS=FP4_BITS, JOINT=joint, SLOTS=slots, REDUCE=gemv_reduce(),
-                              LOADS=gemv_loads(words is not None), **pdl_launch())  # fmt: skip
+                              LOADS=loads, EARLY=early, **pdl)  # fmt: skip
         return
     grid = (route.num_blocks * triton.cdiv(n, tiles.block_n),)
     b_desc = _b_descriptor(data, tiles) if tma and quant != Q_MXFP4 else None
@@ -438,7 +444,7 @@ def fused_moe(
     a, a_scale = quantize_per_group(intermediate, w2.data.dtype, BLOCK) if fp8 else (intermediate, None)
     per_slot = out if top_k == 1 or slots else torch.empty((t * top_k, h), dtype=x.dtype, device=x.device)
     _launch(a, a_scale, w2, per_slot, w2_bias, weights, route, tiles.w2, n=h, k=i, a_row_div=1, gated=False,
-            slots=slots, tma=tiles.tma_w2, sorted_a=in_order)  # fmt: skip
+            slots=slots, tma=tiles.tma_w2, sorted_a=in_order, early=True)  # fmt: skip
     if top_k > 1 and not slots:
         torch.sum(per_slot.view(t, top_k, h), dim=1, out=out)
     return out

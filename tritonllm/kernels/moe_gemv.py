@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from tritonllm.kernels.gemm_scales import DEC_FP4, gemv_decoded_part
-from tritonllm.kernels.gemv_w4 import w4_row_dot
+from tritonllm.kernels.gemv_w4 import w4_row_dot, w4_step_weights
 from tritonllm.kernels.launch import pdl_wait
 from tritonllm.kernels.moe_epilogue import moe_store
 
@@ -94,17 +94,20 @@ def _float_loads(a_ptrs, b_ptrs, a_scale_ptr, b_scale_ptr, rows, rn, k, K, strid
 def _row_dot(a_ptr, rows, a_scale_ptr, b_ptr, b_scale_ptr, rn, K, stride_am, stride_ak, stride_asm, stride_ask,
              stride_bn, stride_bk, stride_bsn, stride_bsk, QUANT: tl.constexpr, GROUP_K: tl.constexpr,
              EVEN_K: tl.constexpr, WORDS: tl.constexpr, FP4_BITS: tl.constexpr, SLOTS: tl.constexpr,
-             REDUCE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LOADS: tl.constexpr = 0):  # fmt: skip
+             REDUCE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LOADS: tl.constexpr = 0,
+             FIRST: tl.constexpr = False, words0=0, s0=0):  # fmt: skip
     """sum over K of w[rn, k] * a[row, k] in float32: one activation row (`rows` a scalar) against the
     weight rows rn [BLOCK_N]; or (SLOTS) a token's slots, `rows` [SLOTS] activation rows each against
     its own weight rows rn [SLOTS, BLOCK_N] of the experts' stacked weights read as one [E * N, K]
     matrix (row e * N + n). MXFP4 read as int32 words (WORDS: kernels/gemv_w4.py; b_ptr then points
-    at words, stride_bn in words)."""
+    at words, stride_bn in words); FIRST (MXFP4 words, LOADS 1 / 2): the first K step's words and
+    scales are words0 / s0, loaded by the caller."""
     if QUANT == 2 and WORDS:
         acc = w4_row_dot(a_ptr, rows, None, b_ptr, b_scale_ptr, b_scale_ptr, rn, 0, K, stride_am, stride_ak, stride_bn,
                          stride_bsn, stride_bsk, True, FP4_BITS, GROUP_K, EVEN_K, SLOTS if SLOTS else 1, BLOCK_N,
-                         BLOCK_K // 8, LOADS)  # fmt: skip
+                         BLOCK_K // 8, LOADS, FIRST, words0, s0)  # fmt: skip
     else:
+        tl.static_assert(not FIRST, "_row_dot FIRST: MXFP4 words only")
         PACK: tl.constexpr = 2 if QUANT == 2 else 1  # K values per byte of B
         offs_k = tl.arange(0, BLOCK_K)
         offs_kb = tl.arange(0, BLOCK_K // PACK)
@@ -180,6 +183,21 @@ def _row_dot(a_ptr, rows, a_scale_ptr, b_ptr, b_scale_ptr, rn, K, stride_am, str
 
 
 @triton.jit
+def _slot_experts(topk_ids_ptr, top_k, SLOTS: tl.constexpr, PAST_L1: tl.constexpr):
+    """SLOTS: this program's token, its valid slots, their pair indices and expert ids (int64); PAST_L1:
+    the ids read at L2 (.cg)."""
+    token = tl.program_id(1)
+    offs_s = tl.arange(0, SLOTS)
+    valid = offs_s < top_k
+    pairs = token * top_k + tl.where(valid, offs_s, 0)
+    if PAST_L1:
+        e = tl.load(topk_ids_ptr + pairs, cache_modifier=".cg")
+    else:
+        e = tl.load(topk_ids_ptr + pairs)
+    return token, valid, pairs, e.to(tl.int64)
+
+
+@triton.jit
 def moe_gemv_kernel(
     a_ptr, b_ptr, c_ptr, bias_ptr, a_scale_ptr, b_scale_ptr, topk_weights_ptr, topk_ids_ptr,
     N, K, alpha, limit, top_k, rows_per_expert,
@@ -189,28 +207,35 @@ def moe_gemv_kernel(
     MUL_WEIGHTS: tl.constexpr, QUANT: tl.constexpr, GROUP_K: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WORDS: tl.constexpr = False, FP4_BITS: tl.constexpr = True,
     JOINT: tl.constexpr = False, SLOTS: tl.constexpr = 0, REDUCE: tl.constexpr = 2, LOADS: tl.constexpr = 0,
-    PDL: tl.constexpr = False,
+    EARLY: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """c[pair, n] for one pair (program axis 1) and BLOCK_N columns (axis 0): A row pair // A_ROW_DIV,
     B the pair's expert's [N (x2 when GATED), K] matrix. JOINT (GATED): the gate and up rows in one
     pass over K, which shares the activation's loads and keeps twice the weight loads in flight.
     SLOTS (a power of two >= top_k; not GATED): program axis 1 is a token, and its top_k pairs'
     weighted results are summed in registers and stored at c[token] (no per-slot buffer, no sum
-    launch); the stacked weight is read as [E * rows_per_expert, K] rows."""
-    pdl_wait(PDL)
+    launch); the stacked weight is read as [E * rows_per_expert, K] rows.
+    EARLY (w2 with SLOTS, MXFP4 words, LOADS 1 / 2; PDL): the expert ids and the first K step's weight words
+    and scales are loaded before the PDL wait, so that they stream while w13 drains. No launch between
+    writes them: the ids are the router's, two launches back, and w13 (the launch before) lets this one
+    start only after its own wait, i.e. once the router has finished (read past L1 all the same)."""
     pid_n = tl.program_id(0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rn = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
+    if EARLY:
+        tl.static_assert(SLOTS > 0 and QUANT == 2 and WORDS and LOADS != 0, "moe_gemv EARLY: w2's MXFP4 slots")
+        token, valid, pairs, e = _slot_experts(topk_ids_ptr, top_k, SLOTS, True)
+        words0, s0 = w4_step_weights(b_ptr, b_scale_ptr, (e[:, None] * rows_per_expert + rn[None, :])[:, :, None], 0,
+                                     K // 8, stride_bn, stride_bsn, stride_bsk, GROUP_K, EVEN_K, BLOCK_K // 8)  # fmt: skip
+    pdl_wait(PDL)
     if SLOTS:
-        token = tl.program_id(1)
-        offs_s = tl.arange(0, SLOTS)
-        valid = offs_s < top_k
-        pairs = token * top_k + tl.where(valid, offs_s, 0)
-        e = tl.load(topk_ids_ptr + pairs).to(tl.int64)
+        if not EARLY:
+            token, valid, pairs, e = _slot_experts(topk_ids_ptr, top_k, SLOTS, False)
+            words0, s0 = e, e  # unused (FIRST off)
         acc = _row_dot(a_ptr, (pairs // A_ROW_DIV).to(tl.int64), a_scale_ptr, b_ptr, b_scale_ptr,
                        e[:, None] * rows_per_expert + rn[None, :], K, stride_am, stride_ak, stride_asm, stride_ask,
                        stride_bn, stride_bk, stride_bsn, stride_bsk, QUANT, GROUP_K, EVEN_K, WORDS, FP4_BITS, SLOTS,
-                       REDUCE, BLOCK_N, BLOCK_K, LOADS)  # fmt: skip
+                       REDUCE, BLOCK_N, BLOCK_K, LOADS, EARLY, words0, s0)  # fmt: skip
         moe_store(acc, acc, c_ptr, bias_ptr, topk_weights_ptr, pairs, valid, e[:, None], rn, offs_n, N, alpha, limit,
                   stride_cm, stride_cn, stride_bias_e, False, ACTIVATION, HAS_BIAS, MUL_WEIGHTS,
                   tl.full([1], 0, tl.int32) + token)  # fmt: skip

@@ -175,6 +175,19 @@ def gemv_loads(words: bool = False) -> int:
     return _mode_from_env("TRITONLLM_MOE_GEMV_LOADS", GEMV_LOADS, DEFAULT_GEMV_LOADS["words" if words else "other"])
 
 
+# w2's MXFP4 GEMV with summed slots issuing its expert ids and first K step's weights before its PDL wait
+# (kernels/moe_gemv.py EARLY), so that they stream while w13 drains: 0 off, 1 on (LOADS 1 / 2; it pays with PDL
+# only, and is correct without: the interpreter tests run it).
+# Built in session 30 without a GPU; off until timed (`gpu_check.sh moe-early`)
+DEFAULT_GEMV_EARLY = 0
+
+
+@functools.cache
+def gemv_early() -> bool:
+    """Whether w2's MXFP4 slot GEMV loads ahead of its PDL wait: TRITONLLM_MOE_GEMV_EARLY, else DEFAULT_GEMV_EARLY."""
+    return bool(_mode_from_env("TRITONLLM_MOE_GEMV_EARLY", (0, 1), DEFAULT_GEMV_EARLY))
+
+
 @functools.cache
 def variants_override() -> dict[str, bool] | None:
     text = os.environ.get("TRITONLLM_MOE_VARIANTS")
