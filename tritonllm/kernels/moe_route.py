@@ -99,8 +99,8 @@ def router_route_kernel(
     workspace logits [T, E]; the last program to arrive on counter_ptr routes every token (_route_rows) and
     leaves the counter at zero. Both operands are loaded as the product's [BLOCK_T, EXPERTS, BLOCK_K] tile (each
     token's row once an expert, each expert's row once a token: repeats served by L1), so the product needs no
-    layout change."""
-    pdl_wait(PDL)
+    layout change. The weight and bias (no kernel writes them) are loaded a K step ahead, the first before
+    the PDL wait, so that they stream while the kernel before drains (at decode the whole row is one step)."""
     tokens = tl.arange(0, BLOCK_T)
     experts = tl.program_id(0) * EXPERTS + tl.arange(0, EXPERTS)
     t_in = tokens < T
@@ -108,17 +108,21 @@ def router_route_kernel(
     offs_k = tl.arange(0, BLOCK_K)[None, None, :]
     zero_t = (tokens * 0)[:, None, None]
     zero_e = (experts * 0)[None, :, None]
-    x_ptrs = x_ptr + (tokens[:, None, None].to(tl.int64) * stride_xt + zero_e) + offs_k
     w_ptrs = w_ptr + (tl.where(e_in, experts, 0)[None, :, None].to(tl.int64) * stride_we + zero_t) + offs_k
+    w = tl.load(w_ptrs, mask=(zero_t == 0) & (offs_k < K), other=0.0)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + experts, mask=e_in, other=0.0)
+    pdl_wait(PDL)
+    x_ptrs = x_ptr + (tokens[:, None, None].to(tl.int64) * stride_xt + zero_e) + offs_k
     x_rows = t_in[:, None, None] & (zero_e == 0)
     acc = tl.zeros((BLOCK_T, EXPERTS), dtype=tl.float32)
     for k in range(0, K, BLOCK_K):
-        k_in = k + offs_k < K
-        x = tl.load(x_ptrs + k, mask=x_rows & k_in, other=0.0).to(tl.float32)
-        w = tl.load(w_ptrs + k, mask=(zero_t == 0) & k_in, other=0.0).to(tl.float32)
-        acc += tl.sum(x * w, axis=2)
+        x = tl.load(x_ptrs + k, mask=x_rows & (k + offs_k < K), other=0.0).to(tl.float32)
+        acc += tl.sum(x * w.to(tl.float32), axis=2)
+        k_next = k + BLOCK_K  # the next step's weight
+        w = tl.load(w_ptrs + k_next, mask=(zero_t == 0) & (k_next + offs_k < K), other=0.0)
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + experts, mask=e_in, other=0.0).to(tl.float32)[None, :]
+        acc += bias.to(tl.float32)[None, :]
     logits = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
     tl.store(logits_ptr + tokens[:, None] * E + experts[None, :], logits, mask=t_in[:, None] & e_in[None, :])
     tl.debug_barrier()  # every thread's logits stored before the (releasing) arrival
