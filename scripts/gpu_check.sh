@@ -432,7 +432,7 @@ print(tuned_file(torch.cuda.get_device_name()))")
           --kinds mxfp4 --tokens 1 --torch-ref-max-tokens 0 --kernels --pdl > "$OUT/moe_early$e.log" 2>&1
         echo "== EARLY $e"; grep -E "T=|kernels" "$OUT/moe_early$e.log" | cut -c1-200
       done
-      for e in ${MOE_EARLY_E2E:-1 0}; do
+      for e in ${MOE_EARLY_E2E-1 0}; do  # MOE_EARLY_E2E="": none
         TRITONLLM_MOE_GEMV_EARLY=$e MOE_RUNS=gptoss_batch1 MOE_TAG="_early$e" bash "$0" e2e-moe
       done ;;
     ncu-moe)
