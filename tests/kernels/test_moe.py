@@ -657,6 +657,50 @@ def test_decode_step_runs_without_host_syncs_and_replays_from_a_graph() -> None:
     assert torch.equal(out, expected)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not platform.is_gpu(), reason="PDL and CUDA graphs need the GPU")
+def test_w2_early_loads_read_each_replays_routing_under_pdl(monkeypatch) -> None:
+    """w2's MXFP4 slot GEMV reads its expert ids before its PDL wait (EARLY): in a CUDA graph of router +
+    w13 + w2 launched with PDL, every replay's new router logits must reach w2 (a stale id would pick
+    another expert's rows): each of several replays against the reference of its own routing."""
+    from tritonllm.kernels import launch, moe_tiles
+
+    if not launch.pdl_supported():
+        pytest.skip("PDL needs NVIDIA compute capability 9.0+")
+    monkeypatch.setenv("TRITONLLM_MOE_GEMV_EARLY", "1")
+    moe_tiles.gemv_early.cache_clear()
+    seen = _spy(monkeypatch, "moe_gemv_kernel", lambda grid, kw: kw["EARLY"])
+    before = launch.pdl_on()
+    try:
+        launch.set_pdl(True)
+        p = _problem(1, 32, 2880, 2880, 4, seed=70, dtype=torch.bfloat16)
+        scheme = QuantScheme(FP4, "mx", "none")
+        w13, w2 = quantize_experts(p["w13"].float(), scheme), quantize_experts(p["w2"].float(), scheme)
+        logits = torch.empty(1, 32, device="cuda", dtype=torch.bfloat16)
+        tiles = MoeTiles(*[g.GemmTiles(1, 16, 1024, 4, 2, 1, gemv=True)] * 2, joint=True, sum_slots=True)
+
+        def step() -> torch.Tensor:
+            weights, ids = moe_route(logits, 4, True)
+            return fused_moe(p["x"], w13, w2, weights, ids, activation="swiglu_oai", tiles=tiles)
+
+        logits.copy_(_randn(1, 32, seed=71, dtype=torch.bfloat16))
+        step()  # compiles
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = step()
+        assert True in seen
+        for seed in range(72, 80):
+            logits.copy_(_randn(1, 32, seed=seed, dtype=torch.bfloat16))
+            graph.replay()
+            torch.cuda.synchronize()
+            weights, ids = reference.moe_route(logits.float(), 4, True)
+            expected = reference.fused_moe(p["x"], w13, w2, weights, ids, activation="swiglu_oai")
+            assert_close_to_scale(out, expected, 2e-2)
+    finally:
+        launch.set_pdl(before)
+        moe_tiles.gemv_early.cache_clear()
+
+
 def test_tile_table_lookup(tmp_path, monkeypatch) -> None:
     """tune_moe.py's table: the smallest tuned token count >= T, else the largest; None without an entry."""
     from dataclasses import asdict
