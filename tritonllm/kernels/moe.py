@@ -293,11 +293,10 @@ def _launch(
             flags["BLOCK_N"] = max(1, tiles.block_n // slots)  # the tile's rows shared by the slots
         grid = (triton.cdiv(n, flags["BLOCK_N"]), t if slots else t * top_k)
         loads = gemv_loads(words is not None)
-        pdl = pdl_launch()
         early = early and bool(slots) and words is not None and loads != 0 and gemv_early()  # (pays with PDL only)
         moe_gemv_kernel[grid](*pointers, route, n, k, alpha, limit, top_k, rows_per_expert, *strides, **flags,
                               WORDS=words is not None, FP4_BITS=FP4_BITS, JOINT=joint, SLOTS=slots, REDUCE=gemv_reduce(),
-                              LOADS=loads, EARLY=early, **pdl)  # fmt: skip
+                              LOADS=loads, EARLY=early, **pdl_launch())  # fmt: skip
         return
     grid = (route.num_blocks * triton.cdiv(n, tiles.block_n),)
     b_desc = _b_descriptor(data, tiles) if tma and quant != Q_MXFP4 else None
