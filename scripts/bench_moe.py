@@ -229,13 +229,21 @@ def layer_variants(x, w13, w2, weights, ids, expected: torch.Tensor, flops: floa
     return out
 
 
-def bench_case(name: str, kind: str, experts: dict, tokens: int, torch_ref_max: int, variants: bool = False,
-               kernels: bool = False) -> dict:  # fmt: skip
-    e, top_k, h, i = SHAPES[name]
+def layer_operands(name: str, tokens: int) -> tuple:
+    """A case's random activations x [T, H] and router logits [T, E] (seeded by the token count), their
+    routing (softmax, renormalised: weights, ids), and the generator for any further draws."""
+    e, top_k, h, _ = SHAPES[name]
     gen = torch.Generator(device=DEVICE).manual_seed(tokens)
     x = torch.randn(tokens, h, device=DEVICE, generator=gen).to(DTYPE)
     logits = torch.randn(tokens, e, device=DEVICE, generator=gen).to(DTYPE)
     weights, ids = moe_route(logits, top_k, True)
+    return x, logits, weights, ids, gen
+
+
+def bench_case(name: str, kind: str, experts: dict, tokens: int, torch_ref_max: int, variants: bool = False,
+               kernels: bool = False) -> dict:  # fmt: skip
+    e, top_k, h, i = SHAPES[name]
+    x, logits, weights, ids, gen = layer_operands(name, tokens)
     w13, w2 = experts["w13"], experts["w2"]
     run = lambda: fused_moe(x, w13, w2, weights, ids)  # noqa: E731
     row = dict(shape=name, kind=kind, tokens=tokens, experts=e, top_k=top_k, hidden=h, intermediate=i)

@@ -19,10 +19,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_moe import DEVICE, DTYPE, SCHEMES, SHAPES, make_experts  # noqa: E402
+from bench_moe import SCHEMES, SHAPES, layer_operands, make_experts  # noqa: E402
 
 from tritonllm.kernels.moe import fused_moe, moe_tiles_for  # noqa: E402
-from tritonllm.kernels.moe_route import moe_route  # noqa: E402
 
 
 def main() -> None:
@@ -34,10 +33,7 @@ def main() -> None:
     args = parser.parse_args()
     e, top_k, h, i = SHAPES[args.shape]
     experts = make_experts(args.kind, e, h, i)
-    gen = torch.Generator(device=DEVICE).manual_seed(args.tokens)
-    x = torch.randn(args.tokens, h, device=DEVICE, generator=gen).to(DTYPE)
-    logits = torch.randn(args.tokens, e, device=DEVICE, generator=gen).to(DTYPE)
-    weights, ids = moe_route(logits, top_k, True)
+    x, _, weights, ids, _ = layer_operands(args.shape, args.tokens)
     print(args.shape, args.kind, args.tokens, moe_tiles_for(x, experts["w13"], experts["w2"], top_k), flush=True)
     for _ in range(args.calls):
         fused_moe(x, experts["w13"], experts["w2"], weights, ids)

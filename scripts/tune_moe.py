@@ -38,7 +38,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_moe import DEVICE, DTYPE, SCHEMES, SHAPES, add_problem_args, device_name, make_experts, median_ms  # noqa: E402
+from bench_moe import (  # noqa: E402
+    DEVICE,
+    DTYPE,
+    SCHEMES,
+    SHAPES,
+    add_problem_args,
+    device_name,
+    layer_operands,
+    make_experts,
+    median_ms,
+)
 
 # isort: split
 import triton  # noqa: E402  (after tritonllm.platform, via bench_moe: it switches on the interpreter without a GPU)
@@ -46,7 +56,6 @@ import triton  # noqa: E402  (after tritonllm.platform, via bench_moe: it switch
 from tritonllm.kernels import moe  # noqa: E402
 from tritonllm.kernels.gemm import GemmTiles  # noqa: E402
 from tritonllm.kernels.moe_align import moe_align  # noqa: E402
-from tritonllm.kernels.moe_route import moe_route  # noqa: E402
 from tritonllm.kernels.moe_tiles import MoeTiles, fit_moe_tiles  # noqa: E402
 from tritonllm.kernels.quant import quantize_per_group  # noqa: E402
 from tritonllm.kernels.quant_formats import BLOCK  # noqa: E402
@@ -83,10 +92,7 @@ class Case:
     def __init__(self, name: str, kind: str, tokens: int, experts: dict) -> None:
         e, self.top_k, h, i = SHAPES[name]
         self.e, self.h, self.i, self.kind = e, h, i, kind
-        gen = torch.Generator(device=DEVICE).manual_seed(tokens)
-        self.x = torch.randn(tokens, h, device=DEVICE, generator=gen).to(DTYPE)
-        logits = torch.randn(tokens, e, device=DEVICE, generator=gen).to(DTYPE)
-        self.weights, self.ids = moe_route(logits, self.top_k, True)
+        self.x, _, self.weights, self.ids, gen = layer_operands(name, tokens)
         self.flat_weights = self.weights.reshape(-1)
         self.w13, self.w2 = experts["w13"], experts["w2"]
         fp8 = kind == "fp8_block"
