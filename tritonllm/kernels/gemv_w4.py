@@ -36,6 +36,7 @@ from tritonllm.kernels.launch import pdl_wait
 FP4_BITS = platform.PLATFORM != "rocm"
 FP4_ACT_SCALE = tl.constexpr(2.0**100)  # activations x this, so that products with 2**-126-scaled values stay normal
 FP4_OUT_SCALE = tl.constexpr(2.0**26)  # = 2**126 / 2**100
+FP4_PAIR_SIGNS = tl.constexpr(-(2**31) | 0x8000)  # bits 15 and 31 (0x80008000 as an int32)
 
 
 @triton.jit
@@ -64,12 +65,42 @@ def _nibble_fp4(words, J: tl.constexpr, FP4_BITS: tl.constexpr):
 
 
 @triton.jit
+def _pair_fp4(words, J: tl.constexpr):
+    """Nibbles J and J + 4 (J < 4) of each int32 word (e2m1 codes) -> their values x 2**-126 as two float32.
+    Two shifts and two LOP3 place both nibbles as a bf16x2 would hold them (J's magnitude at bits 6..8 and sign
+    at 15, J + 4's at 22..24 and 31: under each half's exponent); the high half alone (one LOP3) is J + 4's
+    float32 and the low half shifted up (one shift) J's: three instructions a nibble where _nibble_fp4 takes
+    four."""
+    if J * 4 <= 6:
+        mag = words << (6 - 4 * J)
+    else:
+        mag = words >> (4 * J - 6)
+    pair = (mag & 0x01C001C0) | ((words << (12 - 4 * J)) & FP4_PAIR_SIGNS)
+    lo = (pair << 16).to(tl.float32, bitcast=True)
+    hi = (pair & -65536).to(tl.float32, bitcast=True)
+    return lo, hi
+
+
+@triton.jit
 def _nibble(words, J: tl.constexpr, FP4: tl.constexpr, FP4_BITS: tl.constexpr):
     if FP4:
         v = _nibble_fp4(words, J, FP4_BITS)
     else:
         v = _nibble_int4(words, J)
     return v
+
+
+@triton.jit
+def _act_scaled(a):
+    """The activations as float32 times FP4_ACT_SCALE (2**100). bf16: its bits under float32's upper half
+    with 100 added to the exponent, one IMAD an element where widening and multiplying take two or three;
+    a zero becomes 2**-27 (2**-127 of a unit activation, below any product that counts)."""
+    if a.dtype == tl.bfloat16:
+        bits = a.to(tl.int16, bitcast=True).to(tl.int32)
+        a = ((bits << 16) + (100 << 23)).to(tl.float32, bitcast=True)
+    else:
+        a = a.to(tl.float32) * FP4_ACT_SCALE
+    return a
 
 
 @triton.jit
@@ -86,6 +117,31 @@ def _eight_columns(a8):
 
 
 @triton.jit
+def _word_dot(words, a0, a1, a2, a3, a4, a5, a6, a7):
+    """sum_j w_j a_j over the eight e2m1 nibbles j of each word (values x 2**-126, _pair_fp4), each pair
+    multiplied as it is decoded."""
+    w0, w4 = _pair_fp4(words, 0)
+    acc = w0 * a0
+    acc += w4 * a4
+    w1, w5 = _pair_fp4(words, 1)
+    acc += w1 * a1
+    acc += w5 * a5
+    w2, w6 = _pair_fp4(words, 2)
+    acc += w2 * a2
+    acc += w6 * a6
+    w3, w7 = _pair_fp4(words, 3)
+    acc += w3 * a3
+    acc += w7 * a7
+    return acc
+
+
+@triton.jit
+def _group_sums(part, GPI: tl.constexpr, BLOCK_W: tl.constexpr):
+    """[..., BLOCK_W] per-word sums -> [..., GPI] per-group sums."""
+    return tl.sum(tl.reshape(part, part.shape[:-1] + [GPI, BLOCK_W // GPI]), axis=len(part.shape))
+
+
+@triton.jit
 def _tile_groups(words, a8, s_ptrs, z_ptrs, g_in, FP4: tl.constexpr, FP4_BITS: tl.constexpr, GPI: tl.constexpr,
                  BLOCK_W: tl.constexpr, LOADED: tl.constexpr = False):  # fmt: skip
     """One K tile's contribution to the per-group accumulator: words [BLOCK_N, BLOCK_W] (or [1, ...]
@@ -94,19 +150,23 @@ def _tile_groups(words, a8, s_ptrs, z_ptrs, g_in, FP4: tl.constexpr, FP4_BITS: t
     tile's groups' scales, zero points and mask ([BLOCK_N, GPI]; LOADED: s_ptrs / z_ptrs are the
     loaded scales and zero points themselves). Returns [BLOCK_N, GPI] (or [ROWS, BLOCK_N, GPI]): each
     group's s (16 sum f a - (16 + z) sum a), or e8m0-scaled sum f a."""
-    a8 = a8.to(tl.float32)
     if FP4 and FP4_BITS:
-        a8 = a8 * FP4_ACT_SCALE
+        a8 = _act_scaled(a8)
+    else:
+        a8 = a8.to(tl.float32)
     a0, a1, a2, a3, a4, a5, a6, a7 = _eight_columns(a8)
-    part = _nibble(words, 0, FP4, FP4_BITS) * a0
-    part += _nibble(words, 1, FP4, FP4_BITS) * a1
-    part += _nibble(words, 2, FP4, FP4_BITS) * a2
-    part += _nibble(words, 3, FP4, FP4_BITS) * a3
-    part += _nibble(words, 4, FP4, FP4_BITS) * a4
-    part += _nibble(words, 5, FP4, FP4_BITS) * a5
-    part += _nibble(words, 6, FP4, FP4_BITS) * a6
-    part += _nibble(words, 7, FP4, FP4_BITS) * a7
-    part_g = tl.sum(tl.reshape(part, part.shape[:-1] + [GPI, BLOCK_W // GPI]), axis=len(part.shape))
+    if FP4 and FP4_BITS:
+        part_g = _group_sums(_word_dot(words, a0, a1, a2, a3, a4, a5, a6, a7), GPI, BLOCK_W)
+    else:
+        part = _nibble(words, 0, FP4, FP4_BITS) * a0
+        part += _nibble(words, 1, FP4, FP4_BITS) * a1
+        part += _nibble(words, 2, FP4, FP4_BITS) * a2
+        part += _nibble(words, 3, FP4, FP4_BITS) * a3
+        part += _nibble(words, 4, FP4, FP4_BITS) * a4
+        part += _nibble(words, 5, FP4, FP4_BITS) * a5
+        part += _nibble(words, 6, FP4, FP4_BITS) * a6
+        part += _nibble(words, 7, FP4, FP4_BITS) * a7
+        part_g = _group_sums(part, GPI, BLOCK_W)
     if FP4:  # e8m0: the float with exponent bits e
         e = (s_ptrs if LOADED else tl.load(s_ptrs, mask=g_in, other=0)).to(tl.int32)
         out = part_g * (e << 23).to(tl.float32, bitcast=True)
