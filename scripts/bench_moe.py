@@ -56,6 +56,7 @@ from tritonllm.kernels import moe_tiles, reference  # noqa: E402
 from tritonllm.kernels.moe import fused_moe, moe_tiles_for  # noqa: E402
 from tritonllm.kernels.moe_route import ROUTER_MAX_TOKENS, moe_route, router_route  # noqa: E402
 from tritonllm.kernels.quant_formats import FP4, QuantizedWeight, QuantScheme  # noqa: E402
+from tritonllm.layers.moe import aligned_rows  # noqa: E402
 from tritonllm.quantization.quantize import quantize_experts  # noqa: E402
 
 # name -> (experts, top_k, hidden, intermediate)
@@ -85,6 +86,8 @@ def make_experts(kind: str, e: int, h: int, i: int, seed: int = 0) -> dict:
     if scheme is None:
         return dict(w13=w13, w2=w2, w13_bf16=w13, w2_bf16=w2)
     q13, q2 = quantize_experts(w13, scheme), quantize_experts(w2, scheme)
+    if not scheme.is_fp8:  # MXFP4 rows aligned as the engine keeps them (layers/moe.py aligned_rows)
+        q13, q2 = (replace(q, data=aligned_rows(q.data)) for q in (q13, q2))
     return dict(w13=q13, w2=q2, w13_bf16=_dequantized(q13), w2_bf16=_dequantized(q2))
 
 

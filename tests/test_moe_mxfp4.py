@@ -17,6 +17,7 @@ from tritonllm.kernels.quant_formats import FP4, QuantizedWeight, QuantScheme
 from tritonllm.kernels.reference import dequantize_weight
 from tritonllm.kernels.registry import KernelContext, bind_kernels, select_kernels
 from tritonllm.layers.attention import AttentionMetadata
+from tritonllm.layers.moe import ROW_ALIGN, aligned_rows
 from tritonllm.models.loader import layer_features, linear_formats, load_model
 from tritonllm.models.tiny import tiny_model_path
 from tritonllm.quantization.mxfp4 import mxfp4_tensors
@@ -91,6 +92,8 @@ def test_mxfp4_experts_load_as_published_and_match_their_dequantized_values(fold
     model, _ = load_model(mxfp4, torch.float32, "cpu")
     experts = model.model.layers[0].mlp.experts
     assert experts.scheme == MXFP4 and experts.w13.dtype == torch.uint8
+    # w2's 48-byte rows (K = 96) are read from 64-byte-aligned rows (aligned_rows), w13's 128 as they are
+    assert experts.w2.shape[-1] == 48 and experts.w2.stride(1) == ROW_ALIGN and experts.w13.is_contiguous()
     ours = _log_probs(mxfp4, backend)
     exact = _log_probs(dequantized, "torch_ref")
     assert (ours - exact).abs().max() < 1e-4
@@ -111,3 +114,13 @@ def test_swapped_gate_and_up_rows_are_caught(folders, tmp_path) -> None:
             shutil.copy(f, tmp_path / f.name)
     save_file(tensors, tmp_path / "model.safetensors")
     assert (_log_probs(tmp_path, "torch_ref") - _log_probs(dequantized, "torch_ref")).abs().max() > 1e-2
+
+
+def test_aligned_rows_keep_the_values_and_align_each_row() -> None:
+    t = torch.randint(0, 256, (3, 5, 40), dtype=torch.uint8)
+    a = aligned_rows(t)
+    assert torch.equal(a, t) and a.stride() == (5 * 64, 64, 1) and a.view(torch.int32).shape == (3, 5, 10)
+    assert torch.equal(a.view(torch.int32), t.view(torch.int32))  # the GEMV's word view reads the same bytes
+    assert aligned_rows(a) is a  # already aligned: as it is
+    full = torch.zeros(2, 3, 64, dtype=torch.uint8)
+    assert aligned_rows(full) is full
