@@ -149,11 +149,16 @@ def test_tilings_parse_from_the_environment_form() -> None:
     assert gemv_w4_sm90.Tiling.parse("8:4:0:0") == gemv_w4_sm90.Tiling(8, 4, False, None)
 
 
-def test_measured_faster_follows_the_h200_figures() -> None:
-    """Llama-3-8B: int4 at every layer, MXFP4 but for down (K 14,336: several passes a program)."""
-    faster = gemv_w4_sm90.measured_faster
-    assert all(faster(n, k, False) for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)])
-    assert faster(28672, 4096, True) and not faster(4096, 14336, True)
+def test_measured_faster_takes_every_llama_layer() -> None:
+    """Llama-3-8B: int4 and MXFP4 at every layer (MXFP4's down, K 14,336, since its pair decode: session 31)."""
+    shapes = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
+    assert all(gemv_w4_sm90.measured_faster(n, k, fp4) for n, k in shapes for fp4 in (False, True))
+
+
+def test_decode_batch_one_takes_the_word_gemv_without_a_tuned_table() -> None:
+    """GPUs and shapes without a tuned entry: one row of 4-bit weights takes the word GEMV, two rows the tiles."""
+    for family in ("hopper", "ampere", "cdna"):
+        assert g.pick_tiles("w4a16", 1, family).gemv and not g.pick_tiles("w4a16", 2, family).gemv
 
 
 def test_supported_shapes() -> None:

@@ -229,6 +229,10 @@ class GemmTiles:
     dequant: bool = False
 
 
+# One row of 4-bit weights (decode at batch 1) on GPUs and shapes without a tuned entry: the word GEMV
+# (kernels/gemv_w4.py) at the H200 table's M = 1 tiles (16 rows x 1024 columns, K split up to 4 ways), where
+# the 16-row tile kernel ran 0.66-0.79x bf16 cuBLAS for MXFP4 on an H100 (experiments/moe/README.md, session 31)
+W4_GEMV_TILES = GemmTiles(1, 16, 1024, 4, 2, 1, 4, gemv=True)
 # Per GPU family and kernel kind, (largest M, tiles) by M bucket, in increasing M. Kinds: "float"
 # (bf16/fp16/fp32), "w8a8" (FP8 or int8 both operands, row/column scales), "block" (K-grouped
 # scales: block-FP8, MX; BLOCK_K is capped at the group), "weight_only" (FP8/int8 weight widened, or
@@ -266,6 +270,7 @@ _HOPPER = {
         (None, GemmTiles(128, 128, 64, 8, 3, dequant=True)),
     ],
     "w4a16": [
+        (1, W4_GEMV_TILES),
         (16, GemmTiles(16, 64, 256, 4, 4, 8, 8)),
         (64, GemmTiles(64, 64, 128, 4, 4, 8, 4)),
         (None, GemmTiles(128, 128, 64, 8, 3, dequant=True)),
@@ -278,14 +283,14 @@ _AMPERE = {
     "w8a8": [(32, GemmTiles(32, 64, 256, 4, 4, 8, 8)), (None, GemmTiles(128, 128, 64, 8, 3))],
     "block": [(32, GemmTiles(32, 64, 128, 4, 3, 8, 8)), (None, GemmTiles(64, 128, 128, 4, 3))],
     "weight_only": [(32, GemmTiles(32, 64, 128, 4, 4, 8, 8)), (None, GemmTiles(64, 128, 64, 4, 3))],
-    "w4a16": [(32, GemmTiles(32, 64, 128, 4, 4, 8, 8)), (None, GemmTiles(64, 128, 64, 4, 3))],
+    "w4a16": [(1, W4_GEMV_TILES), (32, GemmTiles(32, 64, 128, 4, 4, 8, 8)), (None, GemmTiles(64, 128, 64, 4, 3))],
 }  # fmt: skip
 _CDNA = {
     "float": [(32, GemmTiles(32, 64, 128, 4, 2, 8, 8)), (None, GemmTiles(128, 128, 64, 8, 2, 4))],
     "w8a8": [(32, GemmTiles(32, 64, 256, 4, 2, 8, 8)), (None, GemmTiles(128, 128, 128, 8, 2, 4))],
     "block": [(32, GemmTiles(32, 64, 128, 4, 2, 8, 8)), (None, GemmTiles(128, 128, 128, 8, 2, 4))],
     "weight_only": [(32, GemmTiles(32, 64, 128, 4, 2, 8, 8)), (None, GemmTiles(128, 128, 64, 8, 2, 4))],
-    "w4a16": [(32, GemmTiles(32, 64, 128, 4, 2, 8, 8)), (None, GemmTiles(128, 128, 64, 8, 2, 4))],
+    "w4a16": [(1, W4_GEMV_TILES), (32, GemmTiles(32, 64, 128, 4, 2, 8, 8)), (None, GemmTiles(128, 128, 64, 8, 2, 4))],
 }  # fmt: skip
 # The interpreter runs each program in Python: small tiles, few programs (tests' shapes are small); 4-bit
 # weights take 128-column K steps (one group of 128, or several smaller ones): half the decode steps

@@ -16,7 +16,8 @@ are chosen by hand so that nothing moves between threads inside the K loop:
   conversion), the eight nibble columns are the in-thread last dim;
 - int4 takes five shifts a word (nibbles decoded in place at float bits 12..15 or 16..19 to 1 + q 2**-11
   or 1 + q 2**-7, their activations scaled by 2**11 or 2**7 once a tile), MXFP4 gemv_w4's 2**-126 e2m1
-  bits; the decode's masks are kernel arguments, so that they stay in registers;
+  bits, a nibble pair (j, j + 4) at a time (gemv_w4._pair_fp4), bf16 activations scaled by 2**100 in
+  their exponent bits; the decode's masks are kernel arguments, so that they stay in registers;
 - products are chained per word column (FMA) over the eight nibbles, scaled per group into a
   per-word-column accumulator (int4: the zero points' and the decode bias's terms per group beside
   it), and summed across threads once, after the loop. TILINGS holds the H200's rows a thread, warps
@@ -77,7 +78,7 @@ FP4_ACT_SCALE = 2.0**100  # as gemv_w4: products of 2**-126-scaled e2m1 values s
 FP4_OUT_SCALE = 2.0**26
 # the decode's bit masks, passed as kernel arguments so that the compiler keeps them in registers (as
 # literals, ptxas re-materialises one before every LOP3: ~0.6 instructions a weight)
-FP4_MASKS = (0x01C00000, -(2**31))  # e2m1 magnitude at float bits 22..24, sign at 31
+FP4_MASKS = (0x01C001C0, -(2**31) | 0x8000)  # a nibble pair's e2m1 magnitudes at bits 6..8 / 22..24, signs at 15 / 31
 INT4_MASKS = (0x0000F000, 0x000F0000)  # a nibble at float bits 12..15, 16..19
 
 
@@ -93,11 +94,12 @@ def supported(m: int, k: int, group_k: int) -> bool:
 
 
 def measured_faster(n: int, k: int, fp4: bool) -> bool:
-    """Where the H200 measured this kernel (at TILINGS) faster than the portable one at Llama-3-8B shapes
-    (experiments/quant4/README.md, session 12): int4 at every shape (qkv 7.4 / 8.3 us, o 5.8 / 6.8,
-    gate_up 28.5 / 31.9, down 14.3 / 17.7); MXFP4 where a program makes one pass over K (qkv 7.9 / 8.5,
-    o 5.9 / 6.8, gate_up 31.6 / 33.6), not down (19.3 / 18.6)."""
-    return not fp4 or k <= tile_k(TILINGS["fp4"])
+    """Where this kernel (at TILINGS) measured faster than the portable one at Llama-3-8B shapes: every shape.
+    int4 on the H200 (experiments/quant4/README.md, session 12: qkv 7.4 / 8.3 us, o 5.8 / 6.8, gate_up 28.5 /
+    31.9, down 14.3 / 17.7). MXFP4 took K <= 4096 only until its nibbles were decoded in pairs (session 31, an
+    H100, cold L2: down 4096 x 14336 18.0 us against the portable GEMV's 18.6 on the H200 in session 12 and
+    the H100's default tile kernel's 68.0; qkv 9.7, o 7.3, gate_up 29.4 us, all 2.2-2.8x bf16 cuBLAS)."""
+    return True
 
 
 def takes(a: torch.Tensor, k: int, group_k: int) -> bool:
@@ -177,14 +179,16 @@ if HAVE_GLUON:
         )
 
     @gluon.jit
-    def _fp4(words, J: gl.constexpr, MAG, SIGN):
-        """Nibble J of each word, an e2m1 code -> its value x 2**-126 (gemv_w4._nibble_fp4); MAG / SIGN
-        the masks 0x01C00000 / 0x80000000, kernel arguments so that they stay in registers."""
-        if J * 4 <= 22:
-            mag = words << (22 - 4 * J)
+    def _fp4_pair(words, J: gl.constexpr, MAG, SIGN):
+        """Nibbles J and J + 4 (J < 4) of each word, e2m1 codes -> their values x 2**-126 as two float32
+        (gemv_w4._pair_fp4: the pair placed as a bf16x2, then its halves); MAG / SIGN the masks 0x01C001C0 /
+        0x80008000, kernel arguments so that they stay in registers."""
+        if J * 4 <= 6:
+            mag = words << (6 - 4 * J)
         else:
-            mag = words >> (4 * J - 22)
-        return ((mag & MAG) | ((words << (28 - 4 * J)) & SIGN)).to(gl.float32, bitcast=True)
+            mag = words >> (4 * J - 6)
+        pair = (mag & MAG) | ((words << (12 - 4 * J)) & SIGN)
+        return (pair << 16).to(gl.float32, bitcast=True), (pair & -65536).to(gl.float32, bitcast=True)
 
     @gluon.jit
     def _int4(x, MASK):
@@ -224,17 +228,24 @@ if HAVE_GLUON:
                     LG: gl.constexpr):  # fmt: skip
         """One K tile into the per-word-column accumulator acc (and, int4, the per-group acc_z);
         col_scale: the activations' factor per nibble column ([1, 1, 8])."""
-        act = act.to(gl.float32) * col_scale
+        if FP4 and act.dtype == gl.bfloat16:  # x 2**100 in the exponent: one IMAD (gemv_w4._act_scaled)
+            act = ((act.to(gl.int16, bitcast=True).to(gl.int32) << 16) + (100 << 23)).to(gl.float32, bitcast=True)
+        else:
+            act = act.to(gl.float32) * col_scale
         a0, a1, a2, a3, a4, a5, a6, a7 = _columns(act, LW)
         if FP4:
-            part = _fp4(words, 0, m0, m1) * gl.expand_dims(a0, 0)
-            part = gl.fma(_fp4(words, 1, m0, m1), gl.expand_dims(a1, 0), part)
-            part = gl.fma(_fp4(words, 2, m0, m1), gl.expand_dims(a2, 0), part)
-            part = gl.fma(_fp4(words, 3, m0, m1), gl.expand_dims(a3, 0), part)
-            part = gl.fma(_fp4(words, 4, m0, m1), gl.expand_dims(a4, 0), part)
-            part = gl.fma(_fp4(words, 5, m0, m1), gl.expand_dims(a5, 0), part)
-            part = gl.fma(_fp4(words, 6, m0, m1), gl.expand_dims(a6, 0), part)
-            part = gl.fma(_fp4(words, 7, m0, m1), gl.expand_dims(a7, 0), part)  # [ROWS, GPI, WPG]
+            w0, w4 = _fp4_pair(words, 0, m0, m1)  # each pair multiplied as decoded: fewer values live
+            part = w0 * gl.expand_dims(a0, 0)
+            part = gl.fma(w4, gl.expand_dims(a4, 0), part)
+            w1, w5 = _fp4_pair(words, 1, m0, m1)
+            part = gl.fma(w1, gl.expand_dims(a1, 0), part)
+            part = gl.fma(w5, gl.expand_dims(a5, 0), part)
+            w2, w6 = _fp4_pair(words, 2, m0, m1)
+            part = gl.fma(w2, gl.expand_dims(a2, 0), part)
+            part = gl.fma(w6, gl.expand_dims(a6, 0), part)
+            w3, w7 = _fp4_pair(words, 3, m0, m1)
+            part = gl.fma(w3, gl.expand_dims(a3, 0), part)
+            part = gl.fma(w7, gl.expand_dims(a7, 0), part)  # [ROWS, GPI, WPG]
             s = (s.to(gl.int32) << 23).to(gl.float32, bitcast=True)  # e8m0: the float with exponent bits e
             acc = gl.fma(gl.expand_dims(s, 2), part, acc)
         else:
