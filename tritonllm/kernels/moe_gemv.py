@@ -231,7 +231,7 @@ def moe_gemv_kernel(
     if SLOTS:
         if not EARLY:
             token, valid, pairs, e = _slot_experts(topk_ids_ptr, top_k, SLOTS, False)
-            words0, s0 = e, e  # unused (FIRST off)
+            words0, s0 = None, None  # FIRST off: _row_dot loads step 0 itself
         acc = _row_dot(a_ptr, (pairs // A_ROW_DIV).to(tl.int64), a_scale_ptr, b_ptr, b_scale_ptr,
                        e[:, None] * rows_per_expert + rn[None, :], K, stride_am, stride_ak, stride_asm, stride_ask,
                        stride_bn, stride_bk, stride_bsn, stride_bsk, QUANT, GROUP_K, EVEN_K, WORDS, FP4_BITS, SLOTS,
