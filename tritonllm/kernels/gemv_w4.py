@@ -92,12 +92,11 @@ def _nibble(words, J: tl.constexpr, FP4: tl.constexpr, FP4_BITS: tl.constexpr):
 
 @triton.jit
 def _act_scaled(a):
-    """The activations as float32 times FP4_ACT_SCALE (2**100). bf16: its bits under float32's upper half
-    with 100 added to the exponent, one IMAD an element where widening and multiplying take two or three;
-    a zero becomes 2**-27 (2**-127 of a unit activation, below any product that counts)."""
+    """The activations as float32 times FP4_ACT_SCALE (2**100). bf16: widened (exact), then 100 added to the
+    exponent bits, which ptxas folds into the widening (one IMAD or LEA an element, where a multiply took
+    another); a zero becomes 2**-27 (2**-127 of a unit activation, below any product that counts)."""
     if a.dtype == tl.bfloat16:
-        bits = a.to(tl.int16, bitcast=True).to(tl.int32)
-        a = ((bits << 16) + (100 << 23)).to(tl.float32, bitcast=True)
+        a = (a.to(tl.float32).to(tl.int32, bitcast=True) + (100 << 23)).to(tl.float32, bitcast=True)
     else:
         a = a.to(tl.float32) * FP4_ACT_SCALE
     return a
