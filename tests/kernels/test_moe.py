@@ -234,9 +234,13 @@ def test_gemv_load_schedules_match_reference(loads, kind, monkeypatch) -> None:
     monkeypatch.setenv("TRITONLLM_MOE_GEMV_LOADS", str(loads))
     moe_tiles.gemv_loads.cache_clear()
     try:
+        # FP8 block in bf16: w13's output is rounded to bf16 before its per-group FP8 quantization (the reference
+        # quantizes the float32 value), so some FP8 codes differ by one step: 0.7-1.7% of the output's scale
+        # depending on the seed (the H100 failed 1e-2 at 1.2%), the same under every schedule
+        fp8_tol = 1e-2 if DTYPE == torch.float32 else 3e-2
         h, i, block_k, tol = {"mxfp4": (256, 96, 64, 4 * TOL if DTYPE == torch.float32 else 2e-2),
-                              "fp8_block": (128, 136, 32, 1e-2), "float": (128, 40, 32, TOL)}[kind]  # fmt: skip
-        p = _problem(3, 6, h, i, 3, seed=50 + loads)
+                              "fp8_block": (128, 136, 32, fp8_tol), "float": (128, 40, 32, TOL)}[kind]  # fmt: skip
+        p = _problem(3, 6, h, i, 3, seed=50)  # every schedule on the same problem
         w13, w2 = p["w13"], p["w2"]
         if kind != "float":
             scheme = QuantScheme(FP4, "mx", "none") if kind == "mxfp4" else QuantScheme(FP8, "block", "group")
