@@ -39,7 +39,7 @@ import torch
 import triton
 
 from tritonllm import platform
-from tritonllm.kernels import splitk_sm90
+from tritonllm.kernels import gemv_w4, splitk_sm90
 from tritonllm.kernels.launch import compile_gluon_sm90, gluon_barrier, gluon_pdl_wait, gluon_sm90_available
 
 try:  # recent triton ships Gluon; without it the portable kernels serve every shape
@@ -57,7 +57,7 @@ MAX_M = 64
 INT4_PAIR_MASK = 0x000F000F
 BF16_BIAS = 0x43004300  # bf16x2 (128, 128): nibbles in the low mantissa bits read 128 + q
 FP16_BIAS = 0x64006400  # fp16x2 (1024, 1024)
-FP4_MASKS = (0x01C001C0, -(2**31) | 0x8000)  # e2m1 magnitudes at bf16 bits 6..8 / 22..24, signs at 15 / 31
+FP4_MASKS = gemv_w4.FP4_PAIR_MASKS  # e2m1 magnitudes at bf16 bits 6..8 / 22..24, signs at 15 / 31
 
 
 @dataclass(frozen=True)

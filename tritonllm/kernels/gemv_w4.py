@@ -36,7 +36,9 @@ from tritonllm.kernels.launch import pdl_wait
 FP4_BITS = platform.PLATFORM != "rocm"
 FP4_ACT_SCALE = tl.constexpr(2.0**100)  # activations x this, so that products with 2**-126-scaled values stay normal
 FP4_OUT_SCALE = tl.constexpr(2.0**26)  # = 2**126 / 2**100
-FP4_PAIR_SIGNS = tl.constexpr(-(2**31) | 0x8000)  # bits 15 and 31 (0x80008000 as an int32)
+# a nibble pair's e2m1 magnitudes at bits 6..8 / 22..24 and signs at 15 / 31 (0x80008000 as an int32): _pair_fp4,
+# and the Hopper kernels' decodes into bf16x2 (gemv_w4_sm90, gemm_w4_sm90), which pass them as kernel arguments
+FP4_PAIR_MASKS = (0x01C001C0, -(2**31) | 0x8000)
 
 
 @triton.jit
@@ -65,17 +67,17 @@ def _nibble_fp4(words, J: tl.constexpr, FP4_BITS: tl.constexpr):
 
 
 @triton.jit
-def _pair_fp4(words, J: tl.constexpr):
+def _pair_fp4(words, J: tl.constexpr, MAG=FP4_PAIR_MASKS[0], SIGN=FP4_PAIR_MASKS[1]):
     """Nibbles J and J + 4 (J < 4) of each int32 word (e2m1 codes) -> their values x 2**-126 as two float32.
     Two shifts and two LOP3 place both nibbles as a bf16x2 would hold them (J's magnitude at bits 6..8 and sign
     at 15, J + 4's at 22..24 and 31: under each half's exponent); the high half alone (one LOP3) is J + 4's
     float32 and the low half shifted up (one shift) J's: three instructions a nibble where _nibble_fp4 takes
-    four."""
+    four. MAG / SIGN: FP4_PAIR_MASKS (the Gluon GEMV passes them as kernel arguments, kept in registers)."""
     if J * 4 <= 6:
         mag = words << (6 - 4 * J)
     else:
         mag = words >> (4 * J - 6)
-    pair = (mag & 0x01C001C0) | ((words << (12 - 4 * J)) & FP4_PAIR_SIGNS)
+    pair = (mag & MAG) | ((words << (12 - 4 * J)) & SIGN)
     lo = (pair << 16).to(tl.float32, bitcast=True)
     hi = (pair & -65536).to(tl.float32, bitcast=True)
     return lo, hi

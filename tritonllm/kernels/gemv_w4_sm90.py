@@ -74,11 +74,10 @@ TILINGS.update(
         item.split("=") for item in os.environ.get("TRITONLLM_W4_GEMV_SM90_TILING", "").split(",") if item
     )
 )
-FP4_ACT_SCALE = 2.0**100  # as gemv_w4: products of 2**-126-scaled e2m1 values stay normal
-FP4_OUT_SCALE = 2.0**26
+FP4_OUT_SCALE = 2.0**26  # as gemv_w4: the activations' 2**100 (gemv_w4._act_scaled) and the decode's 2**-126 undone
 # the decode's bit masks, passed as kernel arguments so that the compiler keeps them in registers (as
 # literals, ptxas re-materialises one before every LOP3: ~0.6 instructions a weight)
-FP4_MASKS = (0x01C001C0, -(2**31) | 0x8000)  # a nibble pair's e2m1 magnitudes at bits 6..8 / 22..24, signs at 15 / 31
+FP4_MASKS = gemv_w4.FP4_PAIR_MASKS  # a nibble pair's e2m1 magnitudes at bits 6..8 / 22..24, signs at 15 / 31
 INT4_MASKS = (0x0000F000, 0x000F0000)  # a nibble at float bits 12..15, 16..19
 
 
@@ -163,7 +162,6 @@ def w4_gemv_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
 
 if HAVE_GLUON:
     _WARPS = gl.constexpr(NUM_WARPS)
-    _ACT_SCALE = gl.constexpr(FP4_ACT_SCALE)
     _OUT_SCALE = gl.constexpr(FP4_OUT_SCALE)
 
     _WPT = gl.constexpr(WPT)
@@ -178,17 +176,8 @@ if HAVE_GLUON:
             [rows, 1, wpt, 8], [1, 32 // tw, tw, 1], [NUM_WARPS // warps_k, warps_k, 1, 1], [3, 2, 1, 0]
         )
 
-    @gluon.jit
-    def _fp4_pair(words, J: gl.constexpr, MAG, SIGN):
-        """Nibbles J and J + 4 (J < 4) of each word, e2m1 codes -> their values x 2**-126 as two float32
-        (gemv_w4._pair_fp4: the pair placed as a bf16x2, then its halves); MAG / SIGN the masks 0x01C001C0 /
-        0x80008000, kernel arguments so that they stay in registers."""
-        if J * 4 <= 6:
-            mag = words << (6 - 4 * J)
-        else:
-            mag = words >> (4 * J - 6)
-        pair = (mag & MAG) | ((words << (12 - 4 * J)) & SIGN)
-        return (pair << 16).to(gl.float32, bitcast=True), (pair & -65536).to(gl.float32, bitcast=True)
+    _fp4_pair = gluon.jit(gemv_w4._pair_fp4.fn)  # nibbles j, j + 4 -> two float32 (masks: FP4_MASKS, in registers)
+    _act_scaled = gluon.jit(gemv_w4._act_scaled.fn)  # bf16 activations x 2**100 through their exponent bits
 
     @gluon.jit
     def _int4(x, MASK):
@@ -227,9 +216,9 @@ if HAVE_GLUON:
     def _accumulate(words, act, s, z, acc, acc_z, col_scale, m0, m1, FP4: gl.constexpr, LW: gl.constexpr,
                     LG: gl.constexpr):  # fmt: skip
         """One K tile into the per-word-column accumulator acc (and, int4, the per-group acc_z);
-        col_scale: the activations' factor per nibble column ([1, 1, 8])."""
-        if FP4 and act.dtype == gl.bfloat16:  # x 2**100 in the exponent: one IMAD (gemv_w4._act_scaled)
-            act = ((act.to(gl.int16, bitcast=True).to(gl.int32) << 16) + (100 << 23)).to(gl.float32, bitcast=True)
+        col_scale: int4's activation factor per nibble column ([1, 1, 8]; MXFP4: None, _act_scaled's 2**100)."""
+        if FP4:  # x 2**100, bf16 through its exponent bits
+            act = _act_scaled(act)
         else:
             act = act.to(gl.float32) * col_scale
         a0, a1, a2, a3, a4, a5, a6, a7 = _columns(act, LW)
@@ -334,8 +323,8 @@ if HAVE_GLUON:
         KW = K // 8
         STEP: gl.constexpr = GPI * WPG
         LW: gl.constexpr = gl.SliceLayout(0, L3)
-        if FP4:  # every product a normal float
-            col_scale = gl.full([1, 1, 8], _ACT_SCALE, gl.float32, layout=LA)
+        if FP4:  # every product a normal float: the activations x 2**100 in _accumulate (_act_scaled)
+            col_scale = None
         else:  # int4 nibbles 0, 2, 3, 5 decode at float bits 12..15 (x 2**11), 1, 4, 6, 7 at 16..19 (x 2**7)
             j = gl.expand_dims(gl.expand_dims(ja, 0), 1)
             col_scale = gl.where((j == 1) | (j == 4) | (j >= 6), 128.0, 2048.0)
