@@ -95,6 +95,8 @@ def main() -> None:
     parser.add_argument("--fuse-gated-mlp", action="store_true", help="fuse_gated_activation + fuse_down_input_quant")
     parser.add_argument("--fuse-moe-router", action=argparse.BooleanOptionalAction, default=True,
                         help="a MoE router's GEMM and routing in one kernel at decode sizes")  # fmt: skip
+    parser.add_argument("--prefetch-weights", action=argparse.BooleanOptionalAction, default=True,
+                        help="decode steps stream weights into L2 ahead of their GEMVs")  # fmt: skip
     parser.add_argument("--kernel-table", type=int, default=0, help="report the N kernels taking most GPU time")
     parser.add_argument("--output-json", default=None)
     parser.add_argument("--trace", default=None, help="also write the Chrome trace here")
@@ -111,6 +113,7 @@ def main() -> None:
         fuse_gated_activation=args.fuse_gated_mlp,
         fuse_down_input_quant=args.fuse_gated_mlp,
         fuse_moe_router=args.fuse_moe_router,
+        prefetch_weights=args.prefetch_weights,
         kernels=dict(choice.split("=", 1) for choice in args.kernel) or None,
     )
     engine = llm.llm_engine

@@ -96,6 +96,7 @@ def test_flags_map_to_llm_kwargs():
             "--fuse-down-input-quant",
             "--fuse-norm-into-gemm",
             "--no-fuse-moe-router",
+            "--no-prefetch-weights",
         ]
     )
     assert args.port == 9001
@@ -121,6 +122,7 @@ def test_flags_map_to_llm_kwargs():
         "fuse_down_input_quant": True,
         "fuse_norm_into_gemm": True,
         "fuse_moe_router": False,
+        "prefetch_weights": False,
         "quantization": "int8",
         "load_format": "dummy",
         "kv_cache_dtype": "fp8",

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from launch_spy import LaunchSpy  # tests/
 from transformers import AutoModelForCausalLM
 
 from tritonllm import LLM, SamplingParams
@@ -102,16 +103,9 @@ def test_bf16_batch1_decode_with_the_moe_router_fused_matches_unfused(monkeypatc
     reset for every replay); greedy tokens equal and logprobs close to the router's GEMM and moe_route."""
     from tritonllm.kernels import moe_route
 
-    calls = []
-    kernel = moe_route.router_route_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            calls.append(grid)
-            return kernel[grid]
-
-    monkeypatch.setattr(moe_route, "router_route_kernel", Spy())
-    _fused_matches_unfused("fuse_moe_router", calls, True, "GptOssForCausalLM", max_model_len=512)
+    spy = LaunchSpy(moe_route.router_route_kernel)
+    monkeypatch.setattr(moe_route, "router_route_kernel", spy)
+    _fused_matches_unfused("fuse_moe_router", spy.grids, True, "GptOssForCausalLM", max_model_len=512)
 
 
 def test_fp8_batch1_decode_with_the_norms_in_the_gemms_matches_unfused(monkeypatch):
@@ -147,6 +141,20 @@ def _spy_fused_launcher(monkeypatch, name: str, unsplit: bool = False) -> list:
     if unsplit:
         monkeypatch.setattr(sk, "PLAN_OVERRIDE", sk.Plan(128, 1, 6))
     return calls
+
+
+@pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "GptOssForCausalLM"])
+def test_batch1_decode_with_weight_prefetch_matches_without(architecture, monkeypatch):
+    """prefetch_weights: decode steps (CUDA graphs, the side stream's forks and join captured) launch the L2
+    prefetch kernel (every layer linked: MIN_BYTES 0 for the tiny models); greedy tokens and logprobs as
+    without (the prefetch changes no value)."""
+    from tritonllm.kernels import l2_prefetch
+    from tritonllm.layers import prefetch
+
+    monkeypatch.setattr(prefetch, "MIN_BYTES", 0)
+    spy = LaunchSpy(l2_prefetch.l2_prefetch_kernel)
+    monkeypatch.setattr(l2_prefetch, "l2_prefetch_kernel", spy)
+    _fused_matches_unfused("prefetch_weights", spy.grids, True, architecture, max_model_len=512)
 
 
 def _fused_matches_unfused(flag: str, launches: list, launched_when_fused: bool,

@@ -3,6 +3,7 @@ prompt logprobs and per-step logprobs within 1e-3, greedy tokens identical for 2
 
 import pytest
 import torch
+from launch_spy import LaunchSpy  # tests/
 from transformers import AutoModelForCausalLM
 
 from tritonllm import LLM, SamplingParams
@@ -71,21 +72,14 @@ def test_fused_moe_router_matches_hf(prompts, monkeypatch):
     tokens) with the GEMM and moe_route; greedy tokens and logprobs as HF's, and the fused kernel seen running."""
     from tritonllm.kernels import moe_route
 
-    launches = []
-
-    class Spy:
-        def __getitem__(self, grid):
-            launches.append(grid)
-            return real[grid]
-
-    real = moe_route.router_route_kernel
-    monkeypatch.setattr(moe_route, "router_route_kernel", Spy())
+    spy = LaunchSpy(moe_route.router_route_kernel)
+    monkeypatch.setattr(moe_route, "router_route_kernel", spy)
     shared = [*prompts[:3], prompts[2][:32] + prompts[3]]
     check_against_hf(
         str(tiny_model_path("GptOssForCausalLM")), shared, num_steps=8, block_size=16, max_model_len=256,
         max_num_batched_tokens=24, max_num_seqs=1, kernel_backend="triton", fuse_moe_router=True,
     )  # fmt: skip
-    assert len(launches) >= 2 * 7  # two MoE layers a decode step, at least seven decode steps
+    assert spy.launches >= 2 * 7  # two MoE layers a decode step, at least seven decode steps
 
 
 def check_against_hf(model_path: str, prompts: list[list[int]], num_steps: int = NUM_STEPS, **llm_args: object) -> None:

@@ -68,6 +68,7 @@ READ_BEFORE_WAIT = {
     # EARLY (w2): the experts' words and scales, and the expert ids, which the router wrote two launches back
     "moe_gemv.moe_gemv_kernel": {"b_ptr", "b_scale_ptr", "topk_ids_ptr"},
     "moe_route.router_route_kernel": {"w_ptr", "bias_ptr"},  # the router's weight and bias
+    "l2_prefetch.l2_prefetch_kernel": {"w_ptr"},  # the weight it streams into L2
 }
 
 

@@ -63,6 +63,7 @@ def main(cfg: DictConfig) -> None:
             "fuse_down_input_quant": cfg.fuse_down_input_quant,
             "fuse_norm_into_gemm": cfg.fuse_norm_into_gemm,
             "fuse_moe_router": cfg.fuse_moe_router,
+            "prefetch_weights": cfg.prefetch_weights,
         }
     )
     hydra_cfg = HydraConfig.get()

@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 from closeness import assert_close_per_row  # this folder (pytest puts it on sys.path)
-from launch_spy import LaunchSpy  # this folder
+from launch_spy import LaunchSpy  # tests/
 from test_attention import GPU_FP8_REL_RMS, GPU_REL_RMS, TOL, PagedBatch, make_batch
 
 from tritonllm import platform

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
-from launch_spy import LaunchSpy  # this folder
+from launch_spy import LaunchSpy  # tests/
 from seeded import randn as _randn  # this folder
 
 from tritonllm import platform

@@ -14,7 +14,7 @@ import pytest
 import torch
 import w4_checks as w4  # this folder
 from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
-from launch_spy import LaunchSpy  # this folder
+from launch_spy import LaunchSpy  # tests/
 from seeded import randn as _randn  # this folder
 
 from tritonllm import platform

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
-from launch_spy import LaunchSpy  # this folder
+from launch_spy import LaunchSpy  # tests/
 from seeded import randn as _randn  # this folder
 
 from tritonllm import platform

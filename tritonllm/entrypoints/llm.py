@@ -56,6 +56,7 @@ class LLM:
         fuse_down_input_quant: bool = False,
         fuse_norm_into_gemm: bool = False,
         fuse_moe_router: bool = True,
+        prefetch_weights: bool = True,
         quantization: str | None = None,
         load_format: str = "auto",
         kv_cache_dtype: str = "auto",
@@ -114,6 +115,7 @@ class LLM:
             fuse_down_input_quant=fuse_down_input_quant,
             fuse_norm_into_gemm=fuse_norm_into_gemm,
             fuse_moe_router=fuse_moe_router,
+            prefetch_weights=prefetch_weights,
         )
         self._start(config)
 

@@ -44,6 +44,7 @@ Quantized experts (w13 / w2 as QuantizedWeight with stacked data and scales, MOE
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 import triton
@@ -400,10 +401,12 @@ def fused_moe(
     limit: float = 7.0,
     out: torch.Tensor | None = None,
     tiles: MoeTiles | None = None,
+    after_w13: Callable[[], None] | None = None,
 ) -> torch.Tensor:
     """x [T, H], w13 [E, 2I, H], w2 [E, H, I] (tensors in x's dtype, or
     QuantizedWeight in MOE_FORMATS), topk_* [T, k] -> [T, H] in x's dtype (into `out` when given).
-    `tiles` overrides the table (tests, tile sweeps)."""
+    `tiles` overrides the table (tests, tile sweeps). after_w13: called once w13's launch is queued (a
+    decode step's next weight prefetch, layers/prefetch.py: it streams in while w2 runs)."""
     if activation not in MOE_ACTIVATIONS:
         raise ValueError(f"MoE activation {activation!r} is not one of {MOE_ACTIVATIONS}")
     (e, two_i, h), (e2, h2, i) = _expert_shape(w13), _expert_shape(w2)
@@ -439,6 +442,8 @@ def fused_moe(
     _launch(a, a_scale, w13, intermediate, w13_bias, None, route, tiles.w13, n=i, k=h, a_row_div=top_k,
             gated=True, activation=MOE_ACTIVATIONS.index(activation), alpha=alpha, limit=limit,
             joint=tiles.joint, tma=tiles.tma_w13, sorted_c=in_order)  # fmt: skip
+    if after_w13 is not None:
+        after_w13()
 
     a, a_scale = quantize_per_group(intermediate, w2.data.dtype, BLOCK) if fp8 else (intermediate, None)
     per_slot = out if top_k == 1 or slots else torch.empty((t * top_k, h), dtype=x.dtype, device=x.device)

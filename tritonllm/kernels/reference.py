@@ -7,6 +7,8 @@ the input dtype.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -560,6 +562,7 @@ def fused_moe(
     alpha: float = 1.702,
     limit: float = 7.0,
     out: torch.Tensor | None = None,
+    after_w13: Callable[[], None] | None = None,
 ) -> torch.Tensor:
     """The experts' sum: out[t] = sum_j topk_weights[t, j] * expert(topk_ids[t, j], x[t]), where
     expert(e, x) = w2[e] @ act(w13[e] @ x + w13_bias[e]) + w2_bias[e].
@@ -568,7 +571,10 @@ def fused_moe(
     QuantizedWeight with stacked data/scales (kernels/quant_formats.py layouts per expert: FP8 block
     128 with 1 x 128 activation groups, MXFP4); biases [E, 2I] / [E, H]; topk_* [T, top_k].
     Computed in float32 (the intermediate activation rounded to x's dtype, as the kernels store it);
-    returns [T, H] in x's dtype (into `out` when given)."""
+    returns [T, H] in x's dtype (into `out` when given). after_w13: called before the sum (the Triton
+    implementation's hook between its two launches)."""
+    if after_w13 is not None:
+        after_w13()
     out = torch.empty_like(x) if out is None else out
     acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for e in topk_ids.unique().tolist():

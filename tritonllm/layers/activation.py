@@ -35,7 +35,7 @@ class SiluAndMul(nn.Module):
             if isinstance(x, NormedInput):  # the gated epilogue takes the norm's output
                 x = x.materialize()
             quant = OutputQuant.of(self._quant_for[0].qweight) if self._quant_for else None
-            fused = gate_up.method.apply_gated(gate_up, x, quant)
+            fused = gate_up.queued(gate_up.method.apply_gated(gate_up, x, quant))
             if fused is not None:
                 return fused
         return self(gate_up(x))
@@ -51,7 +51,7 @@ class SiluAndMul(nn.Module):
         alone (gate_up's epilogue writes h and its block amaxes, down quantizes h: apply_gated_mlp)."""
         if self.fuse_down_input and self._quant_for and self.fuse_gemm and getattr(down, "tp", SINGLE).size == 1:
             parts = (x.stream, x.norm.weight, x.norm.eps) if isinstance(x, NormedInput) else (x, None, 0.0)
-            out = gate_up.method.apply_gated_mlp(gate_up, down, *parts, residual)
+            out = down.queued(gate_up.method.apply_gated_mlp(gate_up, down, *parts, residual))
             if out is not None:
                 return None if out is residual else out
         if self.fuse_down_input and self._quant_for and not self.fuse_gemm:

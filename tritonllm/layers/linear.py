@@ -47,6 +47,9 @@ class Linear(nn.Module):
     """y = x @ weight.T (+ bias); weight [out_features, in_features], stored per `quant` (None:
     in `dtype`)."""
 
+    # (WeightPrefetch, the next layer's tensors): started once this layer's kernel is queued (layers/prefetch.py)
+    prefetch: tuple | None = None
+
     def __init__(
         self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype, quant: LayerQuant | None = None
     ) -> None:
@@ -65,21 +68,29 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor | NormedInput) -> torch.Tensor:
         if isinstance(x, NormedInput):
-            out = self.method.apply_norm(self, x.stream, x.norm.weight, x.norm.eps)
+            out = self.queued(self.method.apply_norm(self, x.stream, x.norm.weight, x.norm.eps))
             if out is not None:
                 return out
             x = x.materialize()
-        return self.method.apply(self, x)
+        return self.queued(self.method.apply(self, x))
 
     def forward_residual(self, x: torch.Tensor, residual: torch.Tensor) -> bool:
         """residual += this layer applied to x, the add in the GEMM's epilogue where its method's kernels have
         one (linear's residual_linear): True; else False, with residual untouched."""
-        return self.method.apply_residual(self, x, residual) is not None
+        return self.queued(self.method.apply_residual(self, x, residual)) is not None
 
     def forward_silu_mul(self, y: torch.Tensor) -> torch.Tensor | None:
         """This layer applied to silu(gate) * up of y = [gate | up] in one kernel call where its method's
         kernels have one (linear's silu_mul_linear), else None (layers/activation.py's SiluAndMul.mlp)."""
-        return self.method.apply_silu_mul(self, y)
+        return self.queued(self.method.apply_silu_mul(self, y))
+
+    def queued(self, out: object) -> object:
+        """Called with what this layer's kernel call returned (None: it did not run): then the next
+        layer's weight prefetch, if linked (layers/prefetch.py); returns `out`."""
+        if out is not None and self.prefetch is not None:
+            owner, tensors = self.prefetch
+            owner.fork(tensors)
+        return out
 
     def shard(self, shard_id: str | None) -> Shard:
         """(first output row, rows, shard index) of a checkpoint shard; the whole layer for None."""
@@ -135,7 +146,7 @@ class RowParallelLinear(Linear):
         super().__init__(count, out_features, bias and tp.rank == 0, dtype, quant)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(self.method.apply(self, x))
+        return self.tp.all_reduce(self.queued(self.method.apply(self, x)))
 
     def forward_residual(self, x: torch.Tensor, residual: torch.Tensor) -> bool:
         # each rank's output is a partial sum: the residual would be added once a rank

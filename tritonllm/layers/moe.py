@@ -36,6 +36,9 @@ EXPERT_SHARDS = {"gate": ("w13", 0), "up": ("w13", 1), "down": ("w2", 0)}
 
 
 class FusedMoE(nn.Module):
+    # (WeightPrefetch, the next linear layer's tensors): started once w13 is queued (layers/prefetch.py)
+    prefetch: tuple | None = None
+
     def __init__(
         self,
         num_experts: int,
@@ -108,9 +111,13 @@ class FusedMoE(nn.Module):
         if self.scheme is not None:
             w13 = QuantizedWeight(self.scheme, self.w13, self.w13_scale)
             w2 = QuantizedWeight(self.scheme, self.w2, self.w2_scale)
+        after_w13 = None
+        if self.prefetch is not None:  # the next layer's weight streams into L2 while w2 runs (layers/prefetch.py)
+            owner, tensors = self.prefetch
+            after_w13 = lambda: owner.fork(tensors)  # noqa: E731
         out = self.kernels.fused_moe(
             x, w13, w2, weights, ids, activation=self.activation, w13_bias=self.w13_bias,
-            w2_bias=self.w2_bias, alpha=self.alpha, limit=self.limit,
+            w2_bias=self.w2_bias, alpha=self.alpha, limit=self.limit, after_w13=after_w13,
         )  # fmt: skip
         return self.tp.all_reduce(out)
 

@@ -26,6 +26,7 @@ step's inputs read from the step before are broadcast to the followers first.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from tritonllm.engine.request import Request
 from tritonllm.engine.scheduler import SchedulerOutput
 from tritonllm.kernels.registry import Kernels, bind_kernels, default_kernels
 from tritonllm.layers.attention import Attention, AttentionMetadata
+from tritonllm.layers.prefetch import MAX_PREFETCH_SEQS, WeightPrefetch
 from tritonllm.layers.sampler import LogprobTensors, Sampler, SamplingTensors, to_host, top_logprobs
 from tritonllm.worker.cuda_graph import DECODE_LAYOUT, DecodeGraphs
 from tritonllm.worker.input_batch import InputBatch
@@ -125,6 +127,8 @@ class ModelRunner:
         self.sampler = Sampler(self.kernels)
         self.kv_scale_calibration = False  # calibrate_kv_scales(): the next prompt step sets the FP8 KV scales
         self.decode_graphs: DecodeGraphs | None = None
+        # decode steps of up to MAX_PREFETCH_SEQS rows prefetch weights (layers/prefetch.py; EngineConfig.prefetch_weights)
+        self.weight_prefetch: WeightPrefetch | None = None
         self.piecewise_graphs: PiecewiseGraphs | None = None
         max_blocks = cdiv(max_model_len, block_size)
         self.batch = InputBatch(max_num_seqs, max_blocks, device)
@@ -521,8 +525,10 @@ class ModelRunner:
         """What a decode graph of `size` rows runs: block-table entries, forward, logits and sampling
         (tokens into last_sampled). Returns the hidden states."""
         self.batch.apply_entries(v["entry_rows"], v["entry_cols"], v["entry_vals"])
-        hidden = self._forward(v["input_ids"], v["positions"], v["slot_mapping"], v["prev_src"], v["rows"],
-                               v["seq_lens"], v["query_start_loc"], 1, self.max_model_len)  # fmt: skip
+        prefetch = self.weight_prefetch
+        with prefetch.decode() if prefetch is not None and size <= MAX_PREFETCH_SEQS else contextlib.nullcontext():
+            hidden = self._forward(v["input_ids"], v["positions"], v["slot_mapping"], v["prev_src"], v["rows"],
+                                   v["seq_lens"], v["query_start_loc"], 1, self.max_model_len)  # fmt: skip
         logits = self.model.compute_logits(hidden)
         if self.is_driver:  # followers compute the logits (a collective) but do not sample
             tokens, _ = self.sampler(logits, self.batch.sampling_tensors(v["rows"]))

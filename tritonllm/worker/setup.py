@@ -25,6 +25,7 @@ from tritonllm.kernels.registry import OPS, KernelContext, Kernels, select_kerne
 from tritonllm.layers.activation import SiluAndMul
 from tritonllm.layers.attention import Attention
 from tritonllm.layers.moe import FusedMoE
+from tritonllm.layers.prefetch import WeightPrefetch
 from tritonllm.models.llama import LlamaDecoderLayer
 from tritonllm.models.loader import fit_rope_tables, layer_features, linear_formats, load_model, model_max_len, used_ops
 from tritonllm.worker.model_runner import ModelRunner
@@ -99,6 +100,13 @@ def set_up_rank(config: EngineConfig, path: str, tp: TensorParallel) -> RankSetu
         max_num_seqs=sched.max_num_seqs, max_model_len=max_model_len,
         max_num_batched_tokens=sched.max_num_batched_tokens, kernels=kernels, tp=tp,
     )  # fmt: skip
+    if config.prefetch_weights:
+        prefetch = WeightPrefetch(device)
+        if prefetch.enabled:
+            runner.weight_prefetch = prefetch
+            logger.info("weight prefetch into L2: %d linear layers linked", prefetch.link(model))
+        else:
+            logger.info("weight prefetch off: it needs an NVIDIA GPU of compute capability 9.0+")
     num_blocks = tp.min_over_ranks(num_kv_blocks(config, runner))
     capacity = num_blocks * block_size
     if max_model_len > capacity:

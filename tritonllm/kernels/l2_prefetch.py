@@ -1,0 +1,83 @@
+"""Weights prefetched into L2 ahead of the kernel that reads them (NVIDIA Hopper and newer).
+
+At batch-1 decode a step's kernels take turns with HBM: a memory-bound GEMV streams its weight near the
+copy bandwidth, while the kernels between GEMVs (norms, RoPE, attention over a short context, the MoE
+router, an MXFP4 expert GEMV that is bound by its instruction stream) leave most of it idle. A weight
+does not depend on anything computed in the step, so its read can start early: `prefetch_l2` launches a
+small kernel whose lanes each issue one `cp.async.bulk.prefetch.L2` of a chunk of the weight (one
+instruction a chunk, fire-and-forget: no registers or shared memory wait for the data) and exits; the
+copy engine streams the bytes into L2 while the kernels after it run, and the GEMV that reads the
+weight then finds it there. The prefetch is a hint: it changes no value, only where the bytes come from.
+
+Under PDL the kernel issues its prefetches before its wait (they read only the weight), then waits for
+the kernel before it as every PDL kernel must, so that the chain's ordering holds.
+
+Elsewhere (the interpreter, ROCm, GPUs before Hopper) `prefetch_l2` does nothing: `available()` says
+whether it launches.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tritonllm import platform
+from tritonllm.kernels.launch import pdl_launch, pdl_wait
+
+CHUNK = 1 << 16  # bytes a lane's prefetch (a multiple of 16)
+LANES = 32  # one warp a program, a chunk a lane
+MAX_PROGRAMS = 64
+
+
+def available() -> bool:
+    """The bulk L2 prefetch exists: CUDA compute capability 9.0+, compiled (not the interpreter)."""
+    return (
+        platform.PLATFORM == "cuda" and not platform.is_interpreter() and torch.cuda.get_device_capability() >= (9, 0)
+    )
+
+
+@triton.jit
+def _bulk_prefetch(addr, size):
+    """cp.async.bulk.prefetch.L2 of `size` bytes (a multiple of 16) from `addr` (16-byte aligned), per element;
+    none where size <= 0."""
+    return tl.inline_asm_elementwise(
+        "{\n\t.reg .pred p;\n\tsetp.gt.s32 p, $2, 0;\n\t@p cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;\n\t}",
+        "=r,l,r",
+        [addr, size],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
+def l2_prefetch_kernel(w_ptr, nbytes, CHUNK: tl.constexpr, LANES: tl.constexpr, PDL: tl.constexpr = False):
+    """Program p's lanes prefetch chunks p * LANES + lane, then every num_programs * LANES chunks on, of the
+    nbytes bytes from w_ptr (its element type does not matter: offsets are bytes)."""
+    w_ptr = w_ptr.to(tl.pointer_type(tl.uint8))
+    lane = tl.arange(0, LANES)
+    step = tl.num_programs(0) * LANES * CHUNK
+    for start in range(tl.program_id(0) * LANES * CHUNK, nbytes, step):
+        off = start + lane * CHUNK
+        size = tl.minimum(nbytes - off, CHUNK)
+        _bulk_prefetch(w_ptr + off, size.to(tl.int32))
+    pdl_wait(PDL)
+
+
+def prefetch_l2(t: torch.Tensor, nbytes: int | None = None, pdl: bool = False) -> None:
+    """Start streaming the first `nbytes` (default: all) of tensor t's bytes into L2 and return at once; t
+    contiguous, its address and nbytes multiples of 16. pdl: launched in a PDL chain (on a stream whose
+    kernels use it). A no-op where the prefetch does not exist (available())."""
+    if not available():
+        return
+    size = t.numel() * t.element_size()
+    nbytes = size if nbytes is None else min(nbytes, size)
+    if not t.is_contiguous() or t.data_ptr() % 16 or nbytes % 16:
+        raise ValueError(f"prefetch_l2 takes a contiguous tensor at a 16-byte aligned address and a multiple of 16 "
+                         f"bytes; got {tuple(t.shape)} {t.dtype}, {nbytes} bytes")  # fmt: skip
+    if nbytes == 0:
+        return
+    programs = min(MAX_PROGRAMS, triton.cdiv(nbytes, LANES * CHUNK))
+    launch = pdl_launch() if pdl else {"PDL": False}
+    l2_prefetch_kernel[(programs,)](t, nbytes, CHUNK=CHUNK, LANES=LANES, num_warps=1, **launch)
