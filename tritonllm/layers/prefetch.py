@@ -22,6 +22,11 @@ experiments/l2_prefetch), so those layers are not linked. A link to a layer that
 all would only cost a wasted prefetch: it changes no value. Layers under `MIN_BYTES` (MoE routers, whose
 weight the fused router kernel reads anyway) are left out, and a prefetch stops at `max_bytes` (a share of
 L2).
+
+Prefetches are forked only inside `decode()`, which the runner enters for decode-graph steps of up to
+`MAX_PREFETCH_SEQS` sequences (captured; run eagerly only in CPU tests); its exit joins the side stream back,
+so that a captured graph holds both the fork and the join. Prefill, mixed and enforce_eager steps never
+prefetch.
 """
 
 from __future__ import annotations
