@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -422,6 +422,29 @@ print(tuned_file(torch.cuda.get_device_name()))")
       if [ -n "${MOE_LOADS_E2E:-}" ]; then
         TRITONLLM_MOE_GEMV_LOADS=$MOE_LOADS_E2E MOE_RUNS=gptoss_batch1 MOE_TAG="_loads$MOE_LOADS_E2E" bash "$0" e2e-moe
       fi ;;
+    prefetch)
+      # the L2 weight prefetch (layers/prefetch.py, prefetch_weights) off / on, on one machine, each pair in both
+      # orders: Llama-3-8B batch 1 per PREFETCH_VARIANTS (e2e-quant's names), then int4 at each PREFETCH_SEQS
+      # request count with TRITONLLM_PREFETCH_MAX_SEQS raised to it (the default prefetches at batch 1 only),
+      # then gpt-oss-20b batch 1
+      for variant in ${PREFETCH_VARIANTS:-fp8_gluon int4_gluon mxfp4_gluon}; do
+        i=0
+        for pf in false true true false; do
+          i=$((i + 1))
+          QUANT_VARIANTS=$variant QUANT_EXPS=batch1_decode QUANT_ARGS="prefetch_weights=$pf" QUANT_TAG="_pf_${pf}_$i" \
+            bash "$0" e2e-quant | grep "tok/s" | sed "s/^/$variant prefetch=$pf: /"
+        done
+      done
+      for n in ${PREFETCH_SEQS-2 4 8}; do
+        for pf in false true; do
+          TRITONLLM_PREFETCH_MAX_SEQS=$n QUANT_VARIANTS=int4_gluon QUANT_EXPS=batch1_decode \
+            QUANT_ARGS="prefetch_weights=$pf workload.num_requests=$n" QUANT_TAG="_${n}req_pf_$pf" bash "$0" e2e-quant \
+            | grep "tok/s" | sed "s/^/int4 $n requests prefetch=$pf: /"
+        done
+      done
+      for pf in ${PREFETCH_GPTOSS-false true}; do
+        MOE_RUNS=gptoss_batch1 MOE_ARGS="prefetch_weights=$pf" MOE_TAG="_pf_$pf" bash "$0" e2e-moe | sed "s/^/gpt-oss prefetch=$pf: /"
+      done ;;
     moe-early)
       # session 30's build: w2's MXFP4 slot GEMV loading its expert ids and first K step's weights before its PDL
       # wait (TRITONLLM_MOE_GEMV_EARLY, moe_tiles.gemv_early): its tests, the decode layer's kernels and window

@@ -32,6 +32,7 @@ prefetch.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 
 import torch
@@ -40,8 +41,9 @@ from torch import nn
 from tritonllm.kernels import l2_prefetch
 
 # decode steps of more rows do not prefetch: measured a gain at 1 (H100), a loss at 16 (Llama-3-8B int4 TPOT
-# 3.824 -> 3.884 ms on an H200, one run each); 2..8 not measured yet
-MAX_PREFETCH_SEQS = 1
+# 3.824 -> 3.884 ms on an H200, one run each); 2..8 not measured yet (TRITONLLM_PREFETCH_MAX_SEQS: the A/B's
+# override, scripts/gpu_check.sh prefetch)
+MAX_PREFETCH_SEQS = int(os.environ.get("TRITONLLM_PREFETCH_MAX_SEQS", "1"))
 MIN_BYTES = 1 << 20  # layers with less weight are not worth a launch
 L2_SHARE = 0.5  # a prefetch stops at this share of the L2 (the GEMV before it streams through the rest)
 
