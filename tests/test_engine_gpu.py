@@ -143,15 +143,20 @@ def _spy_fused_launcher(monkeypatch, name: str, unsplit: bool = False) -> list:
     return calls
 
 
+@pytest.mark.parametrize("untimed", [False, True], ids=["default", "short_and_experts"])
 @pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "GptOssForCausalLM"])
-def test_batch1_decode_with_weight_prefetch_matches_without(architecture, monkeypatch):
+def test_batch1_decode_with_weight_prefetch_matches_without(architecture, untimed, monkeypatch):
     """prefetch_weights: decode steps (CUDA graphs, the side stream's forks and join captured) launch the L2
-    prefetch kernel (every layer linked: MIN_BYTES 0 for the tiny models); greedy tokens and logprobs as
-    without (the prefetch changes no value)."""
+    prefetch kernel (every layer linked: MIN_BYTES 0 for the tiny models; untimed: also the short links' tails
+    and the routed experts, whose kernel reads the ids in the graph); greedy tokens and logprobs as without
+    (the prefetch changes no value)."""
     from tritonllm.kernels import l2_prefetch
     from tritonllm.layers import prefetch
 
     monkeypatch.setattr(prefetch, "MIN_BYTES", 0)
+    if untimed:
+        monkeypatch.setattr(prefetch, "SHORT_BYTES", 4096)
+        monkeypatch.setattr(prefetch, "EXPERTS", True)
     spy = LaunchSpy(l2_prefetch.l2_prefetch_kernel)
     monkeypatch.setattr(l2_prefetch, "l2_prefetch_kernel", spy)
     _fused_matches_unfused("prefetch_weights", spy.grids, True, architecture, max_model_len=512)

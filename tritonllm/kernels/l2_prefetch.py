@@ -65,19 +65,54 @@ def l2_prefetch_kernel(w_ptr, nbytes, CHUNK: tl.constexpr, LANES: tl.constexpr, 
     pdl_wait(PDL)
 
 
-def prefetch_l2(t: torch.Tensor, nbytes: int | None = None, pdl: bool = False) -> None:
-    """Start streaming the first `nbytes` (default: all) of tensor t's bytes into L2 and return at once; t
-    contiguous, its address and nbytes multiples of 16. pdl: launched in a PDL chain (on a stream whose
-    kernels use it). A no-op where the prefetch does not exist (available())."""
+@triton.jit
+def l2_prefetch_experts_kernel(w_ptr, ids_ptr, expert_bytes, stride_bytes, CHUNK: tl.constexpr, LANES: tl.constexpr):
+    """Program (i, p): the expert e = ids[i] of routed pair i, its expert_bytes bytes from w_ptr + e *
+    stride_bytes, chunks p * LANES + lane, then every num_programs(1) * LANES chunks on. Launched on a side
+    stream after the routing (no PDL: it reads the ids another kernel wrote)."""
+    w_ptr = w_ptr.to(tl.pointer_type(tl.uint8))
+    expert = tl.load(ids_ptr + tl.program_id(0)).to(tl.int64)
+    base = w_ptr + expert * stride_bytes
+    lane = tl.arange(0, LANES)
+    step = tl.num_programs(1) * LANES * CHUNK
+    for start in range(tl.program_id(1) * LANES * CHUNK, expert_bytes, step):
+        off = start + lane * CHUNK
+        size = tl.minimum(expert_bytes - off, CHUNK)
+        _bulk_prefetch(base + off, size.to(tl.int32))
+
+
+def prefetch_l2(t: torch.Tensor, nbytes: int | None = None, start: int = 0, pdl: bool = False) -> None:
+    """Start streaming `nbytes` (default: the rest) of tensor t's bytes from byte `start` into L2 and return at
+    once; t contiguous, its address, start and nbytes multiples of 16. pdl: launched in a PDL chain (on a
+    stream whose kernels use it). A no-op where the prefetch does not exist (available())."""
     if not available():
         return
     size = t.numel() * t.element_size()
-    nbytes = size if nbytes is None else min(nbytes, size)
-    if not t.is_contiguous() or t.data_ptr() % 16 or nbytes % 16:
-        raise ValueError(f"prefetch_l2 takes a contiguous tensor at a 16-byte aligned address and a multiple of 16 "
-                         f"bytes; got {tuple(t.shape)} {t.dtype}, {nbytes} bytes")  # fmt: skip
-    if nbytes == 0:
+    nbytes = size - start if nbytes is None else min(nbytes, size - start)
+    if not t.is_contiguous() or t.data_ptr() % 16 or start % 16 or nbytes % 16 or start < 0:
+        raise ValueError(f"prefetch_l2 takes a contiguous tensor at a 16-byte aligned address, a start and a "
+                         f"length in multiples of 16; got {tuple(t.shape)} {t.dtype}, {nbytes} bytes from {start}")  # fmt: skip
+    if nbytes <= 0:
         return
+    view = t.reshape(-1).view(torch.uint8)[start : start + nbytes]
     programs = min(MAX_PROGRAMS, triton.cdiv(nbytes, LANES * CHUNK))
     launch = pdl_launch() if pdl else {"PDL": False}
-    l2_prefetch_kernel[(programs,)](t, nbytes, CHUNK=CHUNK, LANES=LANES, num_warps=1, **launch)
+    l2_prefetch_kernel[(programs,)](view, nbytes, CHUNK=CHUNK, LANES=LANES, num_warps=1, **launch)
+
+
+def prefetch_experts_l2(w: torch.Tensor, ids: torch.Tensor) -> None:
+    """Start streaming the experts ids (any integer tensor, on the device: read by the kernel) of w [E, ...]
+    into L2: expert e's span from w[e]'s first element to its last. Skipped where that span's start is not
+    16-byte aligned. A no-op where the prefetch does not exist."""
+    if not available() or ids.numel() == 0:
+        return
+    elem = w.element_size()
+    stride_bytes = w.stride(0) * elem
+    last = sum((n - 1) * s for n, s in zip(w.shape[1:], w.stride()[1:]))  # w[e]'s last element, in elements
+    expert_bytes = (last + 1) * elem // 16 * 16
+    if w.data_ptr() % 16 or stride_bytes % 16 or expert_bytes == 0:
+        return
+    ids = ids.reshape(-1)
+    programs = min(MAX_PROGRAMS, triton.cdiv(expert_bytes, LANES * CHUNK))
+    l2_prefetch_experts_kernel[(ids.numel(), programs)](w, ids, expert_bytes, stride_bytes, CHUNK=CHUNK, LANES=LANES,
+                                                        num_warps=1)  # fmt: skip

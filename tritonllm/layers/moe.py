@@ -38,6 +38,8 @@ EXPERT_SHARDS = {"gate": ("w13", 0), "up": ("w13", 1), "down": ("w2", 0)}
 class FusedMoE(nn.Module):
     # (WeightPrefetch, the next linear layer's tensors): started once w13 is queued (layers/prefetch.py)
     prefetch: tuple | None = None
+    # a WeightPrefetch: the routed experts' w2 prefetched while w13 runs (TRITONLLM_PREFETCH_EXPERTS, untimed)
+    expert_prefetch = None
 
     def __init__(
         self,
@@ -111,6 +113,8 @@ class FusedMoE(nn.Module):
         if self.scheme is not None:
             w13 = QuantizedWeight(self.scheme, self.w13, self.w13_scale)
             w2 = QuantizedWeight(self.scheme, self.w2, self.w2_scale)
+        if self.expert_prefetch is not None:
+            self.expert_prefetch.fork_experts([self.w2, getattr(self, "w2_scale", None)], ids)
         after_w13 = None
         if self.prefetch is not None:  # the next layer's weight streams into L2 while w2 runs (layers/prefetch.py)
             owner, tensors = self.prefetch

@@ -45,6 +45,14 @@ from tritonllm.kernels import l2_prefetch
 # override, scripts/gpu_check.sh prefetch)
 MAX_PREFETCH_SEQS = int(os.environ.get("TRITONLLM_PREFETCH_MAX_SEQS", "1"))
 MIN_BYTES = 1 << 20  # layers with less weight are not worth a launch
+# Not measured yet, off unless set (the A/B: scripts/gpu_check.sh prefetch):
+# - TRITONLLM_PREFETCH_SHORT_MB: also link the layers a norm or an activation kernel apart, each prefetching only
+#   the last this many MB of the next weight (what HBM can deliver in 2-3 us, read by the next GEMV's last
+#   programs), where linking them with the whole weight cost 4.5-6.5%;
+# - TRITONLLM_PREFETCH_EXPERTS=1: an MoE block, once routed, prefetches its routed experts' w2 (and scales)
+#   while w13 runs (prefetch_experts_l2 reads the expert ids on the device).
+SHORT_BYTES = int(float(os.environ.get("TRITONLLM_PREFETCH_SHORT_MB", "0")) * (1 << 20))
+EXPERTS = os.environ.get("TRITONLLM_PREFETCH_EXPERTS", "0") == "1"
 L2_SHARE = 0.5  # a prefetch stops at this share of the L2 (the GEMV before it streams through the rest)
 
 
@@ -92,6 +100,8 @@ class WeightPrefetch:
         for m in model.modules():
             if isinstance(m, (Linear, FusedMoE)):
                 m.prefetch = None
+            if isinstance(m, FusedMoE):
+                m.expert_prefetch = self if EXPERTS else None
         links = 0
         for layer, nxt in zip(chain, chain[1:]):
             if isinstance(nxt, FusedMoE):  # its experts follow the routing
@@ -102,7 +112,11 @@ class WeightPrefetch:
             )
             if isinstance(layer, FusedMoE) or across_attention:
                 layer.prefetch = (self, _budgeted(layer_tensors(nxt), self.max_bytes))
-                links += 1
+            elif SHORT_BYTES:
+                layer.prefetch = (self, _budgeted(layer_tensors(nxt), min(SHORT_BYTES, self.max_bytes), tail=True))
+            else:
+                continue
+            links += 1
         return links
 
     def fork(self, tensors: list[torch.Tensor]) -> None:
@@ -113,11 +127,25 @@ class WeightPrefetch:
         self._launch(tensors)
         self.forked = True
 
-    def _launch(self, tensors: list[tuple[torch.Tensor, int]]) -> None:
+    def _launch(self, tensors: list[tuple[torch.Tensor, int, int]]) -> None:
         self.stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.stream):
-            for t, nbytes in tensors:
-                l2_prefetch.prefetch_l2(t, nbytes=nbytes)
+            for t, start, nbytes in tensors:
+                l2_prefetch.prefetch_l2(t, nbytes=nbytes, start=start)
+
+    def fork_experts(self, tensors: list[torch.Tensor | None], ids: torch.Tensor) -> None:
+        """Inside decode(): once the routing queued so far is done, stream the experts `ids` of each [E, ...]
+        tensor into L2 on the side stream (TRITONLLM_PREFETCH_EXPERTS)."""
+        if not (self.enabled and self.active):
+            return
+        self._launch_experts([t for t in tensors if t is not None], ids)
+        self.forked = True
+
+    def _launch_experts(self, tensors: list[torch.Tensor], ids: torch.Tensor) -> None:
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            for t in tensors:
+                l2_prefetch.prefetch_experts_l2(t, ids)
 
     @contextlib.contextmanager
     def decode(self) -> Iterator[None]:
@@ -136,15 +164,17 @@ def _nbytes(tensors: list[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _budgeted(tensors: list[torch.Tensor], max_bytes: int) -> list[tuple[torch.Tensor, int]]:
-    """(tensor, bytes to prefetch from its start) within max_bytes in all, largest share to the first
-    (the weight); tensors the bulk prefetch cannot take (not contiguous, not 16-byte aligned) left out."""
+def _budgeted(tensors: list[torch.Tensor], max_bytes: int, tail: bool = False) -> list[tuple[torch.Tensor, int, int]]:
+    """(tensor, first byte, bytes) to prefetch within max_bytes in all, the first tensor (the weight) served
+    first: from its start, or its last bytes (tail); 16-byte multiples. Tensors the bulk prefetch cannot take
+    (not contiguous, not 16-byte aligned) are left out."""
     out, left = [], max_bytes
     for t in tensors:
         if left < 16 or not t.is_contiguous() or t.data_ptr() % 16:
             continue
-        nbytes = min(t.numel() * t.element_size(), left) // 16 * 16
+        size = t.numel() * t.element_size() // 16 * 16
+        nbytes = min(size, left) // 16 * 16
         if nbytes:
-            out.append((t, nbytes))
+            out.append((t, size - nbytes if tail else 0, nbytes))
             left -= nbytes
     return out
