@@ -198,6 +198,7 @@ def test_prefetch_changes_no_value(nbytes) -> None:
     before = t.clone()
     l2_prefetch.prefetch_l2(t)
     l2_prefetch.prefetch_l2(t.view(torch.int32) if nbytes % 4 == 0 else t, nbytes=nbytes // 32 * 16)
+    l2_prefetch.prefetch_l2(t, start=nbytes // 32 * 16)  # a tail
     torch.cuda.synchronize()
     assert torch.equal(t, before)
 
