@@ -423,38 +423,52 @@ print(tuned_file(torch.cuda.get_device_name()))")
         TRITONLLM_MOE_GEMV_LOADS=$MOE_LOADS_E2E MOE_RUNS=gptoss_batch1 MOE_TAG="_loads$MOE_LOADS_E2E" bash "$0" e2e-moe
       fi ;;
     prefetch)
-      # the L2 weight prefetch (layers/prefetch.py, prefetch_weights): its GPU tests, then off / on on one machine,
-      # each pair in both orders: Llama-3-8B batch 1 per PREFETCH_VARIANTS (e2e-quant's names); int4 with the
-      # untimed short links (TRITONLLM_PREFETCH_SHORT_MB: the tail of the next weight across a norm / activation);
-      # int4 at each PREFETCH_SEQS request count with TRITONLLM_PREFETCH_MAX_SEQS raised to it (the default
-      # prefetches at batch 1 only); gpt-oss-20b batch 1 off, on, and on with the routed experts' w2
-      # (TRITONLLM_PREFETCH_EXPERTS=1)
-      python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_l2_prefetch.py \
-        "tests/test_engine_gpu.py::test_batch1_decode_with_weight_prefetch_matches_without" 2>&1 | tail -2
-      for variant in ${PREFETCH_VARIANTS:-fp8_gluon int4_gluon mxfp4_gluon}; do
-        i=0
-        for pf in false true true false; do
-          i=$((i + 1))
-          QUANT_VARIANTS=$variant QUANT_EXPS=batch1_decode QUANT_ARGS="prefetch_weights=$pf" QUANT_TAG="_pf_${pf}_$i" \
-            bash "$0" e2e-quant | grep "tok/s" | sed "s/^/$variant prefetch=$pf: /"
+      # the L2 weight prefetch (layers/prefetch.py, prefetch_weights), off / on on one machine, in parts
+      # (PREFETCH_PARTS; all of them take ~17 minutes: split them over calls of 600 s):
+      #   tests   its GPU tests
+      #   batch1  Llama-3-8B batch 1 per PREFETCH_VARIANTS (e2e-quant's names), off/on/on/off
+      #   short   int4 with the untimed short links (TRITONLLM_PREFETCH_SHORT_MB per PREFETCH_SHORT_MB: the tail
+      #           of the next weight across a norm or an activation), against batch1's int4 runs
+      #   seqs    int4 at each PREFETCH_SEQS request count, TRITONLLM_PREFETCH_MAX_SEQS raised to it, off/on
+      #   gptoss  gpt-oss-20b batch 1 off, on, and on with the routed experts' w2 (TRITONLLM_PREFETCH_EXPERTS=1)
+      parts=" ${PREFETCH_PARTS:-tests batch1 short seqs gptoss} "
+      if [[ $parts == *" tests "* ]]; then
+        python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_l2_prefetch.py \
+          "tests/test_engine_gpu.py::test_batch1_decode_with_weight_prefetch_matches_without" 2>&1 | tail -2
+      fi
+      if [[ $parts == *" batch1 "* ]]; then
+        for variant in ${PREFETCH_VARIANTS:-fp8_gluon int4_gluon mxfp4_gluon}; do
+          i=0
+          for pf in false true true false; do
+            i=$((i + 1))
+            QUANT_VARIANTS=$variant QUANT_EXPS=batch1_decode QUANT_ARGS="prefetch_weights=$pf" QUANT_TAG="_pf_${pf}_$i" \
+              bash "$0" e2e-quant | grep "tok/s" | sed "s/^/$variant prefetch=$pf: /"
+          done
         done
-      done
-      for mb in ${PREFETCH_SHORT_MB-4 8}; do
-        TRITONLLM_PREFETCH_SHORT_MB=$mb QUANT_VARIANTS=int4_gluon QUANT_EXPS=batch1_decode QUANT_TAG="_pf_short$mb" \
-          bash "$0" e2e-quant | grep "tok/s" | sed "s/^/int4 prefetch + short links ($mb MB): /"
-      done
-      for n in ${PREFETCH_SEQS-2 4 8}; do
+      fi
+      if [[ $parts == *" short "* ]]; then
+        for mb in ${PREFETCH_SHORT_MB:-4 8}; do
+          TRITONLLM_PREFETCH_SHORT_MB=$mb QUANT_VARIANTS=int4_gluon QUANT_EXPS=batch1_decode QUANT_TAG="_pf_short$mb" \
+            bash "$0" e2e-quant | grep "tok/s" | sed "s/^/int4 prefetch + short links ($mb MB): /"
+        done
+      fi
+      if [[ $parts == *" seqs "* ]]; then
+        for n in ${PREFETCH_SEQS:-2 4 8}; do
+          for pf in false true; do
+            TRITONLLM_PREFETCH_MAX_SEQS=$n QUANT_VARIANTS=int4_gluon QUANT_EXPS=batch1_decode \
+              QUANT_ARGS="prefetch_weights=$pf workload.num_requests=$n" QUANT_TAG="_${n}req_pf_$pf" bash "$0" e2e-quant \
+              | grep "tok/s" | sed "s/^/int4 $n requests prefetch=$pf: /"
+          done
+        done
+      fi
+      if [[ $parts == *" gptoss "* ]]; then
         for pf in false true; do
-          TRITONLLM_PREFETCH_MAX_SEQS=$n QUANT_VARIANTS=int4_gluon QUANT_EXPS=batch1_decode \
-            QUANT_ARGS="prefetch_weights=$pf workload.num_requests=$n" QUANT_TAG="_${n}req_pf_$pf" bash "$0" e2e-quant \
-            | grep "tok/s" | sed "s/^/int4 $n requests prefetch=$pf: /"
+          MOE_RUNS=gptoss_batch1 MOE_ARGS="prefetch_weights=$pf" MOE_TAG="_pf_$pf" bash "$0" e2e-moe \
+            | sed "s/^/gpt-oss prefetch=$pf: /"
         done
-      done
-      for pf in ${PREFETCH_GPTOSS-false true}; do
-        MOE_RUNS=gptoss_batch1 MOE_ARGS="prefetch_weights=$pf" MOE_TAG="_pf_$pf" bash "$0" e2e-moe | sed "s/^/gpt-oss prefetch=$pf: /"
-      done
-      TRITONLLM_PREFETCH_EXPERTS=1 MOE_RUNS=gptoss_batch1 MOE_TAG="_pf_experts" bash "$0" e2e-moe \
-        | sed "s/^/gpt-oss prefetch + routed experts: /" ;;
+        TRITONLLM_PREFETCH_EXPERTS=1 MOE_RUNS=gptoss_batch1 MOE_TAG="_pf_experts" bash "$0" e2e-moe \
+          | sed "s/^/gpt-oss prefetch + routed experts: /"
+      fi ;;
     moe-early)
       # session 30's build: w2's MXFP4 slot GEMV loading its expert ids and first K step's weights before its PDL
       # wait (TRITONLLM_MOE_GEMV_EARLY, moe_tiles.gemv_early): its tests, the decode layer's kernels and window
