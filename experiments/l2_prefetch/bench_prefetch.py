@@ -7,8 +7,10 @@ trace gives each kernel's mean time and the replay's window (bench_moe.kernel_us
   `prefetch_l2(weight)` and a spin of `--gap-us` (the latency-bound kernels a decode step runs between
   GEMVs: norms, RoPE, attention), then with the prefetch and no gap (the prefetch racing the GEMV).
 - `moe_then_qkv`: gpt-oss-20b's decode tail: its MoE layer at one token (MXFP4 experts, router included) and
-  then the next layer's qkv projection (bf16), without and with the qkv weight prefetched ahead of the MoE
-  (streaming while the MoE's instruction-bound GEMVs leave HBM half idle), PDL off and on.
+  then the next layer's qkv projection (bf16), PDL off and on: without a prefetch; with the qkv weight
+  prefetched ahead of the MoE block (session 32's first try: evicted by the experts' stream); prefetched on a
+  side stream once w13 is queued (the engine's default, layers/prefetch.py); and that plus the routed experts'
+  w2 prefetched during w13 (TRITONLLM_PREFETCH_EXPERTS).
 
     python experiments/l2_prefetch/bench_prefetch.py OUT.json [--gap-us 10]
 """
@@ -86,16 +88,30 @@ def moe_then_qkv(pdl: bool) -> dict:
     n, k = LAYERS["gptoss_qkv"]
     wqkv = (torch.randn(n, k, device="cuda", generator=gen) * k**-0.5).to(torch.bfloat16)
 
-    def layer(prefetch: bool):
-        if prefetch:
+    w2 = experts["w2"]
+    side = torch.cuda.Stream()
+
+    def on_side(fn) -> None:  # as layers/prefetch.py forks: after the work queued so far
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+
+    def layer(mode: str):
+        if mode == "qkv_before":  # on the step's stream, ahead of the MoE block
             l2_prefetch.prefetch_l2(wqkv)
         weights, ids = router_route(x, router, bias, top_k, True)
-        y = fused_moe(x, experts["w13"], experts["w2"], weights, ids, activation="swiglu_oai")
+        if mode == "experts_and_qkv_after_w13":  # TRITONLLM_PREFETCH_EXPERTS: w2's routed experts during w13
+            on_side(lambda: [l2_prefetch.prefetch_experts_l2(t, ids) for t in (w2.data, w2.scale)])
+        after_w13 = None
+        if mode.endswith("qkv_after_w13"):  # the engine's default
+            after_w13 = lambda: on_side(lambda: l2_prefetch.prefetch_l2(wqkv))  # noqa: E731
+        y = fused_moe(x, experts["w13"], w2, weights, ids, activation="swiglu_oai", after_w13=after_w13)
+        torch.cuda.current_stream().wait_stream(side)
         return F.linear(y, wqkv)
 
     out = dict(case=f"moe_then_qkv:pdl{int(pdl)}")
-    out["plain"] = kernel_us(lambda: layer(False))
-    out["prefetched"] = kernel_us(lambda: layer(True))
+    for mode in ("plain", "qkv_before", "qkv_after_w13", "experts_and_qkv_after_w13"):
+        out[mode] = kernel_us(lambda mode=mode: layer(mode))
     set_pdl(False)
     return out
 
