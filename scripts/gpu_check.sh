@@ -431,10 +431,14 @@ print(tuned_file(torch.cuda.get_device_name()))")
       #           of the next weight across a norm or an activation), against batch1's int4 runs
       #   seqs    int4 at each PREFETCH_SEQS request count, TRITONLLM_PREFETCH_MAX_SEQS raised to it, off/on
       #   gptoss  gpt-oss-20b batch 1 off, on, and on with the routed experts' w2 (TRITONLLM_PREFETCH_EXPERTS=1)
-      parts=" ${PREFETCH_PARTS:-tests batch1 short seqs gptoss} "
+      #   layer   experiments/l2_prefetch/bench_prefetch.py's MoE tail (kernels' us under each prefetch mode)
+      parts=" ${PREFETCH_PARTS:-tests layer batch1 short seqs gptoss} "
       if [[ $parts == *" tests "* ]]; then
         python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_l2_prefetch.py \
           "tests/test_engine_gpu.py::test_batch1_decode_with_weight_prefetch_matches_without" 2>&1 | tail -2
+      fi
+      if [[ $parts == *" layer "* ]]; then
+        python3 experiments/l2_prefetch/bench_prefetch.py "$OUT/l2_prefetch_moe.json" --gemv 2>&1 | grep '^{' | cut -c1-600
       fi
       if [[ $parts == *" batch1 "* ]]; then
         for variant in ${PREFETCH_VARIANTS:-fp8_gluon int4_gluon mxfp4_gluon}; do
