@@ -119,28 +119,32 @@ def test_small_layers_leave_the_chain_and_a_prefetch_stops_at_its_budget(monkeyp
             assert sum(n for _, _, n in layer.prefetch[1]) <= 1000
 
 
-@pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "GptOssForCausalLM"])
-def test_a_decode_forward_forks_each_prefetch_once_in_order_and_only_inside_decode(architecture, monkeypatch):
-    """One forward of a token under decode() forks every link once, in the chain's order (the MoE block's
-    from fused_moe's after_w13 hook); outside decode() nothing is forked."""
+def _decode_one_token(model) -> None:
+    """One decode forward of `model`: token 5 at position 3 of a sequence in one block of a zeroed KV cache."""
     from tritonllm.layers.attention import AttentionMetadata
 
-    monkeypatch.setattr(prefetch, "MIN_BYTES", 0)
-    model, _ = load_model(str(tiny_model_path(architecture)), torch.float32, "cpu", None, "auto")
-    owner = _owner()
-    links = owner.link(model)
-    expected = [[t.data_ptr() for t, _, _ in m.prefetch[1]] for m in model.modules() if getattr(m, "prefetch", None)]
     caches = [(torch.zeros(4, 16, model.num_kv_heads, model.head_dim),) * 2 for _ in range(model.num_layers)]
     meta = AttentionMetadata(
         slot_mapping=torch.tensor([3]), block_tables=torch.tensor([[0]], dtype=torch.int32),
         seq_lens=torch.tensor([4], dtype=torch.int32), query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
         max_query_len=1, max_seq_len=4,
     )  # fmt: skip
-    ids, positions = torch.tensor([5]), torch.tensor([3])
-    model(ids, positions, caches, meta)
+    model(torch.tensor([5]), torch.tensor([3]), caches, meta)
+
+
+@pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "GptOssForCausalLM"])
+def test_a_decode_forward_forks_each_prefetch_once_in_order_and_only_inside_decode(architecture, monkeypatch):
+    """One forward of a token under decode() forks every link once, in the chain's order (the MoE block's
+    from fused_moe's after_w13 hook); outside decode() nothing is forked."""
+    monkeypatch.setattr(prefetch, "MIN_BYTES", 0)
+    model, _ = load_model(str(tiny_model_path(architecture)), torch.float32, "cpu", None, "auto")
+    owner = _owner()
+    links = owner.link(model)
+    expected = [[t.data_ptr() for t, _, _ in m.prefetch[1]] for m in model.modules() if getattr(m, "prefetch", None)]
+    _decode_one_token(model)
     assert owner.forks == []
     with owner.decode():
-        model(ids, positions, caches, meta)
+        _decode_one_token(model)
     assert owner.forks == expected and len(expected) == links
     assert any(isinstance(m, FusedMoE) and m.prefetch for m in model.modules()) == (architecture != "LlamaForCausalLM")
 
@@ -166,8 +170,6 @@ def test_short_links_prefetch_the_tail_of_the_next_weight(monkeypatch) -> None:
 def test_routed_experts_prefetch_forks_with_the_routing(monkeypatch) -> None:
     """TRITONLLM_PREFETCH_EXPERTS: in a decode forward each MoE block forks its w2's prefetch with the expert
     ids the routing chose (a device tensor the kernel reads), before the next layer's qkv prefetch."""
-    from tritonllm.layers.attention import AttentionMetadata
-
     monkeypatch.setattr(prefetch, "MIN_BYTES", 0)
     monkeypatch.setattr(prefetch, "EXPERTS", True)
     model, _ = load_model(str(tiny_model_path("GptOssForCausalLM")), torch.float32, "cpu", None, "auto")
@@ -178,14 +180,8 @@ def test_routed_experts_prefetch_forks_with_the_routing(monkeypatch) -> None:
     for moe in moes:
         route = moe.route
         monkeypatch.setattr(moe, "route", lambda x, *a, _r=route, **k: routes.append(_r(x, *a, **k)) or routes[-1])
-    caches = [(torch.zeros(4, 16, model.num_kv_heads, model.head_dim),) * 2 for _ in range(model.num_layers)]
-    meta = AttentionMetadata(
-        slot_mapping=torch.tensor([3]), block_tables=torch.tensor([[0]], dtype=torch.int32),
-        seq_lens=torch.tensor([4], dtype=torch.int32), query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
-        max_query_len=1, max_seq_len=4,
-    )  # fmt: skip
     with owner.decode():
-        model(torch.tensor([5]), torch.tensor([3]), caches, meta)
+        _decode_one_token(model)
     assert [ptrs for ptrs, _ in owner.expert_forks] == [[m.w2.data_ptr()] for m in moes]  # bf16: no scales
     assert all(ids is r[1] for (_, ids), r in zip(owner.expert_forks, routes, strict=True))
 

@@ -52,33 +52,33 @@ def _bulk_prefetch(addr, size):
 
 
 @triton.jit
-def l2_prefetch_kernel(w_ptr, nbytes, CHUNK: tl.constexpr, LANES: tl.constexpr, PDL: tl.constexpr = False):
-    """Program p's lanes prefetch chunks p * LANES + lane, then every num_programs * LANES chunks on, of the
-    nbytes bytes from w_ptr (its element type does not matter: offsets are bytes)."""
-    w_ptr = w_ptr.to(tl.pointer_type(tl.uint8))
+def _prefetch_span(base, nbytes, program, programs, CHUNK: tl.constexpr, LANES: tl.constexpr):
+    """Of the nbytes bytes from base (a uint8 pointer), the lanes of `program` (of `programs`) prefetch chunks
+    program * LANES + lane, then every programs * LANES chunks on."""
     lane = tl.arange(0, LANES)
-    step = tl.num_programs(0) * LANES * CHUNK
-    for start in range(tl.program_id(0) * LANES * CHUNK, nbytes, step):
+    for start in range(program * LANES * CHUNK, nbytes, programs * LANES * CHUNK):
         off = start + lane * CHUNK
         size = tl.minimum(nbytes - off, CHUNK)
-        _bulk_prefetch(w_ptr + off, size.to(tl.int32))
+        _bulk_prefetch(base + off, size.to(tl.int32))
+
+
+@triton.jit
+def l2_prefetch_kernel(w_ptr, nbytes, CHUNK: tl.constexpr, LANES: tl.constexpr, PDL: tl.constexpr = False):
+    """The nbytes bytes from w_ptr (its element type does not matter: offsets are bytes), spread over the
+    programs (_prefetch_span)."""
+    w_ptr = w_ptr.to(tl.pointer_type(tl.uint8))
+    _prefetch_span(w_ptr, nbytes, tl.program_id(0), tl.num_programs(0), CHUNK, LANES)
     pdl_wait(PDL)
 
 
 @triton.jit
 def l2_prefetch_experts_kernel(w_ptr, ids_ptr, expert_bytes, stride_bytes, CHUNK: tl.constexpr, LANES: tl.constexpr):
     """Program (i, p): the expert e = ids[i] of routed pair i, its expert_bytes bytes from w_ptr + e *
-    stride_bytes, chunks p * LANES + lane, then every num_programs(1) * LANES chunks on. Launched on a side
-    stream after the routing (no PDL: it reads the ids another kernel wrote)."""
+    stride_bytes, spread over the programs p (_prefetch_span). Launched on a side stream after the routing (no
+    PDL: it reads the ids another kernel wrote)."""
     w_ptr = w_ptr.to(tl.pointer_type(tl.uint8))
     expert = tl.load(ids_ptr + tl.program_id(0)).to(tl.int64)
-    base = w_ptr + expert * stride_bytes
-    lane = tl.arange(0, LANES)
-    step = tl.num_programs(1) * LANES * CHUNK
-    for start in range(tl.program_id(1) * LANES * CHUNK, expert_bytes, step):
-        off = start + lane * CHUNK
-        size = tl.minimum(expert_bytes - off, CHUNK)
-        _bulk_prefetch(base + off, size.to(tl.int32))
+    _prefetch_span(w_ptr + expert * stride_bytes, expert_bytes, tl.program_id(1), tl.num_programs(1), CHUNK, LANES)
 
 
 def prefetch_l2(t: torch.Tensor, nbytes: int | None = None, start: int = 0, pdl: bool = False) -> None:

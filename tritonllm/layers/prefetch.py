@@ -119,33 +119,33 @@ class WeightPrefetch:
             links += 1
         return links
 
-    def fork(self, tensors: list[torch.Tensor]) -> None:
+    def fork(self, tensors: list[tuple[torch.Tensor, int, int]]) -> None:
         """Inside decode(): once the work queued so far on the current stream is done, stream `tensors`
-        into L2 on the side stream (the caller does not wait for it)."""
-        if not (self.enabled and self.active):
-            return
-        self._launch(tensors)
-        self.forked = True
-
-    def _launch(self, tensors: list[tuple[torch.Tensor, int, int]]) -> None:
-        self.stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.stream):
-            for t, start, nbytes in tensors:
-                l2_prefetch.prefetch_l2(t, nbytes=nbytes, start=start)
+        ((tensor, first byte, bytes), _budgeted's) into L2 on the side stream (the caller does not wait)."""
+        self._on_side(self._launch, tensors)
 
     def fork_experts(self, tensors: list[torch.Tensor | None], ids: torch.Tensor) -> None:
         """Inside decode(): once the routing queued so far is done, stream the experts `ids` of each [E, ...]
         tensor into L2 on the side stream (TRITONLLM_PREFETCH_EXPERTS)."""
+        self._on_side(self._launch_experts, [t for t in tensors if t is not None], ids)
+
+    def _on_side(self, launch, *args) -> None:
+        """launch(*args) on the side stream after the current stream's queued work, inside decode() only."""
         if not (self.enabled and self.active):
             return
-        self._launch_experts([t for t in tensors if t is not None], ids)
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            launch(*args)
         self.forked = True
 
+    def _launch(self, tensors: list[tuple[torch.Tensor, int, int]]) -> None:
+        for t, start, nbytes in tensors:
+            l2_prefetch.prefetch_l2(t, nbytes=nbytes, start=start)
+
     def _launch_experts(self, tensors: list[torch.Tensor], ids: torch.Tensor) -> None:
-        self.stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.stream):
-            for t in tensors:
-                l2_prefetch.prefetch_experts_l2(t, ids)
+        for t in tensors:
+            l2_prefetch.prefetch_experts_l2(t, ids)
 
     @contextlib.contextmanager
     def decode(self) -> Iterator[None]:
