@@ -461,9 +461,15 @@ def test_plans_and_shapes(monkeypatch) -> None:
     assert sk.Plan.parse("64:3:4:8") == sk.Plan(64, 3, 4, 8)
     sms = 132
     monkeypatch.setattr(platform, "num_multiprocessors", lambda: sms)
+    # M = 1: 64-row programs, K split until about M1_FILL (4) programs an SM, at most 8 ways, 4 K steps each
+    assert sk.plan(1, 2880, 4096, 2) == sk.Plan(64, 8, 6)  # gpt-oss o_proj: 45 tiles, 360 programs
+    assert sk.plan(1, 5120, 2880, 2) == sk.Plan(64, 6, 6)  # gpt-oss qkv: 80 tiles, 480 programs
+    assert sk.plan(1, 4096, 4096, 1) == sk.Plan(64, 8, 6)  # FP8: 32 K steps of 128 values, 4 a split
+    assert sk.plan(1, 4096, 2048, 1).split == 4 and sk.plan(1, 6144, 4096, 2).split == 5
+    assert sk.plan(1, 4096, 256, 2).split == 1  # K of four 64-column steps: no split
+    monkeypatch.setattr(sk, "M1_FILL", 0)  # session 14's plan, TRITONLLM_SKINNY_M1_FILL=0
     assert sk.plan(1, 4096, 4096, 1) == sk.Plan(128, 4, 6)  # M <= 4: split K four ways
     assert sk.plan(4, 4096, 4096, 1) == sk.Plan(64, 4, 6)
-    assert sk.plan(1, 4096, 256, 2).split == 1  # K of four 64-column steps: no split
     assert sk.plan(16, 4096, 14336, 1) == sk.Plan(64, 2, 8)
     assert sk.plan(1, 128 * sms, 4096, 2) == sk.plan(64, 6144, 4096, 1) == sk.Plan(128, 1, 6)
     fp8, bf16 = torch.float8_e4m3fn, torch.bfloat16

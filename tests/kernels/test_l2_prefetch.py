@@ -92,6 +92,16 @@ def test_dense_layers_link_only_across_attention(monkeypatch) -> None:
     ]
 
 
+@pytest.mark.parametrize("quantization, linked", [("fp8", False), ("int4", True)])
+def test_fp8_layers_are_not_linked(quantization, linked, monkeypatch) -> None:
+    """A layer whose weight is FP8 is never prefetched (measured slower: prefetch._gains); 4-bit ones are."""
+    monkeypatch.setattr(prefetch, "MIN_BYTES", 0)
+    model, _ = load_model(str(tiny_model_path("LlamaForCausalLM")), torch.float32, "cpu", quantization, "auto")
+    o_proj = model.model.layers[0].self_attn.o_proj
+    assert (o_proj.qweight.data.dtype == torch.float8_e4m3fn) == (not linked)
+    assert _owner().link(model) == (model.num_layers if linked else 0)
+
+
 def test_moe_block_prefetches_the_next_layer_and_nothing_prefetches_its_experts(monkeypatch) -> None:
     monkeypatch.setattr(prefetch, "MIN_BYTES", 0)
     model, _ = load_model(str(tiny_model_path("GptOssForCausalLM")), torch.float32, "cpu", None, "auto")

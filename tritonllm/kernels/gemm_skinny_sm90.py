@@ -84,6 +84,9 @@ class Plan:
 
 # sweeps (experiments/gemm/skinny_sm90/sweep.py) set this to time one plan at every shape
 PLAN_OVERRIDE: Plan | None = None
+# M = 1: programs an SM that plan() aims the grid at (0: session 14's 128 rows, four K splits; for A/B runs,
+# TRITONLLM_SKINNY_M1_FILL)
+M1_FILL = int(os.environ.get("TRITONLLM_SKINNY_M1_FILL", "4"))
 
 
 def block_m(m: int) -> int:
@@ -92,16 +95,24 @@ def block_m(m: int) -> int:
 
 
 def plan(m: int, n: int, k: int, elem_bytes: int) -> Plan:
-    """Rows a program, K splits and stages, from the H200 sweeps (experiments/gemm/README.md, session 14):
-    where 128-row programs alone fill the SMs (gate_up) no split; at M <= 4, K split up to four ways (each
-    split at least four K steps) over 128 rows at M = 1, 64 above (FP8 qkv at M = 4: 7.5 against 9.4 us);
+    """Rows a program, K splits and stages, from the H200 sweeps (experiments/gemm/README.md, sessions 14 and
+    33): where 128-row programs alone fill the SMs (gate_up) no split; at M = 1, 64-row programs and K split
+    until about M1_FILL programs an SM (at most 8 ways, each split at least four K steps); at M = 2..4, K split up
+    to four ways over 64 rows (FP8 qkv at M = 4: 7.5 against 9.4 us);
     above, 64 rows, two splits, eight stages, but one split of 128 rows for wide layers at M > 16 (qkv:
     10.4 against 14.7 us in FP8 at M = 64)."""
     if PLAN_OVERRIDE is not None:
         return PLAN_OVERRIDE
     most = max(1, k // (4 * ROW_BYTES // elem_bytes))
-    if triton.cdiv(n, 128) >= platform.num_multiprocessors() or (m > 16 and n >= 6144):
+    sms = platform.num_multiprocessors()
+    if triton.cdiv(n, 128) >= sms or (m > 16 and n >= 6144):
         return Plan(128, 1, 6)
+    if m == 1 and M1_FILL:
+        # 64-row programs, K split until the grid holds about M1_FILL programs an SM (at most 8 splits, each at
+        # least four K steps): gpt-oss's o_proj (2,880 x 4,096) took 92 programs as 128 x 4, 8.9 us against
+        # 7.6 as 64 x 8 (360 programs), its qkv 9.5 against 8.8 as 64 x 6 (H200, L2 cold, PDL; session 33)
+        tiles = triton.cdiv(n, 64)
+        return Plan(64, max(1, min(8, most, M1_FILL * sms // tiles)), 6)
     if m <= 4:
         return Plan(128 if m == 1 else 64, min(4, most), 6)
     return Plan(64, min(2, most), 8)

@@ -18,10 +18,11 @@ order (a decoder layer's projections are registered in the order they run):
   would be evicted by it). Nothing prefetches the experts: they depend on the routing.
 Between the other GEMVs of a step only a norm or an activation kernel runs (2-3 us): a prefetch there ran
 into the next GEMV's own reads and cost Llama-3-8B 4.5-6.5% a step on an H100 (bf16 and int4 weights,
-experiments/l2_prefetch), so those layers are not linked. A link to a layer that runs elsewhere or not at
-all would only cost a wasted prefetch: it changes no value. Layers under `MIN_BYTES` (MoE routers, whose
-weight the fused router kernel reads anyway) are left out, and a prefetch stops at `max_bytes` (a share of
-L2).
+experiments/l2_prefetch), so those layers are not linked. Nor are FP8 layers (`_gains`): linked, they cost
+Llama-3-8B FP8 1% a step on an H200, where the same links gain int4 4% and gpt-oss's bf16 projections 0.4%
+(1.5% on an H100). A link to a layer that runs elsewhere or not at all would only cost a wasted prefetch: it
+changes no value. Layers under `MIN_BYTES` (MoE routers, whose weight the fused router kernel reads anyway)
+are left out, and a prefetch stops at `max_bytes` (a share of L2).
 
 Prefetches are forked only inside `decode()`, which the runner enters for decode-graph steps of up to
 `MAX_PREFETCH_SEQS` sequences (captured; run eagerly only in CPU tests); its exit joins the side stream back,
@@ -45,15 +46,25 @@ from tritonllm.kernels import l2_prefetch
 # override, scripts/gpu_check.sh prefetch)
 MAX_PREFETCH_SEQS = int(os.environ.get("TRITONLLM_PREFETCH_MAX_SEQS", "1"))
 MIN_BYTES = 1 << 20  # layers with less weight are not worth a launch
-# Not measured yet, off unless set (the A/B: scripts/gpu_check.sh prefetch):
+# Ablation knobs, off by default because they measured slower (H200, batch 1, session 33; the A/B:
+# scripts/gpu_check.sh prefetch):
 # - TRITONLLM_PREFETCH_SHORT_MB: also link the layers a norm or an activation kernel apart, each prefetching only
 #   the last this many MB of the next weight (what HBM can deliver in 2-3 us, read by the next GEMV's last
-#   programs), where linking them with the whole weight cost 4.5-6.5%;
+#   programs), where linking them with the whole weight cost 4.5-6.5%. At 8 MB: Llama-3-8B int4 361.1 against
+#   361.7 tok/s, FP8 344.3 against 354.1;
 # - TRITONLLM_PREFETCH_EXPERTS=1: an MoE block, once routed, prefetches its routed experts' w2 (and scales)
-#   while w13 runs (prefetch_experts_l2 reads the expert ids on the device).
+#   while w13 runs (prefetch_experts_l2 reads the expert ids on the device). gpt-oss-20b 505.5 against 520.8.
 SHORT_BYTES = int(float(os.environ.get("TRITONLLM_PREFETCH_SHORT_MB", "0")) * (1 << 20))
 EXPERTS = os.environ.get("TRITONLLM_PREFETCH_EXPERTS", "0") == "1"
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2)
 L2_SHARE = 0.5  # a prefetch stops at this share of the L2 (the GEMV before it streams through the rest)
+
+
+def _gains(layer: nn.Module) -> bool:
+    """Whether prefetching this layer's weight paid where measured: not for FP8 weights (Llama-3-8B online FP8,
+    batch 1, H200: 354.2 / 354.1 tok/s with the links against 357.6 / 358.3 without, session 33)."""
+    tensors = layer_tensors(layer)
+    return not tensors or tensors[0].dtype not in FP8_DTYPES
 
 
 def layer_tensors(layer: nn.Module) -> list[torch.Tensor]:
@@ -104,7 +115,7 @@ class WeightPrefetch:
                 m.expert_prefetch = self if EXPERTS else None
         links = 0
         for layer, nxt in zip(chain, chain[1:]):
-            if isinstance(nxt, FusedMoE):  # its experts follow the routing
+            if isinstance(nxt, FusedMoE) or not _gains(nxt):  # an MoE's experts follow the routing
                 continue
             parent = parents.get(id(layer))
             across_attention = parent is parents.get(id(nxt)) and any(

@@ -33,7 +33,9 @@ from tritonllm.kernels.quant import quantize_per_token  # noqa: E402
 from tritonllm.kernels.quant_formats import QuantScheme  # noqa: E402
 from tritonllm.quantization.quantize import quantize_weight  # noqa: E402
 
-SHAPES = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
+# Llama-3-8B's layers, then gpt-oss-20b's bf16 attention projections
+SHAPES = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336),
+          ("gptoss_qkv", 5120, 2880), ("gptoss_o", 2880, 4096)]  # fmt: skip
 FP8 = QuantScheme(torch.float8_e4m3fn, "channel", "token")
 bench = triton.testing.do_bench_cudagraph
 
