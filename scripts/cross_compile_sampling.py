@@ -1,5 +1,7 @@
 """Compile the sampling kernels for NVIDIA sm90 and AMD gfx942 without any GPU, at the GPU launch
-configuration (one row per program, 8192-token chunks, 2048 in the window passes, 16 warps, 1024 candidates) for bfloat16 and float32 logits.
+configuration (one row per program, 8192-token chunks, 2048 in the window passes, 16 warps, 1024 candidates;
+the split kernel as sample_rows launches it: 4096-token chunks, 1024 in the window passes, 8 warps, up to 64
+splits) for bfloat16 and float32 logits.
 Reports spills (local memory in the PTX) on NVIDIA, which would make the passes slow.
 
     python scripts/cross_compile_sampling.py   # ~1 minute on a laptop CPU
@@ -21,10 +23,15 @@ from triton.backends.compiler import GPUTarget
 from tritonllm.kernels import sampling
 
 TARGETS = [GPUTarget("cuda", 90, 32), GPUTarget("hip", "gfx942", 64)]
-KERNELS = [sampling._sample_kernel, sampling._sampling_mask_kernel, sampling._log_softmax_kernel]
+KERNELS = [
+    sampling._sample_kernel,
+    sampling._sampling_mask_kernel,
+    sampling._log_softmax_kernel,
+    sampling._sample_split_kernel,
+]
 TYPES = {
     "mask_ptr": "*i1", "out_ptr": "*i64", "temperature_ptr": "*fp32", "top_k_ptr": "*i32", "top_p_ptr": "*fp32",
-    "min_p_ptr": "*fp32", "seeds_ptr": "*i64", "cand_x_ptr": "*fp32", "cand_id_ptr": "*i32",
+    "min_p_ptr": "*fp32", "seeds_ptr": "*i64", "cand_x_ptr": "*fp32", "cand_id_ptr": "*i32", "counter_ptr": "*i32",
 }  # fmt: skip
 
 
@@ -33,14 +40,17 @@ def compile_one(fn: triton.JITFunction, target: GPUTarget, dtype: torch.dtype) -
     key_bits, search_steps, candidate_steps = sampling._search_steps(dtype)
     constexprs = dict(
         KEY_BITS=key_bits, SEARCH_STEPS=search_steps, CANDIDATE_STEPS=candidate_steps, COMPACT=1024, BLOCK_ROWS=1,
-        BLOCK_V=8192, BLOCK_W=2048,
+        BLOCK_V=8192, BLOCK_W=2048, PDL=target.backend == "cuda",  # ROCm has no programmatic dependent launch
     )  # fmt: skip
+    split = fn is sampling._sample_split_kernel
+    if split:
+        constexprs.update(SPLITS=64, BLOCK_V=sampling.SPLIT_BLOCK_V, BLOCK_W=sampling.SPLIT_BLOCK_V // 4)
     constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}  # log-softmax: no search
     types = dict(TYPES, logits_ptr="*bf16" if dtype == torch.bfloat16 else "*fp32")
     if fn is sampling._log_softmax_kernel:
         types["out_ptr"] = "*fp32"
     try:
-        kernel = compile_kernel(fn, target, types, constexprs, num_warps=16)
+        kernel = compile_kernel(fn, target, types, constexprs, num_warps=8 if split else 16)
     except Exception as error:  # noqa: BLE001 - reported, not raised
         return str(error).splitlines()[0][:300]
     if target.backend == "cuda" and "ld.local" in kernel.asm["ptx"]:

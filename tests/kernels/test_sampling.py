@@ -4,10 +4,16 @@ the mask, reproduce from their seed in any batch and follow the masked distribut
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import triton
 import triton.language as tl
+from launch_spy import LaunchSpy  # tests/
 
 from tritonllm import platform
 from tritonllm.kernels import reference, sampling
@@ -350,6 +356,66 @@ def test_a_broken_draw_among_candidates_is_caught(monkeypatch) -> None:
 # ---- the same checks in bfloat16 at model sizes, on a GPU -----------------------------------
 
 
+# ---- few rows, each row's vocabulary over several programs ------------------------------------
+
+
+def _split_case(num_rows: int, vocab: int, seed: int, device="cpu"):
+    """Logits whose greedy rows tie across chunk boundaries, one row all -inf but a token, and parameters
+    mixing greedy, temperature-only and filtered rows."""
+    logits = _logits(num_rows, vocab, seed=seed, device=device)
+    top = logits.max().item() + 1.0
+    logits[0, [vocab - 1, 70, 5 * vocab // 8]] = top  # ties in three chunks: 70 comes first
+    logits[1] = float("-inf")
+    logits[1, vocab - 3] = 0.0
+    params = _params(num_rows, seed=seed + 1, device=device)
+    params["temperature"][:3] = 0.0
+    params["temperature"][3:5] = 0.7  # temperature alone: split
+    for name, off in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0)):
+        params[name][:5] = off
+    return logits, params
+
+
+@pytest.mark.parametrize("splits", [2, 3, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rows_split_over_programs_draw_the_tokens_of_one_program_a_row(splits, dtype, monkeypatch) -> None:
+    """_sample_split_kernel: the same token as _sample_kernel for greedy rows (first argmax, ties across
+    splits), temperature-only rows (noise by token id) and filtered rows (split 0 alone); the arrival
+    counters are left at zero."""
+    from tritonllm.kernels.launch import arrival_counters
+
+    logits, params = _split_case(9, 1000, seed=40)
+    logits = logits.to(dtype)
+    seeds = _seeds(9, first=3)
+    spy = LaunchSpy(sampling._SAMPLE_SPLIT.fn)
+    monkeypatch.setattr(sampling._SAMPLE_SPLIT, "fn", spy)
+    split = sampling.sample_rows(logits, **params, seeds=seeds, splits=splits, block_v=64)
+    one = sampling.sample_rows(logits, **params, seeds=seeds)
+    assert spy.grids == [(9, splits)]
+    assert torch.equal(split, one)
+    assert split[0] == 70 and split[1] == 997
+    assert torch.equal(split[:3], logits[:3].float().argmax(dim=-1))
+    assert int(arrival_counters(logits.device).abs().sum()) == 0
+
+
+def test_a_split_launch_over_fewer_chunks_than_splits_takes_one_split_a_chunk() -> None:
+    logits, params = _split_case(3, 200, seed=44)
+    seeds = _seeds(3)
+    tokens = sampling.sample_rows(logits, **params, seeds=seeds, splits=64, block_v=16)  # 13 chunks
+    assert torch.equal(tokens, sampling.sample_rows(logits, **params, seeds=seeds))
+
+
+def test_every_sampling_kernel_builds_for_sm90_and_gfx942_without_spills() -> None:
+    """scripts/cross_compile_sampling.py at the GPU launch configurations, the split kernel included. In a
+    subprocess: this one runs the interpreter."""
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [sys.executable, "scripts/cross_compile_sampling.py"], cwd=root, env=dict(os.environ, TRITON_INTERPRET="0"),
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    assert result.stdout.count(": ok") == 16, result.stdout
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("num_rows", [1, 64, 1000])
@@ -397,3 +463,30 @@ def test_draws_follow_reference_masked_distribution_on_gpu() -> None:
         "min_p": torch.tensor([0.02], device="cuda"),
     }
     assert _total_variation_of_draws(logits_row, params_row, num_draws=4000, device="cuda") < 0.05
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("num_rows", [1, 3, 8])
+def test_split_rows_draw_the_tokens_of_one_program_a_row_on_gpu(num_rows: int) -> None:
+    """At a real vocabulary in bf16, split as `sample` splits (SPLIT_ROWS on), eagerly and replayed from a CUDA
+    graph over new logits (the arrival counters reset by each launch), against one program a row."""
+    from tritonllm.kernels.launch import arrival_counters
+
+    splits = max(1, min(triton.cdiv(GPU_VOCAB, sampling.SPLIT_BLOCK_V), sampling.SPLIT_PROGRAMS // num_rows))
+    logits, params = _split_case(num_rows, GPU_VOCAB, seed=50 + num_rows, device="cuda")
+    logits = logits.to(torch.bfloat16)
+    seeds = _seeds(num_rows, first=9, device="cuda")
+    one = sampling.sample_rows(logits, **params, seeds=seeds)
+    assert torch.equal(sampling.sample_rows(logits, **params, seeds=seeds, splits=splits), one)
+    arrival_counters(logits.device)
+    static = logits.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = sampling.sample_rows(static, **params, seeds=seeds, splits=splits)
+    for seed in (60, 61):
+        fresh, _ = _split_case(num_rows, GPU_VOCAB, seed=seed, device="cuda")
+        static.copy_(fresh.to(torch.bfloat16))
+        graph.replay()
+        assert torch.equal(out, sampling.sample_rows(static, **params, seeds=seeds))
+    assert int(arrival_counters(logits.device).abs().sum()) == 0

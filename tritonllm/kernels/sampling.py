@@ -26,6 +26,7 @@ batch the row is in.
 from __future__ import annotations
 
 import functools
+import os
 from typing import NamedTuple
 
 from tritonllm import platform  # isort: skip  (on CPU it switches on the interpreter before triton loads)
@@ -34,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, int_spec, pdl_wait
+from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, aligned, arrival_counters, int_spec, pdl_wait
 from tritonllm.kernels.registry import FLOATS, Supports, register
 from tritonllm.kernels.sampling_candidates import (
     CANDIDATE_PIVOTS,
@@ -147,16 +148,16 @@ def _sampling_mask_kernel(
 
 
 @triton.jit
-def _draw_over_vocabulary(logits_ptr, row_offs, row_mask, vocab, threshold, sampled, temperature, seeds,
-                          BLOCK_ROWS: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
-    """Per row, the argmax over x >= threshold of x (greedy rows) or x + T * Gumbel noise, first
-    token on ties; one pass over the vocabulary."""
+def _draw_range(logits_ptr, row_offs, row_mask, lo, hi, vocab, threshold, sampled, temperature, seeds,
+                BLOCK_ROWS: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+    """Per row, over tokens lo .. hi (lo a multiple of BLOCK_V; hi one too, or the vocabulary's end) with
+    x >= threshold: the best score, x (greedy rows) or x + T * Gumbel noise, and its first token on ties."""
     any_sampled = _any(sampled & row_mask)
     noise_scale = tl.where(sampled, temperature, 0.0)[:, None]  # greedy rows: no noise
     threshold_2d = threshold[:, None]
     lane_best = tl.full([BLOCK_ROWS, BLOCK_V], float("-inf"), tl.float32)
     lane_token = tl.zeros([BLOCK_ROWS, BLOCK_V], tl.int32)
-    for start in range(0, vocab, BLOCK_V):
+    for start in range(lo, hi, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)
         x, valid = _load_logits(logits_ptr, row_offs, row_mask, cols, vocab)
         score = x
@@ -168,7 +169,33 @@ def _draw_over_vocabulary(logits_ptr, row_offs, row_mask, vocab, threshold, samp
         lane_token = tl.where(better, cols[None, :], lane_token)
         lane_best = tl.where(better, score, lane_best)
     best = tl.max(lane_best, axis=1)
-    return tl.min(tl.where(lane_best == best[:, None], lane_token, vocab), axis=1)
+    return best, tl.min(tl.where(lane_best == best[:, None], lane_token, vocab), axis=1)
+
+
+@triton.jit
+def _sample_rows(logits_ptr, temperature, top_k, use_top_k, top_p, use_top_p, min_p, use_min_p, seeds, cand_x_ptr,
+                 cand_id_ptr, rows, row_offs, row_mask, vocab, KEY_BITS: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+                 CANDIDATE_STEPS: tl.constexpr, COMPACT: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+                 BLOCK_V: tl.constexpr, BLOCK_W: tl.constexpr):  # fmt: skip
+    """Each row's token (int32; vocab where none survives): greedy where temperature <= 0, else a Gumbel-max
+    draw over the tokens that survive the row's filters."""
+    sampled = temperature > 0
+    temperature = tl.where(sampled, temperature, 1.0)
+    threshold, from_candidates, num_candidates = _survival_threshold(
+        logits_ptr, cand_x_ptr, cand_id_ptr, rows, row_offs, row_mask, vocab, temperature, top_k, use_top_k & sampled,
+        top_p, use_top_p & sampled, min_p, use_min_p & sampled, KEY_BITS, SEARCH_STEPS, CANDIDATE_STEPS, COMPACT,
+        BLOCK_ROWS, BLOCK_V, BLOCK_W,
+    )  # fmt: skip
+    token = tl.zeros([BLOCK_ROWS], tl.int32)
+    if _any(from_candidates):
+        x, ids, valid = load_candidates(cand_x_ptr, cand_id_ptr, rows, num_candidates, COMPACT)
+        survives = valid & from_candidates[:, None] & (x >= threshold[:, None])
+        token = draw_candidates(x, ids, survives, seeds, temperature, vocab)
+    if _any(row_mask & ~from_candidates):
+        _, drawn = _draw_range(logits_ptr, row_offs, row_mask, 0, vocab, vocab, threshold, sampled, temperature, seeds,
+                               BLOCK_ROWS, BLOCK_V)  # fmt: skip
+        token = tl.where(from_candidates, token, drawn)
+    return token
 
 
 @triton.jit
@@ -200,26 +227,68 @@ def _sample_kernel(
     temperature, top_k, use_top_k, top_p, use_top_p, min_p, use_min_p = _load_row_params(
         temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, rows, row_mask, vocab
     )
-    sampled = temperature > 0
-    temperature = tl.where(sampled, temperature, 1.0)
-    row_offs = rows.to(tl.int64) * row_stride
-    threshold, from_candidates, num_candidates = _survival_threshold(
-        logits_ptr, cand_x_ptr, cand_id_ptr, rows, row_offs, row_mask, vocab, temperature, top_k, use_top_k & sampled,
-        top_p, use_top_p & sampled, min_p, use_min_p & sampled, KEY_BITS, SEARCH_STEPS, CANDIDATE_STEPS, COMPACT,
+    seeds = tl.load(seeds_ptr + rows, mask=row_mask, other=0).to(tl.int64)
+    token = _sample_rows(
+        logits_ptr, temperature, top_k, use_top_k, top_p, use_top_p, min_p, use_min_p, seeds, cand_x_ptr, cand_id_ptr,
+        rows, rows.to(tl.int64) * row_stride, row_mask, vocab, KEY_BITS, SEARCH_STEPS, CANDIDATE_STEPS, COMPACT,
         BLOCK_ROWS, BLOCK_V, BLOCK_W,
     )  # fmt: skip
-    seeds = tl.load(seeds_ptr + rows, mask=row_mask, other=0).to(tl.int64)
-    token = tl.zeros([BLOCK_ROWS], tl.int32)
-    if _any(from_candidates):
-        x, ids, valid = load_candidates(cand_x_ptr, cand_id_ptr, rows, num_candidates, COMPACT)
-        survives = valid & from_candidates[:, None] & (x >= threshold[:, None])
-        token = draw_candidates(x, ids, survives, seeds, temperature, vocab)
-    if _any(row_mask & ~from_candidates):
-        drawn = _draw_over_vocabulary(
-            logits_ptr, row_offs, row_mask, vocab, threshold, sampled, temperature, seeds, BLOCK_ROWS, BLOCK_V
-        )
-        token = tl.where(from_candidates, token, drawn)
     tl.store(out_ptr + rows, tl.where(token < vocab, token, 0).to(tl.int64), mask=row_mask)
+
+
+@triton.jit
+def _sample_split_kernel(
+    logits_ptr, out_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, cand_x_ptr, cand_id_ptr,
+    counter_ptr,  # [num_rows] int32 arrival counters, zero before and after the launch
+    num_rows, vocab, row_stride,
+    span,  # tokens a split scans: a multiple of BLOCK_V
+    KEY_BITS: tl.constexpr, SEARCH_STEPS: tl.constexpr, CANDIDATE_STEPS: tl.constexpr, COMPACT: tl.constexpr,
+    SPLITS: tl.constexpr,  # a power of two >= the grid's splits (program axis 1), <= COMPACT
+    BLOCK_V: tl.constexpr, BLOCK_W: tl.constexpr, PDL: tl.constexpr = False,
+):  # fmt: skip
+    """`_sample_kernel` for few rows: program (row, split). A row without filters (greedy, or temperature
+    alone) has each split draw over its `span` of the vocabulary into the row's scratch slot, and the last
+    split to arrive takes the best (the first token on ties: the same token as one program over the whole
+    row, whose noise depends only on the token id); a filtered row is sampled by its split 0 alone."""
+    pdl_wait(PDL)
+    rows = tl.program_id(0) + tl.arange(0, 1)
+    split = tl.program_id(1)
+    row_mask = rows < num_rows
+    temperature, top_k, use_top_k, top_p, use_top_p, min_p, use_min_p = _load_row_params(
+        temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, rows, row_mask, vocab
+    )
+    seeds = tl.load(seeds_ptr + rows, mask=row_mask, other=0).to(tl.int64)
+    row_offs = rows.to(tl.int64) * row_stride
+    sampled = temperature > 0
+    filtered = _any(sampled & (use_top_k | use_top_p | use_min_p))
+    if filtered:
+        if split == 0:
+            token = _sample_rows(
+                logits_ptr, temperature, top_k, use_top_k, top_p, use_top_p, min_p, use_min_p, seeds, cand_x_ptr,
+                cand_id_ptr, rows, row_offs, row_mask, vocab, KEY_BITS, SEARCH_STEPS, CANDIDATE_STEPS, COMPACT, 1,
+                BLOCK_V, BLOCK_W,
+            )  # fmt: skip
+            tl.store(out_ptr + rows, tl.where(token < vocab, token, 0).to(tl.int64), mask=row_mask)
+    else:
+        lo = split * span
+        best, token = _draw_range(logits_ptr, row_offs, row_mask, lo, tl.minimum(lo + span, vocab), vocab,
+                                  tl.full([1], float("-inf"), tl.float32), sampled,
+                                  tl.where(sampled, temperature, 1.0), seeds, 1, BLOCK_V)  # fmt: skip
+        slot = rows.to(tl.int64) * COMPACT + split
+        tl.store(cand_x_ptr + slot, best, mask=row_mask)
+        tl.store(cand_id_ptr + slot, token, mask=row_mask)
+    tl.debug_barrier()  # every thread's stores before the (releasing) arrival
+    if tl.atomic_add(counter_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
+        if not filtered:
+            slots = tl.arange(0, SPLITS)
+            mine = row_mask[:, None] & (slots < tl.num_programs(1))[None, :]
+            offs = (rows.to(tl.int64) * COMPACT)[:, None] + slots[None, :]
+            x = tl.load(cand_x_ptr + offs, mask=mine, other=float("-inf"), cache_modifier=".cg")
+            ids = tl.load(cand_id_ptr + offs, mask=mine, other=vocab, cache_modifier=".cg")
+            best = tl.max(x, axis=1)
+            token = tl.min(tl.where(x == best[:, None], ids, vocab), axis=1)
+            tl.store(out_ptr + rows, tl.where(token < vocab, token, 0).to(tl.int64), mask=row_mask)
+        tl.atomic_xchg(counter_ptr + tl.program_id(0), 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
 @triton.jit
@@ -260,6 +329,14 @@ def _log_softmax_kernel(
 
 _SAMPLING_MASK = Launcher(_sampling_mask_kernel)
 _SAMPLE = Launcher(_sample_kernel)
+_SAMPLE_SPLIT = Launcher(_sample_split_kernel)
+# Batches of up to this many rows sample with each row's vocabulary split over several programs
+# (_sample_split_kernel) on a GPU: one program a row reads a 201,088-token row in 24.6 us at batch 1 (gpt-oss-20b
+# on an H200, session 33's step timeline: 1.3% of the step). 0 (the default until a GPU has checked and timed
+# it; TRITONLLM_SAMPLE_SPLIT_ROWS): off. SPLIT_PROGRAMS: programs a launch aims at, SPLIT_BLOCK_V: a split's chunk.
+SPLIT_ROWS = int(os.environ.get("TRITONLLM_SAMPLE_SPLIT_ROWS", "0"))
+SPLIT_PROGRAMS = 256
+SPLIT_BLOCK_V = 4096
 _LOG_SOFTMAX = Launcher(_log_softmax_kernel)
 
 
@@ -395,12 +472,56 @@ def sample(
     """One token per row, int64 [num_rows]: greedy (first argmax) where temperature <= 0, else a
     Gumbel-max draw from softmax(logits / temperature) restricted to `sampling_mask`. The draw
     depends only on the row's logits, parameters and seed, not on the rest of the batch."""
+    splits = None
+    if 0 < logits.shape[0] <= SPLIT_ROWS and not platform.is_interpreter():
+        splits = max(1, min(triton.cdiv(logits.shape[-1], SPLIT_BLOCK_V), SPLIT_PROGRAMS // logits.shape[0]))
+    return sample_rows(logits, temperature, top_k, top_p, min_p, seeds, splits)
+
+
+def sample_rows(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seeds: torch.Tensor,
+    splits: int | None = None,
+    block_v: int | None = None,
+) -> torch.Tensor:
+    """`sample` with its launch chosen: one program a row (splits None), or each row over `splits` programs
+    (_sample_split_kernel, up to COMPACT; falls back to one a row where no arrival counters exist), each
+    scanning chunks of `block_v` tokens (default: SPLIT_BLOCK_V on a GPU)."""
     logits = _rows(logits)
     num_rows, vocab = logits.shape
     out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
     if num_rows == 0:
         return out
     f = _filters(num_rows, vocab, logits.dtype)
+    counters = arrival_counters(logits.device) if splits else None
+    if counters is not None and num_rows <= counters.numel():
+        block_v = block_v or (f.constexprs["BLOCK_V"] if platform.is_interpreter() else SPLIT_BLOCK_V)
+        splits = max(1, min(splits, f.compact, triton.cdiv(vocab, block_v)))
+        span = triton.cdiv(triton.cdiv(vocab, block_v), splits) * block_v
+        splits = triton.cdiv(vocab, span)  # no split past the vocabulary
+        cand_x, cand_id = _scratch(num_rows, f.compact, logits.device)
+        args = (logits, out, temperature, top_k, top_p, min_p, seeds, cand_x, cand_id, counters, num_rows, vocab,
+                logits.stride(0), span)  # fmt: skip
+        c = f.constexprs
+        constexprs = dict(
+            KEY_BITS=c["KEY_BITS"], SEARCH_STEPS=c["SEARCH_STEPS"], CANDIDATE_STEPS=c["CANDIDATE_STEPS"],
+            COMPACT=f.compact, SPLITS=triton.next_power_of_2(splits), BLOCK_V=block_v,
+            BLOCK_W=block_v if platform.is_interpreter() else max(16, block_v // 4),
+        )  # fmt: skip
+        key = (
+            logits.dtype, temperature.dtype, top_k.dtype, top_p.dtype, min_p.dtype, seeds.dtype,
+            aligned(logits, out, temperature, top_k, top_p, min_p, seeds), int_spec(num_rows), vocab,
+            logits.stride(0), span,
+        )  # fmt: skip
+        _SAMPLE_SPLIT(
+            key, (num_rows, splits), args, constexprs, num_warps=1 if platform.is_interpreter() else 8,
+            num_stages=DEFAULT_NUM_STAGES, device_index=logits.device.index or 0,
+        )  # fmt: skip
+        return out
     cand_x, cand_id = _scratch(num_rows, f.compact, logits.device)
     row_stride = logits.stride(0)
     args = (logits, out, temperature, top_k, top_p, min_p, seeds, cand_x, cand_id, num_rows, vocab, row_stride)
