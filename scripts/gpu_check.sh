@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [sample-split]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -473,25 +473,30 @@ print(tuned_file(torch.cuda.get_device_name()))")
         TRITONLLM_PREFETCH_EXPERTS=1 MOE_RUNS=gptoss_batch1 MOE_TAG="_pf_experts" bash "$0" e2e-moe \
           | sed "s/^/gpt-oss prefetch + routed experts: /"
       fi ;;
-    sample-split)
-      # session 33's build, off by default until this runs: each row's vocabulary over several programs at decode
-      # batches of up to TRITONLLM_SAMPLE_SPLIT_ROWS rows (kernels/sampling.py _sample_split_kernel). Its GPU tests
-      # (eager and graph-replayed against one program a row), then batch 1 off / on / on / off: gpt-oss-20b
-      # (greedy) and Llama-3-8B bf16 at temperature 0.8 (text decoded), then gpt-oss's step timeline with it on
-      python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_sampling.py 2>&1 | tail -3
-      for rows in 0 8 8 0; do
-        TRITONLLM_SAMPLE_SPLIT_ROWS=$rows MOE_RUNS=gptoss_batch1 MOE_TAG="_split$rows" bash "$0" e2e-moe \
-          | sed "s/^/gpt-oss split rows $rows: /"
-        TRITONLLM_SAMPLE_SPLIT_ROWS=$rows QUANT_VARIANTS=bf16_gluon QUANT_EXPS=batch1_decode \
-          QUANT_ARGS="workload.temperature=0.8" QUANT_TAG="_t08_split$rows" bash "$0" e2e-quant | grep "tok/s" \
-          | sed "s/^/llama bf16 t=0.8 split rows $rows: /"
+    step-kernels)
+      # session 33's builds for the small work of a decode step: the step's inputs and sampling parameters in
+      # two launches (kernels/step_inputs.py, on by default; TRITONLLM_STEP_INPUT_KERNELS=0: torch's ~17) and
+      # each row's vocabulary sampled over several programs at batches of up to TRITONLLM_SAMPLE_SPLIT_ROWS rows
+      # (kernels/sampling.py _sample_split_kernel, off until this runs). Their GPU tests (the split: eager and
+      # graph-replayed against one program a row), then batch 1 in the order torch / inputs / inputs + split /
+      # torch: gpt-oss-20b (greedy) and Llama-3-8B bf16 at temperature 0.8 (text decoded); then gpt-oss's step
+      # timeline with both
+      python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_sampling.py tests/test_decode_graphs.py \
+        tests/test_engine_gpu.py 2>&1 | tail -3
+      for v in "0 0" "1 0" "1 8" "0 0"; do
+        set -- $v
+        TRITONLLM_STEP_INPUT_KERNELS=$1 TRITONLLM_SAMPLE_SPLIT_ROWS=$2 MOE_RUNS=gptoss_batch1 MOE_TAG="_inputs$1_split$2" \
+          bash "$0" e2e-moe | sed "s/^/gpt-oss step inputs $1 split rows $2: /"
+        TRITONLLM_STEP_INPUT_KERNELS=$1 TRITONLLM_SAMPLE_SPLIT_ROWS=$2 QUANT_VARIANTS=bf16_gluon QUANT_EXPS=batch1_decode \
+          QUANT_ARGS="workload.temperature=0.8" QUANT_TAG="_t08_inputs$1_split$2" bash "$0" e2e-quant | grep "tok/s" \
+          | sed "s/^/llama bf16 t=0.8 step inputs $1 split rows $2: /"
       done
       [ -d "$MODELS/gpt-oss-20b-config" ] || python3 scripts/make_random_model.py gpt-oss-20b "$MODELS/gpt-oss-20b-config" --config-only
       TRITONLLM_SAMPLE_SPLIT_ROWS=8 python3 scripts/profile_steps.py --model "$MODELS/gpt-oss-20b-config" --load-format dummy \
-        --pdl --num-requests 1 --prompt-len 1024 --output-len 160 --temperature 0 --steps 20 --trace /tmp/trace_split.json \
-        --output-json "$OUT/steps_gptoss_split.json" 2>&1 | grep -E '"step_ms"'
-      python3 scripts/step_timeline.py /tmp/trace_split.json --steps 20 --json "$OUT/timeline_gptoss_split.json" \
-        | tee "$OUT/timeline_gptoss_split.txt" | head -16 ;;
+        --pdl --num-requests 1 --prompt-len 1024 --output-len 160 --temperature 0 --steps 20 --trace /tmp/trace_steps.json \
+        --output-json "$OUT/steps_gptoss_step_kernels.json" 2>&1 | grep -E '"step_ms"'
+      python3 scripts/step_timeline.py /tmp/trace_steps.json --steps 20 --json "$OUT/timeline_gptoss_step_kernels.json" \
+        | tee "$OUT/timeline_gptoss_step_kernels.txt" | head -24 ;;
     moe-early)
       # session 30's build: w2's MXFP4 slot GEMV loading its expert ids and first K step's weights before its PDL
       # wait (TRITONLLM_MOE_GEMV_EARLY, moe_tiles.gemv_early): its tests, the decode layer's kernels and window

@@ -55,7 +55,7 @@ DECODE_KERNELS = {
     "activation._silu_and_mul_quant_kernel", "gemm_gemv.gemv_kernel", "gemv_w4.w4_gemv_kernel", "gemm.gemm_kernel",
     "gemm.split_k_reduce_kernel", "quant._quant_token_kernel", "quant._quant_group_kernel",
     "moe_gemv.moe_gemv_kernel", "moe.fused_moe_kernel", "moe_route.moe_route_kernel", "sampling._sample_kernel",
-    "sampling._sample_split_kernel",
+    "sampling._sample_split_kernel", "step_inputs.decode_inputs_kernel", "step_inputs.sampling_params_kernel",
     "sampling._sampling_mask_kernel", "sampling._log_softmax_kernel", "gemv_w4_sm90.w4_gemv_sm90_kernel",
     "gemm_w4_sm90.w4_gemm_sm90_kernel", "gemm_skinny_sm90.skinny_gemm_sm90_kernel",
     "gemm_block_sm90.block_fp8_gemm_sm90_kernel",

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from tritonllm.engine.request import Request
+from tritonllm.kernels import step_inputs
 from tritonllm.layers.sampler import SamplingTensors
 
 _SEED_MUL = 0x9E3779B97F4A7C15
@@ -134,18 +135,25 @@ class InputBatch:
     ) -> SamplingTensors:
         """The sampling parameters of these rows with this step's seeds, advancing the rows' sampled
         counts (advance=False: the step's counts are advanced already, sampling again)."""
-        floats = self.float_params[:, rows]
-        if advance:
-            steps = self.num_sampled[rows]
-            self.num_sampled.index_copy_(0, rows, steps + 1)
+        if step_inputs.ENABLED:  # one launch: step_seeds of each row's count, the count advanced
+            temperature, top_p, min_p, top_k, seeds = step_inputs.sampling_params(
+                rows, self.float_params, self.top_k, self.base_seed, self.num_sampled, advance
+            )
         else:
-            steps = self.num_sampled[rows] - 1
+            floats = self.float_params[:, rows]
+            temperature, top_p, min_p, top_k = floats[0], floats[1], floats[2], self.top_k[rows]
+            if advance:
+                steps = self.num_sampled[rows]
+                self.num_sampled.index_copy_(0, rows, steps + 1)
+            else:
+                steps = self.num_sampled[rows] - 1
+            seeds = step_seeds(self.base_seed[rows], steps)
         return SamplingTensors(
-            temperature=floats[0],
-            top_k=self.top_k[rows],
-            top_p=floats[1],
-            min_p=floats[2],
-            seeds=step_seeds(self.base_seed[rows], steps),
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            seeds=seeds,
             banned_rows=None,
             banned_tokens=None,
             max_num_logprobs=max_num_logprobs,

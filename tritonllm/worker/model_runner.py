@@ -40,6 +40,7 @@ from tritonllm.engine.kv_cache import cdiv
 from tritonllm.engine.output_processor import SampledLogprobs, StepResult
 from tritonllm.engine.request import Request
 from tritonllm.engine.scheduler import SchedulerOutput
+from tritonllm.kernels import step_inputs
 from tritonllm.kernels.registry import Kernels, bind_kernels, default_kernels
 from tritonllm.layers.attention import Attention, AttentionMetadata
 from tritonllm.layers.prefetch import MAX_PREFETCH_SEQS, WeightPrefetch
@@ -499,14 +500,16 @@ class ModelRunner:
         max_query_len: int,
         max_seq_len: int,
         piecewise: bool = False,
+        block_tables: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The forward pass over staged inputs: eager (device work only: capturable), or through the
-        piecewise graphs (`piecewise`: see _fits_piecewise)."""
+        piecewise graphs (`piecewise`: see _fits_piecewise). `block_tables`: the rows' tables, gathered
+        already (decode graphs: kernels/step_inputs.py), else gathered here."""
         if prev_src is not None:  # tokens sampled by the step before, still on the device
             input_ids = torch.where(prev_src >= 0, self.last_sampled[prev_src.clamp(min=0)], input_ids)
         meta = AttentionMetadata(
             slot_mapping=slot_mapping,
-            block_tables=self.batch.block_table[rows],
+            block_tables=self.batch.block_table[rows] if block_tables is None else block_tables,
             seq_lens=seq_lens,
             query_start_loc=query_start_loc,
             max_query_len=max_query_len,
@@ -524,11 +527,19 @@ class ModelRunner:
     def _decode_body(self, size: int, v: dict[str, torch.Tensor]) -> torch.Tensor:
         """What a decode graph of `size` rows runs: block-table entries, forward, logits and sampling
         (tokens into last_sampled). Returns the hidden states."""
-        self.batch.apply_entries(v["entry_rows"], v["entry_cols"], v["entry_vals"])
+        input_ids, prev_src, tables = v["input_ids"], v["prev_src"], None
+        if step_inputs.ENABLED:  # the block-table entries, the tokens in flight and the rows' tables: one launch
+            input_ids, tables = step_inputs.decode_inputs(
+                input_ids, prev_src, self.last_sampled, v["rows"], self.batch.block_table, v["entry_rows"],
+                v["entry_cols"], v["entry_vals"],
+            )  # fmt: skip
+            prev_src = None
+        else:
+            self.batch.apply_entries(v["entry_rows"], v["entry_cols"], v["entry_vals"])
         prefetch = self.weight_prefetch
         with prefetch.decode() if prefetch is not None and size <= MAX_PREFETCH_SEQS else contextlib.nullcontext():
-            hidden = self._forward(v["input_ids"], v["positions"], v["slot_mapping"], v["prev_src"], v["rows"],
-                                   v["seq_lens"], v["query_start_loc"], 1, self.max_model_len)  # fmt: skip
+            hidden = self._forward(input_ids, v["positions"], v["slot_mapping"], prev_src, v["rows"], v["seq_lens"],
+                                   v["query_start_loc"], 1, self.max_model_len, block_tables=tables)  # fmt: skip
         logits = self.model.compute_logits(hidden)
         if self.is_driver:  # followers compute the logits (a collective) but do not sample
             tokens, _ = self.sampler(logits, self.batch.sampling_tensors(v["rows"]))
