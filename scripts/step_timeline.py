@@ -6,7 +6,8 @@ that another kernel already accounts for, and summing durations overstates it. H
 completion frontier is walked in start order: a kernel is charged only for how far it moves the
 latest end seen so far (its exposed time); a gap before a kernel that starts after the frontier is
 idle. Exposed times and idle sum to the traced window. Kernels are told apart by name and grid (the
-four linear layers of a Llama block run one GEMM kernel on four grids).
+four linear layers of a Llama block run one GEMM kernel on four grids). Only the main stream's kernels move
+the frontier; a side stream's (the L2 weight prefetches) are charged for the main stream's gaps they cover.
 
     python scripts/step_timeline.py TRACE.json[.gz] --steps 20 [--json OUT.json]
 """
@@ -37,22 +38,59 @@ def label(event: dict) -> str:
     return f"{name} {tuple(grid)}" if grid else name
 
 
+def stream(event: dict) -> object:
+    """The CUDA stream an event ran on (torch's traces: args.stream, else the tid)."""
+    return event.get("args", {}).get("stream", event.get("tid"))
+
+
 def exposed_times(events: list[dict]) -> tuple[dict[str, list[float]], float, float]:
-    """({label: [exposed us, summed duration us, launches]}, idle us, window us)."""
+    """({label: [exposed us, summed duration us, launches]}, idle us, window us).
+
+    The frontier is walked over the main stream's events (the stream with the most launches). Kernels on
+    other streams (the L2 weight prefetches' side stream) are labelled "[side] ..." and charged only for the
+    gaps of the main stream that they cover (the main stream waiting at a join, say): the rest of a gap is
+    idle. Their work under main-stream kernels costs the step nothing that this walk can see."""
+    launches: dict[object, int] = defaultdict(int)
+    for e in events:
+        launches[stream(e)] += 1
+    main = max(launches, key=launches.get)
     events = sorted(events, key=lambda e: e["ts"])
+    side = [e for e in events if stream(e) != main]
     table: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    for e in side:
+        row = table["[side] " + label(e)]
+        row[1] += e["dur"]
+        row[2] += 1
     start = frontier = events[0]["ts"]
     idle = 0.0
+
+    def charge_gap(lo: float, hi: float) -> None:
+        nonlocal idle
+        covered_to = lo
+        for e in side:  # in start order: each part of the gap goes to the first side kernel covering it
+            a, b = max(e["ts"], covered_to), min(e["ts"] + e["dur"], hi)
+            if b > a:
+                idle += a - covered_to
+                table["[side] " + label(e)][0] += b - a
+                covered_to = b
+        idle += hi - covered_to
+
     for e in events:
+        if stream(e) != main:
+            continue
         end = e["ts"] + e["dur"]
         if e["ts"] > frontier:
-            idle += e["ts"] - frontier
+            charge_gap(frontier, e["ts"])
             frontier = e["ts"]
         row = table[label(e)]
         row[0] += max(0.0, end - frontier)
         row[1] += e["dur"]
         row[2] += 1
         frontier = max(frontier, end)
+    last_side = max((e["ts"] + e["dur"] for e in side), default=frontier)
+    if last_side > frontier:  # side work past the main stream's last kernel
+        charge_gap(frontier, last_side)
+        frontier = last_side
     return dict(table), idle, frontier - start
 
 
