@@ -1,7 +1,7 @@
 """Compile the sampling kernels for NVIDIA sm90 and AMD gfx942 without any GPU, at the GPU launch
 configuration (one row per program, 8192-token chunks, 2048 in the window passes, 16 warps, 1024 candidates;
 the split kernel as sample_rows launches it: 4096-token chunks, 1024 in the window passes, 8 warps, up to 64
-splits) for bfloat16 and float32 logits.
+splits) for bfloat16 and float32 logits; and the decode step's input kernels (kernels/step_inputs.py).
 Reports spills (local memory in the PTX) on NVIDIA, which would make the passes slow.
 
     python scripts/cross_compile_sampling.py   # ~1 minute on a laptop CPU
@@ -20,7 +20,7 @@ import triton
 from cross_compile_attention import compile_kernel  # this folder: sys.path[0] when run as a script
 from triton.backends.compiler import GPUTarget
 
-from tritonllm.kernels import sampling
+from tritonllm.kernels import sampling, step_inputs
 
 TARGETS = [GPUTarget("cuda", 90, 32), GPUTarget("hip", "gfx942", 64)]
 KERNELS = [
@@ -58,6 +58,35 @@ def compile_one(fn: triton.JITFunction, target: GPUTarget, dtype: torch.dtype) -
     return None
 
 
+# the decode step's input kernels (kernels/step_inputs.py) at the largest decode graph (256 rows) and 1,024
+# block-table columns a loop step
+STEP_KERNELS = {
+    step_inputs.decode_inputs_kernel: (
+        {"ids_ptr": "*i64", "prev_src_ptr": "*i64", "last_ptr": "*i64", "ids_out_ptr": "*i64", "rows_ptr": "*i64",
+         "table_ptr": "*i32", "tables_out_ptr": "*i32", "entry_rows_ptr": "*i64", "entry_cols_ptr": "*i64",
+         "entry_vals_ptr": "*i32"},
+        {"BLOCK_E": 256, "BLOCK_B": 1024},
+    ),
+    step_inputs.sampling_params_kernel: (
+        {"rows_ptr": "*i64", "float_ptr": "*fp32", "top_k_ptr": "*i32", "base_seed_ptr": "*i64",
+         "num_sampled_ptr": "*i64", "temperature_out_ptr": "*fp32", "top_p_out_ptr": "*fp32", "min_p_out_ptr": "*fp32",
+         "top_k_out_ptr": "*i32", "seeds_out_ptr": "*i64"},
+        {"ADVANCE": True, "BLOCK": 256},
+    ),
+}  # fmt: skip
+
+
+def compile_step_kernel(fn: triton.JITFunction, target: GPUTarget) -> str | None:
+    types, constexprs = STEP_KERNELS[fn]
+    try:
+        kernel = compile_kernel(fn, target, types, {**constexprs, "PDL": target.backend == "cuda"}, num_warps=4)
+    except Exception as error:  # noqa: BLE001 - reported, not raised
+        return str(error).splitlines()[0][:300]
+    if target.backend == "cuda" and "ld.local" in kernel.asm["ptx"]:
+        return "spills to local memory"
+    return None
+
+
 def main() -> int:
     failures = 0
     for target in TARGETS:
@@ -66,6 +95,10 @@ def main() -> int:
                 error = compile_one(fn, target, dtype)
                 failures += error is not None
                 print(f"{target.backend} {target.arch} {fn.__name__} {dtype}: {error or 'ok'}", flush=True)
+        for fn in STEP_KERNELS:
+            error = compile_step_kernel(fn, target)
+            failures += error is not None
+            print(f"{target.backend} {target.arch} {fn.__name__}: {error or 'ok'}", flush=True)
     return failures
 
 

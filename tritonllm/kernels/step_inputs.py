@@ -10,8 +10,8 @@ step timeline). Here:
 
 - `decode_inputs`: one program a row. It applies this step's block-table entries to the persistent
   table (row i's program writes entry i), takes each row's input token (the previous step's sample where
-  `prev_src` points at it), and gathers the row's block table with this step's entries for that row
-  patched in (so no program waits for another's write).
+  `prev_src` points at it), and gathers the row's block table with this step's entry for that row (at
+  most one) patched in, so that no program waits for another's write.
 - `sampling_params`: one program for every row. It gathers temperature, top-p, min-p and top-k by row,
   advances each row's sampled count (or reads it back, `advance=False`) and derives the step's Philox seed
   as `input_batch.step_seeds` does (int64 arithmetic wrapping mod 2^64).
@@ -69,20 +69,17 @@ def decode_inputs_kernel(
         token = tl.load(last_ptr + src)
     tl.store(ids_out_ptr + i, token)
     row = tl.load(rows_ptr + i)
+    # this row's entry (at most one a row: the runner's check), -1 where it has none
     offs_e = tl.arange(0, BLOCK_E)
     in_entries = offs_e < num_entries
-    e_rows = tl.load(entry_rows_ptr + offs_e, mask=in_entries, other=-1)
-    e_cols = tl.load(entry_cols_ptr + offs_e, mask=in_entries, other=-1)
-    e_vals = tl.load(entry_vals_ptr + offs_e, mask=in_entries, other=0)
-    mine = in_entries & (e_rows == row)
+    mine = in_entries & (tl.load(entry_rows_ptr + offs_e, mask=in_entries, other=-1) == row)
+    col = tl.max(tl.where(mine, tl.load(entry_cols_ptr + offs_e, mask=in_entries, other=-1), -1), axis=0)
+    val = tl.max(tl.where(mine, tl.load(entry_vals_ptr + offs_e, mask=in_entries, other=0), -(2**31)), axis=0)
     for start in range(0, max_blocks, BLOCK_B):
         cols = start + tl.arange(0, BLOCK_B)
         valid = cols < max_blocks
         blocks = tl.load(table_ptr + row * stride_table + cols, mask=valid, other=0)
-        hit = mine[:, None] & (e_cols[:, None] == cols[None, :])  # [BLOCK_E, BLOCK_B]
-        patched = tl.max(tl.where(hit, 1, 0), axis=0) > 0
-        value = tl.sum(tl.where(hit, e_vals[:, None], 0), axis=0)  # at most one entry a (row, column)
-        blocks = tl.where(patched, value, blocks)
+        blocks = tl.where(cols == col, val, blocks)
         tl.store(tables_out_ptr + i.to(tl.int64) * max_blocks + cols, blocks, mask=valid)
 
 
@@ -137,7 +134,8 @@ def decode_inputs(
     entry_vals: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(input tokens, block tables [num_rows, max_blocks]) of a decode step, after writing its block-table
-    entries into `block_table` (at most one entry a (row, column))."""
+    entries into `block_table`: at most one entry a row (a decode step gains at most one block a row; the
+    padding's entries all write column 0 of the dummy row with 0)."""
     n, max_blocks = rows.numel(), block_table.shape[1]
     ids = torch.empty_like(input_ids)
     tables = torch.empty((n, max_blocks), dtype=block_table.dtype, device=block_table.device)

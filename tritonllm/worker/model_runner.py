@@ -341,7 +341,10 @@ class ModelRunner:
             pad = size - n
             padded = lambda a, fill: np.concatenate([a, np.full(pad, fill, dtype=a.dtype)]) if pad else a
             num_entries = 0 if entries is None else len(entries[0])
-            in_graph = entries if num_entries <= size else None
+            # the graph applies at most one entry a row (step_inputs.decode_inputs), as a decode step gains at most
+            # one block a row; anything else is applied before it
+            one_a_row = entries is None or len(np.unique(entries[0])) == num_entries
+            in_graph = entries if num_entries <= size and one_a_row else None
             e_rows, e_cols, e_vals = in_graph or (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int32))
             fill_e = size - len(e_rows)
             dummy = batch.dummy_row
