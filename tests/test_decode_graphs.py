@@ -2,11 +2,12 @@
 tokens and logprobs as eager steps. On CPU the buffers run eagerly (capture=False); the GPU test
 captures real graphs."""
 
+import numpy as np
 import pytest
 import torch
 
 from tritonllm import LLM, SamplingParams, platform
-from tritonllm.worker.cuda_graph import capture_sizes
+from tritonllm.worker.cuda_graph import capture_sizes, graph_entries
 
 NUM_STEPS = 8
 
@@ -16,6 +17,17 @@ def test_capture_sizes_cover_every_batch() -> None:
     assert capture_sizes(6) == [1, 2, 4, 6]
     assert capture_sizes(40) == [1, 2, 4, 8, 16, 24, 32, 40]
     assert capture_sizes(44)[-2:] == [40, 44]
+
+
+def test_a_graph_applies_its_entries_only_one_a_row_and_within_its_size() -> None:
+    """kernels/step_inputs.py patches one entry a row: more for a row, or more than the graph's rows, are
+    applied before the graph."""
+    one_each = (np.array([3, 0, 5]), np.array([2, 7, 1]), np.array([11, 12, 13], dtype=np.int32))
+    assert graph_entries(one_each, 4) is one_each
+    assert graph_entries(one_each, 2) is None
+    assert graph_entries(None, 4) is None
+    two_for_row_3 = (np.array([3, 3]), np.array([2, 3]), np.array([11, 12], dtype=np.int32))
+    assert graph_entries(two_for_row_3, 8) is None
 
 
 def _generate(llm: LLM, prompts: list[list[int]]) -> list:

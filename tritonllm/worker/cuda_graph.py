@@ -50,6 +50,15 @@ DECODE_LAYOUT: list[tuple[str, int, torch.dtype]] = [
 ]
 
 
+def graph_entries(entries: tuple[np.ndarray, np.ndarray, np.ndarray] | None, size: int):
+    """The block-table entries (rows, columns, block ids) a decode graph of `size` rows applies itself: all of
+    them when they fit its layout and each row has at most one (kernels/step_inputs.py patches one a row), as a
+    decode step's are (a row gains at most one block a step); else None, and the runner applies them before."""
+    if entries is None or len(entries[0]) > size or len(np.unique(entries[0])) != len(entries[0]):
+        return None
+    return entries
+
+
 def capture_sizes(max_num_seqs: int) -> list[int]:
     """Padded batch sizes with a graph: 1, 2, 4, 8, multiples of 8, and max_num_seqs itself."""
     sizes = {1, 2, 4, 8, *range(16, max_num_seqs + 1, 8), max_num_seqs}

@@ -45,7 +45,7 @@ from tritonllm.kernels.registry import Kernels, bind_kernels, default_kernels
 from tritonllm.layers.attention import Attention, AttentionMetadata
 from tritonllm.layers.prefetch import MAX_PREFETCH_SEQS, WeightPrefetch
 from tritonllm.layers.sampler import LogprobTensors, Sampler, SamplingTensors, to_host, top_logprobs
-from tritonllm.worker.cuda_graph import DECODE_LAYOUT, DecodeGraphs
+from tritonllm.worker.cuda_graph import DECODE_LAYOUT, DecodeGraphs, graph_entries
 from tritonllm.worker.input_batch import InputBatch
 from tritonllm.worker.piecewise_graph import PiecewiseGraphs
 from tritonllm.worker.staging import StagingBuffer
@@ -340,11 +340,7 @@ class ModelRunner:
             size = graphs.padded_size(n)
             pad = size - n
             padded = lambda a, fill: np.concatenate([a, np.full(pad, fill, dtype=a.dtype)]) if pad else a
-            num_entries = 0 if entries is None else len(entries[0])
-            # the graph applies at most one entry a row (step_inputs.decode_inputs), as a decode step gains at most
-            # one block a row; anything else is applied before it
-            one_a_row = entries is None or len(np.unique(entries[0])) == num_entries
-            in_graph = entries if num_entries <= size and one_a_row else None
+            in_graph = graph_entries(entries, size)
             e_rows, e_cols, e_vals = in_graph or (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int32))
             fill_e = size - len(e_rows)
             dummy = batch.dummy_row
