@@ -474,7 +474,7 @@ def sample(
     depends only on the row's logits, parameters and seed, not on the rest of the batch."""
     splits = None
     if 0 < logits.shape[0] <= SPLIT_ROWS and not platform.is_interpreter():
-        splits = max(1, min(triton.cdiv(logits.shape[-1], SPLIT_BLOCK_V), SPLIT_PROGRAMS // logits.shape[0]))
+        splits = max(1, SPLIT_PROGRAMS // logits.shape[0])  # sample_rows keeps them within the vocabulary's chunks
     return sample_rows(logits, temperature, top_k, top_p, min_p, seeds, splits)
 
 
@@ -497,41 +497,34 @@ def sample_rows(
     if num_rows == 0:
         return out
     f = _filters(num_rows, vocab, logits.dtype)
+    cand_x, cand_id = _scratch(num_rows, f.compact, logits.device)
+    row_stride = logits.stride(0)
+    operands = (logits, out, temperature, top_k, top_p, min_p, seeds, cand_x, cand_id)
+    # out is int64, the scratch float32/int32; vocab and the row stride are fixed by the model: raw values
+    key = (
+        logits.dtype, temperature.dtype, top_k.dtype, top_p.dtype, min_p.dtype, seeds.dtype,
+        aligned(logits, out, temperature, top_k, top_p, min_p, seeds), int_spec(num_rows), vocab, row_stride,
+    )  # fmt: skip
     counters = arrival_counters(logits.device) if splits else None
     if counters is not None and num_rows <= counters.numel():
         block_v = block_v or (f.constexprs["BLOCK_V"] if platform.is_interpreter() else SPLIT_BLOCK_V)
         splits = max(1, min(splits, f.compact, triton.cdiv(vocab, block_v)))
         span = triton.cdiv(triton.cdiv(vocab, block_v), splits) * block_v
         splits = triton.cdiv(vocab, span)  # no split past the vocabulary
-        cand_x, cand_id = _scratch(num_rows, f.compact, logits.device)
-        args = (logits, out, temperature, top_k, top_p, min_p, seeds, cand_x, cand_id, counters, num_rows, vocab,
-                logits.stride(0), span)  # fmt: skip
         c = f.constexprs
         constexprs = dict(
             KEY_BITS=c["KEY_BITS"], SEARCH_STEPS=c["SEARCH_STEPS"], CANDIDATE_STEPS=c["CANDIDATE_STEPS"],
             COMPACT=f.compact, SPLITS=triton.next_power_of_2(splits), BLOCK_V=block_v,
             BLOCK_W=block_v if platform.is_interpreter() else max(16, block_v // 4),
         )  # fmt: skip
-        key = (
-            logits.dtype, temperature.dtype, top_k.dtype, top_p.dtype, min_p.dtype, seeds.dtype,
-            aligned(logits, out, temperature, top_k, top_p, min_p, seeds), int_spec(num_rows), vocab,
-            logits.stride(0), span,
-        )  # fmt: skip
         _SAMPLE_SPLIT(
-            key, (num_rows, splits), args, constexprs, num_warps=1 if platform.is_interpreter() else 8,
-            num_stages=DEFAULT_NUM_STAGES, device_index=logits.device.index or 0,
+            (*key, span), (num_rows, splits), (*operands, counters, num_rows, vocab, row_stride, span), constexprs,
+            num_warps=1 if platform.is_interpreter() else 8, num_stages=DEFAULT_NUM_STAGES,
+            device_index=logits.device.index or 0,
         )  # fmt: skip
         return out
-    cand_x, cand_id = _scratch(num_rows, f.compact, logits.device)
-    row_stride = logits.stride(0)
-    args = (logits, out, temperature, top_k, top_p, min_p, seeds, cand_x, cand_id, num_rows, vocab, row_stride)
-    # out is int64, the scratch float32/int32; vocab and the row stride are fixed by the model: raw values
-    key = (
-        logits.dtype, temperature.dtype, top_k.dtype, top_p.dtype, min_p.dtype, seeds.dtype,
-        aligned(logits, out, temperature, top_k, top_p, min_p, seeds), int_spec(num_rows), vocab, row_stride,
-    )  # fmt: skip
     _SAMPLE(
-        key, f.grid, args, f.constexprs, num_warps=f.num_warps, num_stages=DEFAULT_NUM_STAGES,
-        device_index=logits.device.index or 0,
+        key, f.grid, (*operands, num_rows, vocab, row_stride), f.constexprs, num_warps=f.num_warps,
+        num_stages=DEFAULT_NUM_STAGES, device_index=logits.device.index or 0,
     )  # fmt: skip
     return out

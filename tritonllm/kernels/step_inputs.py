@@ -32,10 +32,14 @@ from tritonllm import platform  # isort: skip  (on CPU it switches on the interp
 from tritonllm.kernels.launch import DEFAULT_NUM_STAGES, Launcher, pdl_wait
 
 ENABLED = os.environ.get("TRITONLLM_STEP_INPUT_KERNELS", "1") == "1"
-# input_batch's multipliers as two's-complement int64, and its seed mask
-_SEED_MUL = tl.constexpr(0x9E3779B97F4A7C15 - (1 << 64))
-_STEP_MUL = tl.constexpr(0xBF58476D1CE4E5B9 - (1 << 64))
-_SEED_MASK = tl.constexpr((1 << 62) - 1)
+# a row's step seed mixes its base seed and its sampled count with these (worker/input_batch.py step_seed, defined
+# once here for both); the kernel takes the multipliers as two's-complement int64
+SEED_MUL = 0x9E3779B97F4A7C15
+STEP_MUL = 0xBF58476D1CE4E5B9
+SEED_MASK = (1 << 62) - 1
+_SEED_MUL = tl.constexpr(SEED_MUL - (1 << 64))
+_STEP_MUL = tl.constexpr(STEP_MUL - (1 << 64))
+_SEED_MASK = tl.constexpr(SEED_MASK)
 
 
 @triton.jit

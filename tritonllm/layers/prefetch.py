@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from tritonllm.kernels import l2_prefetch
+from tritonllm.kernels.quant_formats import FP8_DTYPES
 
 # decode steps of more rows do not prefetch: measured a gain at 1 (H100), a loss at 16 (Llama-3-8B int4 TPOT
 # 3.824 -> 3.884 ms on an H200, one run each); 2..8 not measured yet (TRITONLLM_PREFETCH_MAX_SEQS: the A/B's
@@ -56,7 +57,6 @@ MIN_BYTES = 1 << 20  # layers with less weight are not worth a launch
 #   while w13 runs (prefetch_experts_l2 reads the expert ids on the device). gpt-oss-20b 505.5 against 520.8.
 SHORT_BYTES = int(float(os.environ.get("TRITONLLM_PREFETCH_SHORT_MB", "0")) * (1 << 20))
 EXPERTS = os.environ.get("TRITONLLM_PREFETCH_EXPERTS", "0") == "1"
-FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2)
 L2_SHARE = 0.5  # a prefetch stops at this share of the L2 (the GEMV before it streams through the rest)
 
 

@@ -18,22 +18,19 @@ import torch
 
 from tritonllm.engine.request import Request
 from tritonllm.kernels import step_inputs
+from tritonllm.kernels.step_inputs import SEED_MASK, SEED_MUL, STEP_MUL
 from tritonllm.layers.sampler import SamplingTensors
-
-_SEED_MUL = 0x9E3779B97F4A7C15
-_STEP_MUL = 0xBF58476D1CE4E5B9
-SEED_MASK = (1 << 62) - 1
 
 
 def step_seed(base_seed: int, step: int) -> int:
     """The seed of one request's `step`-th sampled token: a reproducible mix of both."""
-    return (base_seed * _SEED_MUL + (step + 1) * _STEP_MUL) & SEED_MASK
+    return (base_seed * SEED_MUL + (step + 1) * STEP_MUL) & SEED_MASK
 
 
 def step_seeds(base_seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """`step_seed` elementwise on int64 tensors: the multipliers as two's-complement int64, products
     wrapping mod 2^64, give the same masked result."""
-    return (base_seeds * (_SEED_MUL - (1 << 64)) + (steps + 1) * (_STEP_MUL - (1 << 64))) & SEED_MASK
+    return (base_seeds * (SEED_MUL - (1 << 64)) + (steps + 1) * (STEP_MUL - (1 << 64))) & SEED_MASK
 
 
 class InputBatch:
