@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -497,6 +497,36 @@ print(tuned_file(torch.cuda.get_device_name()))")
         --output-json "$OUT/steps_gptoss_step_kernels.json" 2>&1 | grep -E '"step_ms"'
       python3 scripts/step_timeline.py /tmp/trace_steps.json --steps 20 --json "$OUT/timeline_gptoss_step_kernels.json" \
         | tee "$OUT/timeline_gptoss_step_kernels.txt" | head -24 ;;
+    half2)
+      # session 34's build: MXFP4 nibble pairs decoded into fp16x2 and multiplied by packed half-precision FMAs
+      # (kernels/gemv_w4.py FP4_HALF2, TRITONLLM_FP4_HALF2=1; sm90 SASS, Triton 3.6, a K step: gpt-oss's w13
+      # 695 -> 553 instructions, w2 715 -> 562, the Gluon dense GEMV 1,166 -> 839, the Gluon MoE GEMV 1,246 -> 919).
+      # Its GPU tests and the MXFP4 tests of the GEMVs with it on; the decode layer's kernels (graph replay, PDL,
+      # L2 flushed) off, on, and on with the Gluon MoE GEMV; Llama-3-8B's MXFP4 GEMVs at M = 1 off and on; then
+      # gpt-oss-20b batch 1 on / off / on / off and with the Gluon MoE GEMV, and Llama-3-8B MXFP4 batch 1 off / on
+      python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_fp4_half2.py 2>&1 | tail -2
+      TRITONLLM_FP4_HALF2=1 python3 -m pytest -q -o addopts="" tests/kernels/test_moe.py tests/kernels/test_gemv_w4.py \
+        tests/kernels/test_gemv_w4_sm90.py tests/kernels/test_moe_gemv_sm90.py -k "mxfp4 or fp4 or gemv or quantized" \
+        2>&1 | tail -2
+      for v in "0 0" "1 0" "1 1"; do
+        set -- $v
+        TRITONLLM_FP4_HALF2=$1 TRITONLLM_MOE_GEMV_GLUON=$2 python3 scripts/bench_moe.py "$OUT/moe_half2_$1_gluon$2.json" \
+          --shapes gptoss qwen3 --kinds mxfp4 --tokens 1 4 --torch-ref-max-tokens 0 --kernels --pdl \
+          > "$OUT/moe_half2_$1_gluon$2.log" 2>&1
+        echo "== FP4_HALF2 $1 MOE_GEMV_GLUON $2"; grep -E "T=|kernels" "$OUT/moe_half2_$1_gluon$2.log" | cut -c1-200
+      done
+      for h in 0 1; do
+        TRITONLLM_FP4_HALF2=$h python3 scripts/bench_gemm.py "$OUT/gemm_mxfp4_m1_half2_$h.json" --models llama3-8b \
+          --ms 1 --formats bf16 mxfp4 2>&1 | grep -E "mxfp4|bf16" | sed "s/^/FP4_HALF2 $h: /" | head -12
+      done
+      for h in ${HALF2_E2E-1 0 1 0}; do  # HALF2_E2E="": none
+        TRITONLLM_FP4_HALF2=$h MOE_RUNS=gptoss_batch1 MOE_TAG="_half2_$h" bash "$0" e2e-moe
+      done
+      TRITONLLM_FP4_HALF2=1 TRITONLLM_MOE_GEMV_GLUON=1 MOE_RUNS=gptoss_batch1 MOE_TAG="_half2_1_gluon1" bash "$0" e2e-moe
+      for h in 0 1; do
+        TRITONLLM_FP4_HALF2=$h QUANT_VARIANTS=mxfp4_gluon QUANT_EXPS=batch1_decode QUANT_TAG="_half2_$h" \
+          bash "$0" e2e-quant | grep "tok/s" | sed "s/^/llama mxfp4 FP4_HALF2 $h: /"
+      done ;;
     moe-early)
       # session 30's build: w2's MXFP4 slot GEMV loading its expert ids and first K step's weights before its PDL
       # wait (TRITONLLM_MOE_GEMV_EARLY, moe_tiles.gemv_early): its tests, the decode layer's kernels and window

@@ -7,7 +7,7 @@ much as by HBM (experiments/quant4/README.md), so this count is the figure a dec
     python scripts/sass_loop_mix.py [--fp4] [--block-n 16] [--block-w 128] [--warps 4]
     python scripts/sass_loop_mix.py --gluon [--fp4]   # the Hopper kernel (kernels/gemv_w4_sm90.py)
     python scripts/sass_loop_mix.py --gemm [--fp4] [--block-n 128] [--block-m 16] [--scale-after] [--prefetch 2] [--x-at-step]   # the Hopper W4 MMA GEMM (M 2..64)
-    python scripts/sass_loop_mix.py --moe w13|w13-joint|w2|w2-slots [--fp4] [--slots 4] [--block-n 16] [--block-w 64] [--loads 0|1|2] [--ragged-k]   # the MoE GEMV (kernels/moe_gemv.py; bf16 experts without --fp4)
+    python scripts/sass_loop_mix.py --moe w13|w13-joint|w2|w2-slots [--fp4] [--slots 4] [--block-n 16] [--block-w 64] [--loads 0|1|2] [--ragged-k [--aligned-rows]] [--half2]   # the MoE GEMV (kernels/moe_gemv.py; bf16 experts without --fp4)
 """
 
 from __future__ import annotations
@@ -34,9 +34,11 @@ DIVISIBLE = ("a_ptr", "w_ptr", "c_ptr", "s_ptr", "z_ptr", "ws_ptr", "K", "N", "K
 
 
 def loop_mix(sass: str) -> collections.Counter:
-    """Opcodes (without modifiers) of the first backward branch's loop in nvdisasm output."""
+    """Opcodes (without modifiers) of the largest backward branch's loop in nvdisasm output (the K loop: a
+    prologue's loop, such as FP4_HALF2's pass for the rows' largest activations, is shorter)."""
     lines = sass.splitlines()
     labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"(\.L_x_\d+):", line))}
+    loops = []
     for i, line in enumerate(lines):
         m = re.search(r"BRA\s.*?(\.L_x_\d+)", line)
         if m and labels.get(m.group(1), i) < i:
@@ -45,8 +47,10 @@ def loop_mix(sass: str) -> collections.Counter:
                 op = re.search(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", body)
                 if op:
                     ops[op.group(1)] += 1
-            return ops
-    raise ValueError("no loop found in the SASS")
+            loops.append(ops)
+    if not loops:
+        raise ValueError("no loop found in the SASS")
+    return max(loops, key=lambda ops: sum(ops.values()))
 
 
 def main(argv: list[str] | None = None) -> collections.Counter:
@@ -61,6 +65,11 @@ def main(argv: list[str] | None = None) -> collections.Counter:
     parser.add_argument("--scale-after", action="store_true", help="--gemm: the scale applied after each MMA")
     parser.add_argument("--prefetch", type=int, default=1, help="--gemm: K steps of words loaded ahead (0, 1, 2)")
     parser.add_argument("--x-at-step", action="store_true", help="--gemm: the activation tile loaded at its step")
+    parser.add_argument(
+        "--half2",
+        action="store_true",
+        help="--fp4 (portable GEMV, --gluon, --moe): the fp16x2 decode and products (TRITONLLM_FP4_HALF2)",
+    )
     parser.add_argument("--moe", choices=("w13", "w13-joint", "w2", "w2-slots"), help="the MoE GEMV's launch instead")
     parser.add_argument("--slots", type=int, default=4, help="--moe w2-slots: the slots a program sums (power of 2)")
     parser.add_argument("--loads", type=int, choices=(0, 1, 2), help="--moe: the GEMV's load schedule (LOADS)")
@@ -69,11 +78,25 @@ def main(argv: list[str] | None = None) -> collections.Counter:
         action="store_true",
         help="--moe: B's row stride not a multiple of 16, K not one of the tile (gpt-oss's 2880: rows of 360 words)",
     )
+    parser.add_argument(
+        "--aligned-rows",
+        action="store_true",
+        help="--ragged-k: B's rows 16-word aligned all the same (layers/moe.py aligned_rows, MXFP4)",
+    )
     args = parser.parse_args(argv)
     if args.moe:
         return report(
             *compile_moe_gemv(
-                args.moe, args.fp4, args.block_n, args.block_w, args.warps, args.slots, args.loads, args.ragged_k
+                args.moe,
+                args.fp4,
+                args.block_n,
+                args.block_w,
+                args.warps,
+                args.slots,
+                args.loads,
+                args.ragged_k,
+                args.aligned_rows,
+                args.half2,
             )
         )
     if args.gemm:  # a thread's weights a K step: BLOCK_N x 128 over the warpgroup's 128 threads
@@ -82,7 +105,7 @@ def main(argv: list[str] | None = None) -> collections.Counter:
                                            x_ahead=not args.x_at_step)  # fmt: skip
         return report(kernel, args.block_n)
     if args.gluon:
-        kernel = gemv_w4_sm90.compile_sm90(fp4=args.fp4)
+        kernel = gemv_w4_sm90.compile_sm90(fp4=args.fp4, half2=args.half2)
         weights = (
             gemv_w4_sm90.TILINGS["fp4" if args.fp4 else "int4"].rows * gemv_w4_sm90.WPT * 8
         )  # a thread's, an iteration
@@ -90,7 +113,7 @@ def main(argv: list[str] | None = None) -> collections.Counter:
     scale = "*u8" if args.fp4 else "*fp16"
     types = dict(a_ptr="*bf16", w_ptr="*i32", c_ptr="*bf16", bias_ptr="*bf16", s_ptr=scale, z_ptr=scale,
                  ws_ptr="*fp32")  # fmt: skip
-    constexprs = dict(FP4=args.fp4, FP4_BITS=True, GROUP_K=32 if args.fp4 else 128, HAS_BIAS=False, EVEN=True,
+    constexprs = dict(FP4=args.fp4, FP4_BITS=gemv_w4.FP4_HALF2 if args.half2 else gemv_w4.FP4_F32, GROUP_K=32 if args.fp4 else 128, HAS_BIAS=False, EVEN=True,
                       SPLIT_K=1, BLOCK_M=1, BLOCK_N=args.block_n, BLOCK_W=args.block_w, PDL=True, stride_ak=1,
                       stride_cn=1, stride_sk=1)  # fmt: skip
     kernel = compile_kernel(gemv_w4.w4_gemv_kernel, GPUTarget("cuda", 90, 32), types, constexprs, args.warps, DIVISIBLE)
@@ -98,7 +121,7 @@ def main(argv: list[str] | None = None) -> collections.Counter:
 
 
 def compile_moe_gemv(launch: str, fp4: bool, block_n: int, block_w: int, warps: int, slots: int, loads=None,
-                     ragged_k: bool = False) -> tuple:  # fmt: skip
+                     ragged_k: bool = False, aligned_rows: bool = False, half2: bool = False) -> tuple:  # fmt: skip
     """The MoE GEMV (kernels/moe_gemv.py) for sm90 as the launcher builds it (cross_compile_moe.compile_moe):
     MXFP4 experts read as words (fp4) or bf16 ones, BLOCK_K = 8 x block_w (bf16: block_w x 8 values too); w13
     gated (gate and up loops apart, or `-joint` in one pass), w2 per pair or summing `slots` slots (its block_n
@@ -109,10 +132,13 @@ def compile_moe_gemv(launch: str, fp4: bool, block_n: int, block_w: int, warps: 
         variant["loads"] = loads
     if ragged_k:
         variant["even_k"] = False
+    if half2:
+        variant["fp4_bits"] = gemv_w4.FP4_HALF2
     tiles = GemmTiles(1, block_n, 8 * block_w, warps, 3, 1, gemv=True)
     kernel = compile_moe(
-        "mxfp4" if fp4 else "bfloat16", gated, tiles, variant, divisible=RAGGED_K if ragged_k else MOE_DIVISIBLE
-    )
+        "mxfp4" if fp4 else "bfloat16", gated, tiles, variant,
+        divisible=RAGGED_K if ragged_k and not aligned_rows else MOE_DIVISIBLE,
+    )  # fmt: skip
     bn = max(1, block_n // slot_count) if slot_count else block_n
     rows = bn * (2 if gated and launch.endswith("joint") else 1) * max(1, slot_count)  # rows an iteration
     return kernel, rows * block_w * (8 if fp4 else 1) * (1 if fp4 else 8) / (32 * warps)

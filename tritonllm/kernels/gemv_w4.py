@@ -24,6 +24,8 @@ GEMV (kernels/moe_gemv.py) calls `w4_row_dot` for its MXFP4 experts.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -32,8 +34,25 @@ from tritonllm import platform
 from tritonllm.kernels.gemm_scales import e2m1_to_float, epilogue
 from tritonllm.kernels.launch import pdl_wait
 
-# the 2**-126 e2m1 decode needs denormal float32 FMAs (NVIDIA GPUs, the interpreter's numpy)
-FP4_BITS = platform.PLATFORM != "rocm"
+# How the MXFP4 kernels decode and multiply e2m1 codes: the kernels' FP4_BITS constexpr, read from here at each
+# launch (gemm.py, moe.py). 0: the exact where-based decode (ROCm); 1: the 2**-126 float32 bits (needs denormal
+# float32 FMAs: NVIDIA GPUs, the interpreter's numpy); 2: nibble pairs decoded into fp16x2 and multiplied by packed
+# half-precision FMAs (_word_dot_half2; TRITONLLM_FP4_HALF2=1, NVIDIA, PTX fma.rn.f16x2), 3: the same with the
+# packed instructions emulated in Triton operations (the interpreter's build of 2)
+FP4_EXACT, FP4_F32, FP4_HALF2, FP4_HALF2_EMULATED = 0, 1, 2, 3
+
+
+def fp4_mode() -> int:
+    """The e2m1 decode this platform and TRITONLLM_FP4_HALF2 select (see FP4_EXACT ...)."""
+    if platform.PLATFORM == "rocm":
+        return FP4_EXACT
+    if os.environ.get("TRITONLLM_FP4_HALF2", "0") == "1":
+        return FP4_HALF2_EMULATED if platform.is_interpreter() else FP4_HALF2
+    return FP4_F32
+
+
+FP4_BITS = fp4_mode()
+_HALF2 = tl.constexpr(FP4_HALF2)  # for the kernels (a global they read must be a constexpr)
 FP4_ACT_SCALE = tl.constexpr(2.0**100)  # activations x this, so that products with 2**-126-scaled values stay normal
 FP4_OUT_SCALE = tl.constexpr(2.0**26)  # = 2**126 / 2**100
 # a nibble pair's e2m1 magnitudes at bits 6..8 / 22..24 and signs at 15 / 31 (0x80008000 as an int32): _pair_fp4,
@@ -81,6 +100,164 @@ def _pair_fp4(words, J: tl.constexpr, MAG=FP4_PAIR_MASKS[0], SIGN=FP4_PAIR_MASKS
     lo = (pair << 16).to(tl.float32, bitcast=True)
     hi = (pair & -65536).to(tl.float32, bitcast=True)
     return lo, hi
+
+
+# fp16 pairs (FP4_HALF2): a pair's e2m1 magnitudes at bits 9..11 / 25..27 and signs at 15 / 31 (its value x 2**-14)
+HALF2_MASKS = (0x0E000E00, -(2**31) | 0x8000)
+HALF2_EXP_BIAS = tl.constexpr(141)  # a row's activations x 2**(141 - e), e its largest |a|'s float32 exponent field
+HALF2_MIN_EXP = tl.constexpr(14)  # e at least this: both factors normal floats (an all-zero row: 14)
+
+
+@triton.jit
+def _pair_fp16(words, J: tl.constexpr, MAG=HALF2_MASKS[0], SIGN=HALF2_MASKS[1]):
+    """Nibbles J and J + 4 (J < 4) of each int32 word (e2m1 codes) -> an int32 holding them as fp16x2 (J low,
+    J + 4 high), each its value x 2**-14: the magnitude bits under fp16's exponent (code 1, 0.5, a subnormal),
+    the sign at the half's top. Two shifts and two LOP3 for the pair (J = 3: the signs are in place)."""
+    if J * 4 <= 9:
+        mag = words << (9 - 4 * J)
+    else:
+        mag = words >> (4 * J - 9)
+    if J == 3:
+        sign = words & SIGN
+    else:
+        sign = (words << (12 - 4 * J)) & SIGN
+    return (mag & MAG) | sign
+
+
+@triton.jit
+def _half(x, HIGH: tl.constexpr):
+    """The low or high fp16 of each int32 (an fp16x2), as float32."""
+    if HIGH:
+        h = (x >> 16).to(tl.int16)
+    else:
+        h = (x & 0xFFFF).to(tl.int16)
+    return h.to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _as_half2(lo, hi):
+    """Two float32 -> one int32 holding them as fp16x2 (lo low), each rounded to nearest."""
+    lo16 = lo.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    hi16 = hi.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
+    return lo16 | (hi16 << 16)
+
+
+@triton.jit
+def _pack_half2(lo, hi, ASM: tl.constexpr):
+    """Two float32 -> one int32 holding them as fp16x2 (lo low): PTX cvt.rn.f16x2.f32 (ASM), else emulated."""
+    if ASM:
+        out = tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f", [hi, lo], dtype=tl.int32,
+                                        is_pure=True, pack=1)  # fmt: skip
+    else:
+        out = _as_half2(lo, hi)
+    return out
+
+
+@triton.jit
+def _hfma2(a, b, c, ASM: tl.constexpr):
+    """a * b + c on int32s holding fp16x2 pairs: PTX fma.rn.f16x2 (ASM, one rounding), else emulated (the product
+    exact in float32, the sum rounded to float32, then to fp16)."""
+    if ASM:
+        out = tl.inline_asm_elementwise("fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
+                                        is_pure=True, pack=1)  # fmt: skip
+    else:
+        out = _as_half2(_half(a, False) * _half(b, False) + _half(c, False),
+                        _half(a, True) * _half(b, True) + _half(c, True))  # fmt: skip
+    return out
+
+
+@triton.jit
+def _pairs_dot_half2(words, p0, p1, p2, p3, acc, ASM: tl.constexpr):
+    """acc + the products of each word's four nibble pairs (_pair_fp16) with the activation pairs p0..p3, chained
+    by packed FMAs (int32s holding fp16x2)."""
+    acc = _hfma2(_pair_fp16(words, 0), p0, acc, ASM)
+    acc = _hfma2(_pair_fp16(words, 1), p1, acc, ASM)
+    acc = _hfma2(_pair_fp16(words, 2), p2, acc, ASM)
+    return _hfma2(_pair_fp16(words, 3), p3, acc, ASM)
+
+
+@triton.jit
+def _halves(x):
+    """[..., 2W] -> its even and odd [..., W] (in-register splits)."""
+    return tl.split(tl.reshape(x, x.shape[:-1] + [x.shape[-1] // 2, 2]))
+
+
+@triton.jit
+def _quarters(x):
+    """[..., 4W] -> its four [..., W] slices by index modulo 4 (in-register splits: index 4g + 2i + j, j then i)."""
+    e, o = _halves(x)
+    x0, x2 = _halves(e)
+    x1, x3 = _halves(o)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _group_dot_half2(words, a8, a_scale, GPI: tl.constexpr, BLOCK_W: tl.constexpr, ASM: tl.constexpr):
+    """Per scale group: sum_k w_k a_k x 2**-14 over the e2m1 codes of words [..., BLOCK_W] (GPI groups of
+    BLOCK_W / GPI words: 1, 2 or 4) in float32, from products taken in fp16 pairs: the activations [..., BLOCK_W,
+    8] (a_j[w] = a8[..., w, j]) times a_scale (a power of two that puts the row's largest below 2**15:
+    HALF2_EXP_BIAS), packed as the pairs (j, j + 4) the decode gives; a group's 16 packed FMAs a row chained in
+    fp16 (each half at most 16 x 6 x 2**-14 x 2**15 = 192), then its two halves summed in float32."""
+    WPC: tl.constexpr = BLOCK_W // GPI  # words a group of the tile
+    tl.static_assert(WPC == 1 or WPC == 2 or WPC == 4, "FP4_HALF2: a tile's group holds 1, 2 or 4 words")
+    a0, a1, a2, a3, a4, a5, a6, a7 = _eight_columns(a8.to(tl.float32) * a_scale)
+    p0 = _pack_half2(a0, a4, ASM)
+    p1 = _pack_half2(a1, a5, ASM)
+    p2 = _pack_half2(a2, a6, ASM)
+    p3 = _pack_half2(a3, a7, ASM)
+    if WPC == 1:
+        acc = _pairs_dot_half2(words, p0, p1, p2, p3, tl.zeros_like(words), ASM)
+    elif WPC == 2:
+        w0, w1 = _halves(words)
+        q0, r0 = _halves(p0)
+        q1, r1 = _halves(p1)
+        q2, r2 = _halves(p2)
+        q3, r3 = _halves(p3)
+        acc = _pairs_dot_half2(w0, q0, q1, q2, q3, tl.zeros_like(w0), ASM)
+        acc = _pairs_dot_half2(w1, r0, r1, r2, r3, acc, ASM)
+    else:  # q_jw: pair j of the group's word w
+        w0, w1, w2, w3 = _quarters(words)
+        q00, q01, q02, q03 = _quarters(p0)
+        q10, q11, q12, q13 = _quarters(p1)
+        q20, q21, q22, q23 = _quarters(p2)
+        q30, q31, q32, q33 = _quarters(p3)
+        acc = _pairs_dot_half2(w0, q00, q10, q20, q30, tl.zeros_like(w0), ASM)
+        acc = _pairs_dot_half2(w1, q01, q11, q21, q31, acc, ASM)
+        acc = _pairs_dot_half2(w2, q02, q12, q22, q32, acc, ASM)
+        acc = _pairs_dot_half2(w3, q03, q13, q23, q33, acc, ASM)
+    return _half(acc, False) + _half(acc, True)
+
+
+@triton.jit
+def half2_row_exp(a_ptr, rows, k_start, k_end, stride_am, stride_ak, ROWS: tl.constexpr):
+    """FP4_HALF2: the float32 exponent field e of each activation row's largest |a| over [k_start, k_end) (at
+    least HALF2_MIN_EXP): a scalar for ROWS 1 (rows a scalar), [ROWS] for `rows` [ROWS]. The K loop scales the
+    row by 2**(HALF2_EXP_BIAS - e) (largest below 2**15: fp16's range holds it and every product) and the sum by
+    2**(e - 127) (half2_scales)."""
+    CHUNK: tl.constexpr = 1024
+    offs = tl.arange(0, CHUNK)
+    if ROWS == 1:
+        m = tl.zeros((CHUNK,), tl.float32)
+        for k in range(k_start, k_end, CHUNK):
+            a = tl.load(a_ptr + rows * stride_am + (k + offs) * stride_ak, mask=k + offs < k_end, other=0.0)
+            m = tl.maximum(m, tl.abs(a.to(tl.float32)))
+        amax = tl.max(m, axis=0)
+    else:
+        m = tl.zeros((ROWS, CHUNK), tl.float32)
+        for k in range(k_start, k_end, CHUNK):
+            a = tl.load(a_ptr + rows[:, None] * stride_am + (k + offs)[None, :] * stride_ak,
+                        mask=(k + offs < k_end)[None, :], other=0.0)  # fmt: skip
+            m = tl.maximum(m, tl.abs(a.to(tl.float32)))
+        amax = tl.max(m, axis=1)
+    return tl.maximum(amax.to(tl.int32, bitcast=True) >> 23, HALF2_MIN_EXP)
+
+
+@triton.jit
+def half2_scales(e):
+    """The activation factor 2**(HALF2_EXP_BIAS - e) and the output factor 2**(e - 127) of half2_row_exp's e
+    (the decode's 2**-14 included: 141 - 127 = 14), as float32."""
+    a_exp = -e + (HALF2_EXP_BIAS + 127)  # tensor first: a constexpr minus a tensor is a constexpr in the interpreter
+    return (a_exp << 23).to(tl.float32, bitcast=True), (e << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -144,21 +321,21 @@ def _group_sums(part, GPI: tl.constexpr, BLOCK_W: tl.constexpr):
 
 @triton.jit
 def _tile_groups(words, a8, s_ptrs, z_ptrs, g_in, FP4: tl.constexpr, FP4_BITS: tl.constexpr, GPI: tl.constexpr,
-                 BLOCK_W: tl.constexpr, LOADED: tl.constexpr = False):  # fmt: skip
+                 BLOCK_W: tl.constexpr, LOADED: tl.constexpr = False, a_scale=1.0):  # fmt: skip
     """One K tile's contribution to the per-group accumulator: words [BLOCK_N, BLOCK_W] (or [1, ...]
     for several rows), a8 the activation tile broadcastable against them ([1, BLOCK_W, 8] for one
     row, [ROWS, 1, BLOCK_W, 8] for several: a_j[w] = a[8 (kw + w) + j]), s_ptrs / z_ptrs / g_in the
     tile's groups' scales, zero points and mask ([BLOCK_N, GPI]; LOADED: s_ptrs / z_ptrs are the
     loaded scales and zero points themselves). Returns [BLOCK_N, GPI] (or [ROWS, BLOCK_N, GPI]): each
-    group's s (16 sum f a - (16 + z) sum a), or e8m0-scaled sum f a."""
-    if FP4 and FP4_BITS:
-        a8 = _act_scaled(a8)
-    else:
-        a8 = a8.to(tl.float32)
-    a0, a1, a2, a3, a4, a5, a6, a7 = _eight_columns(a8)
-    if FP4 and FP4_BITS:
+    group's s (16 sum f a - (16 + z) sum a), or e8m0-scaled sum f a. FP4_HALF2: a_scale, the activation rows'
+    factors (half2_scales), broadcastable against a8."""
+    if FP4 and FP4_BITS >= _HALF2:
+        part_g = _group_dot_half2(words, a8, a_scale, GPI, BLOCK_W, FP4_BITS == _HALF2)
+    elif FP4 and FP4_BITS:
+        a0, a1, a2, a3, a4, a5, a6, a7 = _eight_columns(_act_scaled(a8))
         part_g = _group_sums(_word_dot(words, a0, a1, a2, a3, a4, a5, a6, a7), GPI, BLOCK_W)
     else:
+        a0, a1, a2, a3, a4, a5, a6, a7 = _eight_columns(a8.to(tl.float32))
         part = _nibble(words, 0, FP4, FP4_BITS) * a0
         part += _nibble(words, 1, FP4, FP4_BITS) * a1
         part += _nibble(words, 2, FP4, FP4_BITS) * a2
@@ -219,6 +396,7 @@ def w4_row_dot(a_ptr, rows, rows_in, w_ptr, s_ptr, z_ptr, rn, k_start, k_end, st
     else:
         a_ptrs = a_ptr + rows[:, None, None] * stride_am + cols[None, :, :]
         acc = tl.zeros((ROWS, BLOCK_N, GPI), tl.float32)
+    a_scale, out_scale = _row_scales(a_ptr, rows, k_start, k_end, stride_am, stride_ak, FP4, FP4_BITS, ROWS)
     for kw in range(k_start // 8, kw_end, BLOCK_W):
         in_k = kw + offs_w < kw_end
         if EVEN:
@@ -234,7 +412,8 @@ def w4_row_dot(a_ptr, rows, rows_in, w_ptr, s_ptr, z_ptr, rn, k_start, k_end, st
                 a8 = tl.load(a_ptrs)
             else:
                 a8 = tl.load(a_ptrs, mask=in_k[:, None], other=0.0)
-            acc += _tile_groups(words, a8[None, :, :], s_ptrs, z_ptrs, g_in, FP4, FP4_BITS, GPI, BLOCK_W)
+            acc += _tile_groups(words, a8[None, :, :], s_ptrs, z_ptrs, g_in, FP4, FP4_BITS, GPI, BLOCK_W, False,
+                                a_scale)  # fmt: skip
         else:
             if rows_in is None:
                 a8 = tl.load(a_ptrs, mask=in_k[None, :, None], other=0.0)
@@ -242,15 +421,31 @@ def w4_row_dot(a_ptr, rows, rows_in, w_ptr, s_ptr, z_ptr, rn, k_start, k_end, st
                 a8 = tl.load(a_ptrs, mask=rows_in[:, None, None] & in_k[None, :, None], other=0.0)
             if len(rn.shape) == 1:  # every row against the same weight rows
                 acc += _tile_groups(words[None, :, :], a8[:, None, :, :], s_ptrs, z_ptrs, g_in, FP4, FP4_BITS, GPI,
-                                    BLOCK_W)  # fmt: skip
+                                    BLOCK_W, False, a_scale)  # fmt: skip
             else:
-                acc += _tile_groups(words, a8[:, None, :, :], s_ptrs, z_ptrs, g_in, FP4, FP4_BITS, GPI, BLOCK_W)
+                acc += _tile_groups(words, a8[:, None, :, :], s_ptrs, z_ptrs, g_in, FP4, FP4_BITS, GPI, BLOCK_W,
+                                    False, a_scale)  # fmt: skip
         w_ptrs += BLOCK_W
         a_ptrs += 8 * BLOCK_W * stride_ak
-    out = tl.sum(acc, axis=len(acc.shape) - 1)
-    if FP4 and FP4_BITS:
-        out = out * FP4_OUT_SCALE
-    return out
+    return tl.sum(acc, axis=len(acc.shape) - 1) * out_scale
+
+
+@triton.jit
+def _row_scales(a_ptr, rows, k_start, k_end, stride_am, stride_ak, FP4: tl.constexpr, FP4_BITS: tl.constexpr,
+                ROWS: tl.constexpr):  # fmt: skip
+    """The factors w4_row_dot's K loop applies to the activation rows (a8 in _tile_groups: [ROWS, 1, 1, 1]
+    for several rows) and to the sums ([ROWS, 1]): FP4_HALF2's per row (half2_row_exp), the float32 decode's
+    2**100 / 2**26 (_act_scaled applies its own), else 1."""
+    if FP4 and FP4_BITS >= _HALF2:
+        a_scale, out_scale = half2_scales(half2_row_exp(a_ptr, rows, k_start, k_end, stride_am, stride_ak, ROWS))
+        if ROWS != 1:
+            a_scale = a_scale[:, None, None, None]
+            out_scale = out_scale[:, None]
+    elif FP4 and FP4_BITS:
+        a_scale, out_scale = 1.0, FP4_OUT_SCALE
+    else:
+        a_scale, out_scale = 1.0, 1.0
+    return a_scale, out_scale
 
 
 @triton.jit
@@ -321,6 +516,7 @@ def _w4_row_dot_ahead(a_ptr, rows, w_ptr, s_ptr, rn, k_end, stride_am, stride_ak
         acc = tl.zeros((BLOCK_N, GPI), tl.float32)
     else:
         acc = tl.zeros((ROWS, BLOCK_N, GPI), tl.float32)
+    a_scale, out_scale = _row_scales(a_ptr, rows, 0, k_end, stride_am, stride_ak, True, FP4_BITS, ROWS)
     start = 0
     if AHEAD:
         if FIRST:
@@ -331,7 +527,7 @@ def _w4_row_dot_ahead(a_ptr, rows, w_ptr, s_ptr, rn, k_end, stride_am, stride_ak
                                           stride_sn, stride_sk, GROUP_K, EVEN, ROWS, BLOCK_W)  # fmt: skip
     elif FIRST:  # step 0 on the caller's weights, then the loop from step 1
         a8 = _w4_step_act(a_ptr, rows, 0, kw_end, stride_am, stride_ak, EVEN, ROWS, BLOCK_W)
-        acc += _tile_groups(words0, a8, s0, s0, None, True, FP4_BITS, GPI, BLOCK_W, True)
+        acc += _tile_groups(words0, a8, s0, s0, None, True, FP4_BITS, GPI, BLOCK_W, True, a_scale)
         start = BLOCK_W
     for kw in range(start, kw_end, BLOCK_W):
         if AHEAD:
@@ -343,13 +539,10 @@ def _w4_row_dot_ahead(a_ptr, rows, w_ptr, s_ptr, rn, k_end, stride_am, stride_ak
         else:
             words, a8, s = _w4_step_loads(a_ptr, rows, w_ptr, s_ptr, rn_w, kw, kw_end, stride_am, stride_ak, stride_wn,
                                           stride_sn, stride_sk, GROUP_K, EVEN, ROWS, BLOCK_W)  # fmt: skip
-        acc += _tile_groups(words, a8, s, s, None, True, FP4_BITS, GPI, BLOCK_W, True)
+        acc += _tile_groups(words, a8, s, s, None, True, FP4_BITS, GPI, BLOCK_W, True, a_scale)
         if AHEAD:
             words, a8, s = n_words, n_a8, n_s
-    out = tl.sum(acc, axis=len(acc.shape) - 1)
-    if FP4_BITS:
-        out = out * FP4_OUT_SCALE
-    return out
+    return tl.sum(acc, axis=len(acc.shape) - 1) * out_scale
 
 
 @triton.jit

@@ -117,6 +117,11 @@ def unavailable() -> str | None:
 
 
 @functools.cache
+def half2_on() -> bool:
+    """Whether MXFP4 takes the fp16x2 decode and packed FMAs (gemv_w4.FP4_BITS, TRITONLLM_FP4_HALF2=1)."""
+    return gemv_w4.FP4_BITS == gemv_w4.FP4_HALF2
+
+
 def available() -> bool:
     """Whether this machine runs the kernel: an NVIDIA sm90 GPU and a Triton whose Gluon compiles it
     (Gluon's API is experimental: a version that breaks it leaves every GEMV to the portable kernel,
@@ -130,13 +135,14 @@ def available() -> bool:
     )
 
 
-def compile_sm90(fp4: bool, group_k: int | None = None, tiling: Tiling | None = None, even: bool = True):
+def compile_sm90(fp4: bool, group_k: int | None = None, tiling: Tiling | None = None, even: bool = True,
+                 half2: bool = False):  # fmt: skip
     """Compile the kernel for sm90 without a GPU (Triton's own compiler and ptxas); returns the
     compiled kernel (its .asm holds the IR, PTX and cubin). For tests, scripts/sass_loop_mix.py and
-    the probe of available()."""
+    the probe of available(). half2: MXFP4's FP4_HALF2 build (gemv_w4)."""
     tiling = tiling or TILINGS["fp4" if fp4 else "int4"]
     constexprs = dict(FP4=fp4, GROUP_K=group_k or (32 if fp4 else 128), ROWS=tiling.rows, WARPS_K=tiling.warps_k,
-                      PREFETCH=tiling.prefetch, EVEN=even, HAS_BIAS=False, PDL=True)  # fmt: skip
+                      PREFETCH=tiling.prefetch, EVEN=even, HAS_BIAS=False, PDL=True, HALF2=half2)  # fmt: skip
     scale = "*u8" if fp4 else "*bf16"
     types = dict(a_ptr="*bf16", w_ptr="*i32", c_ptr="*bf16", bias_ptr="*bf16", s_ptr=scale, z_ptr=scale)
     return compile_gluon_sm90(w4_gemv_sm90_kernel, constexprs, types,
@@ -150,11 +156,13 @@ def w4_gemv_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
     [N, K / group_k] (and int4 zero points, None for MXFP4); a [1, K] with unit column stride."""
     n, k = words.shape[0], a.shape[1]
     t = TILINGS["fp4" if fp4 else "int4"]
+    half2 = fp4 and half2_on()
+    masks = (gemv_w4.HALF2_MASKS if half2 else FP4_MASKS) if fp4 else INT4_MASKS
     w4_gemv_sm90_kernel[(-(-n // (t.rows * NUM_WARPS // t.warps_k)),)](
         a, words, c, bias if bias is not None else c, scale, zero if zero is not None else scale,
-        n, k, words.stride(0), scale.stride(0), scale.stride(1), *(FP4_MASKS if fp4 else INT4_MASKS),
+        n, k, words.stride(0), scale.stride(0), scale.stride(1), *masks,
         FP4=fp4, GROUP_K=group_k, ROWS=t.rows, WARPS_K=t.warps_k, PREFETCH=t.prefetch, EVEN=k % tile_k(t) == 0,
-        HAS_BIAS=bias is not None,
+        HAS_BIAS=bias is not None, HALF2=half2,
         num_warps=NUM_WARPS, **({"maxnreg": t.maxnreg} if t.maxnreg else {}), **pdl,
     )  # fmt: skip
     return c
@@ -178,6 +186,90 @@ if HAVE_GLUON:
 
     _fp4_pair = gluon.jit(gemv_w4._pair_fp4.fn)  # nibbles j, j + 4 -> two float32 (masks: FP4_MASKS, in registers)
     _act_scaled = gluon.jit(gemv_w4._act_scaled.fn)  # bf16 activations x 2**100 through their exponent bits
+    # FP4_HALF2 (gemv_w4): nibble pairs as fp16x2 (masks HALF2_MASKS, in registers), chained by packed FMAs
+    _pair_fp16 = gluon.jit(gemv_w4._pair_fp16.fn)
+    _half2_scales = gluon.jit(gemv_w4.half2_scales.fn)  # the row's activation and output factors
+    _HALF2_MIN_EXP = gl.constexpr(gemv_w4.HALF2_MIN_EXP.value)
+    _half = gluon.jit(gemv_w4._half.fn)  # an fp16x2's low or high half as float32
+
+    @gluon.jit
+    def _hfma2(a, b, c):
+        """a * b + c on int32s holding fp16x2 pairs (PTX fma.rn.f16x2)."""
+        return gl.inline_asm_elementwise("fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=gl.int32,
+                                         is_pure=True, pack=1)  # fmt: skip
+
+    @gluon.jit
+    def _pack_half2(lo, hi):
+        """Two float32 -> an int32 holding them as fp16x2, lo low (PTX cvt.rn.f16x2.f32)."""
+        return gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f", [hi, lo], dtype=gl.int32,
+                                         is_pure=True, pack=1)  # fmt: skip
+
+    @gluon.jit
+    def _row_exp(a_ptr, K):
+        """gemv_w4.half2_row_exp for the activation row a_ptr[0, K): the float32 exponent field of its largest
+        |a|, at least gemv_w4.HALF2_MIN_EXP (a scalar)."""
+        L1: gl.constexpr = gl.BlockedLayout([8], [32], [_WARPS], [0])
+        CHUNK: gl.constexpr = 8 * 32 * _WARPS
+        offs = gl.arange(0, CHUNK, layout=L1)
+        m = gl.zeros([CHUNK], gl.float32, layout=L1)
+        for k in range(0, K, CHUNK):
+            a = gl.load(a_ptr + k + offs, mask=k + offs < K, other=0.0)
+            m = gl.maximum(m, gl.abs(a.to(gl.float32)))
+        e = gl.max(m, axis=0).to(gl.int32, bitcast=True) >> 23
+        return gl.maximum(e, _HALF2_MIN_EXP)
+
+    @gluon.jit
+    def _chain4(words, p0, p1, p2, p3, acc, m0, m1):
+        """acc + the packed products of each word's four nibble pairs with the activation pairs p_j."""
+        acc = _hfma2(_pair_fp16(words, 0, m0, m1), p0, acc)
+        acc = _hfma2(_pair_fp16(words, 1, m0, m1), p1, acc)
+        acc = _hfma2(_pair_fp16(words, 2, m0, m1), p2, acc)
+        return _hfma2(_pair_fp16(words, 3, m0, m1), p3, acc)
+
+    @gluon.jit
+    def _four(x):
+        """[..., 4] (in-thread) -> its four [...] slices, in order."""
+        e, o = gl.split(gl.reshape(x, x.shape[:-1] + [2, 2]))  # index 2i + j: j, then i
+        x0, x2 = gl.split(e)
+        x1, x3 = gl.split(o)
+        return x0, x1, x2, x3
+
+    @gluon.jit
+    def _group_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, m0, m1, LG: gl.constexpr):
+        """Each group's sum of w a' x 2**-14 (a thread's WPG = 4 words of a row: _layout with WPT = WPG), as
+        float32 [BLOCK_N, GPI] in LG: its 16 packed FMAs a row chained in fp16, then the two halves summed; a_j
+        [GPI, WPG] the activations' columns, scaled into fp16's range."""
+        w0, w1, w2, w3 = _four(words)
+        p00, p01, p02, p03 = _four(_pack_half2(a0, a4))  # pair 0 of words 0..3
+        p10, p11, p12, p13 = _four(_pack_half2(a1, a5))
+        p20, p21, p22, p23 = _four(_pack_half2(a2, a6))
+        p30, p31, p32, p33 = _four(_pack_half2(a3, a7))
+        w0 = gl.convert_layout(w0, LG)  # the same registers
+        w1 = gl.convert_layout(w1, LG)
+        w2 = gl.convert_layout(w2, LG)
+        w3 = gl.convert_layout(w3, LG)
+        LP: gl.constexpr = gl.SliceLayout(0, LG)
+        acc = _chain4(w0, _row(p00, LP), _row(p10, LP), _row(p20, LP), _row(p30, LP), gl.zeros_like(w0), m0, m1)
+        acc = _chain4(w1, _row(p01, LP), _row(p11, LP), _row(p21, LP), _row(p31, LP), acc, m0, m1)
+        acc = _chain4(w2, _row(p02, LP), _row(p12, LP), _row(p22, LP), _row(p32, LP), acc, m0, m1)
+        acc = _chain4(w3, _row(p03, LP), _row(p13, LP), _row(p23, LP), _row(p33, LP), acc, m0, m1)
+        return _half(acc, False) + _half(acc, True)
+
+    @gluon.jit
+    def _row(p, LP: gl.constexpr):
+        """[GPI] -> [1, GPI] broadcastable against LG's [BLOCK_N, GPI] (the same registers)."""
+        return gl.expand_dims(gl.convert_layout(p, LP), 0)
+
+    @gluon.jit
+    def _words_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, m0, m1):
+        """Each word's sum of w a' x 2**-14 over its eight e2m1 nibbles, as float32 [BLOCK_N, GPI, WPG]: its four
+        nibble pairs times the activation pairs (a_j [GPI, WPG], the activations' columns, scaled into fp16's
+        range) by packed FMAs chained in fp16, then the two halves summed."""
+        acc = _hfma2(_pair_fp16(words, 0, m0, m1), gl.expand_dims(_pack_half2(a0, a4), 0), gl.zeros_like(words))
+        acc = _hfma2(_pair_fp16(words, 1, m0, m1), gl.expand_dims(_pack_half2(a1, a5), 0), acc)
+        acc = _hfma2(_pair_fp16(words, 2, m0, m1), gl.expand_dims(_pack_half2(a2, a6), 0), acc)
+        acc = _hfma2(_pair_fp16(words, 3, m0, m1), gl.expand_dims(_pack_half2(a3, a7), 0), acc)
+        return _half(acc, False) + _half(acc, True)
 
     @gluon.jit
     def _int4(x, MASK):
@@ -214,15 +306,22 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _accumulate(words, act, s, z, acc, acc_z, col_scale, m0, m1, FP4: gl.constexpr, LW: gl.constexpr,
-                    LG: gl.constexpr):  # fmt: skip
+                    LG: gl.constexpr, HALF2: gl.constexpr = False):  # fmt: skip
         """One K tile into the per-word-column accumulator acc (and, int4, the per-group acc_z);
-        col_scale: int4's activation factor per nibble column ([1, 1, 8]; MXFP4: None, _act_scaled's 2**100)."""
-        if FP4:  # x 2**100, bf16 through its exponent bits
+        col_scale: int4's activation factor per nibble column ([1, 1, 8]; MXFP4: None, _act_scaled's 2**100;
+        HALF2: the row's power of two, gemv_w4.half2_scales)."""
+        if HALF2:
+            act = act.to(gl.float32) * col_scale
+        elif FP4:  # x 2**100, bf16 through its exponent bits
             act = _act_scaled(act)
         else:
             act = act.to(gl.float32) * col_scale
         a0, a1, a2, a3, a4, a5, a6, a7 = _columns(act, LW)
-        if FP4:
+        if HALF2:
+            part = _group_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, m0, m1, LG)
+            s = (s.to(gl.int32) << 23).to(gl.float32, bitcast=True)  # e8m0: the float with exponent bits e
+            acc_z = gl.fma(s, part, acc_z)  # MXFP4 has no zero points: acc_z holds the per-group sums
+        elif FP4:
             w0, w4 = _fp4_pair(words, 0, m0, m1)  # each pair multiplied as decoded: fewer values live
             part = w0 * gl.expand_dims(a0, 0)
             part = gl.fma(w4, gl.expand_dims(a4, 0), part)
@@ -277,14 +376,16 @@ if HAVE_GLUON:
     @gluon.jit
     def w4_rows_dot(a_ptr, w_ptr, s_ptr, z_ptr, row0, N, K, stride_wn, stride_sn, stride_sk, m0, m1,
                     FP4: gl.constexpr, GROUP_K: gl.constexpr, ROWS: gl.constexpr, WARPS_K: gl.constexpr,
-                    PREFETCH: gl.constexpr, EVEN: gl.constexpr, INTERLEAVE: gl.constexpr = False):  # fmt: skip
+                    PREFETCH: gl.constexpr, EVEN: gl.constexpr, INTERLEAVE: gl.constexpr = False,
+                    HALF2: gl.constexpr = False):  # fmt: skip
         """sum_k a[k] w[n, k] in float32 for the BLOCK_N = ROWS x NUM_WARPS / WARPS_K rows n = row0 + i
         (rows at or past N read row 0; their results are for the caller to mask): ([BLOCK_N] sums, [BLOCK_N]
         row indices), both in SliceLayout(1, LG). INTERLEAVE (a gated MLP's gate and up rows, N apart):
         tile row i is gate row row0 + i // 2 when i is even, up row N + row0 + i // 2 when odd (columns
         at or past N read column 0), and the indices returned are the columns row0 + i // 2.
         w4_gemv_sm90_kernel's loop; the MoE's GEMV (moe_gemv_sm90.py) calls it for each (token, expert)
-        pair."""
+        pair. HALF2 (MXFP4, gemv_w4.FP4_HALF2): nibble pairs into fp16x2, products by packed FMAs, the row scaled
+        into fp16's range by a power of two (m0, m1: gemv_w4.HALF2_MASKS)."""
         WPG: gl.constexpr = GROUP_K // 8
         GPI: gl.constexpr = 32 // (WPG // _WPT) * WARPS_K  # groups an iteration
         BLOCK_N: gl.constexpr = ROWS * (_WARPS // WARPS_K)
@@ -323,7 +424,9 @@ if HAVE_GLUON:
         KW = K // 8
         STEP: gl.constexpr = GPI * WPG
         LW: gl.constexpr = gl.SliceLayout(0, L3)
-        if FP4:  # every product a normal float: the activations x 2**100 in _accumulate (_act_scaled)
+        if HALF2:  # the row's largest |a| just below 2**15; the sum scaled back by out_scale
+            col_scale, out_scale = _half2_scales(_row_exp(a_ptr, K))
+        elif FP4:  # every product a normal float: the activations x 2**100 in _accumulate (_act_scaled)
             col_scale = None
         else:  # int4 nibbles 0, 2, 3, 5 decode at float bits 12..15 (x 2**11), 1, 4, 6, 7 at 16..19 (x 2**7)
             j = gl.expand_dims(gl.expand_dims(ja, 0), 1)
@@ -337,7 +440,7 @@ if HAVE_GLUON:
                 # the next tile (past K: masked off) in flight while this one is summed
                 n_words, n_act, n_s, n_z = _load_tile(w_ptrs, a_ptrs, s_ptrs, z_ptrs, kw + STEP, KW, g3, ga, gg,
                                                       stride_sk, WPG, FP4, True)  # fmt: skip
-                acc, acc_z = _accumulate(words, act, s, z, acc, acc_z, col_scale, m0, m1, FP4, LW, LG)
+                acc, acc_z = _accumulate(words, act, s, z, acc, acc_z, col_scale, m0, m1, FP4, LW, LG, HALF2)
                 words = n_words
                 act = n_act
                 s = n_s
@@ -346,9 +449,11 @@ if HAVE_GLUON:
             for kw in range(0, KW, STEP):
                 words, act, s, z = _load_tile(w_ptrs, a_ptrs, s_ptrs, z_ptrs, kw, KW, g3, ga, gg, stride_sk, WPG, FP4,
                                               not EVEN)  # fmt: skip
-                acc, acc_z = _accumulate(words, act, s, z, acc, acc_z, col_scale, m0, m1, FP4, LW, LG)
+                acc, acc_z = _accumulate(words, act, s, z, acc, acc_z, col_scale, m0, m1, FP4, LW, LG, HALF2)
         out = gl.sum(gl.sum(acc, axis=2), axis=1)  # [BLOCK_N]
-        if FP4:
+        if HALF2:
+            out = gl.sum(acc_z, axis=1) * out_scale
+        elif FP4:
             out = out * _OUT_SCALE
         else:
             out = out - gl.sum(acc_z, axis=1)
@@ -361,7 +466,7 @@ if HAVE_GLUON:
         a_ptr, w_ptr, c_ptr, bias_ptr, s_ptr, z_ptr,
         N, K, stride_wn, stride_sn, stride_sk, m0, m1,
         FP4: gl.constexpr, GROUP_K: gl.constexpr, ROWS: gl.constexpr, WARPS_K: gl.constexpr, PREFETCH: gl.constexpr,
-        EVEN: gl.constexpr, HAS_BIAS: gl.constexpr, PDL: gl.constexpr = False,
+        EVEN: gl.constexpr, HAS_BIAS: gl.constexpr, PDL: gl.constexpr = False, HALF2: gl.constexpr = False,
     ):  # fmt: skip
         """c[0, n] = sum_k a[0, k] w[n, k] (+ bias) for BLOCK_N = ROWS x NUM_WARPS / WARPS_K weight rows a
         program. m0, m1: the decode's bit masks (FP4_MASKS / INT4_MASKS). EVEN: K a multiple of the K
@@ -369,7 +474,7 @@ if HAVE_GLUON:
         gluon_pdl_wait(PDL)
         BLOCK_N: gl.constexpr = ROWS * (_WARPS // WARPS_K)
         out, n_out = w4_rows_dot(a_ptr, w_ptr, s_ptr, z_ptr, gl.program_id(0) * BLOCK_N, N, K, stride_wn, stride_sn,
-                                 stride_sk, m0, m1, FP4, GROUP_K, ROWS, WARPS_K, PREFETCH, EVEN)  # fmt: skip
+                                 stride_sk, m0, m1, FP4, GROUP_K, ROWS, WARPS_K, PREFETCH, EVEN, False, HALF2)  # fmt: skip
         if HAS_BIAS:
             out += gl.load(bias_ptr + n_out, mask=n_out < N).to(gl.float32)
         gl.store(c_ptr + n_out, out.to(c_ptr.dtype.element_ty), mask=n_out < N)

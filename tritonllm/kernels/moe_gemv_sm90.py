@@ -68,13 +68,13 @@ def available() -> bool:
 
 
 def compile_sm90(gated: bool, even: bool = False, tiling: dense.Tiling | None = None, activation: int = 1,
-                 bias: bool = True):  # fmt: skip
+                 bias: bool = True, half2: bool = False):  # fmt: skip
     """Compile the kernel for sm90 without a GPU (w13 gated, by default with gpt-oss's activation and biases;
     activation 0 and no bias: Qwen3-MoE's; or w2 with the top-k weights); returns the compiled kernel. For
     tests and the availability probe."""
     t = tiling or dense.TILINGS["fp4"]
     constexprs = dict(A_ROW_DIV=4 if gated else 1, GATED=gated, ACTIVATION=activation, HAS_BIAS=bias, MUL_WEIGHTS=not gated,
-                      ROWS=t.rows, WARPS_K=t.warps_k, PREFETCH=t.prefetch, EVEN=even, PDL=True)  # fmt: skip
+                      ROWS=t.rows, WARPS_K=t.warps_k, PREFETCH=t.prefetch, EVEN=even, PDL=True, HALF2=half2)  # fmt: skip
     types = dict(a_ptr="*bf16", w_ptr="*i32", c_ptr="*bf16", bias_ptr="*bf16", s_ptr="*u8",
                  topk_weights_ptr="*fp32", topk_ids_ptr="*i32", alpha="fp32", limit="fp32")  # fmt: skip
     return compile_gluon_sm90(moe_w4_gemv_sm90_kernel, constexprs, types, ("a_ptr", "w_ptr", "s_ptr", "stride_am", "K"),
@@ -91,13 +91,14 @@ def moe_w4_gemv_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias
     t = dense.TILINGS["fp4"]
     block_n = t.rows * dense.NUM_WARPS // t.warps_k // (2 if gated else 1)  # columns a program (gated: half its rows)
     pairs = topk_ids.numel()
+    half2 = dense.half2_on()
     moe_w4_gemv_sm90_kernel[(triton.cdiv(n, block_n), pairs)](
         a, words, c, bias if bias is not None else c, scale, topk_weights if topk_weights is not None else scale,
         topk_ids, n, k, alpha, limit, a.stride(0), words.stride(0), words.stride(1), c.stride(0),
         bias.stride(0) if bias is not None else 0, scale.stride(0), scale.stride(1), scale.stride(2),
-        *dense.FP4_MASKS, A_ROW_DIV=a_row_div, GATED=gated, ACTIVATION=activation, HAS_BIAS=bias is not None,
+        *(dense.gemv_w4.HALF2_MASKS if half2 else dense.FP4_MASKS), A_ROW_DIV=a_row_div, GATED=gated, ACTIVATION=activation, HAS_BIAS=bias is not None,
         MUL_WEIGHTS=topk_weights is not None, ROWS=t.rows, WARPS_K=t.warps_k, PREFETCH=t.prefetch,
-        EVEN=k % dense.tile_k(t) == 0, num_warps=dense.NUM_WARPS, **pdl,
+        EVEN=k % dense.tile_k(t) == 0, HALF2=half2, num_warps=dense.NUM_WARPS, **pdl,
     )  # fmt: skip
 
 
@@ -111,7 +112,7 @@ if dense.HAVE_GLUON:
         stride_sk, m0, m1,
         A_ROW_DIV: gl.constexpr, GATED: gl.constexpr, ACTIVATION: gl.constexpr, HAS_BIAS: gl.constexpr,
         MUL_WEIGHTS: gl.constexpr, ROWS: gl.constexpr, WARPS_K: gl.constexpr, PREFETCH: gl.constexpr,
-        EVEN: gl.constexpr, PDL: gl.constexpr = False,
+        EVEN: gl.constexpr, PDL: gl.constexpr = False, HALF2: gl.constexpr = False,
     ):  # fmt: skip
         """c[pair, n] for pair = program axis 1 and, on axis 0, BLOCK_N = ROWS x NUM_WARPS / WARPS_K weight rows
         a program: BLOCK_N columns n, or (GATED) BLOCK_N / 2 columns' gate rows n and up rows N + n. A row
@@ -130,7 +131,7 @@ if dense.HAVE_GLUON:
         if GATED:  # one pass over K: the tile's rows are gate and up rows of BLOCK_N / 2 columns, interleaved
             row0 = gl.program_id(0) * (BLOCK_N // 2)
             both, n_both = dense.w4_rows_dot(a_row, w_e, s_e, s_e, row0, N, K, stride_wn, stride_sn, stride_sk, m0,
-                                             m1, True, 32, ROWS, WARPS_K, PREFETCH, EVEN, True)  # fmt: skip
+                                             m1, True, 32, ROWS, WARPS_K, PREFETCH, EVEN, True, HALF2)  # fmt: skip
             if HAS_BIAS:  # gate bias n, up bias N + n
                 up_row = (gl.arange(0, BLOCK_N, layout=n_both.type.layout) % 2) * N
                 both += gl.load(bias_ptr + e * stride_bias_e + n_both + up_row, mask=n_both < N, other=0.0).to(
@@ -141,7 +142,8 @@ if dense.HAVE_GLUON:
             out = _activation(out, up, alpha, limit, ACTIVATION)
         else:
             out, n_out = dense.w4_rows_dot(a_row, w_e, s_e, s_e, gl.program_id(0) * BLOCK_N, N, K, stride_wn,
-                                           stride_sn, stride_sk, m0, m1, True, 32, ROWS, WARPS_K, PREFETCH, EVEN)  # fmt: skip
+                                           stride_sn, stride_sk, m0, m1, True, 32, ROWS, WARPS_K, PREFETCH, EVEN,
+                                           False, HALF2)  # fmt: skip
             if HAS_BIAS:
                 out += gl.load(bias_ptr + e * stride_bias_e + n_out, mask=n_out < N, other=0.0).to(gl.float32)
         in_n = n_out < N
