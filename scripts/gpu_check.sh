@@ -498,34 +498,36 @@ print(tuned_file(torch.cuda.get_device_name()))")
       python3 scripts/step_timeline.py /tmp/trace_steps.json --steps 20 --json "$OUT/timeline_gptoss_step_kernels.json" \
         | tee "$OUT/timeline_gptoss_step_kernels.txt" | head -24 ;;
     half2)
-      # session 34's build: MXFP4 nibble pairs decoded into fp16x2 and multiplied by packed half-precision FMAs
-      # (kernels/gemv_w4.py FP4_HALF2, TRITONLLM_FP4_HALF2=1; sm90 SASS, Triton 3.6, a K step: gpt-oss's w13
-      # 695 -> 553 instructions, w2 715 -> 562, the Gluon dense GEMV 1,166 -> 839, the Gluon MoE GEMV 1,246 -> 919).
-      # Its GPU tests and the MXFP4 tests of the GEMVs with it on; the decode layer's kernels (graph replay, PDL,
-      # L2 flushed) off, on, and on with the Gluon MoE GEMV; Llama-3-8B's MXFP4 GEMVs at M = 1 off and on; then
-      # gpt-oss-20b batch 1 on / off / on / off and with the Gluon MoE GEMV, and Llama-3-8B MXFP4 batch 1 off / on
-      python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_fp4_half2.py 2>&1 | tail -2
-      TRITONLLM_FP4_HALF2=1 python3 -m pytest -q -o addopts="" tests/kernels/test_moe.py tests/kernels/test_gemv_w4.py \
-        tests/kernels/test_gemv_w4_sm90.py tests/kernels/test_moe_gemv_sm90.py -k "mxfp4 or fp4 or gemv or quantized" \
-        2>&1 | tail -2
+      # session 34's build: 4-bit nibble pairs decoded into fp16x2 and multiplied by packed half-precision FMAs
+      # (kernels/gemv_w4.py FP4_HALF2, TRITONLLM_W4_HALF2=1; sm90 SASS, Triton 3.6, a K step: gpt-oss's MoE w13
+      # 695 -> 553 instructions, w2 715 -> 562; the Gluon GEMV at the H200's tilings MXFP4 1,166 -> 839, int4
+      # 578 -> 506 (8 rows along K: 937 -> 770); the Gluon MoE GEMV 1,246 -> 919). Its GPU tests and the 4-bit
+      # GEMVs' tests with it on; the Gluon GEMV's tilings on Llama-3-8B's layers at M = 1 off and on; the decode
+      # layer's MoE kernels (graph replay, PDL, L2 flushed) off, on, and on with the Gluon MoE GEMV; then
+      # gpt-oss-20b batch 1 on / off / on / off and with the Gluon MoE GEMV, and Llama-3-8B int4 and MXFP4 batch 1
+      # off / on
+      python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_w4_half2.py 2>&1 | tail -2
+      TRITONLLM_W4_HALF2=1 python3 -m pytest -q -m "gpu or not gpu" -o addopts="" tests/kernels/test_moe.py \
+        tests/kernels/test_gemv_w4.py tests/kernels/test_gemv_w4_sm90.py tests/kernels/test_moe_gemv_sm90.py \
+        -k "mxfp4 or fp4 or int4 or gemv or quantized or matches" 2>&1 | tail -2
+      for h in 0 1; do
+        TRITONLLM_W4_HALF2=$h python3 experiments/quant4/gemv_sm90/sweep.py "$OUT/gemv_sm90_half2_$h.json" \
+          --configs 8:4:0:0 4:4:0:0 4:1:1:0 8:1:1:0 2>&1 | tail -12 | sed "s/^/W4_HALF2 $h: /"
+      done
       for v in "0 0" "1 0" "1 1"; do
         set -- $v
-        TRITONLLM_FP4_HALF2=$1 TRITONLLM_MOE_GEMV_GLUON=$2 python3 scripts/bench_moe.py "$OUT/moe_half2_$1_gluon$2.json" \
+        TRITONLLM_W4_HALF2=$1 TRITONLLM_MOE_GEMV_GLUON=$2 python3 scripts/bench_moe.py "$OUT/moe_half2_$1_gluon$2.json" \
           --shapes gptoss qwen3 --kinds mxfp4 --tokens 1 4 --torch-ref-max-tokens 0 --kernels --pdl \
           > "$OUT/moe_half2_$1_gluon$2.log" 2>&1
-        echo "== FP4_HALF2 $1 MOE_GEMV_GLUON $2"; grep -E "T=|kernels" "$OUT/moe_half2_$1_gluon$2.log" | cut -c1-200
-      done
-      for h in 0 1; do
-        TRITONLLM_FP4_HALF2=$h python3 scripts/bench_gemm.py "$OUT/gemm_mxfp4_m1_half2_$h.json" --models llama3-8b \
-          --ms 1 --formats bf16 mxfp4 2>&1 | grep -E "mxfp4|bf16" | sed "s/^/FP4_HALF2 $h: /" | head -12
+        echo "== W4_HALF2 $1 MOE_GEMV_GLUON $2"; grep -E "T=|kernels" "$OUT/moe_half2_$1_gluon$2.log" | cut -c1-200
       done
       for h in ${HALF2_E2E-1 0 1 0}; do  # HALF2_E2E="": none
-        TRITONLLM_FP4_HALF2=$h MOE_RUNS=gptoss_batch1 MOE_TAG="_half2_$h" bash "$0" e2e-moe
+        TRITONLLM_W4_HALF2=$h MOE_RUNS=gptoss_batch1 MOE_TAG="_half2_$h" bash "$0" e2e-moe
       done
-      TRITONLLM_FP4_HALF2=1 TRITONLLM_MOE_GEMV_GLUON=1 MOE_RUNS=gptoss_batch1 MOE_TAG="_half2_1_gluon1" bash "$0" e2e-moe
+      TRITONLLM_W4_HALF2=1 TRITONLLM_MOE_GEMV_GLUON=1 MOE_RUNS=gptoss_batch1 MOE_TAG="_half2_1_gluon1" bash "$0" e2e-moe
       for h in 0 1; do
-        TRITONLLM_FP4_HALF2=$h QUANT_VARIANTS=mxfp4_gluon QUANT_EXPS=batch1_decode QUANT_TAG="_half2_$h" \
-          bash "$0" e2e-quant | grep "tok/s" | sed "s/^/llama mxfp4 FP4_HALF2 $h: /"
+        TRITONLLM_W4_HALF2=$h QUANT_VARIANTS="int4_gluon mxfp4_gluon" QUANT_EXPS=batch1_decode QUANT_TAG="_half2_$h" \
+          bash "$0" e2e-quant | grep "tok/s" | sed "s/^/llama W4_HALF2 $h: /"
       done ;;
     moe-early)
       # session 30's build: w2's MXFP4 slot GEMV loading its expert ids and first K step's weights before its PDL

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> collections.Counter:
     parser.add_argument(
         "--half2",
         action="store_true",
-        help="--fp4 (portable GEMV, --gluon, --moe): the fp16x2 decode and products (TRITONLLM_FP4_HALF2)",
+        help="--fp4 (portable GEMV, --gluon, --moe): the fp16x2 decode and products (TRITONLLM_W4_HALF2)",
     )
     parser.add_argument("--moe", choices=("w13", "w13-joint", "w2", "w2-slots"), help="the MoE GEMV's launch instead")
     parser.add_argument("--slots", type=int, default=4, help="--moe w2-slots: the slots a program sums (power of 2)")

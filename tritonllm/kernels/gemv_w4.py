@@ -34,19 +34,20 @@ from tritonllm import platform
 from tritonllm.kernels.gemm_scales import e2m1_to_float, epilogue
 from tritonllm.kernels.launch import pdl_wait
 
-# How the MXFP4 kernels decode and multiply e2m1 codes: the kernels' FP4_BITS constexpr, read from here at each
-# launch (gemm.py, moe.py). 0: the exact where-based decode (ROCm); 1: the 2**-126 float32 bits (needs denormal
-# float32 FMAs: NVIDIA GPUs, the interpreter's numpy); 2: nibble pairs decoded into fp16x2 and multiplied by packed
-# half-precision FMAs (_word_dot_half2; TRITONLLM_FP4_HALF2=1, NVIDIA, PTX fma.rn.f16x2), 3: the same with the
-# packed instructions emulated in Triton operations (the interpreter's build of 2)
+# How the word GEMVs decode and multiply 4-bit codes: the kernels' FP4_BITS constexpr, read from here at each
+# launch (gemm.py, moe.py). 0: MXFP4's exact where-based decode (ROCm); 1: MXFP4's 2**-126 float32 bits (needs
+# denormal float32 FMAs: NVIDIA GPUs, the interpreter's numpy), int4's 1 + q / 16 floats; 2: MXFP4 and int4 nibble
+# pairs decoded into fp16x2 and multiplied by packed half-precision FMAs (_groups_half2; TRITONLLM_W4_HALF2=1,
+# NVIDIA, PTX fma.rn.f16x2), 3: the same with the packed instructions emulated in Triton operations (the
+# interpreter's build of 2)
 FP4_EXACT, FP4_F32, FP4_HALF2, FP4_HALF2_EMULATED = 0, 1, 2, 3
 
 
 def fp4_mode() -> int:
-    """The e2m1 decode this platform and TRITONLLM_FP4_HALF2 select (see FP4_EXACT ...)."""
+    """The 4-bit decode this platform and TRITONLLM_W4_HALF2 select (see FP4_EXACT ...)."""
     if platform.PLATFORM == "rocm":
         return FP4_EXACT
-    if os.environ.get("TRITONLLM_FP4_HALF2", "0") == "1":
+    if os.environ.get("TRITONLLM_W4_HALF2", "0") == "1":
         return FP4_HALF2_EMULATED if platform.is_interpreter() else FP4_HALF2
     return FP4_F32
 
@@ -105,6 +106,8 @@ def _pair_fp4(words, J: tl.constexpr, MAG=FP4_PAIR_MASKS[0], SIGN=FP4_PAIR_MASKS
 # fp16 pairs (FP4_HALF2): a pair's e2m1 magnitudes at bits 9..11 / 25..27 and signs at 15 / 31 (its value x 2**-14)
 HALF2_MASKS = (0x0E000E00, -(2**31) | 0x8000)
 HALF2_EXP_BIAS = tl.constexpr(141)  # a row's activations x 2**(141 - e), e its largest |a|'s float32 exponent field
+INT4_HALF2_MASK = 0x000F000F  # int4: nibbles j and j + 4 as fp16x2 subnormals q 2**-24
+INT4_HALF2_SCALE = tl.constexpr(2.0**-24)
 HALF2_MIN_EXP = tl.constexpr(14)  # e at least this: both factors normal floats (an all-zero row: 14)
 
 
@@ -167,13 +170,31 @@ def _hfma2(a, b, c, ASM: tl.constexpr):
 
 
 @triton.jit
-def _pairs_dot_half2(words, p0, p1, p2, p3, acc, ASM: tl.constexpr):
-    """acc + the products of each word's four nibble pairs (_pair_fp16) with the activation pairs p0..p3, chained
-    by packed FMAs (int32s holding fp16x2)."""
-    acc = _hfma2(_pair_fp16(words, 0), p0, acc, ASM)
-    acc = _hfma2(_pair_fp16(words, 1), p1, acc, ASM)
-    acc = _hfma2(_pair_fp16(words, 2), p2, acc, ASM)
-    return _hfma2(_pair_fp16(words, 3), p3, acc, ASM)
+def _pair_int4_half2(words, J: tl.constexpr, MASK=INT4_HALF2_MASK):
+    """Nibbles J and J + 4 (J < 4) of each int32 word (int4 codes q) -> q 2**-24 as an fp16x2 of subnormals,
+    exactly: a shift and a LOP3 (J = 0: the LOP3 alone)."""
+    if J == 0:
+        q = words & MASK
+    else:
+        q = (words >> (4 * J)) & MASK
+    return q
+
+
+@triton.jit
+def _pairs_dot_half2(words, p0, p1, p2, p3, acc, FP4: tl.constexpr, ASM: tl.constexpr):
+    """acc + the products of each word's four nibble pairs (MXFP4: _pair_fp16; int4: _pair_int4_half2) with the
+    activation pairs p0..p3, chained by packed FMAs (int32s holding fp16x2)."""
+    if FP4:
+        acc = _hfma2(_pair_fp16(words, 0), p0, acc, ASM)
+        acc = _hfma2(_pair_fp16(words, 1), p1, acc, ASM)
+        acc = _hfma2(_pair_fp16(words, 2), p2, acc, ASM)
+        acc = _hfma2(_pair_fp16(words, 3), p3, acc, ASM)
+    else:
+        acc = _hfma2(_pair_int4_half2(words, 0), p0, acc, ASM)
+        acc = _hfma2(_pair_int4_half2(words, 1), p1, acc, ASM)
+        acc = _hfma2(_pair_int4_half2(words, 2), p2, acc, ASM)
+        acc = _hfma2(_pair_int4_half2(words, 3), p3, acc, ASM)
+    return acc
 
 
 @triton.jit
@@ -192,40 +213,66 @@ def _quarters(x):
 
 
 @triton.jit
-def _group_dot_half2(words, a8, a_scale, GPI: tl.constexpr, BLOCK_W: tl.constexpr, ASM: tl.constexpr):
-    """Per scale group: sum_k w_k a_k x 2**-14 over the e2m1 codes of words [..., BLOCK_W] (GPI groups of
-    BLOCK_W / GPI words: 1, 2 or 4) in float32, from products taken in fp16 pairs: the activations [..., BLOCK_W,
-    8] (a_j[w] = a8[..., w, j]) times a_scale (a power of two that puts the row's largest below 2**15:
-    HALF2_EXP_BIAS), packed as the pairs (j, j + 4) the decode gives; a group's 16 packed FMAs a row chained in
-    fp16 (each half at most 16 x 6 x 2**-14 x 2**15 = 192), then its two halves summed in float32."""
-    WPC: tl.constexpr = BLOCK_W // GPI  # words a group of the tile
-    tl.static_assert(WPC == 1 or WPC == 2 or WPC == 4, "FP4_HALF2: a tile's group holds 1, 2 or 4 words")
-    a0, a1, a2, a3, a4, a5, a6, a7 = _eight_columns(a8.to(tl.float32) * a_scale)
+def _chunk_dot_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, CW: tl.constexpr, FP4: tl.constexpr,
+                     ASM: tl.constexpr):  # fmt: skip
+    """Per chunk of CW (1, 2 or 4) consecutive words of words [..., BLOCK_W]: sum_k w_k a_k as float32 [...,
+    BLOCK_W / CW], from products taken in fp16 pairs: a_j [..., BLOCK_W] the activations' columns (a_j[w] =
+    a[8 w + j]), already scaled into fp16's range, packed as the pairs (j, j + 4) the decode gives; a chunk's
+    4 CW packed FMAs a row chained in fp16, then its two halves summed in float32. w_k: MXFP4's e2m1 value x
+    2**-14 (_pair_fp16), int4's code q x 2**-24 (_pair_int4_half2)."""
+    tl.static_assert(CW == 1 or CW == 2 or CW == 4, "FP4_HALF2: chunks of 1, 2 or 4 words")
     p0 = _pack_half2(a0, a4, ASM)
     p1 = _pack_half2(a1, a5, ASM)
     p2 = _pack_half2(a2, a6, ASM)
     p3 = _pack_half2(a3, a7, ASM)
-    if WPC == 1:
-        acc = _pairs_dot_half2(words, p0, p1, p2, p3, tl.zeros_like(words), ASM)
-    elif WPC == 2:
+    if CW == 1:
+        acc = _pairs_dot_half2(words, p0, p1, p2, p3, tl.zeros_like(words), FP4, ASM)
+    elif CW == 2:
         w0, w1 = _halves(words)
-        q0, r0 = _halves(p0)
-        q1, r1 = _halves(p1)
-        q2, r2 = _halves(p2)
-        q3, r3 = _halves(p3)
-        acc = _pairs_dot_half2(w0, q0, q1, q2, q3, tl.zeros_like(w0), ASM)
-        acc = _pairs_dot_half2(w1, r0, r1, r2, r3, acc, ASM)
-    else:  # q_jw: pair j of the group's word w
+        q00, q01 = _halves(p0)
+        q10, q11 = _halves(p1)
+        q20, q21 = _halves(p2)
+        q30, q31 = _halves(p3)
+        acc = _pairs_dot_half2(w0, q00, q10, q20, q30, tl.zeros_like(w0), FP4, ASM)
+        acc = _pairs_dot_half2(w1, q01, q11, q21, q31, acc, FP4, ASM)
+    else:  # q_jw: pair j of the chunk's word w
         w0, w1, w2, w3 = _quarters(words)
         q00, q01, q02, q03 = _quarters(p0)
         q10, q11, q12, q13 = _quarters(p1)
         q20, q21, q22, q23 = _quarters(p2)
         q30, q31, q32, q33 = _quarters(p3)
-        acc = _pairs_dot_half2(w0, q00, q10, q20, q30, tl.zeros_like(w0), ASM)
-        acc = _pairs_dot_half2(w1, q01, q11, q21, q31, acc, ASM)
-        acc = _pairs_dot_half2(w2, q02, q12, q22, q32, acc, ASM)
-        acc = _pairs_dot_half2(w3, q03, q13, q23, q33, acc, ASM)
+        acc = _pairs_dot_half2(w0, q00, q10, q20, q30, tl.zeros_like(w0), FP4, ASM)
+        acc = _pairs_dot_half2(w1, q01, q11, q21, q31, acc, FP4, ASM)
+        acc = _pairs_dot_half2(w2, q02, q12, q22, q32, acc, FP4, ASM)
+        acc = _pairs_dot_half2(w3, q03, q13, q23, q33, acc, FP4, ASM)
     return _half(acc, False) + _half(acc, True)
+
+
+@triton.jit
+def _groups_half2(words, a8, a_scale, s, z, GPI: tl.constexpr, BLOCK_W: tl.constexpr, FP4: tl.constexpr,
+                  ASM: tl.constexpr):  # fmt: skip
+    """One K tile's per-group sums in half pairs ([..., GPI], scaled as _tile_groups's, times the row's factor
+    out of a_scale, half2_scales): MXFP4, each group (up to 4 words) one chain, times its e8m0 scale s; int4, the
+    groups in chunks of up to 4 words of sum q a, then s (their sum - z x the group's activation sum) in float32
+    (z: the zero points, any float; the difference loses about 2**-11 of sum q a, a few times the result's size
+    when the activations share a sign)."""
+    WPC: tl.constexpr = BLOCK_W // GPI  # words a group of the tile
+    a0, a1, a2, a3, a4, a5, a6, a7 = _eight_columns(a8.to(tl.float32) * a_scale)
+    if FP4:
+        tl.static_assert(WPC <= 4, "FP4_HALF2: an MXFP4 group is 4 words")
+        part = _chunk_dot_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, WPC, True, ASM)
+        out = part * (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    else:
+        CW: tl.constexpr = min(WPC, 4)
+        CPG: tl.constexpr = WPC // CW  # chunks a group
+        part = _chunk_dot_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, CW, False, ASM)
+        if CPG > 1:
+            part = tl.sum(tl.reshape(part, part.shape[:-1] + [GPI, CPG]), axis=len(part.shape))
+        a_sum = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+        a_sum_g = tl.sum(tl.reshape(a_sum, a_sum.shape[:-1] + [GPI, WPC]), axis=len(a_sum.shape))
+        # the chunks' sums and the zero points' term (the scaled activations' sum) are both q a' 2**-24's scale
+        out = s.to(tl.float32) * (part - z.to(tl.float32) * a_sum_g * INT4_HALF2_SCALE)
+    return out
 
 
 @triton.jit
@@ -329,11 +376,14 @@ def _tile_groups(words, a8, s_ptrs, z_ptrs, g_in, FP4: tl.constexpr, FP4_BITS: t
     loaded scales and zero points themselves). Returns [BLOCK_N, GPI] (or [ROWS, BLOCK_N, GPI]): each
     group's s (16 sum f a - (16 + z) sum a), or e8m0-scaled sum f a. FP4_HALF2: a_scale, the activation rows'
     factors (half2_scales), broadcastable against a8."""
-    if FP4 and FP4_BITS >= _HALF2:
-        part_g = _group_dot_half2(words, a8, a_scale, GPI, BLOCK_W, FP4_BITS == _HALF2)
+    s = s_ptrs if LOADED else tl.load(s_ptrs, mask=g_in, other=0)
+    if FP4_BITS >= _HALF2:
+        z = 0 if FP4 else (z_ptrs if LOADED else tl.load(z_ptrs, mask=g_in, other=0))
+        out = _groups_half2(words, a8, a_scale, s, z, GPI, BLOCK_W, FP4, FP4_BITS == _HALF2)
     elif FP4 and FP4_BITS:
         a0, a1, a2, a3, a4, a5, a6, a7 = _eight_columns(_act_scaled(a8))
         part_g = _group_sums(_word_dot(words, a0, a1, a2, a3, a4, a5, a6, a7), GPI, BLOCK_W)
+        out = part_g * (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # e8m0: the float with exponent bits s
     else:
         a0, a1, a2, a3, a4, a5, a6, a7 = _eight_columns(a8.to(tl.float32))
         part = _nibble(words, 0, FP4, FP4_BITS) * a0
@@ -345,15 +395,13 @@ def _tile_groups(words, a8, s_ptrs, z_ptrs, g_in, FP4: tl.constexpr, FP4_BITS: t
         part += _nibble(words, 6, FP4, FP4_BITS) * a6
         part += _nibble(words, 7, FP4, FP4_BITS) * a7
         part_g = _group_sums(part, GPI, BLOCK_W)
-    if FP4:  # e8m0: the float with exponent bits e
-        e = (s_ptrs if LOADED else tl.load(s_ptrs, mask=g_in, other=0)).to(tl.int32)
-        out = part_g * (e << 23).to(tl.float32, bitcast=True)
-    else:
-        a_sum = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
-        a_sum_g = tl.sum(tl.reshape(a_sum, a_sum.shape[:-1] + [GPI, BLOCK_W // GPI]), axis=len(a_sum.shape))
-        s = (s_ptrs if LOADED else tl.load(s_ptrs, mask=g_in, other=0)).to(tl.float32)
-        z = (z_ptrs if LOADED else tl.load(z_ptrs, mask=g_in, other=0)).to(tl.float32)
-        out = s * (16.0 * part_g - (16.0 + z) * a_sum_g)
+        if FP4:
+            out = part_g * (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+        else:
+            a_sum = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+            a_sum_g = tl.sum(tl.reshape(a_sum, a_sum.shape[:-1] + [GPI, BLOCK_W // GPI]), axis=len(a_sum.shape))
+            z = (z_ptrs if LOADED else tl.load(z_ptrs, mask=g_in, other=0)).to(tl.float32)
+            out = s.to(tl.float32) * (16.0 * part_g - (16.0 + z) * a_sum_g)
     return out
 
 
@@ -436,8 +484,10 @@ def _row_scales(a_ptr, rows, k_start, k_end, stride_am, stride_ak, FP4: tl.const
     """The factors w4_row_dot's K loop applies to the activation rows (a8 in _tile_groups: [ROWS, 1, 1, 1]
     for several rows) and to the sums ([ROWS, 1]): FP4_HALF2's per row (half2_row_exp), the float32 decode's
     2**100 / 2**26 (_act_scaled applies its own), else 1."""
-    if FP4 and FP4_BITS >= _HALF2:
+    if FP4_BITS >= _HALF2:
         a_scale, out_scale = half2_scales(half2_row_exp(a_ptr, rows, k_start, k_end, stride_am, stride_ak, ROWS))
+        if not FP4:  # int4's products are (q - z) 2**-24 a', MXFP4's w 2**-14 a'
+            out_scale = out_scale * 1024.0
         if ROWS != 1:
             a_scale = a_scale[:, None, None, None]
             out_scale = out_scale[:, None]

@@ -118,7 +118,7 @@ def unavailable() -> str | None:
 
 @functools.cache
 def half2_on() -> bool:
-    """Whether MXFP4 takes the fp16x2 decode and packed FMAs (gemv_w4.FP4_BITS, TRITONLLM_FP4_HALF2=1)."""
+    """Whether 4-bit weights take the fp16x2 decode and packed FMAs (gemv_w4.FP4_BITS, TRITONLLM_W4_HALF2=1)."""
     return gemv_w4.FP4_BITS == gemv_w4.FP4_HALF2
 
 
@@ -156,8 +156,11 @@ def w4_gemv_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
     [N, K / group_k] (and int4 zero points, None for MXFP4); a [1, K] with unit column stride."""
     n, k = words.shape[0], a.shape[1]
     t = TILINGS["fp4" if fp4 else "int4"]
-    half2 = fp4 and half2_on()
-    masks = (gemv_w4.HALF2_MASKS if half2 else FP4_MASKS) if fp4 else INT4_MASKS
+    half2 = half2_on()
+    if half2:
+        masks = gemv_w4.HALF2_MASKS if fp4 else (gemv_w4.INT4_HALF2_MASK, 0)
+    else:
+        masks = FP4_MASKS if fp4 else INT4_MASKS
     w4_gemv_sm90_kernel[(-(-n // (t.rows * NUM_WARPS // t.warps_k)),)](
         a, words, c, bias if bias is not None else c, scale, zero if zero is not None else scale,
         n, k, words.stride(0), scale.stride(0), scale.stride(1), *masks,
@@ -190,6 +193,7 @@ if HAVE_GLUON:
     _pair_fp16 = gluon.jit(gemv_w4._pair_fp16.fn)
     _half2_scales = gluon.jit(gemv_w4.half2_scales.fn)  # the row's activation and output factors
     _HALF2_MIN_EXP = gl.constexpr(gemv_w4.HALF2_MIN_EXP.value)
+    _INT4_HALF2_SCALE = gl.constexpr(gemv_w4.INT4_HALF2_SCALE.value)
     _half = gluon.jit(gemv_w4._half.fn)  # an fp16x2's low or high half as float32
 
     @gluon.jit
@@ -261,6 +265,26 @@ if HAVE_GLUON:
         return gl.expand_dims(gl.convert_layout(p, LP), 0)
 
     @gluon.jit
+    def _int4_pair(words, J: gl.constexpr, mask):
+        """gemv_w4._pair_int4_half2: nibbles J, J + 4 as q 2**-24, an fp16x2 of subnormals."""
+        if J == 0:
+            q = words & mask
+        else:
+            q = (words >> (4 * J)) & mask
+        return q
+
+    @gluon.jit
+    def _words_int4_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, mask):
+        """int4 (gemv_w4._groups_half2's): each word's sum of q a' 2**-24 over its eight nibbles as [BLOCK_N, GPI,
+        WPG] float32, by packed FMAs chained over its four pairs; a_j [GPI, WPG] the activations' columns,
+        scaled (the zero points' term is the caller's, in float32)."""
+        acc = _hfma2(_int4_pair(words, 0, mask), gl.expand_dims(_pack_half2(a0, a4), 0), gl.zeros_like(words))
+        acc = _hfma2(_int4_pair(words, 1, mask), gl.expand_dims(_pack_half2(a1, a5), 0), acc)
+        acc = _hfma2(_int4_pair(words, 2, mask), gl.expand_dims(_pack_half2(a2, a6), 0), acc)
+        acc = _hfma2(_int4_pair(words, 3, mask), gl.expand_dims(_pack_half2(a3, a7), 0), acc)
+        return _half(acc, False) + _half(acc, True)
+
+    @gluon.jit
     def _words_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, m0, m1):
         """Each word's sum of w a' x 2**-14 over its eight e2m1 nibbles, as float32 [BLOCK_N, GPI, WPG]: its four
         nibble pairs times the activation pairs (a_j [GPI, WPG], the activations' columns, scaled into fp16's
@@ -317,10 +341,17 @@ if HAVE_GLUON:
         else:
             act = act.to(gl.float32) * col_scale
         a0, a1, a2, a3, a4, a5, a6, a7 = _columns(act, LW)
-        if HALF2:
+        if HALF2 and FP4:
             part = _group_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, m0, m1, LG)
             s = (s.to(gl.int32) << 23).to(gl.float32, bitcast=True)  # e8m0: the float with exponent bits e
             acc_z = gl.fma(s, part, acc_z)  # MXFP4 has no zero points: acc_z holds the per-group sums
+        elif HALF2:  # int4: per group s (sum q a' 2**-24 - z sum a' 2**-24), the zero points' term in acc_z
+            part = _words_int4_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, m0)
+            s = s.to(gl.float32)
+            acc = gl.fma(gl.expand_dims(s, 2), part, acc)
+            a_sum = gl.sum(((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)), axis=1)  # [GPI], scaled
+            a_sum = gl.expand_dims(gl.convert_layout(a_sum, gl.SliceLayout(0, LG)), 0)  # same registers
+            acc_z = gl.fma(s * z.to(gl.float32), a_sum * _INT4_HALF2_SCALE, acc_z)
         elif FP4:
             w0, w4 = _fp4_pair(words, 0, m0, m1)  # each pair multiplied as decoded: fewer values live
             part = w0 * gl.expand_dims(a0, 0)
@@ -426,6 +457,8 @@ if HAVE_GLUON:
         LW: gl.constexpr = gl.SliceLayout(0, L3)
         if HALF2:  # the row's largest |a| just below 2**15; the sum scaled back by out_scale
             col_scale, out_scale = _half2_scales(_row_exp(a_ptr, K))
+            if not FP4:  # int4's products are (q - z) 2**-24 a', MXFP4's w 2**-14 a'
+                out_scale = out_scale * 1024.0
         elif FP4:  # every product a normal float: the activations x 2**100 in _accumulate (_act_scaled)
             col_scale = None
         else:  # int4 nibbles 0, 2, 3, 5 decode at float bits 12..15 (x 2**11), 1, 4, 6, 7 at 16..19 (x 2**7)
@@ -451,8 +484,10 @@ if HAVE_GLUON:
                                               not EVEN)  # fmt: skip
                 acc, acc_z = _accumulate(words, act, s, z, acc, acc_z, col_scale, m0, m1, FP4, LW, LG, HALF2)
         out = gl.sum(gl.sum(acc, axis=2), axis=1)  # [BLOCK_N]
-        if HALF2:
+        if HALF2 and FP4:
             out = gl.sum(acc_z, axis=1) * out_scale
+        elif HALF2:
+            out = (out - gl.sum(acc_z, axis=1)) * out_scale
         elif FP4:
             out = out * _OUT_SCALE
         else:

@@ -1,10 +1,12 @@
-"""MXFP4 decoded into fp16 pairs and multiplied by packed half-precision FMAs (kernels/gemv_w4.py FP4_HALF2,
-TRITONLLM_FP4_HALF2=1): the word GEMV and the MoE GEMV against x @ dequant(w).T and the MoE reference, in the
-interpreter's build (FP4_HALF2_EMULATED: the same decode, scaling and chaining, the packed instructions emulated
-by Triton operations). Products are rounded to fp16 inside each scale group (16 a chain), so the tolerance is
-the fp16 chain's (a few 1e-4 of the output's scale), not float32's; rows of every magnitude (fp16's range is
-held by a per-row power of two) keep it. The sm90 build (PTX fma.rn.f16x2, cvt.rn.f16x2.f32) is compiled and
-counted by test_half2_builds_for_sm90_with_fewer_instructions; its numerics are GPU tests."""
+"""4-bit weights decoded into fp16 pairs and multiplied by packed half-precision FMAs (kernels/gemv_w4.py FP4_HALF2,
+TRITONLLM_W4_HALF2=1): MXFP4 and int4 through the word GEMV, MXFP4 through the MoE GEMV, against x @ dequant(w).T
+and the MoE reference, in the interpreter's build (FP4_HALF2_EMULATED: the same decode, scaling and chaining, the
+packed instructions emulated by Triton operations). Products are rounded to fp16 inside chunks of up to 16 a
+lane, so the tolerance is fp16's (a few 1e-4 of the output's scale for MXFP4; int4, whose zero points are
+subtracted from sum q a in float32, 1e-3 and up to 4e-3 when the activations share a sign), not float32's; rows
+of every magnitude (fp16's range is held by a per-row power of two) keep it. The sm90 builds (PTX fma.rn.f16x2,
+cvt.rn.f16x2.f32) are compiled and counted by test_half2_builds_for_sm90_with_fewer_instructions; their numerics
+are GPU tests."""
 
 from __future__ import annotations
 
@@ -25,15 +27,22 @@ from tritonllm.kernels import gemm_w4_tma_sm90, gemv_w4, gemv_w4_sm90, moe_gemv_
 from tritonllm.kernels import moe as moe_module
 from tritonllm.kernels.moe import fused_moe
 from tritonllm.kernels.moe_tiles import MoeTiles
-from tritonllm.kernels.quant_formats import E2M1_VALUES, FP4, QuantizedWeight, QuantScheme, pack_int4
+from tritonllm.kernels.quant_formats import E2M1_VALUES, FP4, INT4, QuantizedWeight, QuantScheme, pack_int4
 from tritonllm.quantization.quantize import quantize_experts, quantize_weight
 
 ROOT = Path(__file__).resolve().parents[2]
 DTYPE = platform.DEFAULT_DTYPE
 SCHEME = QuantScheme(FP4, "mx", "none")
-# fp16 chains of 16 products a group: measured 3-9e-4 of the output's scale in float32 and float16 (bf16: its
-# own rounding, 1e-2); float32's decode gives ~2e-7
+SCHEMES = [
+    SCHEME,
+    QuantScheme(INT4, "group", "none", group_size=32),
+    QuantScheme(INT4, "group", "none", group_size=128),
+]
+# fp16 chains of 16 products: measured 3-9e-4 of the output's scale for MXFP4, 0.8-2.2e-3 for int4 (2.4-4.2e-3
+# with activations of mean 1: the zero points' term cancels much of sum q a) in float32 (bf16: its own rounding,
+# 1e-2 and 2e-2); float32's decode gives ~2e-7
 TOL = 3e-3 if DTYPE != torch.bfloat16 else 2e-2
+INT4_TOL = 6e-3 if DTYPE != torch.bfloat16 else 2e-2
 MODE = gemv_w4.FP4_HALF2 if platform.is_gpu() else gemv_w4.FP4_HALF2_EMULATED
 
 
@@ -57,19 +66,36 @@ def _gemv(x, weight, block_k, split_k, block_n=16, block_m=1):
                   **g.scale_args(weight.scheme))  # fmt: skip
 
 
-@pytest.mark.parametrize("m, n, k", [(1, 130, 384), (3, 45, 640), (2, 20, 1152)])
-@pytest.mark.parametrize("block_k, split_k", [(16, 1), (64, 1), (128, 3)])
-def test_word_gemv_in_half_pairs_matches_the_dequantized_weight(m, n, k, block_k, split_k, half2) -> None:
-    """Tiles whose groups hold 2 (16 columns) or 4 words (64, 128); K splits (each its own row factor); ragged N
-    and K tails; several rows."""
-    x = _randn(m, k, seed=30, dtype=DTYPE)
-    weight = quantize_weight(_randn(n, k, seed=32), SCHEME)
-    expected = x.float() @ reference.dequantize_weight(weight).T
-    assert_close_to_scale(_gemv(x, weight, block_k, split_k), expected, TOL)
+def _weight(n: int, k: int, scheme: QuantScheme, seed: int = 32):
+    """A quantized random weight; int4's zero points made fractional (GGUF's Q4_1 and K-quants carry such)."""
+    weight = quantize_weight(_randn(n, k, seed=seed), scheme)
+    if weight.zeros is not None:
+        frac = torch.rand(weight.zeros.shape, generator=torch.Generator().manual_seed(seed))
+        weight.zeros += (0.3 * frac).to(weight.zeros.device, weight.zeros.dtype)
+    return weight
 
 
+@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: f"{s.format_name}-g{s.group_size}")
+@pytest.mark.parametrize(
+    "m, n, k, block_k, split_k",
+    [(1, 130, 384, 16, 1), (1, 130, 384, 64, 1), (3, 45, 640, 64, 1), (2, 20, 1152, 64, 1), (3, 45, 640, 128, 3),
+     (2, 20, 1152, 128, 3)],
+)  # fmt: skip
+def test_word_gemv_in_half_pairs_matches_the_dequantized_weight(scheme, m, n, k, block_k, split_k, half2) -> None:
+    """Tiles whose groups or chunks hold 2 (16 columns) or 4 words (64, 128; int4's 128-column group in chunks
+    of 4); K splits (each its own row factor); ragged N and K tails; several rows; int4 with fractional zero
+    points, and activations of mean 1."""
+    weight = _weight(n, k, scheme)
+    for shift in (0.0, 1.0) if scheme.format_name != SCHEME.format_name else (0.0,):
+        x = _randn(m, k, seed=30, dtype=DTYPE) + shift
+        expected = x.float() @ reference.dequantize_weight(weight).T
+        tol = TOL if scheme is SCHEME else INT4_TOL
+        assert_close_to_scale(_gemv(x, weight, block_k, split_k), expected, tol)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES[:2], ids=lambda s: s.format_name)
 @pytest.mark.parametrize("block_m", [1, 4])
-def test_rows_of_every_magnitude_keep_their_precision(block_m, half2) -> None:
+def test_rows_of_every_magnitude_keep_their_precision(scheme, block_m, half2) -> None:
     """Each row is scaled into fp16's range by its own power of two: a row past fp16's range (1e5, one value at
     3e6), one at 1e-30, an all-zero row and a row whose tail is 1e-6 of its head each match their own reference
     to the fp16 chain's precision, and nothing overflows."""
@@ -81,13 +107,13 @@ def test_rows_of_every_magnitude_keep_their_precision(block_m, half2) -> None:
     x[2] = 0
     x[3, 100:] *= 1e-6
     x = x.to(DTYPE)  # float32 or bfloat16: both hold 1e-30 and 3e6 (float16 would not)
-    weight = quantize_weight(_randn(n, k, seed=32), SCHEME)
+    weight = _weight(n, k, scheme)
     got = _gemv(x, weight, 128, 2, block_m=block_m).float()
     expected = x.float() @ reference.dequantize_weight(weight).T
     assert torch.isfinite(got).all()
     assert torch.count_nonzero(got[2]) == 0
     for r in (0, 1, 3, 4):
-        assert_close_to_scale(got[r], expected[r], TOL)
+        assert_close_to_scale(got[r], expected[r], TOL if scheme is SCHEME else INT4_TOL)
 
 
 def _moe_problem(t: int, e: int, h: int, i: int, top_k: int, seed: int) -> tuple[tuple, dict]:
@@ -128,7 +154,7 @@ def _swap_pairs(a, b, ASM):
 
 def test_a_wrong_pairing_is_caught(half2, monkeypatch) -> None:
     """Activations packed against the wrong nibble of each pair fail the tolerance by far."""
-    monkeypatch.setitem(gemv_w4._group_dot_half2.fn.__globals__, "_pack_half2", _jit(_swap_pairs))
+    monkeypatch.setitem(gemv_w4._chunk_dot_half2.fn.__globals__, "_pack_half2", _jit(_swap_pairs))
     x = _randn(2, 384, seed=30, dtype=DTYPE)
     weight = quantize_weight(_randn(70, 384, seed=32), SCHEME)
     expected = x.float() @ reference.dequantize_weight(weight).T
@@ -143,32 +169,40 @@ def _jit(fn):
 
 
 def test_the_mode_follows_the_platform_and_the_switch(monkeypatch) -> None:
-    monkeypatch.delenv("TRITONLLM_FP4_HALF2", raising=False)
+    monkeypatch.delenv("TRITONLLM_W4_HALF2", raising=False)
     assert gemv_w4.fp4_mode() == (gemv_w4.FP4_EXACT if platform.PLATFORM == "rocm" else gemv_w4.FP4_F32)
-    monkeypatch.setenv("TRITONLLM_FP4_HALF2", "1")
+    monkeypatch.setenv("TRITONLLM_W4_HALF2", "1")
     expected = {"rocm": gemv_w4.FP4_EXACT, "cuda": gemv_w4.FP4_HALF2, "cpu": gemv_w4.FP4_HALF2_EMULATED}
     assert gemv_w4.fp4_mode() == expected[platform.PLATFORM]
 
 
-# ---- the Gluon GEMVs (sm90): the dense one (Llama's MXFP4 layers at M = 1) and the MoE one (opt-in) ----------
+# ---- the Gluon GEMVs (sm90): the dense one (Llama's 4-bit layers at M = 1) and the MoE one (opt-in) -----------
 
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: f"{s.format_name}-g{s.group_size}")
 @pytest.mark.parametrize("n, k", [(45, 640), (130, 4096), (77, 4224), (9, 8192 + 128)])
-def test_gluon_gemv_in_half_pairs_matches_the_dequantized_weight(n, k, half2, monkeypatch) -> None:
-    """K below, at and above the 4096-column tile (masked groups), ragged N, a bias; and rows of every magnitude."""
+@pytest.mark.parametrize("tiling", [None, "8:4:0:0", "4:1:1:0"], ids=["default", "8x4", "4x1_prefetch"])
+def test_gluon_gemv_in_half_pairs_matches_the_dequantized_weight(scheme, n, k, tiling, half2, monkeypatch) -> None:
+    """K below, at and above the 4096-column tile (masked groups), ragged N, a bias, each tiling the sweep
+    tries; rows of every magnitude; int4 with fractional zero points and activations of mean 1."""
     monkeypatch.setattr(gemm_w4_tma_sm90, "FORCE", "never")  # the TMA kernel would take these shapes first
+    if tiling:
+        t = gemv_w4_sm90.Tiling.parse(tiling)
+        monkeypatch.setattr(gemv_w4_sm90, "TILINGS", {"int4": t, "fp4": t})
     spy = LaunchSpy(gemv_w4_sm90.w4_gemv_sm90_kernel)
     monkeypatch.setattr(gemv_w4_sm90, "w4_gemv_sm90_kernel", spy)
-    weight = quantize_weight(_randn(n, k, seed=52), SCHEME)
+    weight = _weight(n, k, scheme, seed=52)
     bias = _randn(n, seed=51, dtype=torch.bfloat16)
-    for seed, factor in [(50, 1.0), (53, 1e5), (54, 1e-30)]:
-        x = (_randn(1, k, seed=seed) * factor).bfloat16()
-        got = g.gemm(x, weight.data, bias * factor, b_scale=weight.scale, sm90="always", **g.scale_args(SCHEME))
+    cases = [(50, 1.0, 0.0), (53, 1e5, 0.0), (54, 1e-30, 0.0), (55, 1.0, 1.0)]
+    for seed, factor, shift in cases:
+        x = ((_randn(1, k, seed=seed) + shift) * factor).bfloat16()
+        got = g.gemm(x, weight.data, bias * factor, b_scale=weight.scale, b_zero=weight.zeros, sm90="always",
+                     **g.scale_args(scheme))  # fmt: skip
         expected = x.float() @ reference.dequantize_weight(weight).T + bias.float() * factor
         assert_close_to_scale(got, expected, 2e-2)
-    assert spy.launches == 3 and gemv_w4_sm90.half2_on(), "the Gluon GEMV did not run in half pairs"
+    assert spy.launches == len(cases) and gemv_w4_sm90.half2_on(), "the Gluon GEMV did not run in half pairs"
 
 
 @pytest.mark.gpu
@@ -206,21 +240,23 @@ def test_moe_gemv_in_half_pairs_on_the_gpu(gluon, t, e, h, i, top_k, half2, monk
 
 
 @pytest.mark.parametrize(
-    "launch",
-    [["--moe", "w13-joint", "--block-n", "8"], ["--moe", "w2-slots", "--block-n", "16"], ["--block-n", "16"],
-     ["--gluon"]],
-    ids=["w13_joint", "w2_slots", "dense", "gluon_dense"],
+    "launch, fewer",
+    [(["--fp4", "--moe", "w13-joint", "--block-n", "8"], 0.9), (["--fp4", "--moe", "w2-slots", "--block-n", "16"], 0.9),
+     (["--fp4", "--block-n", "16"], 0.9), (["--block-n", "16"], 0.9), (["--fp4", "--gluon"], 0.9),
+     (["--gluon"], 0.95)],
+    ids=["w13_joint", "w2_slots", "dense_mxfp4", "dense_int4", "gluon_mxfp4", "gluon_int4"],
 )  # fmt: skip
-def test_half2_builds_for_sm90_with_fewer_instructions(launch) -> None:
+def test_half2_builds_for_sm90_with_fewer_instructions(launch, fewer) -> None:
     """The sm90 build (PTX packed FMAs and conversions) compiles without spills, and its K loop takes fewer
-    instructions than the float32 decode's (Triton 3.6, the GPU image's: gpt-oss's tiles 695 -> 553 a K step for
-    w13, 715 -> 562 for w2; the Gluon dense GEMV 1,166 -> 839)."""
-    if launch == ["--gluon"] and not gemv_w4_sm90.HAVE_GLUON:
+    instructions than the float32 decode's (Triton 3.6, the GPU image's, a K step: gpt-oss's MoE tiles w13
+    695 -> 553, w2 715 -> 562; the portable word GEMV MXFP4 638 -> 545, int4 709 -> 534; the Gluon GEMV at the
+    H200's tilings MXFP4 1,166 -> 839, int4 578 -> 506)."""
+    if "--gluon" in launch and not gemv_w4_sm90.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
-    common = [sys.executable, "scripts/sass_loop_mix.py", "--fp4", *launch]
-    if launch[0] != "--gluon":
+    common = [sys.executable, "scripts/sass_loop_mix.py", *launch]
+    if "--gluon" not in launch:
         common += ["--block-w", "128"]
-    if launch[0] == "--moe":
+    if "--moe" in launch:
         common += ["--loads", "1", "--ragged-k", "--aligned-rows"]
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT))
     counts = []
@@ -231,4 +267,4 @@ def test_half2_builds_for_sm90_with_fewer_instructions(launch) -> None:
         counts.append(int(out.stdout.split("loop: ")[1].split()[0]))
         if extra:
             assert "HFMA2" in out.stdout and "F2FP" in out.stdout, out.stdout
-    assert counts[1] < 0.9 * counts[0], counts
+    assert counts[1] < fewer * counts[0], counts
