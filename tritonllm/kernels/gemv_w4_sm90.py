@@ -264,14 +264,7 @@ if HAVE_GLUON:
         """[GPI] -> [1, GPI] broadcastable against LG's [BLOCK_N, GPI] (the same registers)."""
         return gl.expand_dims(gl.convert_layout(p, LP), 0)
 
-    @gluon.jit
-    def _int4_pair(words, J: gl.constexpr, mask):
-        """gemv_w4._pair_int4_half2: nibbles J, J + 4 as q 2**-24, an fp16x2 of subnormals."""
-        if J == 0:
-            q = words & mask
-        else:
-            q = (words >> (4 * J)) & mask
-        return q
+    _int4_pair = gluon.jit(gemv_w4._pair_int4_half2.fn)  # nibbles J, J + 4 as q 2**-24 (mask: in a register)
 
     @gluon.jit
     def _words_int4_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, mask):
