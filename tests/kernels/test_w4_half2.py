@@ -174,6 +174,9 @@ def test_the_mode_follows_the_platform_and_the_switch(monkeypatch) -> None:
     monkeypatch.setenv("TRITONLLM_W4_HALF2", "1")
     expected = {"rocm": gemv_w4.FP4_EXACT, "cuda": gemv_w4.FP4_HALF2, "cpu": gemv_w4.FP4_HALF2_EMULATED}
     assert gemv_w4.fp4_mode() == expected[platform.PLATFORM]
+    monkeypatch.setenv("TRITONLLM_W4_HALF2", "yes")
+    with pytest.raises(ValueError, match="TRITONLLM_W4_HALF2='yes'"):
+        gemv_w4.fp4_mode()
 
 
 # ---- the Gluon GEMVs (sm90): the dense one (Llama's 4-bit layers at M = 1) and the MoE one (opt-in) -----------

@@ -45,9 +45,12 @@ FP4_EXACT, FP4_F32, FP4_HALF2, FP4_HALF2_EMULATED = 0, 1, 2, 3
 
 def fp4_mode() -> int:
     """The 4-bit decode this platform and TRITONLLM_W4_HALF2 select (see FP4_EXACT ...)."""
+    text = os.environ.get("TRITONLLM_W4_HALF2", "0")
+    if text not in ("0", "1"):
+        raise ValueError(f"TRITONLLM_W4_HALF2={text!r}: 0 (float32 decode) or 1 (packed half precision)")
     if platform.PLATFORM == "rocm":
         return FP4_EXACT
-    if os.environ.get("TRITONLLM_W4_HALF2", "0") == "1":
+    if text == "1":
         return FP4_HALF2_EMULATED if platform.is_interpreter() else FP4_HALF2
     return FP4_F32
 
