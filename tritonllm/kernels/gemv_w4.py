@@ -569,16 +569,22 @@ def _w4_row_dot_ahead(a_ptr, rows, w_ptr, s_ptr, rn, k_end, stride_am, stride_ak
         acc = tl.zeros((BLOCK_N, GPI), tl.float32)
     else:
         acc = tl.zeros((ROWS, BLOCK_N, GPI), tl.float32)
+    # FP4_HALF2: step 0's weights in flight before the pass over the rows for their factors (it would delay the
+    # weight stream's start), then as though the caller had loaded them (FIRST)
+    PEEL: tl.constexpr = FIRST or FP4_BITS >= _HALF2
+    if PEEL and not FIRST:
+        words0, s0 = w4_step_weights(w_ptr, s_ptr, rn_w, 0, kw_end, stride_wn, stride_sn, stride_sk, GROUP_K, EVEN,
+                                     BLOCK_W)  # fmt: skip
     a_scale, out_scale = _row_scales(a_ptr, rows, 0, k_end, stride_am, stride_ak, True, FP4_BITS, ROWS)
     start = 0
     if AHEAD:
-        if FIRST:
+        if PEEL:
             words, s = words0, s0
             a8 = _w4_step_act(a_ptr, rows, 0, kw_end, stride_am, stride_ak, EVEN, ROWS, BLOCK_W)
         else:
             words, a8, s = _w4_step_loads(a_ptr, rows, w_ptr, s_ptr, rn_w, 0, kw_end, stride_am, stride_ak, stride_wn,
                                           stride_sn, stride_sk, GROUP_K, EVEN, ROWS, BLOCK_W)  # fmt: skip
-    elif FIRST:  # step 0 on the caller's weights, then the loop from step 1
+    elif PEEL:  # step 0 on the weights loaded above (or by the caller), then the loop from step 1
         a8 = _w4_step_act(a_ptr, rows, 0, kw_end, stride_am, stride_ak, EVEN, ROWS, BLOCK_W)
         acc += _tile_groups(words0, a8, s0, s0, None, True, FP4_BITS, GPI, BLOCK_W, True, a_scale)
         start = BLOCK_W

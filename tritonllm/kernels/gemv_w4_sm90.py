@@ -448,10 +448,8 @@ if HAVE_GLUON:
         KW = K // 8
         STEP: gl.constexpr = GPI * WPG
         LW: gl.constexpr = gl.SliceLayout(0, L3)
-        if HALF2:  # the row's largest |a| just below 2**15; the sum scaled back by out_scale
-            col_scale, out_scale = _half2_scales(_row_exp(a_ptr, K))
-            if not FP4:  # int4's products are (q - z) 2**-24 a', MXFP4's w 2**-14 a'
-                out_scale = out_scale * 1024.0
+        if HALF2:  # the row's factors: after the first tile's loads (below)
+            col_scale = None
         elif FP4:  # every product a normal float: the activations x 2**100 in _accumulate (_act_scaled)
             col_scale = None
         else:  # int4 nibbles 0, 2, 3, 5 decode at float bits 12..15 (x 2**11), 1, 4, 6, 7 at 16..19 (x 2**7)
@@ -459,9 +457,15 @@ if HAVE_GLUON:
             col_scale = gl.where((j == 1) | (j == 4) | (j >= 6), 128.0, 2048.0)
         acc = gl.zeros([BLOCK_N, GPI, WPG], gl.float32, layout=L3)  # per word column, scaled
         acc_z = gl.zeros([BLOCK_N, GPI], gl.float32, layout=LG)  # int4: the zero points' and the decode bias's term
-        if PREFETCH:
+        out_scale = 1.0
+        if PREFETCH or HALF2:  # HALF2: the first tile's loads in flight before the pass over the row
             words, act, s, z = _load_tile(w_ptrs, a_ptrs, s_ptrs, z_ptrs, 0, KW, g3, ga, gg, stride_sk, WPG, FP4,
                                           not EVEN)  # fmt: skip
+        if HALF2:  # the row's largest |a| just below 2**15; the sum scaled back by out_scale
+            col_scale, out_scale = _half2_scales(_row_exp(a_ptr, K))
+            if not FP4:  # int4's products are q 2**-24 a', MXFP4's w 2**-14 a'
+                out_scale = out_scale * 1024.0
+        if PREFETCH:
             for kw in range(0, KW, STEP):
                 # the next tile (past K: masked off) in flight while this one is summed
                 n_words, n_act, n_s, n_z = _load_tile(w_ptrs, a_ptrs, s_ptrs, z_ptrs, kw + STEP, KW, g3, ga, gg,
@@ -472,7 +476,11 @@ if HAVE_GLUON:
                 s = n_s
                 z = n_z
         else:
-            for kw in range(0, KW, STEP):
+            start = 0
+            if HALF2:  # the first tile, loaded above
+                acc, acc_z = _accumulate(words, act, s, z, acc, acc_z, col_scale, m0, m1, FP4, LW, LG, HALF2)
+                start = STEP
+            for kw in range(start, KW, STEP):
                 words, act, s, z = _load_tile(w_ptrs, a_ptrs, s_ptrs, z_ptrs, kw, KW, g3, ga, gg, stride_sk, WPG, FP4,
                                               not EVEN)  # fmt: skip
                 acc, acc_z = _accumulate(words, act, s, z, acc, acc_z, col_scale, m0, m1, FP4, LW, LG, HALF2)
