@@ -502,7 +502,7 @@ if HAVE_GLUON:
         a_ptr, w_ptr, c_ptr, bias_ptr, s_ptr, z_ptr,
         N, K, stride_wn, stride_sn, stride_sk, m0, m1,
         FP4: gl.constexpr, GROUP_K: gl.constexpr, ROWS: gl.constexpr, WARPS_K: gl.constexpr, PREFETCH: gl.constexpr,
-        EVEN: gl.constexpr, HAS_BIAS: gl.constexpr, PDL: gl.constexpr = False, HALF2: gl.constexpr = False,
+        EVEN: gl.constexpr, HAS_BIAS: gl.constexpr, HALF2: gl.constexpr = False, PDL: gl.constexpr = False,
     ):  # fmt: skip
         """c[0, n] = sum_k a[0, k] w[n, k] (+ bias) for BLOCK_N = ROWS x NUM_WARPS / WARPS_K weight rows a
         program. m0, m1: the decode's bit masks (FP4_MASKS / INT4_MASKS). EVEN: K a multiple of the K

@@ -112,7 +112,7 @@ if dense.HAVE_GLUON:
         stride_sk, m0, m1,
         A_ROW_DIV: gl.constexpr, GATED: gl.constexpr, ACTIVATION: gl.constexpr, HAS_BIAS: gl.constexpr,
         MUL_WEIGHTS: gl.constexpr, ROWS: gl.constexpr, WARPS_K: gl.constexpr, PREFETCH: gl.constexpr,
-        EVEN: gl.constexpr, PDL: gl.constexpr = False, HALF2: gl.constexpr = False,
+        EVEN: gl.constexpr, HALF2: gl.constexpr = False, PDL: gl.constexpr = False,
     ):  # fmt: skip
         """c[pair, n] for pair = program axis 1 and, on axis 0, BLOCK_N = ROWS x NUM_WARPS / WARPS_K weight rows
         a program: BLOCK_N columns n, or (GATED) BLOCK_N / 2 columns' gate rows n and up rows N + n. A row
