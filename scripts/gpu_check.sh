@@ -500,8 +500,8 @@ print(tuned_file(torch.cuda.get_device_name()))")
     half2)
       # session 34's build: 4-bit nibble pairs decoded into fp16x2 and multiplied by packed half-precision FMAs
       # (kernels/gemv_w4.py FP4_HALF2, TRITONLLM_W4_HALF2=1; sm90 SASS, Triton 3.6, a K step: gpt-oss's MoE w13
-      # 695 -> 553 instructions, w2 715 -> 562; the Gluon GEMV at the H200's tilings MXFP4 1,166 -> 839, int4
-      # 578 -> 506 (8 rows along K: 937 -> 770); the Gluon MoE GEMV 1,246 -> 919). Its GPU tests and the 4-bit
+      # 695 -> 552 instructions, w2 715 -> 571; the Gluon GEMV at the H200's tilings MXFP4 1,166 -> 839, int4
+      # 578 -> 467 (8 rows along K: 937 -> 702); the Gluon MoE GEMV 1,246 -> 925). Its GPU tests and the 4-bit
       # GEMVs' tests with it on; the Gluon GEMV's tilings on Llama-3-8B's layers at M = 1 off and on; the decode
       # layer's MoE kernels (graph replay, PDL, L2 flushed) off, on, and on with the Gluon MoE GEMV; then
       # gpt-oss-20b batch 1 on / off / on / off and with the Gluon MoE GEMV, and Llama-3-8B int4 and MXFP4 batch 1

@@ -246,14 +246,14 @@ def test_moe_gemv_in_half_pairs_on_the_gpu(gluon, t, e, h, i, top_k, half2, monk
     "launch, fewer",
     [(["--fp4", "--moe", "w13-joint", "--block-n", "8"], 0.9), (["--fp4", "--moe", "w2-slots", "--block-n", "16"], 0.9),
      (["--fp4", "--block-n", "16"], 0.9), (["--block-n", "16"], 0.9), (["--fp4", "--gluon"], 0.9),
-     (["--gluon"], 0.95)],
+     (["--gluon"], 0.9)],
     ids=["w13_joint", "w2_slots", "dense_mxfp4", "dense_int4", "gluon_mxfp4", "gluon_int4"],
 )  # fmt: skip
 def test_half2_builds_for_sm90_with_fewer_instructions(launch, fewer) -> None:
     """The sm90 build (PTX packed FMAs and conversions) compiles without spills, and its K loop takes fewer
     instructions than the float32 decode's (Triton 3.6, the GPU image's, a K step: gpt-oss's MoE tiles w13
-    695 -> 553, w2 715 -> 562; the portable word GEMV MXFP4 638 -> 545, int4 709 -> 534; the Gluon GEMV at the
-    H200's tilings MXFP4 1,166 -> 839, int4 578 -> 506)."""
+    695 -> 552, w2 715 -> 571; the portable word GEMV MXFP4 638 -> 545, int4 709 -> 413; the Gluon GEMV at the
+    H200's tilings MXFP4 1,166 -> 839, int4 578 -> 467)."""
     if "--gluon" in launch and not gemv_w4_sm90.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     common = [sys.executable, "scripts/sass_loop_mix.py", *launch]

@@ -109,7 +109,9 @@ def _pair_fp4(words, J: tl.constexpr, MAG=FP4_PAIR_MASKS[0], SIGN=FP4_PAIR_MASKS
 # fp16 pairs (FP4_HALF2): a pair's e2m1 magnitudes at bits 9..11 / 25..27 and signs at 15 / 31 (its value x 2**-14)
 HALF2_MASKS = (0x0E000E00, -(2**31) | 0x8000)
 HALF2_EXP_BIAS = tl.constexpr(141)  # a row's activations x 2**(141 - e), e its largest |a|'s float32 exponent field
-INT4_HALF2_MASK = 0x000F000F  # int4: nibbles j and j + 4 as fp16x2 subnormals q 2**-24
+# int4: nibbles j and j + 4 as fp16x2 subnormals, q 2**-24 (the low nibble of a byte) or q 2**-20 (the high one)
+INT4_HALF2_MASKS = (0x000F000F, 0x00F000F0)
+INT4_ODD_SCALE = tl.constexpr(1.0 / 16.0)  # the odd activation columns' factor: their nibbles decode 16 x larger
 INT4_HALF2_SCALE = tl.constexpr(2.0**-24)
 HALF2_MIN_EXP = tl.constexpr(14)  # e at least this: both factors normal floats (an all-zero row: 14)
 
@@ -173,13 +175,18 @@ def _hfma2(a, b, c, ASM: tl.constexpr):
 
 
 @triton.jit
-def _pair_int4_half2(words, J: tl.constexpr, MASK=INT4_HALF2_MASK):
-    """Nibbles J and J + 4 (J < 4) of each int32 word (int4 codes q) -> q 2**-24 as an fp16x2 of subnormals,
-    exactly: a shift and a LOP3 (J = 0: the LOP3 alone)."""
+def _pair_int4_half2(words, J: tl.constexpr, LOW=INT4_HALF2_MASKS[0], HIGH=INT4_HALF2_MASKS[1]):
+    """Nibbles J and J + 4 (J < 4) of each int32 word (int4 codes q) as an fp16x2 of subnormals, exactly: q 2**-24
+    for the even J (a byte's low nibble), q 2**-20 for the odd (the high one: their activations are scaled by
+    INT4_ODD_SCALE). One LOP3 a pair, and one shift a word (J = 2, 3: the word shifted by 8, shared)."""
     if J == 0:
-        q = words & MASK
+        q = words & LOW
+    elif J == 1:
+        q = words & HIGH
+    elif J == 2:
+        q = (words >> 8) & LOW
     else:
-        q = (words >> (4 * J)) & MASK
+        q = (words >> 8) & HIGH
     return q
 
 
@@ -260,7 +267,13 @@ def _groups_half2(words, a8, a_scale, s, z, GPI: tl.constexpr, BLOCK_W: tl.const
     (z: the zero points, any float; the difference loses about 2**-11 of sum q a, a few times the result's size
     when the activations share a sign)."""
     WPC: tl.constexpr = BLOCK_W // GPI  # words a group of the tile
-    a0, a1, a2, a3, a4, a5, a6, a7 = _eight_columns(a8.to(tl.float32) * a_scale)
+    if FP4:
+        a0, a1, a2, a3, a4, a5, a6, a7 = _eight_columns(a8.to(tl.float32) * a_scale)
+    else:  # the odd columns' nibbles decode 16 x larger (_pair_int4_half2)
+        j = tl.arange(0, 8)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _eight_columns(
+            a8.to(tl.float32) * (a_scale * tl.where(j % 2 == 1, INT4_ODD_SCALE, 1.0))
+        )
     if FP4:
         tl.static_assert(WPC <= 4, "FP4_HALF2: an MXFP4 group is 4 words")
         part = _chunk_dot_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, WPC, True, ASM)
@@ -271,7 +284,7 @@ def _groups_half2(words, a8, a_scale, s, z, GPI: tl.constexpr, BLOCK_W: tl.const
         part = _chunk_dot_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, CW, False, ASM)
         if CPG > 1:
             part = tl.sum(tl.reshape(part, part.shape[:-1] + [GPI, CPG]), axis=len(part.shape))
-        a_sum = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+        a_sum = ((a0 + a2) + (a4 + a6)) + 16.0 * ((a1 + a3) + (a5 + a7))
         a_sum_g = tl.sum(tl.reshape(a_sum, a_sum.shape[:-1] + [GPI, WPC]), axis=len(a_sum.shape))
         # the chunks' sums and the zero points' term (the scaled activations' sum) are both q a' 2**-24's scale
         out = s.to(tl.float32) * (part - z.to(tl.float32) * a_sum_g * INT4_HALF2_SCALE)

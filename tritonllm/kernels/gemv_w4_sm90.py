@@ -158,7 +158,7 @@ def w4_gemv_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
     t = TILINGS["fp4" if fp4 else "int4"]
     half2 = half2_on()
     if half2:
-        masks = gemv_w4.HALF2_MASKS if fp4 else (gemv_w4.INT4_HALF2_MASK, 0)
+        masks = gemv_w4.HALF2_MASKS if fp4 else gemv_w4.INT4_HALF2_MASKS
     else:
         masks = FP4_MASKS if fp4 else INT4_MASKS
     w4_gemv_sm90_kernel[(-(-n // (t.rows * NUM_WARPS // t.warps_k)),)](
@@ -264,17 +264,17 @@ if HAVE_GLUON:
         """[GPI] -> [1, GPI] broadcastable against LG's [BLOCK_N, GPI] (the same registers)."""
         return gl.expand_dims(gl.convert_layout(p, LP), 0)
 
-    _int4_pair = gluon.jit(gemv_w4._pair_int4_half2.fn)  # nibbles J, J + 4 as q 2**-24 (mask: in a register)
+    _int4_pair = gluon.jit(gemv_w4._pair_int4_half2.fn)  # nibbles J, J + 4 as subnormals (masks: in registers)
 
     @gluon.jit
-    def _words_int4_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, mask):
+    def _words_int4_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, m0, m1):
         """int4 (gemv_w4._groups_half2's): each word's sum of q a' 2**-24 over its eight nibbles as [BLOCK_N, GPI,
         WPG] float32, by packed FMAs chained over its four pairs; a_j [GPI, WPG] the activations' columns,
         scaled (the zero points' term is the caller's, in float32)."""
-        acc = _hfma2(_int4_pair(words, 0, mask), gl.expand_dims(_pack_half2(a0, a4), 0), gl.zeros_like(words))
-        acc = _hfma2(_int4_pair(words, 1, mask), gl.expand_dims(_pack_half2(a1, a5), 0), acc)
-        acc = _hfma2(_int4_pair(words, 2, mask), gl.expand_dims(_pack_half2(a2, a6), 0), acc)
-        acc = _hfma2(_int4_pair(words, 3, mask), gl.expand_dims(_pack_half2(a3, a7), 0), acc)
+        acc = _hfma2(_int4_pair(words, 0, m0, m1), gl.expand_dims(_pack_half2(a0, a4), 0), gl.zeros_like(words))
+        acc = _hfma2(_int4_pair(words, 1, m0, m1), gl.expand_dims(_pack_half2(a1, a5), 0), acc)
+        acc = _hfma2(_int4_pair(words, 2, m0, m1), gl.expand_dims(_pack_half2(a2, a6), 0), acc)
+        acc = _hfma2(_int4_pair(words, 3, m0, m1), gl.expand_dims(_pack_half2(a3, a7), 0), acc)
         return _half(acc, False) + _half(acc, True)
 
     @gluon.jit
@@ -339,10 +339,10 @@ if HAVE_GLUON:
             s = (s.to(gl.int32) << 23).to(gl.float32, bitcast=True)  # e8m0: the float with exponent bits e
             acc_z = gl.fma(s, part, acc_z)  # MXFP4 has no zero points: acc_z holds the per-group sums
         elif HALF2:  # int4: per group s (sum q a' 2**-24 - z sum a' 2**-24), the zero points' term in acc_z
-            part = _words_int4_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, m0)
+            part = _words_int4_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, m0, m1)
             s = s.to(gl.float32)
             acc = gl.fma(gl.expand_dims(s, 2), part, acc)
-            a_sum = gl.sum(((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)), axis=1)  # [GPI], scaled
+            a_sum = gl.sum(((a0 + a2) + (a4 + a6)) + 16.0 * ((a1 + a3) + (a5 + a7)), axis=1)  # [GPI], scaled
             a_sum = gl.expand_dims(gl.convert_layout(a_sum, gl.SliceLayout(0, LG)), 0)  # same registers
             acc_z = gl.fma(s * z.to(gl.float32), a_sum * _INT4_HALF2_SCALE, acc_z)
         elif FP4:
@@ -463,8 +463,10 @@ if HAVE_GLUON:
                                           not EVEN)  # fmt: skip
         if HALF2:  # the row's largest |a| just below 2**15; the sum scaled back by out_scale
             col_scale, out_scale = _half2_scales(_row_exp(a_ptr, K))
-            if not FP4:  # int4's products are q 2**-24 a', MXFP4's w 2**-14 a'
+            if not FP4:  # int4's products are q 2**-24 a', MXFP4's w 2**-14 a'; odd columns' nibbles 16 x larger
                 out_scale = out_scale * 1024.0
+                j = gl.expand_dims(gl.expand_dims(ja, 0), 1)
+                col_scale = col_scale * gl.where(j % 2 == 1, 1.0 / 16.0, 1.0)
         if PREFETCH:
             for kw in range(0, KW, STEP):
                 # the next tile (past K: masked off) in flight while this one is summed
