@@ -392,14 +392,16 @@ def _tile_groups(words, a8, s_ptrs, z_ptrs, g_in, FP4: tl.constexpr, FP4_BITS: t
     loaded scales and zero points themselves). Returns [BLOCK_N, GPI] (or [ROWS, BLOCK_N, GPI]): each
     group's s (16 sum f a - (16 + z) sum a), or e8m0-scaled sum f a. FP4_HALF2: a_scale, the activation rows'
     factors (half2_scales), broadcastable against a8."""
-    s = s_ptrs if LOADED else tl.load(s_ptrs, mask=g_in, other=0)
     if FP4_BITS >= _HALF2:
+        s = s_ptrs if LOADED else tl.load(s_ptrs, mask=g_in, other=0)
         z = 0 if FP4 else (z_ptrs if LOADED else tl.load(z_ptrs, mask=g_in, other=0))
         out = _groups_half2(words, a8, a_scale, s, z, GPI, BLOCK_W, FP4, FP4_BITS == _HALF2)
     elif FP4 and FP4_BITS:
         a0, a1, a2, a3, a4, a5, a6, a7 = _eight_columns(_act_scaled(a8))
         part_g = _group_sums(_word_dot(words, a0, a1, a2, a3, a4, a5, a6, a7), GPI, BLOCK_W)
-        out = part_g * (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # e8m0: the float with exponent bits s
+        # the scales loaded where the products need them (LOADS 0's order), e8m0: the float with exponent bits s
+        s = s_ptrs if LOADED else tl.load(s_ptrs, mask=g_in, other=0)
+        out = part_g * (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
     else:
         a0, a1, a2, a3, a4, a5, a6, a7 = _eight_columns(a8.to(tl.float32))
         part = _nibble(words, 0, FP4, FP4_BITS) * a0
@@ -412,10 +414,12 @@ def _tile_groups(words, a8, s_ptrs, z_ptrs, g_in, FP4: tl.constexpr, FP4_BITS: t
         part += _nibble(words, 7, FP4, FP4_BITS) * a7
         part_g = _group_sums(part, GPI, BLOCK_W)
         if FP4:
+            s = s_ptrs if LOADED else tl.load(s_ptrs, mask=g_in, other=0)
             out = part_g * (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
         else:
             a_sum = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
             a_sum_g = tl.sum(tl.reshape(a_sum, a_sum.shape[:-1] + [GPI, BLOCK_W // GPI]), axis=len(a_sum.shape))
+            s = s_ptrs if LOADED else tl.load(s_ptrs, mask=g_in, other=0)
             z = (z_ptrs if LOADED else tl.load(z_ptrs, mask=g_in, other=0)).to(tl.float32)
             out = s.to(tl.float32) * (16.0 * part_g - (16.0 + z) * a_sum_g)
     return out
