@@ -194,6 +194,7 @@ def test_gluon_gemv_in_half_pairs_matches_the_dequantized_weight(scheme, n, k, t
     if tiling:
         t = gemv_w4_sm90.Tiling.parse(tiling)
         monkeypatch.setattr(gemv_w4_sm90, "TILINGS", {"int4": t, "fp4": t})
+    assert gemv_w4_sm90.available()  # its compile probe (cached) before the spy replaces the kernel
     spy = LaunchSpy(gemv_w4_sm90.w4_gemv_sm90_kernel)
     monkeypatch.setattr(gemv_w4_sm90, "w4_gemv_sm90_kernel", spy)
     weight = _weight(n, k, scheme, seed=52)
@@ -232,6 +233,7 @@ def test_moe_gemv_in_half_pairs_on_the_gpu(gluon, t, e, h, i, top_k, half2, monk
     """gpt-oss's shape (K = 2880: rows of 360 words), several tokens, K beyond one Gluon K tile: the Triton MoE
     GEMV (joint + summed slots, its defaults) and the opt-in Gluon one, both in half pairs."""
     monkeypatch.setenv("TRITONLLM_MOE_GEMV_GLUON", "1" if gluon else "0")
+    assert moe_gemv_sm90.available()  # its compile probe (cached) before the spy replaces the kernel
     spy = LaunchSpy(moe_gemv_sm90.moe_w4_gemv_sm90_kernel)
     monkeypatch.setattr(moe_gemv_sm90, "moe_w4_gemv_sm90_kernel", spy)
     args, kwargs = _moe_problem(t, e, h, i, top_k, seed=71 + t)
