@@ -177,6 +177,12 @@ def test_the_mode_follows_the_platform_and_the_switch(monkeypatch) -> None:
     monkeypatch.setenv("TRITONLLM_W4_HALF2", "yes")
     with pytest.raises(ValueError, match="TRITONLLM_W4_HALF2='yes'"):
         gemv_w4.fp4_mode()
+    # the Gluon kernels read the switch at each launch, and probe their compile once a process (a misplaced cache
+    # decorator once swapped the two: a compile probe every launch, a switch read once)
+    for mode in (gemv_w4.FP4_HALF2, gemv_w4.FP4_F32):
+        monkeypatch.setattr(gemv_w4, "FP4_BITS", mode)
+        assert gemv_w4_sm90.half2_on() == (mode == gemv_w4.FP4_HALF2)
+    assert hasattr(gemv_w4_sm90.available, "cache_info") and hasattr(moe_gemv_sm90.available, "cache_info")
 
 
 # ---- the Gluon GEMVs (sm90): the dense one (Llama's 4-bit layers at M = 1) and the MoE one (opt-in) -----------

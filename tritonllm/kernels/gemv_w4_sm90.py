@@ -116,12 +116,12 @@ def unavailable() -> str | None:
     return None if available() else "needs an NVIDIA sm90 GPU and a Triton whose Gluon compiles the W4 GEMV"
 
 
-@functools.cache
 def half2_on() -> bool:
     """Whether 4-bit weights take the fp16x2 decode and packed FMAs (gemv_w4.FP4_BITS, TRITONLLM_W4_HALF2=1)."""
     return gemv_w4.FP4_BITS == gemv_w4.FP4_HALF2
 
 
+@functools.cache
 def available() -> bool:
     """Whether this machine runs the kernel: an NVIDIA sm90 GPU and a Triton whose Gluon compiles it
     (Gluon's API is experimental: a version that breaks it leaves every GEMV to the portable kernel,
