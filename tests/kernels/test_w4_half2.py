@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton
 from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
 from launch_spy import LaunchSpy  # tests/
 from seeded import randn as _randn  # this folder
@@ -154,18 +155,12 @@ def _swap_pairs(a, b, ASM):
 
 def test_a_wrong_pairing_is_caught(half2, monkeypatch) -> None:
     """Activations packed against the wrong nibble of each pair fail the tolerance by far."""
-    monkeypatch.setitem(gemv_w4._chunk_dot_half2.fn.__globals__, "_pack_half2", _jit(_swap_pairs))
+    monkeypatch.setitem(gemv_w4._chunk_dot_half2.fn.__globals__, "_pack_half2", triton.jit(_swap_pairs))
     x = _randn(2, 384, seed=30, dtype=DTYPE)
     weight = quantize_weight(_randn(70, 384, seed=32), SCHEME)
     expected = x.float() @ reference.dequantize_weight(weight).T
     with pytest.raises(AssertionError):
         assert_close_to_scale(_gemv(x, weight, 64, 1), expected, 0.1)
-
-
-def _jit(fn):
-    import triton
-
-    return triton.jit(fn)
 
 
 def test_the_mode_follows_the_platform_and_the_switch(monkeypatch) -> None:

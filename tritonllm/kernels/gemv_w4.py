@@ -269,16 +269,14 @@ def _groups_half2(words, a8, a_scale, s, z, GPI: tl.constexpr, BLOCK_W: tl.const
     WPC: tl.constexpr = BLOCK_W // GPI  # words a group of the tile
     if FP4:
         a0, a1, a2, a3, a4, a5, a6, a7 = _eight_columns(a8.to(tl.float32) * a_scale)
+        tl.static_assert(WPC <= 4, "FP4_HALF2: an MXFP4 group is 4 words")
+        part = _chunk_dot_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, WPC, True, ASM)
+        out = part * (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
     else:  # the odd columns' nibbles decode 16 x larger (_pair_int4_half2)
         j = tl.arange(0, 8)
         a0, a1, a2, a3, a4, a5, a6, a7 = _eight_columns(
             a8.to(tl.float32) * (a_scale * tl.where(j % 2 == 1, INT4_ODD_SCALE, 1.0))
         )
-    if FP4:
-        tl.static_assert(WPC <= 4, "FP4_HALF2: an MXFP4 group is 4 words")
-        part = _chunk_dot_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, WPC, True, ASM)
-        out = part * (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
-    else:
         CW: tl.constexpr = min(WPC, 4)
         CPG: tl.constexpr = WPC // CW  # chunks a group
         part = _chunk_dot_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, CW, False, ASM)
@@ -506,7 +504,7 @@ def _row_scales(a_ptr, rows, k_start, k_end, stride_am, stride_ak, FP4: tl.const
     2**100 / 2**26 (_act_scaled applies its own), else 1."""
     if FP4_BITS >= _HALF2:
         a_scale, out_scale = half2_scales(half2_row_exp(a_ptr, rows, k_start, k_end, stride_am, stride_ak, ROWS))
-        if not FP4:  # int4's products are (q - z) 2**-24 a', MXFP4's w 2**-14 a'
+        if not FP4:  # int4's products are q 2**-24 a' (the zero points' term alike), MXFP4's w 2**-14 a'
             out_scale = out_scale * 1024.0
         if ROWS != 1:
             a_scale = a_scale[:, None, None, None]

@@ -139,7 +139,7 @@ def compile_sm90(fp4: bool, group_k: int | None = None, tiling: Tiling | None = 
                  half2: bool = False):  # fmt: skip
     """Compile the kernel for sm90 without a GPU (Triton's own compiler and ptxas); returns the
     compiled kernel (its .asm holds the IR, PTX and cubin). For tests, scripts/sass_loop_mix.py and
-    the probe of available(). half2: MXFP4's FP4_HALF2 build (gemv_w4)."""
+    the probe of available(). half2: the FP4_HALF2 build (gemv_w4: packed half-precision products)."""
     tiling = tiling or TILINGS["fp4" if fp4 else "int4"]
     constexprs = dict(FP4=fp4, GROUP_K=group_k or (32 if fp4 else 128), ROWS=tiling.rows, WARPS_K=tiling.warps_k,
                       PREFETCH=tiling.prefetch, EVEN=even, HAS_BIAS=False, PDL=True, HALF2=half2)  # fmt: skip
@@ -194,6 +194,7 @@ if HAVE_GLUON:
     _half2_scales = gluon.jit(gemv_w4.half2_scales.fn)  # the row's activation and output factors
     _HALF2_MIN_EXP = gl.constexpr(gemv_w4.HALF2_MIN_EXP.value)
     _INT4_HALF2_SCALE = gl.constexpr(gemv_w4.INT4_HALF2_SCALE.value)
+    _INT4_ODD_SCALE = gl.constexpr(gemv_w4.INT4_ODD_SCALE.value)
     _half = gluon.jit(gemv_w4._half.fn)  # an fp16x2's low or high half as float32
 
     @gluon.jit
@@ -275,17 +276,6 @@ if HAVE_GLUON:
         acc = _hfma2(_int4_pair(words, 1, m0, m1), gl.expand_dims(_pack_half2(a1, a5), 0), acc)
         acc = _hfma2(_int4_pair(words, 2, m0, m1), gl.expand_dims(_pack_half2(a2, a6), 0), acc)
         acc = _hfma2(_int4_pair(words, 3, m0, m1), gl.expand_dims(_pack_half2(a3, a7), 0), acc)
-        return _half(acc, False) + _half(acc, True)
-
-    @gluon.jit
-    def _words_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, m0, m1):
-        """Each word's sum of w a' x 2**-14 over its eight e2m1 nibbles, as float32 [BLOCK_N, GPI, WPG]: its four
-        nibble pairs times the activation pairs (a_j [GPI, WPG], the activations' columns, scaled into fp16's
-        range) by packed FMAs chained in fp16, then the two halves summed."""
-        acc = _hfma2(_pair_fp16(words, 0, m0, m1), gl.expand_dims(_pack_half2(a0, a4), 0), gl.zeros_like(words))
-        acc = _hfma2(_pair_fp16(words, 1, m0, m1), gl.expand_dims(_pack_half2(a1, a5), 0), acc)
-        acc = _hfma2(_pair_fp16(words, 2, m0, m1), gl.expand_dims(_pack_half2(a2, a6), 0), acc)
-        acc = _hfma2(_pair_fp16(words, 3, m0, m1), gl.expand_dims(_pack_half2(a3, a7), 0), acc)
         return _half(acc, False) + _half(acc, True)
 
     @gluon.jit
@@ -408,8 +398,8 @@ if HAVE_GLUON:
         tile row i is gate row row0 + i // 2 when i is even, up row N + row0 + i // 2 when odd (columns
         at or past N read column 0), and the indices returned are the columns row0 + i // 2.
         w4_gemv_sm90_kernel's loop; the MoE's GEMV (moe_gemv_sm90.py) calls it for each (token, expert)
-        pair. HALF2 (MXFP4, gemv_w4.FP4_HALF2): nibble pairs into fp16x2, products by packed FMAs, the row scaled
-        into fp16's range by a power of two (m0, m1: gemv_w4.HALF2_MASKS)."""
+        pair. HALF2 (gemv_w4.FP4_HALF2): nibble pairs into fp16x2, products by packed FMAs, the row scaled into
+        fp16's range by a power of two (m0, m1: gemv_w4.HALF2_MASKS for MXFP4, INT4_HALF2_MASKS for int4)."""
         WPG: gl.constexpr = GROUP_K // 8
         GPI: gl.constexpr = 32 // (WPG // _WPT) * WARPS_K  # groups an iteration
         BLOCK_N: gl.constexpr = ROWS * (_WARPS // WARPS_K)
@@ -448,10 +438,8 @@ if HAVE_GLUON:
         KW = K // 8
         STEP: gl.constexpr = GPI * WPG
         LW: gl.constexpr = gl.SliceLayout(0, L3)
-        if HALF2:  # the row's factors: after the first tile's loads (below)
-            col_scale = None
-        elif FP4:  # every product a normal float: the activations x 2**100 in _accumulate (_act_scaled)
-            col_scale = None
+        if HALF2 or FP4:  # HALF2: the row's factors, after the first tile's loads (below); MXFP4: every product a
+            col_scale = None  # normal float, the activations x 2**100 in _accumulate (_act_scaled)
         else:  # int4 nibbles 0, 2, 3, 5 decode at float bits 12..15 (x 2**11), 1, 4, 6, 7 at 16..19 (x 2**7)
             j = gl.expand_dims(gl.expand_dims(ja, 0), 1)
             col_scale = gl.where((j == 1) | (j == 4) | (j >= 6), 128.0, 2048.0)
@@ -466,7 +454,7 @@ if HAVE_GLUON:
             if not FP4:  # int4's products are q 2**-24 a', MXFP4's w 2**-14 a'; odd columns' nibbles 16 x larger
                 out_scale = out_scale * 1024.0
                 j = gl.expand_dims(gl.expand_dims(ja, 0), 1)
-                col_scale = col_scale * gl.where(j % 2 == 1, 1.0 / 16.0, 1.0)
+                col_scale = col_scale * gl.where(j % 2 == 1, _INT4_ODD_SCALE, 1.0)
         if PREFETCH:
             for kw in range(0, KW, STEP):
                 # the next tile (past K: masked off) in flight while this one is summed
@@ -507,7 +495,8 @@ if HAVE_GLUON:
         EVEN: gl.constexpr, HAS_BIAS: gl.constexpr, HALF2: gl.constexpr = False, PDL: gl.constexpr = False,
     ):  # fmt: skip
         """c[0, n] = sum_k a[0, k] w[n, k] (+ bias) for BLOCK_N = ROWS x NUM_WARPS / WARPS_K weight rows a
-        program. m0, m1: the decode's bit masks (FP4_MASKS / INT4_MASKS). EVEN: K a multiple of the K
+        program. m0, m1: the decode's bit masks (FP4_MASKS / INT4_MASKS; HALF2: gemv_w4's HALF2_MASKS /
+        INT4_HALF2_MASKS). EVEN: K a multiple of the K
         tile. PREFETCH: the next K tile's loads are issued before this tile's arithmetic."""
         gluon_pdl_wait(PDL)
         BLOCK_N: gl.constexpr = ROWS * (_WARPS // WARPS_K)
