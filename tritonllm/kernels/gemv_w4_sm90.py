@@ -21,7 +21,11 @@ are chosen by hand so that nothing moves between threads inside the K loop:
 - products are chained per word column (FMA) over the eight nibbles, scaled per group into a
   per-word-column accumulator (int4: the zero points' and the decode bias's terms per group beside
   it), and summed across threads once, after the loop. TILINGS holds the H200's rows a thread, warps
-  along K or rows, and next-tile prefetch per format.
+  along K or rows, and next-tile prefetch per format (the tile past K, when K is whole tiles, is the
+  last one again: unmasked loads);
+- HALF2 (gemv_w4.FP4_HALF2): nibble pairs into fp16x2 and packed FMAs, each thread's run of four words of
+  a group and a row chained in fp16, then summed in float32 and scaled per group (int4: minus its zero
+  point times the run's activations).
 
 Each program covers all of K (no K splits); the bias is added in the store.
 """
@@ -223,13 +227,28 @@ if HAVE_GLUON:
         e = gl.max(m, axis=0).to(gl.int32, bitcast=True) >> 23
         return gl.maximum(e, _HALF2_MIN_EXP)
 
+    @gluon.constexpr_function
+    def _runs_layout(rows, wpg, wpt, warps_k):
+        """[ROWS x NUM_WARPS / WARPS_K, GPI, WPG / WPT]: _layout's words with each thread's run of WPT words
+        one element (HALF2's per-run sums: the same registers and lanes)."""
+        tw = wpg // wpt
+        return gl.BlockedLayout([rows, 1, 1], [1, 32 // tw, tw], [NUM_WARPS // warps_k, warps_k, 1], [2, 1, 0])
+
     @gluon.jit
-    def _chain4(words, p0, p1, p2, p3, acc, m0, m1):
-        """acc + the packed products of each word's four nibble pairs with the activation pairs p_j."""
-        acc = _hfma2(_pair_fp16(words, 0, m0, m1), p0, acc)
-        acc = _hfma2(_pair_fp16(words, 1, m0, m1), p1, acc)
-        acc = _hfma2(_pair_fp16(words, 2, m0, m1), p2, acc)
-        return _hfma2(_pair_fp16(words, 3, m0, m1), p3, acc)
+    def _chain4(words, p0, p1, p2, p3, acc, m0, m1, FP4: gl.constexpr):
+        """acc + the packed products of each word's four nibble pairs (MXFP4: gemv_w4._pair_fp16, int4:
+        _pair_int4_half2) with the activation pairs p_j."""
+        if FP4:
+            acc = _hfma2(_pair_fp16(words, 0, m0, m1), p0, acc)
+            acc = _hfma2(_pair_fp16(words, 1, m0, m1), p1, acc)
+            acc = _hfma2(_pair_fp16(words, 2, m0, m1), p2, acc)
+            acc = _hfma2(_pair_fp16(words, 3, m0, m1), p3, acc)
+        else:
+            acc = _hfma2(_int4_pair(words, 0, m0, m1), p0, acc)
+            acc = _hfma2(_int4_pair(words, 1, m0, m1), p1, acc)
+            acc = _hfma2(_int4_pair(words, 2, m0, m1), p2, acc)
+            acc = _hfma2(_int4_pair(words, 3, m0, m1), p3, acc)
+        return acc
 
     @gluon.jit
     def _four(x):
@@ -240,43 +259,38 @@ if HAVE_GLUON:
         return x0, x1, x2, x3
 
     @gluon.jit
-    def _group_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, m0, m1, LG: gl.constexpr):
-        """Each group's sum of w a' x 2**-14 (a thread's WPG = 4 words of a row: _layout with WPT = WPG), as
-        float32 [BLOCK_N, GPI] in LG: its 16 packed FMAs a row chained in fp16, then the two halves summed; a_j
-        [GPI, WPG] the activations' columns, scaled into fp16's range."""
-        w0, w1, w2, w3 = _four(words)
-        p00, p01, p02, p03 = _four(_pack_half2(a0, a4))  # pair 0 of words 0..3
-        p10, p11, p12, p13 = _four(_pack_half2(a1, a5))
-        p20, p21, p22, p23 = _four(_pack_half2(a2, a6))
-        p30, p31, p32, p33 = _four(_pack_half2(a3, a7))
-        w0 = gl.convert_layout(w0, LG)  # the same registers
-        w1 = gl.convert_layout(w1, LG)
-        w2 = gl.convert_layout(w2, LG)
-        w3 = gl.convert_layout(w3, LG)
-        LP: gl.constexpr = gl.SliceLayout(0, LG)
-        acc = _chain4(w0, _row(p00, LP), _row(p10, LP), _row(p20, LP), _row(p30, LP), gl.zeros_like(w0), m0, m1)
-        acc = _chain4(w1, _row(p01, LP), _row(p11, LP), _row(p21, LP), _row(p31, LP), acc, m0, m1)
-        acc = _chain4(w2, _row(p02, LP), _row(p12, LP), _row(p22, LP), _row(p32, LP), acc, m0, m1)
-        acc = _chain4(w3, _row(p03, LP), _row(p13, LP), _row(p23, LP), _row(p33, LP), acc, m0, m1)
+    def _runs(x):
+        """[..., WPG] (runs of WPT = 4 words in-thread) -> the four [..., WPG / 4] word slices of the runs."""
+        return _four(gl.reshape(x, x.shape[:-1] + [x.shape[-1] // _WPT, _WPT]))
+
+    @gluon.jit
+    def _runs_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, m0, m1, FP4: gl.constexpr, LR: gl.constexpr):
+        """Each thread's run of WPT = 4 words of a group and a row: the sum of its products w a' (MXFP4 w x 2**-14,
+        int4 q x 2**-24 or 2**-20: gemv_w4's pair decodes), as float32 [BLOCK_N, GPI, WPG / 4] in LR: its 16 packed
+        FMAs chained in fp16, then the two halves summed; a_j [GPI, WPG] the activations' columns, scaled into
+        fp16's range (int4's odd columns by INT4_ODD_SCALE too)."""
+        w0, w1, w2, w3 = _runs(words)
+        p00, p01, p02, p03 = _runs(_pack_half2(a0, a4))  # pair 0 of a run's words 0..3
+        p10, p11, p12, p13 = _runs(_pack_half2(a1, a5))
+        p20, p21, p22, p23 = _runs(_pack_half2(a2, a6))
+        p30, p31, p32, p33 = _runs(_pack_half2(a3, a7))
+        w0 = gl.convert_layout(w0, LR)  # the same registers
+        w1 = gl.convert_layout(w1, LR)
+        w2 = gl.convert_layout(w2, LR)
+        w3 = gl.convert_layout(w3, LR)
+        LP: gl.constexpr = gl.SliceLayout(0, LR)
+        acc = _chain4(w0, _row(p00, LP), _row(p10, LP), _row(p20, LP), _row(p30, LP), gl.zeros_like(w0), m0, m1, FP4)
+        acc = _chain4(w1, _row(p01, LP), _row(p11, LP), _row(p21, LP), _row(p31, LP), acc, m0, m1, FP4)
+        acc = _chain4(w2, _row(p02, LP), _row(p12, LP), _row(p22, LP), _row(p32, LP), acc, m0, m1, FP4)
+        acc = _chain4(w3, _row(p03, LP), _row(p13, LP), _row(p23, LP), _row(p33, LP), acc, m0, m1, FP4)
         return _half(acc, False) + _half(acc, True)
 
     @gluon.jit
     def _row(p, LP: gl.constexpr):
-        """[GPI] -> [1, GPI] broadcastable against LG's [BLOCK_N, GPI] (the same registers)."""
+        """[GPI, RUNS] -> [1, GPI, RUNS] broadcastable against the rows' [BLOCK_N, GPI, RUNS] (the same registers)."""
         return gl.expand_dims(gl.convert_layout(p, LP), 0)
 
     _int4_pair = gluon.jit(gemv_w4._pair_int4_half2.fn)  # nibbles J, J + 4 as subnormals (masks: in registers)
-
-    @gluon.jit
-    def _words_int4_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, m0, m1):
-        """int4 (gemv_w4._groups_half2's): each word's sum of q a' 2**-24 over its eight nibbles as [BLOCK_N, GPI,
-        WPG] float32, by packed FMAs chained over its four pairs; a_j [GPI, WPG] the activations' columns,
-        scaled (the zero points' term is the caller's, in float32)."""
-        acc = _hfma2(_int4_pair(words, 0, m0, m1), gl.expand_dims(_pack_half2(a0, a4), 0), gl.zeros_like(words))
-        acc = _hfma2(_int4_pair(words, 1, m0, m1), gl.expand_dims(_pack_half2(a1, a5), 0), acc)
-        acc = _hfma2(_int4_pair(words, 2, m0, m1), gl.expand_dims(_pack_half2(a2, a6), 0), acc)
-        acc = _hfma2(_int4_pair(words, 3, m0, m1), gl.expand_dims(_pack_half2(a3, a7), 0), acc)
-        return _half(acc, False) + _half(acc, True)
 
     @gluon.jit
     def _int4(x, MASK):
@@ -313,7 +327,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _accumulate(words, act, s, z, acc, acc_z, col_scale, m0, m1, FP4: gl.constexpr, LW: gl.constexpr,
-                    LG: gl.constexpr, HALF2: gl.constexpr = False):  # fmt: skip
+                    LG: gl.constexpr, LR: gl.constexpr, HALF2: gl.constexpr = False):  # fmt: skip
         """One K tile into the per-word-column accumulator acc (and, int4, the per-group acc_z);
         col_scale: int4's activation factor per nibble column ([1, 1, 8]; MXFP4: None, _act_scaled's 2**100;
         HALF2: the row's power of two, gemv_w4.half2_scales)."""
@@ -324,17 +338,20 @@ if HAVE_GLUON:
         else:
             act = act.to(gl.float32) * col_scale
         a0, a1, a2, a3, a4, a5, a6, a7 = _columns(act, LW)
-        if HALF2 and FP4:
-            part = _group_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, m0, m1, LG)
+        if HALF2 and FP4:  # a run is a group: per group s sum w a'
+            part = gl.convert_layout(gl.sum(_runs_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, m0, m1, True, LR),
+                                            axis=2), LG)  # fmt: skip
             s = (s.to(gl.int32) << 23).to(gl.float32, bitcast=True)  # e8m0: the float with exponent bits e
             acc_z = gl.fma(s, part, acc_z)  # MXFP4 has no zero points: acc_z holds the per-group sums
-        elif HALF2:  # int4: per group s (sum q a' 2**-24 - z sum a' 2**-24), the zero points' term in acc_z
-            part = _words_int4_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, m0, m1)
-            s = s.to(gl.float32)
-            acc = gl.fma(gl.expand_dims(s, 2), part, acc)
-            a_sum = gl.sum(((a0 + a2) + (a4 + a6)) + 16.0 * ((a1 + a3) + (a5 + a7)), axis=1)  # [GPI], scaled
-            a_sum = gl.expand_dims(gl.convert_layout(a_sum, gl.SliceLayout(0, LG)), 0)  # same registers
-            acc_z = gl.fma(s * z.to(gl.float32), a_sum * _INT4_HALF2_SCALE, acc_z)
+        elif HALF2:  # int4: per run of a group s (sum q a' 2**-24 - z sum a' 2**-24), into acc [BLOCK_N, GPI, RUNS]
+            part = _runs_half2(words, a0, a1, a2, a3, a4, a5, a6, a7, m0, m1, False, LR)
+            a_sum = ((a0 + a2) + (a4 + a6)) + 16.0 * ((a1 + a3) + (a5 + a7))  # [GPI, WPG], scaled
+            a_sum = gl.sum(gl.reshape(a_sum, [a_sum.shape[0], a_sum.shape[1] // _WPT, _WPT]), axis=2)  # in-thread
+            a_sum = gl.expand_dims(gl.convert_layout(a_sum, gl.SliceLayout(0, LR)), 0) * _INT4_HALF2_SCALE
+            LS: gl.constexpr = gl.SliceLayout(2, LR)
+            s = gl.expand_dims(gl.convert_layout(s.to(gl.float32), LS), 2)  # same registers
+            z = gl.expand_dims(gl.convert_layout(z.to(gl.float32), LS), 2)
+            acc = gl.fma(s, part - z * a_sum, acc)
         elif FP4:
             w0, w4 = _fp4_pair(words, 0, m0, m1)  # each pair multiplied as decoded: fewer values live
             part = w0 * gl.expand_dims(a0, 0)
@@ -443,7 +460,11 @@ if HAVE_GLUON:
         else:  # int4 nibbles 0, 2, 3, 5 decode at float bits 12..15 (x 2**11), 1, 4, 6, 7 at 16..19 (x 2**7)
             j = gl.expand_dims(gl.expand_dims(ja, 0), 1)
             col_scale = gl.where((j == 1) | (j == 4) | (j >= 6), 128.0, 2048.0)
-        acc = gl.zeros([BLOCK_N, GPI, WPG], gl.float32, layout=L3)  # per word column, scaled
+        LR: gl.constexpr = _runs_layout(ROWS, WPG, _WPT, WARPS_K)  # [BLOCK_N, GPI, WPG / WPT]: a thread's runs
+        if HALF2 and not FP4:
+            acc = gl.zeros([BLOCK_N, GPI, WPG // _WPT], gl.float32, layout=LR)  # per run of a group, scaled
+        else:
+            acc = gl.zeros([BLOCK_N, GPI, WPG], gl.float32, layout=L3)  # per word column, scaled
         acc_z = gl.zeros([BLOCK_N, GPI], gl.float32, layout=LG)  # int4: the zero points' and the decode bias's term
         out_scale = 1.0
         if PREFETCH or HALF2:  # HALF2: the first tile's loads in flight before the pass over the row
@@ -457,10 +478,14 @@ if HAVE_GLUON:
                 col_scale = col_scale * gl.where(j % 2 == 1, _INT4_ODD_SCALE, 1.0)
         if PREFETCH:
             for kw in range(0, KW, STEP):
-                # the next tile (past K: masked off) in flight while this one is summed
-                n_words, n_act, n_s, n_z = _load_tile(w_ptrs, a_ptrs, s_ptrs, z_ptrs, kw + STEP, KW, g3, ga, gg,
-                                                      stride_sk, WPG, FP4, True)  # fmt: skip
-                acc, acc_z = _accumulate(words, act, s, z, acc, acc_z, col_scale, m0, m1, FP4, LW, LG, HALF2)
+                # the next tile in flight while this one is summed; past K, masked off, or (EVEN) this tile again:
+                # unmasked loads need no zeroed registers a step
+                kw_next = kw + STEP
+                if EVEN:
+                    kw_next = kw + STEP * (kw_next < KW).to(gl.int32)
+                n_words, n_act, n_s, n_z = _load_tile(w_ptrs, a_ptrs, s_ptrs, z_ptrs, kw_next, KW, g3, ga, gg,
+                                                      stride_sk, WPG, FP4, not EVEN)  # fmt: skip
+                acc, acc_z = _accumulate(words, act, s, z, acc, acc_z, col_scale, m0, m1, FP4, LW, LG, LR, HALF2)
                 words = n_words
                 act = n_act
                 s = n_s
@@ -468,17 +493,17 @@ if HAVE_GLUON:
         else:
             start = 0
             if HALF2:  # the first tile, loaded above
-                acc, acc_z = _accumulate(words, act, s, z, acc, acc_z, col_scale, m0, m1, FP4, LW, LG, HALF2)
+                acc, acc_z = _accumulate(words, act, s, z, acc, acc_z, col_scale, m0, m1, FP4, LW, LG, LR, HALF2)
                 start = STEP
             for kw in range(start, KW, STEP):
                 words, act, s, z = _load_tile(w_ptrs, a_ptrs, s_ptrs, z_ptrs, kw, KW, g3, ga, gg, stride_sk, WPG, FP4,
                                               not EVEN)  # fmt: skip
-                acc, acc_z = _accumulate(words, act, s, z, acc, acc_z, col_scale, m0, m1, FP4, LW, LG, HALF2)
+                acc, acc_z = _accumulate(words, act, s, z, acc, acc_z, col_scale, m0, m1, FP4, LW, LG, LR, HALF2)
         out = gl.sum(gl.sum(acc, axis=2), axis=1)  # [BLOCK_N]
         if HALF2 and FP4:
             out = gl.sum(acc_z, axis=1) * out_scale
-        elif HALF2:
-            out = (out - gl.sum(acc_z, axis=1)) * out_scale
+        elif HALF2:  # summed over acc's runs (LR): the rows' layout the caller's
+            out = gl.convert_layout(out, gl.SliceLayout(1, LG)) * out_scale
         elif FP4:
             out = out * _OUT_SCALE
         else:
