@@ -255,8 +255,10 @@ def test_moe_gemv_in_half_pairs_on_the_gpu(gluon, t, e, h, i, top_k, half2, monk
 def test_half2_builds_for_sm90_with_fewer_instructions(launch, fewer) -> None:
     """The sm90 build (PTX packed FMAs and conversions) compiles without spills, and its K loop takes fewer
     instructions than the float32 decode's (Triton 3.6, the GPU image's, a K step: gpt-oss's MoE tiles w13
-    695 -> 552, w2 715 -> 571; the portable word GEMV MXFP4 638 -> 545, int4 709 -> 413; the Gluon GEMV at the
-    H200's tilings MXFP4 1,166 -> 839, int4 548 -> 373: each thread's run of four words chained in fp16)."""
+    695 -> 490, w2 715 -> 505; the portable word GEMV MXFP4 638 -> 481, int4 709 -> 413; the Gluon GEMV at the
+    H200's tilings MXFP4 1,166 -> 713, int4 548 -> 373). MXFP4: a word's odd and even nibbles each moved into
+    bytes as fp16 high bytes, then four pairs by a mask or a byte permute; int4: each thread's run of four words
+    chained in fp16."""
     if "--gluon" in launch and not gemv_w4_sm90.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     common = [sys.executable, "scripts/sass_loop_mix.py", *launch]

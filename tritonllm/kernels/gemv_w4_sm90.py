@@ -194,7 +194,7 @@ if HAVE_GLUON:
     _fp4_pair = gluon.jit(gemv_w4._pair_fp4.fn)  # nibbles j, j + 4 -> two float32 (masks: FP4_MASKS, in registers)
     _act_scaled = gluon.jit(gemv_w4._act_scaled.fn)  # bf16 activations x 2**100 through their exponent bits
     # FP4_HALF2 (gemv_w4): nibble pairs as fp16x2 (masks HALF2_MASKS, in registers), chained by packed FMAs
-    _pair_fp16 = gluon.jit(gemv_w4._pair_fp16.fn)
+    _fp16_pairs = gluon.jit(gemv_w4._fp16_pairs.fn)
     _half2_scales = gluon.jit(gemv_w4.half2_scales.fn)  # the row's activation and output factors
     _HALF2_MIN_EXP = gl.constexpr(gemv_w4.HALF2_MIN_EXP.value)
     _INT4_HALF2_SCALE = gl.constexpr(gemv_w4.INT4_HALF2_SCALE.value)
@@ -236,13 +236,14 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _chain4(words, p0, p1, p2, p3, acc, m0, m1, FP4: gl.constexpr):
-        """acc + the packed products of each word's four nibble pairs (MXFP4: gemv_w4._pair_fp16, int4:
+        """acc + the packed products of each word's four nibble pairs (MXFP4: gemv_w4._fp16_pairs, int4:
         _pair_int4_half2) with the activation pairs p_j."""
         if FP4:
-            acc = _hfma2(_pair_fp16(words, 0, m0, m1), p0, acc)
-            acc = _hfma2(_pair_fp16(words, 1, m0, m1), p1, acc)
-            acc = _hfma2(_pair_fp16(words, 2, m0, m1), p2, acc)
-            acc = _hfma2(_pair_fp16(words, 3, m0, m1), p3, acc)
+            w0, w1, w2, w3 = _fp16_pairs(words, m0, m1, True)
+            acc = _hfma2(w0, p0, acc)
+            acc = _hfma2(w1, p1, acc)
+            acc = _hfma2(w2, p2, acc)
+            acc = _hfma2(w3, p3, acc)
         else:
             acc = _hfma2(_int4_pair(words, 0, m0, m1), p0, acc)
             acc = _hfma2(_int4_pair(words, 1, m0, m1), p1, acc)
