@@ -53,7 +53,7 @@ RAGGED_K = tuple(d for d in DIVISIBLE if d != "stride_bn")
 def compile_moe(kind: str, gated: bool, tiles: GemmTiles, variant: dict, target: GPUTarget = SM90,
                 divisible: tuple[str, ...] = DIVISIBLE):  # fmt: skip
     """One launch's kernel as kernels/moe.py launches it, compiled for `target` (also scripts/sass_loop_mix.py
-    --moe); `variant`: joint, slots, reduce, loads, early, fp4_bits (the GEMV; gemv_w4.FP4_HALF2...), tma_b, sorted_a, one_b_group (the grouped
+    --moe); `variant`: joint, slots, reduce, loads, early, fp4_bits (the GEMV; gemv_w4.FP4_HALF2...), a_exp (its A_EXP), tma_b, sorted_a, one_b_group (the grouped
     GEMM), even_k (default True); `divisible`: the arguments specialised as multiples of 16 (RAGGED_K's:
     gpt-oss's K = 2880, whose MXFP4 rows are 360 words). Raises what the compiler raises."""
     fn, types, constexprs = moe_signature(kind, gated, tiles, variant, target)
@@ -78,7 +78,7 @@ def moe_signature(kind: str, gated: bool, tiles: GemmTiles, variant: dict, targe
         slots = variant.get("slots", 0)
         constexprs = dict(common, WORDS=words, FP4_BITS=variant.get("fp4_bits", int(cuda)), JOINT=variant.get("joint", False), SLOTS=slots,
                           REDUCE=variant.get("reduce", gemv_reduce()), LOADS=variant.get("loads", gemv_loads(words)),
-                          EARLY=variant.get("early", False))  # fmt: skip
+                          EARLY=variant.get("early", False), A_EXP=variant.get("a_exp", 0))  # fmt: skip
         if slots:
             constexprs["BLOCK_N"] = max(1, tiles.block_n // slots)
     else:

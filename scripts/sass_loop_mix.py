@@ -7,7 +7,7 @@ much as by HBM (experiments/quant4/README.md), so this count is the figure a dec
     python scripts/sass_loop_mix.py [--fp4] [--block-n 16] [--block-w 128] [--warps 4]
     python scripts/sass_loop_mix.py --gluon [--fp4]   # the Hopper kernel (kernels/gemv_w4_sm90.py)
     python scripts/sass_loop_mix.py --gemm [--fp4] [--block-n 128] [--block-m 16] [--scale-after] [--prefetch 2] [--x-at-step]   # the Hopper W4 MMA GEMM (M 2..64)
-    python scripts/sass_loop_mix.py --moe w13|w13-joint|w2|w2-slots [--fp4] [--slots 4] [--block-n 16] [--block-w 64] [--loads 0|1|2] [--ragged-k [--aligned-rows]] [--half2]   # the MoE GEMV (kernels/moe_gemv.py; bf16 experts without --fp4)
+    python scripts/sass_loop_mix.py --moe w13|w13-joint|w2|w2-slots [--fp4] [--slots 4] [--block-n 16] [--block-w 64] [--loads 0|1|2] [--ragged-k [--aligned-rows]] [--half2 [--a-bound 57]]   # the MoE GEMV (kernels/moe_gemv.py; bf16 experts without --fp4)
 """
 
 from __future__ import annotations
@@ -83,6 +83,12 @@ def main(argv: list[str] | None = None) -> collections.Counter:
         action="store_true",
         help="--ragged-k: B's rows 16-word aligned all the same (layers/moe.py aligned_rows, MXFP4)",
     )
+    parser.add_argument(
+        "--a-bound",
+        type=float,
+        default=0.0,
+        help="--moe --half2: a bound on |a| in place of the pass over the rows (w2 after gpt-oss's activation: 57)",
+    )
     args = parser.parse_args(argv)
     if args.moe:
         return report(
@@ -97,6 +103,7 @@ def main(argv: list[str] | None = None) -> collections.Counter:
                 args.ragged_k,
                 args.aligned_rows,
                 args.half2,
+                gemv_w4.half2_bound_exp(args.a_bound),
             )
         )
     if args.gemm:  # a thread's weights a K step: BLOCK_N x 128 over the warpgroup's 128 threads
@@ -121,7 +128,8 @@ def main(argv: list[str] | None = None) -> collections.Counter:
 
 
 def compile_moe_gemv(launch: str, fp4: bool, block_n: int, block_w: int, warps: int, slots: int, loads=None,
-                     ragged_k: bool = False, aligned_rows: bool = False, half2: bool = False) -> tuple:  # fmt: skip
+                     ragged_k: bool = False, aligned_rows: bool = False, half2: bool = False,
+                     a_exp: int = 0) -> tuple:  # fmt: skip
     """The MoE GEMV (kernels/moe_gemv.py) for sm90 as the launcher builds it (cross_compile_moe.compile_moe):
     MXFP4 experts read as words (fp4) or bf16 ones, BLOCK_K = 8 x block_w (bf16: block_w x 8 values too); w13
     gated (gate and up loops apart, or `-joint` in one pass), w2 per pair or summing `slots` slots (its block_n
@@ -134,6 +142,7 @@ def compile_moe_gemv(launch: str, fp4: bool, block_n: int, block_w: int, warps: 
         variant["even_k"] = False
     if half2:
         variant["fp4_bits"] = gemv_w4.FP4_HALF2
+        variant["a_exp"] = a_exp
     tiles = GemmTiles(1, block_n, 8 * block_w, warps, 3, 1, gemv=True)
     kernel = compile_moe(
         "mxfp4" if fp4 else "bfloat16", gated, tiles, variant,
@@ -146,9 +155,11 @@ def compile_moe_gemv(launch: str, fp4: bool, block_n: int, block_w: int, warps: 
 
 def report(kernel, weights: float) -> collections.Counter:
     """Print the loop's mix of a compiled kernel, per weight (`weights`: a thread's an iteration)."""
-    ops = loop_mix(disassemble(kernel))
+    sass = disassemble(kernel)
+    ops = loop_mix(sass)
     total = sum(ops.values())
     print(f"loop: {total} instructions a thread an iteration, {weights:.0f} weights: {total / weights:.2f} a weight")
+    print(f"kernel: {len(re.findall(r'/[*][0-9a-f]{4}[*]/[ ]+[@A-Z]', sass))} instructions in all")
     print("spills to local memory" if "LDL" in ops or "STL" in ops else "no spills")
     for op, n in ops.most_common():
         print(f"  {op:8s} {n:5d}  {n / weights:.2f}")

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 
 class LaunchSpy:
-    """Wraps a Triton kernel: counts its launches (`launches`) and records their grids (`grids`)."""
+    """Wraps a Triton kernel: counts its launches (`launches`) and records their grids (`grids`) and keyword
+    arguments (`calls`: the constexprs a launcher passes by name)."""
 
     def __init__(self, kernel) -> None:
-        self.kernel, self.launches, self.grids = kernel, 0, []
+        self.kernel, self.launches, self.grids, self.calls = kernel, 0, [], []
 
     def __getitem__(self, grid):
         self.launches += 1
         self.grids.append(grid)
-        return self.kernel[grid]
+        launch = self.kernel[grid]
+
+        def call(*args, **kwargs):
+            self.calls.append(kwargs)
+            return launch(*args, **kwargs)
+
+        return call

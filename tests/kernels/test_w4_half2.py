@@ -126,6 +126,48 @@ def _moe_problem(t: int, e: int, h: int, i: int, top_k: int, seed: int) -> tuple
     return (4 * _randn(t, h, seed=seed + 1, dtype=DTYPE), w13, w2, weights, ids), kwargs
 
 
+def test_gpt_oss_activation_bound_holds_and_sets_the_factor() -> None:
+    """w2's rows after gpt-oss's clamped activation are bounded (moe_epilogue.activation_bound), so its half-pair
+    GEMV takes the factor from the bound instead of a pass over the rows: the bound holds over gate and up from
+    -1e4 to 1e4 (tight within 2%), silu has none, and the bound's exponent field keeps every row below 2**15."""
+    from tritonllm.kernels.moe_epilogue import activation_bound
+
+    v = torch.cat([torch.linspace(-1e4, 1e4, 201), torch.linspace(-10, 10, 1001)]).double()
+    gate_up = torch.cat([v.repeat_interleave(len(v))[:, None], v.repeat(len(v))[:, None]], dim=1)
+    for alpha, limit in ((1.702, 7.0), (1.0, 3.0), (4.0, 0.5)):
+        worst = reference.moe_activation(gate_up.double(), "swiglu_oai", alpha, limit).abs().max().item()
+        bound = activation_bound("swiglu_oai", alpha, limit)
+        assert worst <= bound <= 1.02 * worst, (alpha, limit, worst, bound)
+        e = gemv_w4.half2_bound_exp(bound)
+        factor = 2.0 ** (gemv_w4.HALF2_EXP_BIAS.value - e)
+        assert bound * factor < 2**15 <= 2 * bound * factor
+    assert activation_bound("silu", 1.702, 7.0) == 0.0 and activation_bound("swiglu_oai", 1.702, 0.0) == 0.0
+    assert gemv_w4.half2_bound_exp(0.0) == 0 and gemv_w4.half2_bound_exp(float("inf")) == 0
+    assert gemv_w4.half2_bound_exp(2.0**11) == 0  # too loose a bound: the pass
+
+
+def test_w2_takes_the_bound_and_holds_saturated_activations(half2, monkeypatch) -> None:
+    """gpt-oss's w2 GEMV in half pairs reads its factor from the activation's bound (A_EXP, no pass over the rows),
+    and stays within fp16's precision both for activations at the bound (inputs large enough that gate and up
+    clamp) and for small ones (the bound then leaves them far below 2**15); a w2 whose A_EXP were too small
+    (the bound wrongly 1) overflows fp16 and is caught."""
+    spy = LaunchSpy(moe_module.moe_gemv_kernel)
+    monkeypatch.setattr(moe_module, "moe_gemv_kernel", spy)
+    t = g.GemmTiles(1, 16, 64, 1, 1, 1, gemv=True)
+    tiles = MoeTiles(t, t, joint=True, sum_slots=True)
+    for scale in (200.0, 0.05):
+        args, kwargs = _moe_problem(2, 5, 64, 96, 2, seed=60)
+        args = (args[0] * scale, *args[1:])
+        got = fused_moe(*args, tiles=tiles, **kwargs)
+        assert_close_to_scale(got, reference.fused_moe(*args, **kwargs), TOL)
+    assert [c["A_EXP"] for c in spy.calls] == [0, 132] * 2  # w13 takes the pass, w2 the bound (57: 2**5 <= 57 < 2**6)
+    monkeypatch.setattr(moe_module, "activation_bound", lambda *a: 1.0)
+    args, kwargs = _moe_problem(2, 5, 64, 96, 2, seed=60)
+    args = (args[0] * 200.0, *args[1:])
+    with pytest.raises(AssertionError):
+        assert_close_to_scale(fused_moe(*args, tiles=tiles, **kwargs), reference.fused_moe(*args, **kwargs), TOL)
+
+
 @pytest.mark.parametrize(
     "loads, flags, i",
     [(0, {}, 96), (1, {}, 64), (1, dict(joint=True, sum_slots=True), 96), (2, dict(joint=True, sum_slots=True), 64)],

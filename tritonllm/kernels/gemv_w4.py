@@ -24,6 +24,7 @@ GEMV (kernels/moe_gemv.py) calls `w4_row_dot` for its MXFP4 experts.
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -333,6 +334,15 @@ def half2_scales(e):
     return (a_exp << 23).to(tl.float32, bitcast=True), (e << 23).to(tl.float32, bitcast=True)
 
 
+def half2_bound_exp(bound: float) -> int:
+    """A_EXP for activation rows known to hold |a| <= bound (w4_row_dot): the float32 exponent field of `bound`
+    (at least HALF2_MIN_EXP); 0 (take the pass over the rows) for a bound that is not finite and positive, or
+    past 2**10, where a fixed factor would leave ordinary activations too small for fp16's precision."""
+    if not (0.0 < bound <= 2.0**10):
+        return 0
+    return max(math.frexp(bound)[1] + 126, HALF2_MIN_EXP.value)
+
+
 @triton.jit
 def _nibble(words, J: tl.constexpr, FP4: tl.constexpr, FP4_BITS: tl.constexpr):
     if FP4:
@@ -439,7 +449,7 @@ def _tile_groups(words, a8, s_ptrs, z_ptrs, g_in, FP4: tl.constexpr, FP4_BITS: t
 def w4_row_dot(a_ptr, rows, rows_in, w_ptr, s_ptr, z_ptr, rn, k_start, k_end, stride_am, stride_ak, stride_wn,
                stride_sn, stride_sk, FP4: tl.constexpr, FP4_BITS: tl.constexpr, GROUP_K: tl.constexpr,
                EVEN: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
-               LOADS: tl.constexpr = 0, FIRST: tl.constexpr = False, words0=0, s0=0):  # fmt: skip
+               LOADS: tl.constexpr = 0, FIRST: tl.constexpr = False, words0=0, s0=0, A_EXP: tl.constexpr = 0):  # fmt: skip
     """sum over k in [k_start, k_end) of w[rn, k] * a[row, k] in float32 for the activation rows
     `rows` ([ROWS] int64, those not `rows_in` read as zeros; rows_in None: all) and the weight rows
     rn: [BLOCK_N] for ROWS 1, [ROWS, BLOCK_N] above (each weight tile decoded once for all rows); rn
@@ -452,13 +462,15 @@ def w4_row_dot(a_ptr, rows, rows_in, w_ptr, s_ptr, z_ptr, rn, k_start, k_end, st
     all of the step's loads at its top; 2 those of the next step too, a step ahead in registers
     (more bytes in flight a program, for grids too small to cover HBM's latency). 1 and 2: MXFP4 with
     k_start 0 and rows_in None (the MoE GEMV's calls); there FIRST: step 0's words and scales are words0
-    / s0, loaded by the caller (w4_step_weights: the MoE GEMV's w2, before its PDL wait)."""
+    / s0, loaded by the caller (w4_step_weights: the MoE GEMV's w2, before its PDL wait). A_EXP (FP4_HALF2):
+    a bound on every row's |a| as a float32 exponent field (half2_bound_exp), which replaces the pass over the
+    rows for their largest; 0: the pass."""
     tl.static_assert(LOADS != 0 or not FIRST, "w4_row_dot FIRST: LOADS 1 / 2 only")
     if LOADS != 0:  # the MoE GEMV's MXFP4 only: k_start 0, every activation row read
         tl.static_assert(FP4, "w4_row_dot LOADS 1 / 2: MXFP4 only")
         return _w4_row_dot_ahead(a_ptr, rows, w_ptr, s_ptr, rn, k_end, stride_am, stride_ak, stride_wn, stride_sn,
                                  stride_sk, FP4_BITS, GROUP_K, EVEN, ROWS, BLOCK_N, BLOCK_W, LOADS == 2, FIRST, words0,
-                                 s0)  # fmt: skip
+                                 s0, A_EXP)  # fmt: skip
     offs_w = tl.arange(0, BLOCK_W)
     WPG: tl.constexpr = GROUP_K // 8  # words a scale group
     GPI: tl.constexpr = BLOCK_W // WPG if BLOCK_W > WPG else 1  # groups a tile (a tile within one group: 1)
@@ -474,7 +486,7 @@ def w4_row_dot(a_ptr, rows, rows_in, w_ptr, s_ptr, z_ptr, rn, k_start, k_end, st
     else:
         a_ptrs = a_ptr + rows[:, None, None] * stride_am + cols[None, :, :]
         acc = tl.zeros((ROWS, BLOCK_N, GPI), tl.float32)
-    a_scale, out_scale = _row_scales(a_ptr, rows, k_start, k_end, stride_am, stride_ak, FP4, FP4_BITS, ROWS)
+    a_scale, out_scale = _row_scales(a_ptr, rows, k_start, k_end, stride_am, stride_ak, FP4, FP4_BITS, ROWS, A_EXP)
     for kw in range(k_start // 8, kw_end, BLOCK_W):
         in_k = kw + offs_w < kw_end
         if EVEN:
@@ -510,12 +522,16 @@ def w4_row_dot(a_ptr, rows, rows_in, w_ptr, s_ptr, z_ptr, rn, k_start, k_end, st
 
 @triton.jit
 def _row_scales(a_ptr, rows, k_start, k_end, stride_am, stride_ak, FP4: tl.constexpr, FP4_BITS: tl.constexpr,
-                ROWS: tl.constexpr):  # fmt: skip
+                ROWS: tl.constexpr, A_EXP: tl.constexpr = 0):  # fmt: skip
     """The factors w4_row_dot's K loop applies to the activation rows (a8 in _tile_groups: [ROWS, 1, 1, 1]
-    for several rows) and to the sums ([ROWS, 1]): FP4_HALF2's per row (half2_row_exp), the float32 decode's
-    2**100 / 2**26 (_act_scaled applies its own), else 1."""
+    for several rows) and to the sums ([ROWS, 1]): FP4_HALF2's per row (half2_row_exp, or from the bound A_EXP
+    when given), the float32 decode's 2**100 / 2**26 (_act_scaled applies its own), else 1."""
     if FP4_BITS >= _HALF2:
-        a_scale, out_scale = half2_scales(half2_row_exp(a_ptr, rows, k_start, k_end, stride_am, stride_ak, ROWS))
+        if A_EXP:  # every row's |a| below 2**(A_EXP - 126): no pass over the rows
+            e = (rows * 0).to(tl.int32) + A_EXP
+        else:
+            e = half2_row_exp(a_ptr, rows, k_start, k_end, stride_am, stride_ak, ROWS)
+        a_scale, out_scale = half2_scales(e)
         if not FP4:  # int4's products are q 2**-24 a' (the zero points' term alike), MXFP4's w 2**-14 a'
             out_scale = out_scale * 1024.0
         if ROWS != 1:
@@ -583,7 +599,7 @@ def _w4_step_loads(a_ptr, rows, w_ptr, s_ptr, rn_w, kw, kw_end, stride_am, strid
 def _w4_row_dot_ahead(a_ptr, rows, w_ptr, s_ptr, rn, k_end, stride_am, stride_ak, stride_wn, stride_sn, stride_sk,
                       FP4_BITS: tl.constexpr, GROUP_K: tl.constexpr, EVEN: tl.constexpr, ROWS: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, AHEAD: tl.constexpr, FIRST: tl.constexpr,
-                      words0, s0):  # fmt: skip
+                      words0, s0, A_EXP: tl.constexpr = 0):  # fmt: skip
     """w4_row_dot's MXFP4 sum over [0, k_end) (k_end > 0) with each step's loads at its top (AHEAD: a
     step early, the next step's loads before this step's decode; the step past the end reloads the last
     one when EVEN, is masked off otherwise). FIRST: step 0's words and scales are words0 / s0, loaded
@@ -602,7 +618,7 @@ def _w4_row_dot_ahead(a_ptr, rows, w_ptr, s_ptr, rn, k_end, stride_am, stride_ak
     if PEEL and not FIRST:
         words0, s0 = w4_step_weights(w_ptr, s_ptr, rn_w, 0, kw_end, stride_wn, stride_sn, stride_sk, GROUP_K, EVEN,
                                      BLOCK_W)  # fmt: skip
-    a_scale, out_scale = _row_scales(a_ptr, rows, 0, k_end, stride_am, stride_ak, True, FP4_BITS, ROWS)
+    a_scale, out_scale = _row_scales(a_ptr, rows, 0, k_end, stride_am, stride_ak, True, FP4_BITS, ROWS, A_EXP)
     start = 0
     if AHEAD:
         if PEEL:

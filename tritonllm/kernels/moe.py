@@ -55,10 +55,10 @@ from tritonllm.kernels import moe_gemv_sm90
 from tritonllm.kernels.gemm import GemmTiles
 from tritonllm.kernels.gemm_persistent import descriptors_fit, tile_coords
 from tritonllm.kernels.gemm_scales import DEC_FP4, dequant_values, group_scales, unpack_values
-from tritonllm.kernels.gemv_w4 import FP4_BITS, as_words, w4_gemv_fits
+from tritonllm.kernels.gemv_w4 import FP4_BITS, FP4_HALF2, as_words, half2_bound_exp, w4_gemv_fits
 from tritonllm.kernels.launch import pdl_launch, pdl_wait
 from tritonllm.kernels.moe_align import MoeAlignment, moe_align
-from tritonllm.kernels.moe_epilogue import moe_store
+from tritonllm.kernels.moe_epilogue import activation_bound, moe_store
 from tritonllm.kernels.moe_gemv import moe_gemv_kernel
 from tritonllm.kernels.moe_tiles import MoeTiles, gemv_early, gemv_loads, gemv_reduce, moe_kind, pick_moe_tiles
 from tritonllm.kernels.quant import quantize_per_group
@@ -225,6 +225,7 @@ def _launch(
     sorted_a: bool = False,
     sorted_c: bool = False,
     early: bool = False,
+    a_bound: float = 0.0,
 ) -> None:
     """One launch over the pairs: c[pair, :n] for B = w[expert] ([E, n, k]; w13: [E, 2n, k]). `route`:
     the alignment for the grouped GEMM, or (tiles.gemv) the topk_ids [T, top_k] for the GEMV
@@ -233,7 +234,8 @@ def _launch(
     `sorted_c`: c's rows in the alignment's order ([num_blocks * BLOCK_M, n]); `sorted_a`: a is such a
     matrix, read through a descriptor where one describes it. `early`: a launch whose route no launch
     since the one before it has written (w2's), so that the GEMV may read its ids and first weights
-    before its PDL wait (moe_tiles.gemv_early: MXFP4 words with summed slots)."""
+    before its PDL wait (moe_tiles.gemv_early: MXFP4 words with summed slots). `a_bound`: a bound
+    on |a| known from its producer (0: none), which spares the GEMV's half-pair decode its pass over the rows."""
     quant = Q_NONE if not isinstance(w, QuantizedWeight) else MOE_FORMATS[w.scheme.format_name]
     data = w.data if isinstance(w, QuantizedWeight) else w
     b_scale = w.scale if isinstance(w, QuantizedWeight) else None
@@ -295,9 +297,10 @@ def _launch(
         grid = (triton.cdiv(n, flags["BLOCK_N"]), t if slots else t * top_k)
         loads = gemv_loads(words is not None)
         early = early and bool(slots) and words is not None and loads != 0 and gemv_early()  # (pays with PDL only)
+        a_exp = half2_bound_exp(a_bound) if words is not None and FP4_BITS >= FP4_HALF2 else 0
         moe_gemv_kernel[grid](*pointers, route, n, k, alpha, limit, top_k, rows_per_expert, *strides, **flags,
                               WORDS=words is not None, FP4_BITS=FP4_BITS, JOINT=joint, SLOTS=slots, REDUCE=gemv_reduce(),
-                              LOADS=loads, EARLY=early, **pdl_launch())  # fmt: skip
+                              LOADS=loads, EARLY=early, A_EXP=a_exp, **pdl_launch())  # fmt: skip
         return
     grid = (route.num_blocks * triton.cdiv(n, tiles.block_n),)
     b_desc = _b_descriptor(data, tiles) if tma and quant != Q_MXFP4 else None
@@ -448,7 +451,8 @@ def fused_moe(
     a, a_scale = quantize_per_group(intermediate, w2.data.dtype, BLOCK) if fp8 else (intermediate, None)
     per_slot = out if top_k == 1 or slots else torch.empty((t * top_k, h), dtype=x.dtype, device=x.device)
     _launch(a, a_scale, w2, per_slot, w2_bias, weights, route, tiles.w2, n=h, k=i, a_row_div=1, gated=False,
-            slots=slots, tma=tiles.tma_w2, sorted_a=in_order, early=True)  # fmt: skip
+            slots=slots, tma=tiles.tma_w2, sorted_a=in_order, early=True,
+            a_bound=activation_bound(activation, alpha, limit))  # fmt: skip
     if top_k > 1 and not slots:
         torch.sum(per_slot.view(t, top_k, h), dim=1, out=out)
     return out

@@ -3,6 +3,8 @@ expert bias, the gated activation, the pair's top-k weight, and the store of eac
 
 from __future__ import annotations
 
+import math
+
 import triton
 import triton.language as tl
 
@@ -18,6 +20,16 @@ def moe_activation(gate, up, alpha, limit, ACTIVATION: tl.constexpr):
         g = tl.minimum(gate, limit)
         out = (tl.minimum(tl.maximum(up, -limit), limit) + 1.0) * g / (1.0 + tl.exp(-alpha * g))
     return out
+
+
+def activation_bound(activation: str, alpha: float, limit: float) -> float:
+    """A bound on |moe_activation(gate, up)| over every input, or 0 where there is none (silu). gpt-oss's
+    (swiglu_oai): |clamp(up) + 1| <= limit + 1, and g sigmoid(alpha g), increasing for g > 0, with g <= limit lies
+    in [-0.2785 / alpha, limit sigmoid(alpha limit)] (its minimum over g < 0 is at alpha g = -1.2785); 1% above
+    that for the bf16 rounding of the stored result."""
+    if activation != "swiglu_oai" or not (alpha > 0.0 and limit > 0.0):
+        return 0.0
+    return 1.01 * (limit + 1.0) * max(limit / (1.0 + math.exp(-alpha * limit)), 0.2785 / alpha)
 
 
 @triton.jit

@@ -95,17 +95,18 @@ def _row_dot(a_ptr, rows, a_scale_ptr, b_ptr, b_scale_ptr, rn, K, stride_am, str
              stride_bn, stride_bk, stride_bsn, stride_bsk, QUANT: tl.constexpr, GROUP_K: tl.constexpr,
              EVEN_K: tl.constexpr, WORDS: tl.constexpr, FP4_BITS: tl.constexpr, SLOTS: tl.constexpr,
              REDUCE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LOADS: tl.constexpr = 0,
-             FIRST: tl.constexpr = False, words0=0, s0=0):  # fmt: skip
+             FIRST: tl.constexpr = False, words0=0, s0=0, A_EXP: tl.constexpr = 0):  # fmt: skip
     """sum over K of w[rn, k] * a[row, k] in float32: one activation row (`rows` a scalar) against the
     weight rows rn [BLOCK_N]; or (SLOTS) a token's slots, `rows` [SLOTS] activation rows each against
     its own weight rows rn [SLOTS, BLOCK_N] of the experts' stacked weights read as one [E * N, K]
     matrix (row e * N + n). MXFP4 read as int32 words (WORDS: kernels/gemv_w4.py; b_ptr then points
     at words, stride_bn in words); FIRST (MXFP4 words, LOADS 1 / 2): the first K step's words and
-    scales are words0 / s0, loaded by the caller."""
+    scales are words0 / s0, loaded by the caller. A_EXP (MXFP4 words in half pairs): a bound on the
+    activations' magnitude (gemv_w4.w4_row_dot)."""
     if QUANT == 2 and WORDS:
         acc = w4_row_dot(a_ptr, rows, None, b_ptr, b_scale_ptr, b_scale_ptr, rn, 0, K, stride_am, stride_ak, stride_bn,
                          stride_bsn, stride_bsk, True, FP4_BITS, GROUP_K, EVEN_K, SLOTS if SLOTS else 1, BLOCK_N,
-                         BLOCK_K // 8, LOADS, FIRST, words0, s0)  # fmt: skip
+                         BLOCK_K // 8, LOADS, FIRST, words0, s0, A_EXP)  # fmt: skip
     else:
         tl.static_assert(not FIRST, "_row_dot FIRST: MXFP4 words only")
         PACK: tl.constexpr = 2 if QUANT == 2 else 1  # K values per byte of B
@@ -207,7 +208,7 @@ def moe_gemv_kernel(
     MUL_WEIGHTS: tl.constexpr, QUANT: tl.constexpr, GROUP_K: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WORDS: tl.constexpr = False, FP4_BITS: tl.constexpr = True,
     JOINT: tl.constexpr = False, SLOTS: tl.constexpr = 0, REDUCE: tl.constexpr = 2, LOADS: tl.constexpr = 0,
-    EARLY: tl.constexpr = False, PDL: tl.constexpr = False,
+    EARLY: tl.constexpr = False, A_EXP: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """c[pair, n] for one pair (program axis 1) and BLOCK_N columns (axis 0): A row pair // A_ROW_DIV,
     B the pair's expert's [N (x2 when GATED), K] matrix. JOINT (GATED): the gate and up rows in one
@@ -218,7 +219,10 @@ def moe_gemv_kernel(
     EARLY (w2 with SLOTS, MXFP4 words, LOADS 1 / 2; PDL): the expert ids and the first K step's weight words
     and scales are loaded before the PDL wait, so that they stream while w13 drains. No launch between
     writes them: the ids are the router's, two launches back, and w13 (the launch before) lets this one
-    start only after its own wait, i.e. once the router has finished (read past L1 all the same)."""
+    start only after its own wait, i.e. once the router has finished (read past L1 all the same).
+    A_EXP (MXFP4 words in half pairs, gemv_w4.FP4_HALF2): a bound on the activations' magnitude as a float32
+    exponent field (gemv_w4.half2_bound_exp; w2 after gpt-oss's clamped activation), in place of the pass over
+    each row for its largest; 0: the pass."""
     pid_n = tl.program_id(0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rn = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
@@ -235,7 +239,7 @@ def moe_gemv_kernel(
         acc = _row_dot(a_ptr, (pairs // A_ROW_DIV).to(tl.int64), a_scale_ptr, b_ptr, b_scale_ptr,
                        e[:, None] * rows_per_expert + rn[None, :], K, stride_am, stride_ak, stride_asm, stride_ask,
                        stride_bn, stride_bk, stride_bsn, stride_bsk, QUANT, GROUP_K, EVEN_K, WORDS, FP4_BITS, SLOTS,
-                       REDUCE, BLOCK_N, BLOCK_K, LOADS, EARLY, words0, s0)  # fmt: skip
+                       REDUCE, BLOCK_N, BLOCK_K, LOADS, EARLY, words0, s0, A_EXP)  # fmt: skip
         moe_store(acc, acc, c_ptr, bias_ptr, topk_weights_ptr, pairs, valid, e[:, None], rn, offs_n, N, alpha, limit,
                   stride_cm, stride_cn, stride_bias_e, False, ACTIVATION, HAS_BIAS, MUL_WEIGHTS,
                   tl.full([1], 0, tl.int32) + token)  # fmt: skip
@@ -253,7 +257,7 @@ def moe_gemv_kernel(
     else:
         acc = _row_dot(a_ptr, row, a_scale_ptr, b_ptr, b_scale_ptr, rn, K, stride_am, stride_ak, stride_asm,
                        stride_ask, stride_bn, stride_bk, stride_bsn, stride_bsk, QUANT, GROUP_K, EVEN_K, WORDS,
-                       FP4_BITS, 0, REDUCE, BLOCK_N, BLOCK_K, LOADS)  # fmt: skip
+                       FP4_BITS, 0, REDUCE, BLOCK_N, BLOCK_K, LOADS, A_EXP=A_EXP)  # fmt: skip
         acc_up = acc
         if GATED:  # w13's up rows, N below the gate rows
             acc_up = _row_dot(a_ptr, row, a_scale_ptr, b_ptr, b_scale_ptr, rn + N, K, stride_am, stride_ak,
