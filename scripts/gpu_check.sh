@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -497,34 +497,31 @@ print(tuned_file(torch.cuda.get_device_name()))")
         --output-json "$OUT/steps_gptoss_step_kernels.json" 2>&1 | grep -E '"step_ms"'
       python3 scripts/step_timeline.py /tmp/trace_steps.json --steps 20 --json "$OUT/timeline_gptoss_step_kernels.json" \
         | tee "$OUT/timeline_gptoss_step_kernels.txt" | head -24 ;;
-    half2)
+    half2|half2-check)
       # session 34's build: 4-bit nibble pairs decoded into fp16x2 and multiplied by packed half-precision FMAs
-      # (kernels/gemv_w4.py FP4_HALF2, TRITONLLM_W4_HALF2=1; sm90 SASS, Triton 3.6, a K step: gpt-oss's MoE w13
-      # 695 -> 552 instructions, w2 715 -> 571; the Gluon GEMV at the H200's tilings MXFP4 1,166 -> 839, int4
-      # 578 -> 467 (8 rows along K: 937 -> 702); the Gluon MoE GEMV 1,246 -> 925). Its GPU tests and the 4-bit
-      # GEMVs' tests with it on; the Gluon GEMV's tilings on Llama-3-8B's layers at M = 1 off and on; the decode
-      # layer's MoE kernels (graph replay, PDL, L2 flushed) off, on, and on with the Gluon MoE GEMV; then
-      # gpt-oss-20b batch 1 on / off / on / off and with the Gluon MoE GEMV, and Llama-3-8B int4 and MXFP4 batch 1
-      # off / on
-      python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_w4_half2.py 2>&1 | tail -2
-      TRITONLLM_W4_HALF2=1 python3 -m pytest -q -m "gpu or not gpu" -o addopts="" tests/kernels/test_moe.py \
-        tests/kernels/test_gemv_w4.py tests/kernels/test_gemv_w4_sm90.py tests/kernels/test_moe_gemv_sm90.py \
-        -k "mxfp4 or fp4 or int4 or gemv or quantized or matches" 2>&1 | tail -2
+      # (kernels/gemv_w4.py FP4_HALF2, TRITONLLM_W4_HALF2=1), with session 35's (a word's four MXFP4 pairs at once,
+      # int4 chained over a thread's run of four words, w2's factor from the activation's bound, ragged K's masks
+      # once). sm90 SASS a K step (Triton 3.6): gpt-oss's MoE w13 695 -> 461, w2 715 -> 460 (float32 664 / 666);
+      # the Gluon GEMV MXFP4 1,166 -> 713, int4 548 -> 373 at its default tiling, 560 at 8:4:0. half2-check (about
+      # 8 minutes): the GPU tests of the changed kernels; the decode layer's MoE kernels off / on; the Gluon GEMV's
+      # tilings on Llama-3-8B's layers at M = 1 on / off. half2-e2e: gpt-oss-20b batch 1 on / off / on / off, then
+      # Llama-3-8B int4 and MXFP4 batch 1 off / on (over 600 s: HALF2_E2E="1 0" for the first pair alone).
+      timeout 240 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_w4_half2.py tests/kernels/test_gemv_w4_sm90.py \
+        tests/kernels/test_moe.py 2>&1 | tail -6
       for h in 0 1; do
-        TRITONLLM_W4_HALF2=$h python3 experiments/quant4/gemv_sm90/sweep.py "$OUT/gemv_sm90_half2_$h.json" \
-          --configs 8:4:0:0 4:4:0:0 4:1:1:0 8:1:1:0 2>&1 | tail -12 | sed "s/^/W4_HALF2 $h: /"
+        TRITONLLM_W4_HALF2=$h timeout 100 python3 scripts/bench_moe.py "$OUT/moe_half2_$h.json" --shapes gptoss \
+          --kinds mxfp4 --tokens 1 --torch-ref-max-tokens 0 --kernels --pdl > "$OUT/moe_half2_$h.log" 2>&1
+        echo "== W4_HALF2 $h"; grep -E "T=|kernels" "$OUT/moe_half2_$h.log" | cut -c1-200
       done
-      for v in "0 0" "1 0" "1 1"; do
-        set -- $v
-        TRITONLLM_W4_HALF2=$1 TRITONLLM_MOE_GEMV_GLUON=$2 python3 scripts/bench_moe.py "$OUT/moe_half2_$1_gluon$2.json" \
-          --shapes gptoss qwen3 --kinds mxfp4 --tokens 1 4 --torch-ref-max-tokens 0 --kernels --pdl \
-          > "$OUT/moe_half2_$1_gluon$2.log" 2>&1
-        echo "== W4_HALF2 $1 MOE_GEMV_GLUON $2"; grep -E "T=|kernels" "$OUT/moe_half2_$1_gluon$2.log" | cut -c1-200
+      for h in 1 0; do
+        TRITONLLM_W4_HALF2=$h timeout 120 python3 experiments/quant4/gemv_sm90/sweep.py "$OUT/gemv_sm90_half2_$h.json" \
+          --configs 8:4:0:0 4:1:1:0 16:4:0:0 8:1:1:0 2>&1 | tail -9 | sed "s/^/W4_HALF2 $h: /"
       done
+      [ "$step" = half2 ] && bash "$0" half2-e2e ;;
+    half2-e2e)
       for h in ${HALF2_E2E-1 0 1 0}; do  # HALF2_E2E="": none
         TRITONLLM_W4_HALF2=$h MOE_RUNS=gptoss_batch1 MOE_TAG="_half2_$h" bash "$0" e2e-moe
       done
-      TRITONLLM_W4_HALF2=1 TRITONLLM_MOE_GEMV_GLUON=1 MOE_RUNS=gptoss_batch1 MOE_TAG="_half2_1_gluon1" bash "$0" e2e-moe
       for h in 0 1; do
         TRITONLLM_W4_HALF2=$h QUANT_VARIANTS="int4_gluon mxfp4_gluon" QUANT_EXPS=batch1_decode QUANT_TAG="_half2_$h" \
           bash "$0" e2e-quant | grep "tok/s" | sed "s/^/llama W4_HALF2 $h: /"
