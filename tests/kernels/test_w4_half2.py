@@ -181,7 +181,7 @@ def test_w2_takes_the_bound_and_holds_saturated_activations(half2, monkeypatch) 
         "loads0-ragged_k",
         "loads1-even_k",
         "loads1-joint_slots-ragged_k",
-        "loads1-joint_slots-steps_and_tail",
+        "loads1-joint_slots-ragged_k_three_steps",
         "loads2-joint_slots-even_k",
     ],
 )
@@ -189,7 +189,7 @@ def test_moe_gemv_in_half_pairs_matches_reference(loads, flags, i, half2, monkey
     """The MoE GEMV's MXFP4 experts (w13 gated, w2 per pair or summing the slots) under each load schedule (w2's
     EARLY loads, on by default, under 1 and 2 with the slots: step 0's words before the rows' scale pass), over
     several 32-column K steps, K even over them or ragged (96 on 64: w2's last step masked; 160 on 64: step 0,
-    a whole step unmasked, then the masked tail)."""
+    a whole step, then a partial one)."""
     from tritonllm.kernels import moe_tiles
 
     monkeypatch.setenv("TRITONLLM_MOE_GEMV_LOADS", str(loads))

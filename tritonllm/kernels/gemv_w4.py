@@ -631,13 +631,7 @@ def _w4_row_dot_ahead(a_ptr, rows, w_ptr, s_ptr, rn, k_end, stride_am, stride_ak
         a8 = _w4_step_act(a_ptr, rows, 0, kw_end, stride_am, stride_ak, EVEN, ROWS, BLOCK_W)
         acc += _tile_groups(words0, a8, s0, s0, None, True, FP4_BITS, GPI, BLOCK_W, True, a_scale)
         start = BLOCK_W
-    # not AHEAD with K ragged: the whole steps unmasked, then the last, partial one masked (a second copy of the
-    # step: its masks cost about 40 instructions a thread a step at gpt-oss's tiles)
-    TAIL: tl.constexpr = not AHEAD and not EVEN
-    loop_end = kw_end
-    if TAIL:
-        loop_end = kw_end - kw_end % BLOCK_W
-    for kw in range(start, loop_end, BLOCK_W):
+    for kw in range(start, kw_end, BLOCK_W):
         if AHEAD:
             kw_next = kw + BLOCK_W
             if EVEN:  # in bounds: past the end, this step again (written so that it stays a multiple of BLOCK_W)
@@ -646,15 +640,13 @@ def _w4_row_dot_ahead(a_ptr, rows, w_ptr, s_ptr, rn, k_end, stride_am, stride_ak
                                                 stride_wn, stride_sn, stride_sk, GROUP_K, EVEN, ROWS, BLOCK_W)  # fmt: skip
         else:
             words, a8, s = _w4_step_loads(a_ptr, rows, w_ptr, s_ptr, rn_w, kw, kw_end, stride_am, stride_ak, stride_wn,
-                                          stride_sn, stride_sk, GROUP_K, EVEN or TAIL, ROWS, BLOCK_W)  # fmt: skip
+                                          stride_sn, stride_sk, GROUP_K, EVEN, ROWS, BLOCK_W)  # fmt: skip
         acc += _tile_groups(words, a8, s, s, None, True, FP4_BITS, GPI, BLOCK_W, True, a_scale)
         if AHEAD:
             words, a8, s = n_words, n_a8, n_s
-    if TAIL:
-        if loop_end >= start and loop_end < kw_end:  # (K below one step: step 0 took it all)
-            words, a8, s = _w4_step_loads(a_ptr, rows, w_ptr, s_ptr, rn_w, loop_end, kw_end, stride_am, stride_ak,
-                                          stride_wn, stride_sn, stride_sk, GROUP_K, False, ROWS, BLOCK_W)  # fmt: skip
-            acc += _tile_groups(words, a8, s, s, None, True, FP4_BITS, GPI, BLOCK_W, True, a_scale)
+    # (a split of ragged K into whole unmasked steps and a masked tail after the loop counted ~40 fewer instructions
+    # a step at gpt-oss's tiles, but made the decode layer's window slower under PDL on an H100: 37.8 -> 45.6 us in
+    # half pairs, 42.6 -> 42.8 in float32; experiments/moe/README.md, session 35)
     return tl.sum(acc, axis=len(acc.shape) - 1) * out_scale
 
 
