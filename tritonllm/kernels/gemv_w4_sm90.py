@@ -201,17 +201,9 @@ if HAVE_GLUON:
     _INT4_ODD_SCALE = gl.constexpr(gemv_w4.INT4_ODD_SCALE.value)
     _half = gluon.jit(gemv_w4._half.fn)  # an fp16x2's low or high half as float32
 
-    @gluon.jit
-    def _hfma2(a, b, c):
-        """a * b + c on int32s holding fp16x2 pairs (PTX fma.rn.f16x2)."""
-        return gl.inline_asm_elementwise("fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=gl.int32,
-                                         is_pure=True, pack=1)  # fmt: skip
-
-    @gluon.jit
-    def _pack_half2(lo, hi):
-        """Two float32 -> an int32 holding them as fp16x2, lo low (PTX cvt.rn.f16x2.f32)."""
-        return gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f", [hi, lo], dtype=gl.int32,
-                                         is_pure=True, pack=1)  # fmt: skip
+    # gemv_w4's PTX packed FMA and float32 -> fp16x2 conversion (called with ASM True: Gluon is NVIDIA's)
+    _hfma2 = gluon.jit(gemv_w4._hfma2.fn)
+    _pack_half2 = gluon.jit(gemv_w4._pack_half2.fn)
 
     @gluon.jit
     def _row_exp(a_ptr, K):
@@ -240,15 +232,15 @@ if HAVE_GLUON:
         _pair_int4_half2) with the activation pairs p_j."""
         if FP4:
             w0, w1, w2, w3 = _fp16_pairs(words, m0, m1, True)
-            acc = _hfma2(w0, p0, acc)
-            acc = _hfma2(w1, p1, acc)
-            acc = _hfma2(w2, p2, acc)
-            acc = _hfma2(w3, p3, acc)
+            acc = _hfma2(w0, p0, acc, True)
+            acc = _hfma2(w1, p1, acc, True)
+            acc = _hfma2(w2, p2, acc, True)
+            acc = _hfma2(w3, p3, acc, True)
         else:
-            acc = _hfma2(_int4_pair(words, 0, m0, m1), p0, acc)
-            acc = _hfma2(_int4_pair(words, 1, m0, m1), p1, acc)
-            acc = _hfma2(_int4_pair(words, 2, m0, m1), p2, acc)
-            acc = _hfma2(_int4_pair(words, 3, m0, m1), p3, acc)
+            acc = _hfma2(_int4_pair(words, 0, m0, m1), p0, acc, True)
+            acc = _hfma2(_int4_pair(words, 1, m0, m1), p1, acc, True)
+            acc = _hfma2(_int4_pair(words, 2, m0, m1), p2, acc, True)
+            acc = _hfma2(_int4_pair(words, 3, m0, m1), p3, acc, True)
         return acc
 
     @gluon.jit
@@ -271,10 +263,10 @@ if HAVE_GLUON:
         FMAs chained in fp16, then the two halves summed; a_j [GPI, WPG] the activations' columns, scaled into
         fp16's range (int4's odd columns by INT4_ODD_SCALE too)."""
         w0, w1, w2, w3 = _runs(words)
-        p00, p01, p02, p03 = _runs(_pack_half2(a0, a4))  # pair 0 of a run's words 0..3
-        p10, p11, p12, p13 = _runs(_pack_half2(a1, a5))
-        p20, p21, p22, p23 = _runs(_pack_half2(a2, a6))
-        p30, p31, p32, p33 = _runs(_pack_half2(a3, a7))
+        p00, p01, p02, p03 = _runs(_pack_half2(a0, a4, True))  # pair 0 of a run's words 0..3
+        p10, p11, p12, p13 = _runs(_pack_half2(a1, a5, True))
+        p20, p21, p22, p23 = _runs(_pack_half2(a2, a6, True))
+        p30, p31, p32, p33 = _runs(_pack_half2(a3, a7, True))
         w0 = gl.convert_layout(w0, LR)  # the same registers
         w1 = gl.convert_layout(w1, LR)
         w2 = gl.convert_layout(w2, LR)
@@ -329,7 +321,8 @@ if HAVE_GLUON:
     @gluon.jit
     def _accumulate(words, act, s, z, acc, acc_z, col_scale, m0, m1, FP4: gl.constexpr, LW: gl.constexpr,
                     LG: gl.constexpr, LR: gl.constexpr, HALF2: gl.constexpr = False):  # fmt: skip
-        """One K tile into the per-word-column accumulator acc (and, int4, the per-group acc_z);
+        """One K tile into the per-word-column accumulator acc (and, int4, the per-group acc_z; HALF2: MXFP4's
+        per-group sums in acc_z, int4's per-run ones, zero points included, in acc [BLOCK_N, GPI, RUNS] in LR);
         col_scale: int4's activation factor per nibble column ([1, 1, 8]; MXFP4: None, _act_scaled's 2**100;
         HALF2: the row's power of two, gemv_w4.half2_scales)."""
         if HALF2:
