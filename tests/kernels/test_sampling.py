@@ -365,8 +365,9 @@ def _split_case(num_rows: int, vocab: int, seed: int, device="cpu"):
     logits = _logits(num_rows, vocab, seed=seed, device=device)
     top = logits.max().item() + 1.0
     logits[0, [vocab - 1, 70, 5 * vocab // 8]] = top  # ties in three chunks: 70 comes first
-    logits[1] = float("-inf")
-    logits[1, vocab - 3] = 0.0
+    if num_rows > 1:  # (a one-row case keeps its ties alone)
+        logits[1] = float("-inf")
+        logits[1, vocab - 3] = 0.0
     params = _params(num_rows, seed=seed + 1, device=device)
     params["temperature"][:3] = 0.0
     params["temperature"][3:5] = 0.7  # temperature alone: split

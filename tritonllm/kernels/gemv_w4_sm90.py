@@ -53,6 +53,11 @@ NUM_WARPS = 4
 WPT = 4  # contiguous words a thread holds of a scale group: one 16-byte load
 
 
+def half2_on() -> bool:
+    """Whether 4-bit weights take the fp16x2 decode and packed FMAs (gemv_w4.FP4_BITS, NVIDIA's default)."""
+    return gemv_w4.FP4_BITS == gemv_w4.FP4_HALF2
+
+
 @dataclass(frozen=True)
 class Tiling:
     rows: int = 8  # weight rows a thread: the activations' conversion and sums are shared by them
@@ -67,11 +72,15 @@ class Tiling:
         return cls(rows, warps_k, bool(prefetch), maxnreg or None)
 
 
-# per format ("int4", "fp4"); TRITONLLM_W4_GEMV_SM90_TILING="int4=R:W:P:M,fp4=R:W:P:M" overrides (sweeps)
-# the H200's (experiments/quant4/gemv_sm90/h200_session12/sweep_tilings.json, Llama-3-8B shapes): int4 at 4
-# rows a thread, warps along rows, next tile prefetched (qkv 7.4, o 5.8, gate_up 28.5, down 14.3 us); MXFP4
-# at 8 rows, warps along K (7.9, 5.9, 31.6, 19.3 us)
-TILINGS = {"int4": Tiling(rows=4, warps_k=1, prefetch=True), "fp4": Tiling(rows=8, warps_k=4, prefetch=False)}
+# per format ("int4", "fp4"); TRITONLLM_W4_GEMV_SM90_TILING="int4=R:W:P:M,fp4=R:W:P:M" overrides (sweeps).
+# The H200's, Llama-3-8B shapes, L2 cold: in half pairs (half2_on, the default) both formats at 8 rows a thread,
+# warps along K (session 36, experiments/quant4/h200_session36/: int4 qkv 7.4, o 5.7, gate_up 22.0, down 16.3 us;
+# MXFP4 7.6, 6.1, 22.3, 14.2); in float32 (session 12, gemv_sm90/h200_session12/sweep_tilings.json) int4 at 4
+# rows, warps along rows, next tile prefetched (qkv 7.4, o 5.8, gate_up 28.5, down 14.3 us at the time), MXFP4 8:4:0
+TILINGS = {
+    "int4": Tiling(rows=8, warps_k=4) if half2_on() else Tiling(rows=4, warps_k=1, prefetch=True),
+    "fp4": Tiling(rows=8, warps_k=4, prefetch=False),
+}
 TILINGS.update(
     (fmt, Tiling.parse(spec))
     for fmt, spec in (
@@ -118,11 +127,6 @@ def takes(a: torch.Tensor, k: int, group_k: int) -> bool:
 def unavailable() -> str | None:
     """The linear implementation's availability check (registry.Supports.available)."""
     return None if available() else "needs an NVIDIA sm90 GPU and a Triton whose Gluon compiles the W4 GEMV"
-
-
-def half2_on() -> bool:
-    """Whether 4-bit weights take the fp16x2 decode and packed FMAs (gemv_w4.FP4_BITS, TRITONLLM_W4_HALF2=1)."""
-    return gemv_w4.FP4_BITS == gemv_w4.FP4_HALF2
 
 
 @functools.cache

@@ -332,9 +332,10 @@ _SAMPLE = Launcher(_sample_kernel)
 _SAMPLE_SPLIT = Launcher(_sample_split_kernel)
 # Batches of up to this many rows sample with each row's vocabulary split over several programs
 # (_sample_split_kernel) on a GPU: one program a row reads a 201,088-token row in 24.6 us at batch 1 (gpt-oss-20b
-# on an H200, session 33's step timeline: 1.3% of the step). 0 (the default until a GPU has checked and timed
-# it; TRITONLLM_SAMPLE_SPLIT_ROWS): off. SPLIT_PROGRAMS: programs a launch aims at, SPLIT_BLOCK_V: a split's chunk.
-SPLIT_ROWS = int(os.environ.get("TRITONLLM_SAMPLE_SPLIT_ROWS", "0"))
+# on an H200, session 33's step timeline: 1.3% of the step). Session 36 on an H200: gpt-oss-20b batch 1 565.7 ->
+# 571.7 tok/s with it (TRITONLLM_SAMPLE_SPLIT_ROWS; 0: off). SPLIT_PROGRAMS: programs a launch aims at,
+# SPLIT_BLOCK_V: a split's chunk.
+SPLIT_ROWS = int(os.environ.get("TRITONLLM_SAMPLE_SPLIT_ROWS", "8"))
 SPLIT_PROGRAMS = 256
 SPLIT_BLOCK_V = 4096
 _LOG_SOFTMAX = Launcher(_log_softmax_kernel)
