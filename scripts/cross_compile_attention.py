@@ -15,6 +15,7 @@ the rotary kernel (kernels/rotary.py) alone and with the KV-cache write fused (b
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -66,6 +67,18 @@ def disassemble(kernel) -> str:
         cubin.write(kernel.asm["cubin"])
         cubin.flush()
         return subprocess.run([nvdisasm, "-c", cubin.name], capture_output=True, text=True, check=True).stdout
+
+
+def registers(kernel) -> int:
+    """Registers a thread of a kernel compiled for NVIDIA (its cubin's resource usage, Triton's bundled cuobjdump):
+    an SM holds 65,536 / (128 x this) programs of four warps."""
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(kernel.asm["cubin"])
+        cubin.flush()
+        usage = subprocess.run([cuobjdump, "--dump-resource-usage", cubin.name], capture_output=True, text=True,
+                               check=True).stdout  # fmt: skip
+    return int(re.search(r"REG:(\d+)", usage).group(1))
 
 
 def compile_one(fn: triton.JITFunction, target: GPUTarget, kv: str, constexprs: dict) -> str | None:

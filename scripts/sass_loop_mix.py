@@ -5,7 +5,7 @@ instructions counted by opcode and per weight. At M = 1 the GEMV is bound by ins
 much as by HBM (experiments/quant4/README.md), so this count is the figure a decode change moves.
 
     python scripts/sass_loop_mix.py [--fp4] [--block-n 16] [--block-w 128] [--warps 4]
-    python scripts/sass_loop_mix.py --gluon [--fp4]   # the Hopper kernel (kernels/gemv_w4_sm90.py)
+    python scripts/sass_loop_mix.py --gluon [--fp4] [--half2 [--one-tile]]   # the Hopper kernel (kernels/gemv_w4_sm90.py)
     python scripts/sass_loop_mix.py --gemm [--fp4] [--block-n 128] [--block-m 16] [--scale-after] [--prefetch 2] [--x-at-step]   # the Hopper W4 MMA GEMM (M 2..64)
     python scripts/sass_loop_mix.py --moe w13|w13-joint|w2|w2-slots [--fp4] [--slots 4] [--block-n 16] [--block-w 64] [--loads 0|1|2] [--ragged-k [--aligned-rows]] [--half2 [--a-bound 57]]   # the MoE GEMV (kernels/moe_gemv.py; bf16 experts without --fp4)
 """
@@ -21,7 +21,7 @@ import sys
 os.environ["TRITON_INTERPRET"] = "0"  # before tritonllm.platform, which would switch it on without a GPU
 
 # isort: split
-from cross_compile_attention import compile_kernel, disassemble  # this folder: sys.path[0] when run as a script
+from cross_compile_attention import compile_kernel, disassemble, registers  # this folder: sys.path[0] when run as a script
 from cross_compile_moe import DIVISIBLE as MOE_DIVISIBLE
 from cross_compile_moe import RAGGED_K, compile_moe
 from triton.backends.compiler import GPUTarget
@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> collections.Counter:
     parser.add_argument("--block-w", type=int, default=128, help="int32 words (8 weights each) a row per iteration")
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--gluon", action="store_true", help="the sm90 Gluon GEMV (its own fixed tile) instead")
+    parser.add_argument("--one-tile", action="store_true", help="--gluon --half2: K in one tile (ONE_TILE)")
     parser.add_argument("--gemm", action="store_true", help="the sm90 Gluon int4 GEMM (kernels/gemm_w4_sm90.py)")
     parser.add_argument("--block-m", type=int, default=16, help="--gemm: activation rows (the MMA's N)")
     parser.add_argument("--scale-after", action="store_true", help="--gemm: the scale applied after each MMA")
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> collections.Counter:
                                            x_ahead=not args.x_at_step)  # fmt: skip
         return report(kernel, args.block_n)
     if args.gluon:
-        kernel = gemv_w4_sm90.compile_sm90(fp4=args.fp4, half2=args.half2)
+        kernel = gemv_w4_sm90.compile_sm90(fp4=args.fp4, half2=args.half2, one_tile=args.one_tile)
         weights = (
             gemv_w4_sm90.TILINGS["fp4" if args.fp4 else "int4"].rows * gemv_w4_sm90.WPT * 8
         )  # a thread's, an iteration
@@ -159,7 +160,8 @@ def report(kernel, weights: float) -> collections.Counter:
     ops = loop_mix(sass)
     total = sum(ops.values())
     print(f"loop: {total} instructions a thread an iteration, {weights:.0f} weights: {total / weights:.2f} a weight")
-    print(f"kernel: {len(re.findall(r'/[*][0-9a-f]{4}[*]/[ ]+[@A-Z]', sass))} instructions in all")
+    print(f"kernel: {len(re.findall(r'/[*][0-9a-f]{4}[*]/[ ]+[@A-Z]', sass))} instructions in all, "
+          f"{registers(kernel)} registers a thread")
     print("spills to local memory" if "LDL" in ops or "STL" in ops else "no spills")
     for op, n in ops.most_common():
         print(f"  {op:8s} {n:5d}  {n / weights:.2f}")

@@ -304,8 +304,8 @@ def test_moe_gemv_in_half_pairs_on_the_gpu(gluon, t, e, h, i, top_k, half2, monk
     "launch, fewer",
     [(["--fp4", "--moe", "w13-joint", "--block-n", "8"], 0.9), (["--fp4", "--moe", "w2-slots", "--block-n", "16"], 0.9),
      (["--fp4", "--block-n", "16"], 0.9), (["--block-n", "16"], 0.9), (["--fp4", "--gluon"], 0.9),
-     (["--gluon"], 0.9)],
-    ids=["w13_joint", "w2_slots", "dense_mxfp4", "dense_int4", "gluon_mxfp4", "gluon_int4"],
+     (["--gluon"], 0.9), (["--gluon", "--one-tile"], 0.9)],
+    ids=["w13_joint", "w2_slots", "dense_mxfp4", "dense_int4", "gluon_mxfp4", "gluon_int4", "gluon_int4_one_tile"],
 )  # fmt: skip
 def test_half2_builds_for_sm90_with_fewer_instructions(launch, fewer) -> None:
     """The sm90 build (PTX packed FMAs and conversions) compiles without spills, and its K loop takes fewer

@@ -305,6 +305,13 @@ def _groups_half2(words, a8, a_scale, s, z, GPI: tl.constexpr, BLOCK_W: tl.const
     return out
 
 
+# half2_row_exp's chunks of 1,024 activations in flight at once for one row (and the Gluon GEMV's _row_exp): a row
+# of up to 4,096 in one L2 round trip, where session 35's took one chunk at a time (gpt-oss's w13, K = 2,880: three
+# trips one after another; Llama-3-8B's down, 14,336: fourteen). The same registers (sm90 SASS, Triton 3.6: the MoE
+# w13 95, the dense GEMVs 92 / 96, the Gluon GEMV 128 / 160), fewer instructions. TRITONLLM_W4_ROW_EXP_LOADS: A/B
+ROW_EXP_LOADS = tl.constexpr(int(os.environ.get("TRITONLLM_W4_ROW_EXP_LOADS", "4")))
+
+
 @triton.jit
 def half2_row_exp(a_ptr, rows, k_start, k_end, stride_am, stride_ak, ROWS: tl.constexpr):
     """FP4_HALF2: the float32 exponent field e of each activation row's largest |a| over [k_start, k_end) (at
@@ -313,11 +320,13 @@ def half2_row_exp(a_ptr, rows, k_start, k_end, stride_am, stride_ak, ROWS: tl.co
     2**(e - 127) (half2_scales)."""
     CHUNK: tl.constexpr = 1024
     offs = tl.arange(0, CHUNK)
-    if ROWS == 1:
+    if ROWS == 1:  # ROW_EXP_LOADS chunks in flight an iteration
         m = tl.zeros((CHUNK,), tl.float32)
-        for k in range(k_start, k_end, CHUNK):
-            a = tl.load(a_ptr + rows * stride_am + (k + offs) * stride_ak, mask=k + offs < k_end, other=0.0)
-            m = tl.maximum(m, tl.abs(a.to(tl.float32)))
+        for k in range(k_start, k_end, ROW_EXP_LOADS * CHUNK):
+            for i in tl.static_range(ROW_EXP_LOADS):
+                a = tl.load(a_ptr + rows * stride_am + (k + i * CHUNK + offs) * stride_ak,
+                            mask=k + i * CHUNK + offs < k_end, other=0.0)  # fmt: skip
+                m = tl.maximum(m, tl.abs(a.to(tl.float32)))
         amax = tl.max(m, axis=0)
     else:
         m = tl.zeros((ROWS, CHUNK), tl.float32)

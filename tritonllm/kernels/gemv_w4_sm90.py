@@ -87,6 +87,9 @@ TILINGS.update(
         item.split("=") for item in os.environ.get("TRITONLLM_W4_GEMV_SM90_TILING", "").split(",") if item
     )
 )
+# whether a HALF2 program whose first K tile holds the whole row takes the row's largest |a| from that tile instead of
+# a pass over the row (_row_exp; TRITONLLM_W4_ROW_EXP_TILE=0: the pass, for A/B runs)
+ROW_EXP_TILE = os.environ.get("TRITONLLM_W4_ROW_EXP_TILE", "1") == "1"
 FP4_OUT_SCALE = 2.0**26  # as gemv_w4: the activations' 2**100 (gemv_w4._act_scaled) and the decode's 2**-126 undone
 # the decode's bit masks, passed as kernel arguments so that the compiler keeps them in registers (as
 # literals, ptxas re-materialises one before every LOP3: ~0.6 instructions a weight)
@@ -144,13 +147,14 @@ def available() -> bool:
 
 
 def compile_sm90(fp4: bool, group_k: int | None = None, tiling: Tiling | None = None, even: bool = True,
-                 half2: bool = False):  # fmt: skip
+                 half2: bool = False, one_tile: bool = False):  # fmt: skip
     """Compile the kernel for sm90 without a GPU (Triton's own compiler and ptxas); returns the
     compiled kernel (its .asm holds the IR, PTX and cubin). For tests, scripts/sass_loop_mix.py and
     the probe of available(). half2: the FP4_HALF2 build (gemv_w4: packed half-precision products)."""
     tiling = tiling or TILINGS["fp4" if fp4 else "int4"]
     constexprs = dict(FP4=fp4, GROUP_K=group_k or (32 if fp4 else 128), ROWS=tiling.rows, WARPS_K=tiling.warps_k,
-                      PREFETCH=tiling.prefetch, EVEN=even, HAS_BIAS=False, PDL=True, HALF2=half2)  # fmt: skip
+                      PREFETCH=tiling.prefetch, EVEN=even, HAS_BIAS=False, PDL=True, HALF2=half2,
+                      ONE_TILE=one_tile)  # fmt: skip
     scale = "*u8" if fp4 else "*bf16"
     types = dict(a_ptr="*bf16", w_ptr="*i32", c_ptr="*bf16", bias_ptr="*bf16", s_ptr=scale, z_ptr=scale)
     return compile_gluon_sm90(w4_gemv_sm90_kernel, constexprs, types,
@@ -173,7 +177,7 @@ def w4_gemv_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
         a, words, c, bias if bias is not None else c, scale, zero if zero is not None else scale,
         n, k, words.stride(0), scale.stride(0), scale.stride(1), *masks,
         FP4=fp4, GROUP_K=group_k, ROWS=t.rows, WARPS_K=t.warps_k, PREFETCH=t.prefetch, EVEN=k % tile_k(t) == 0,
-        HAS_BIAS=bias is not None, HALF2=half2,
+        HAS_BIAS=bias is not None, HALF2=half2, ONE_TILE=half2 and ROW_EXP_TILE and k <= tile_k(t),
         num_warps=NUM_WARPS, **({"maxnreg": t.maxnreg} if t.maxnreg else {}), **pdl,
     )  # fmt: skip
     return c
@@ -203,6 +207,7 @@ if HAVE_GLUON:
     _HALF2_MIN_EXP = gl.constexpr(gemv_w4.HALF2_MIN_EXP.value)
     _INT4_HALF2_SCALE = gl.constexpr(gemv_w4.INT4_HALF2_SCALE.value)
     _INT4_ODD_SCALE = gl.constexpr(gemv_w4.INT4_ODD_SCALE.value)
+    _ROW_EXP_LOADS = gl.constexpr(gemv_w4.ROW_EXP_LOADS.value)
     _half = gluon.jit(gemv_w4._half.fn)  # an fp16x2's low or high half as float32
 
     # gemv_w4's PTX packed FMA and float32 -> fp16x2 conversion (called with ASM True: Gluon is NVIDIA's)
@@ -212,16 +217,21 @@ if HAVE_GLUON:
     @gluon.jit
     def _row_exp(a_ptr, K):
         """gemv_w4.half2_row_exp for the activation row a_ptr[0, K): the float32 exponent field of its largest
-        |a|, at least gemv_w4.HALF2_MIN_EXP (a scalar)."""
+        |a|, at least gemv_w4.HALF2_MIN_EXP (a scalar); gemv_w4.ROW_EXP_LOADS chunks of 1,024 in flight at once."""
         L1: gl.constexpr = gl.BlockedLayout([8], [32], [_WARPS], [0])
         CHUNK: gl.constexpr = 8 * 32 * _WARPS
         offs = gl.arange(0, CHUNK, layout=L1)
         m = gl.zeros([CHUNK], gl.float32, layout=L1)
-        for k in range(0, K, CHUNK):
-            a = gl.load(a_ptr + k + offs, mask=k + offs < K, other=0.0)
-            m = gl.maximum(m, gl.abs(a.to(gl.float32)))
-        e = gl.max(m, axis=0).to(gl.int32, bitcast=True) >> 23
-        return gl.maximum(e, _HALF2_MIN_EXP)
+        for k in range(0, K, _ROW_EXP_LOADS * CHUNK):
+            for i in gl.static_range(_ROW_EXP_LOADS):
+                a = gl.load(a_ptr + (k + i * CHUNK) + offs, mask=(k + i * CHUNK) + offs < K, other=0.0)
+                m = gl.maximum(m, gl.abs(a.to(gl.float32)))
+        return _exp_field(gl.max(m, axis=0))
+
+    @gluon.jit
+    def _exp_field(amax):
+        """The float32 exponent field of amax >= 0, at least gemv_w4.HALF2_MIN_EXP."""
+        return gl.maximum(amax.to(gl.int32, bitcast=True) >> 23, _HALF2_MIN_EXP)
 
     @gluon.constexpr_function
     def _runs_layout(rows, wpg, wpt, warps_k):
@@ -406,7 +416,7 @@ if HAVE_GLUON:
     def w4_rows_dot(a_ptr, w_ptr, s_ptr, z_ptr, row0, N, K, stride_wn, stride_sn, stride_sk, m0, m1,
                     FP4: gl.constexpr, GROUP_K: gl.constexpr, ROWS: gl.constexpr, WARPS_K: gl.constexpr,
                     PREFETCH: gl.constexpr, EVEN: gl.constexpr, INTERLEAVE: gl.constexpr = False,
-                    HALF2: gl.constexpr = False):  # fmt: skip
+                    HALF2: gl.constexpr = False, ONE_TILE: gl.constexpr = False):  # fmt: skip
         """sum_k a[k] w[n, k] in float32 for the BLOCK_N = ROWS x NUM_WARPS / WARPS_K rows n = row0 + i
         (rows at or past N read row 0; their results are for the caller to mask): ([BLOCK_N] sums, [BLOCK_N]
         row indices), both in SliceLayout(1, LG). INTERLEAVE (a gated MLP's gate and up rows, N apart):
@@ -414,7 +424,9 @@ if HAVE_GLUON:
         at or past N read column 0), and the indices returned are the columns row0 + i // 2.
         w4_gemv_sm90_kernel's loop; the MoE's GEMV (moe_gemv_sm90.py) calls it for each (token, expert)
         pair. HALF2 (gemv_w4.FP4_HALF2): nibble pairs into fp16x2, products by packed FMAs, the row scaled into
-        fp16's range by a power of two (m0, m1: gemv_w4.HALF2_MASKS for MXFP4, INT4_HALF2_MASKS for int4)."""
+        fp16's range by a power of two (m0, m1: gemv_w4.HALF2_MASKS for MXFP4, INT4_HALF2_MASKS for int4);
+        ONE_TILE (K at most one K tile): that power from the first tile's activations, which are the whole row,
+        instead of a pass over the row."""
         WPG: gl.constexpr = GROUP_K // 8
         GPI: gl.constexpr = 32 // (WPG // _WPT) * WARPS_K  # groups an iteration
         BLOCK_N: gl.constexpr = ROWS * (_WARPS // WARPS_K)
@@ -469,7 +481,11 @@ if HAVE_GLUON:
             words, act, s, z = _load_tile(w_ptrs, a_ptrs, s_ptrs, z_ptrs, 0, KW, g3, ga, gg, stride_sk, WPG, FP4,
                                           not EVEN)  # fmt: skip
         if HALF2:  # the row's largest |a| just below 2**15; the sum scaled back by out_scale
-            col_scale, out_scale = _half2_scales(_row_exp(a_ptr, K))
+            if ONE_TILE:  # the tile's activations (zeros past K) are the row
+                amax = gl.max(gl.max(gl.max(gl.abs(act.to(gl.float32)), axis=2), axis=1), axis=0)
+                col_scale, out_scale = _half2_scales(_exp_field(amax))
+            else:
+                col_scale, out_scale = _half2_scales(_row_exp(a_ptr, K))
             if not FP4:  # int4's products are q 2**-24 a', MXFP4's w 2**-14 a'; odd columns' nibbles 16 x larger
                 out_scale = out_scale * 1024.0
                 j = gl.expand_dims(gl.expand_dims(ja, 0), 1)
@@ -516,15 +532,18 @@ if HAVE_GLUON:
         N, K, stride_wn, stride_sn, stride_sk, m0, m1,
         FP4: gl.constexpr, GROUP_K: gl.constexpr, ROWS: gl.constexpr, WARPS_K: gl.constexpr, PREFETCH: gl.constexpr,
         EVEN: gl.constexpr, HAS_BIAS: gl.constexpr, HALF2: gl.constexpr = False, PDL: gl.constexpr = False,
+        ONE_TILE: gl.constexpr = False,
     ):  # fmt: skip
         """c[0, n] = sum_k a[0, k] w[n, k] (+ bias) for BLOCK_N = ROWS x NUM_WARPS / WARPS_K weight rows a
         program. m0, m1: the decode's bit masks (FP4_MASKS / INT4_MASKS; HALF2: gemv_w4's HALF2_MASKS /
         INT4_HALF2_MASKS). EVEN: K a multiple of the K
-        tile. PREFETCH: the next K tile's loads are issued before this tile's arithmetic."""
+        tile. PREFETCH: the next K tile's loads are issued before this tile's arithmetic. ONE_TILE: K at most one
+        tile (w4_rows_dot)."""
         gluon_pdl_wait(PDL)
         BLOCK_N: gl.constexpr = ROWS * (_WARPS // WARPS_K)
         out, n_out = w4_rows_dot(a_ptr, w_ptr, s_ptr, z_ptr, gl.program_id(0) * BLOCK_N, N, K, stride_wn, stride_sn,
-                                 stride_sk, m0, m1, FP4, GROUP_K, ROWS, WARPS_K, PREFETCH, EVEN, False, HALF2)  # fmt: skip
+                                 stride_sk, m0, m1, FP4, GROUP_K, ROWS, WARPS_K, PREFETCH, EVEN, False, HALF2,
+                                 ONE_TILE)  # fmt: skip
         if HAS_BIAS:
             out += gl.load(bias_ptr + n_out, mask=n_out < N).to(gl.float32)
         gl.store(c_ptr + n_out, out.to(c_ptr.dtype.element_ty), mask=n_out < N)
