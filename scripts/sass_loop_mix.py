@@ -21,7 +21,11 @@ import sys
 os.environ["TRITON_INTERPRET"] = "0"  # before tritonllm.platform, which would switch it on without a GPU
 
 # isort: split
-from cross_compile_attention import compile_kernel, disassemble, registers  # this folder: sys.path[0] when run as a script
+from cross_compile_attention import (  # this folder: sys.path[0] when run as a script
+    compile_kernel,
+    disassemble,
+    registers,
+)
 from cross_compile_moe import DIVISIBLE as MOE_DIVISIBLE
 from cross_compile_moe import RAGGED_K, compile_moe
 from triton.backends.compiler import GPUTarget
@@ -160,8 +164,10 @@ def report(kernel, weights: float) -> collections.Counter:
     ops = loop_mix(sass)
     total = sum(ops.values())
     print(f"loop: {total} instructions a thread an iteration, {weights:.0f} weights: {total / weights:.2f} a weight")
-    print(f"kernel: {len(re.findall(r'/[*][0-9a-f]{4}[*]/[ ]+[@A-Z]', sass))} instructions in all, "
-          f"{registers(kernel)} registers a thread")
+    print(
+        f"kernel: {len(re.findall(r'/[*][0-9a-f]{4}[*]/[ ]+[@A-Z]', sass))} instructions in all, "
+        f"{registers(kernel)} registers a thread"
+    )
     print("spills to local memory" if "LDL" in ops or "STL" in ops else "no spills")
     for op, n in ops.most_common():
         print(f"  {op:8s} {n:5d}  {n / weights:.2f}")
