@@ -499,7 +499,7 @@ print(tuned_file(torch.cuda.get_device_name()))")
         | tee "$OUT/timeline_gptoss_step_kernels.txt" | head -24 ;;
     half2|half2-check)
       # session 34's build: 4-bit nibble pairs decoded into fp16x2 and multiplied by packed half-precision FMAs
-      # (kernels/gemv_w4.py FP4_HALF2, TRITONLLM_W4_HALF2=1), with session 35's (a word's four MXFP4 pairs at once,
+      # (kernels/gemv_w4.py FP4_HALF2; NVIDIA's default since session 36, TRITONLLM_W4_HALF2=0: off), with session 35's (a word's four MXFP4 pairs at once,
       # int4 chained over a thread's run of four words, w2's factor from the activation's bound). sm90 SASS a K
       # step (Triton 3.6): gpt-oss's MoE w13 695 -> 490, w2 715 -> 497 (the decode layer on an H100: 42.56 -> 37.76 us);
       # the Gluon GEMV MXFP4 1,166 -> 713, int4 548 -> 373 at its default tiling, 560 at 8:4:0. half2-check (about
