@@ -149,6 +149,15 @@ def test_tilings_parse_from_the_environment_form() -> None:
     assert gemv_w4_sm90.Tiling.parse("8:4:0:0") == gemv_w4_sm90.Tiling(8, 4, False, None)
 
 
+def test_long_k_takes_its_own_tiling_where_one_is_set(monkeypatch) -> None:
+    """int4 in half pairs takes 16 rows a thread above LONG_K (Llama-3-8B's down); a format without a long-K entry
+    (MXFP4, or one set from the environment) keeps its tiling at every K."""
+    base, long = gemv_w4_sm90.Tiling(8, 4), gemv_w4_sm90.Tiling(16, 4)
+    monkeypatch.setattr(gemv_w4_sm90, "TILINGS", {"int4": base, "fp4": base, "int4_long": long})
+    assert gemv_w4_sm90.tiling_for(False, 4096) == base and gemv_w4_sm90.tiling_for(False, 14336) == long
+    assert gemv_w4_sm90.tiling_for(True, 14336) == base
+
+
 def test_measured_faster_takes_every_llama_layer() -> None:
     """Llama-3-8B: int4 and MXFP4 at every layer (MXFP4's down, K 14,336, since its pair decode: session 31)."""
     shapes = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]

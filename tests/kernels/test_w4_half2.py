@@ -242,7 +242,9 @@ def test_the_mode_follows_the_platform_and_the_switch(monkeypatch) -> None:
 @needs_sm90
 @pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: f"{s.format_name}-g{s.group_size}")
 @pytest.mark.parametrize("n, k", [(45, 640), (130, 4096), (77, 4224), (9, 8192 + 128)])
-@pytest.mark.parametrize("tiling", [None, "8:4:0:0", "4:1:1:0"], ids=["default", "8x4", "4x1_prefetch"])
+@pytest.mark.parametrize(
+    "tiling", [None, "8:4:0:0", "4:1:1:0", "16:4:0:0"], ids=["default", "8x4", "4x1_prefetch", "16x4"]
+)
 def test_gluon_gemv_in_half_pairs_matches_the_dequantized_weight(scheme, n, k, tiling, half2, monkeypatch) -> None:
     """K below, at and above the 4096-column tile (masked groups), ragged N, a bias, each tiling the sweep
     tries; rows of every magnitude; int4 with fractional zero points and activations of mean 1."""

@@ -77,16 +77,26 @@ class Tiling:
 # warps along K (session 36, experiments/quant4/h200_session36/: int4 qkv 7.4, o 5.7, gate_up 22.0, down 16.3 us;
 # MXFP4 7.6, 6.1, 22.3, 14.2); in float32 (session 12, gemv_sm90/h200_session12/sweep_tilings.json) int4 at 4
 # rows, warps along rows, next tile prefetched (qkv 7.4, o 5.8, gate_up 28.5, down 14.3 us at the time), MXFP4 8:4:0
+# "int4_long": int4 at K above LONG_K in half pairs, 16 rows a thread (down 15.1 against 16.3 us at 8:4:0; qkv, o and
+# gate_up slower at 16 rows: 8.5, 6.0, 24.8 us); a format set from the environment drops its long-K entry
 TILINGS = {
     "int4": Tiling(rows=8, warps_k=4) if half2_on() else Tiling(rows=4, warps_k=1, prefetch=True),
     "fp4": Tiling(rows=8, warps_k=4, prefetch=False),
 }
-TILINGS.update(
-    (fmt, Tiling.parse(spec))
-    for fmt, spec in (
-        item.split("=") for item in os.environ.get("TRITONLLM_W4_GEMV_SM90_TILING", "").split(",") if item
-    )
-)
+if half2_on():
+    TILINGS["int4_long"] = Tiling(rows=16, warps_k=4)
+for _fmt, _spec in (item.split("=") for item in os.environ.get("TRITONLLM_W4_GEMV_SM90_TILING", "").split(",") if item):
+    TILINGS[_fmt] = Tiling.parse(_spec)
+    TILINGS.pop(f"{_fmt}_long", None)
+LONG_K = 8192
+
+
+def tiling_for(fp4: bool, k: int) -> Tiling:
+    """The tiling TILINGS gives a GEMV of inner size k."""
+    fmt = "fp4" if fp4 else "int4"
+    return TILINGS.get(f"{fmt}_long", TILINGS[fmt]) if k > LONG_K else TILINGS[fmt]
+
+
 # whether a HALF2 program whose first K tile holds the whole row takes the row's largest |a| from that tile instead of
 # a pass over the row (_row_exp; TRITONLLM_W4_ROW_EXP_TILE=0: the pass, for A/B runs)
 ROW_EXP_TILE = os.environ.get("TRITONLLM_W4_ROW_EXP_TILE", "1") == "1"
@@ -167,7 +177,7 @@ def w4_gemv_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
     """c[0] = a[0] . w^T (+ bias) for the int32 word view [N, K / 8] of the packed weight, its scales
     [N, K / group_k] (and int4 zero points, None for MXFP4); a [1, K] with unit column stride."""
     n, k = words.shape[0], a.shape[1]
-    t = TILINGS["fp4" if fp4 else "int4"]
+    t = tiling_for(fp4, k)
     half2 = half2_on()
     if half2:
         masks = gemv_w4.HALF2_MASKS if fp4 else gemv_w4.INT4_HALF2_MASKS
@@ -531,8 +541,8 @@ if HAVE_GLUON:
         a_ptr, w_ptr, c_ptr, bias_ptr, s_ptr, z_ptr,
         N, K, stride_wn, stride_sn, stride_sk, m0, m1,
         FP4: gl.constexpr, GROUP_K: gl.constexpr, ROWS: gl.constexpr, WARPS_K: gl.constexpr, PREFETCH: gl.constexpr,
-        EVEN: gl.constexpr, HAS_BIAS: gl.constexpr, HALF2: gl.constexpr = False, PDL: gl.constexpr = False,
-        ONE_TILE: gl.constexpr = False,
+        EVEN: gl.constexpr, HAS_BIAS: gl.constexpr, HALF2: gl.constexpr = False, ONE_TILE: gl.constexpr = False,
+        PDL: gl.constexpr = False,
     ):  # fmt: skip
         """c[0, n] = sum_k a[0, k] w[n, k] (+ bias) for BLOCK_N = ROWS x NUM_WARPS / WARPS_K weight rows a
         program. m0, m1: the decode's bit masks (FP4_MASKS / INT4_MASKS; HALF2: gemv_w4's HALF2_MASKS /
