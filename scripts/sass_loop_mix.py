@@ -5,7 +5,7 @@ instructions counted by opcode and per weight. At M = 1 the GEMV is bound by ins
 much as by HBM (experiments/quant4/README.md), so this count is the figure a decode change moves.
 
     python scripts/sass_loop_mix.py [--fp4] [--block-n 16] [--block-w 128] [--warps 4]
-    python scripts/sass_loop_mix.py --gluon [--fp4] [--half2 [--one-tile]]   # the Hopper kernel (kernels/gemv_w4_sm90.py)
+    python scripts/sass_loop_mix.py --gluon [--fp4] [--half2 [--one-tile]] [--blocks 4]   # the Hopper kernel (kernels/gemv_w4_sm90.py)
     python scripts/sass_loop_mix.py --gemm [--fp4] [--block-n 128] [--block-m 16] [--scale-after] [--prefetch 2] [--x-at-step]   # the Hopper W4 MMA GEMM (M 2..64)
     python scripts/sass_loop_mix.py --moe w13|w13-joint|w2|w2-slots [--fp4] [--slots 4] [--block-n 16] [--block-w 64] [--loads 0|1|2] [--ragged-k [--aligned-rows]] [--half2 [--a-bound 57]]   # the MoE GEMV (kernels/moe_gemv.py; bf16 experts without --fp4)
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import os
 import re
 import sys
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> collections.Counter:
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--gluon", action="store_true", help="the sm90 Gluon GEMV (its own fixed tile) instead")
     parser.add_argument("--one-tile", action="store_true", help="--gluon --half2: K in one tile (ONE_TILE)")
+    parser.add_argument("--blocks", type=int, default=1, help="--gluon: row blocks a program (the blocked kernel)")
     parser.add_argument("--gemm", action="store_true", help="the sm90 Gluon int4 GEMM (kernels/gemm_w4_sm90.py)")
     parser.add_argument("--block-m", type=int, default=16, help="--gemm: activation rows (the MMA's N)")
     parser.add_argument("--scale-after", action="store_true", help="--gemm: the scale applied after each MMA")
@@ -117,7 +119,10 @@ def main(argv: list[str] | None = None) -> collections.Counter:
                                            x_ahead=not args.x_at_step)  # fmt: skip
         return report(kernel, args.block_n)
     if args.gluon:
-        kernel = gemv_w4_sm90.compile_sm90(fp4=args.fp4, half2=args.half2, one_tile=args.one_tile)
+        tiling = gemv_w4_sm90.TILINGS["fp4" if args.fp4 else "int4"]
+        if args.blocks > 1:
+            tiling = dataclasses.replace(tiling, blocks=args.blocks)
+        kernel = gemv_w4_sm90.compile_sm90(fp4=args.fp4, tiling=tiling, half2=args.half2, one_tile=args.one_tile)
         weights = (
             gemv_w4_sm90.TILINGS["fp4" if args.fp4 else "int4"].rows * gemv_w4_sm90.WPT * 8
         )  # a thread's, an iteration

@@ -64,12 +64,15 @@ class Tiling:
     warps_k: int = 4  # of a program's NUM_WARPS warps, those that take further K groups (the others take rows)
     prefetch: bool = False  # issue the next K tile's loads before this tile's arithmetic
     maxnreg: int | None = None  # a register cap for ptxas (more programs an SM, perhaps spills)
+    # row blocks a program where K fits one K tile and N is whole blocks (w4_gemv_sm90_blocks_kernel: the next
+    # block's weights in flight while this one is summed; the activations and their factor once a program)
+    blocks: int = 1
 
     @classmethod
     def parse(cls, text: str) -> Tiling:
-        """ "ROWS:WARPS_K:PREFETCH:MAXNREG" (MAXNREG 0: no cap)."""
-        rows, warps_k, prefetch, maxnreg = (int(v) for v in text.split(":"))
-        return cls(rows, warps_k, bool(prefetch), maxnreg or None)
+        """ "ROWS:WARPS_K:PREFETCH:MAXNREG[:BLOCKS]" (MAXNREG 0: no cap)."""
+        rows, warps_k, prefetch, maxnreg, *blocks = (int(v) for v in text.split(":"))
+        return cls(rows, warps_k, bool(prefetch), maxnreg or None, *blocks)
 
 
 # per format ("int4", "fp4"); TRITONLLM_W4_GEMV_SM90_TILING="int4=R:W:P:M,fp4=R:W:P:M" overrides (sweeps).
@@ -160,14 +163,20 @@ def compile_sm90(fp4: bool, group_k: int | None = None, tiling: Tiling | None = 
                  half2: bool = False, one_tile: bool = False):  # fmt: skip
     """Compile the kernel for sm90 without a GPU (Triton's own compiler and ptxas); returns the
     compiled kernel (its .asm holds the IR, PTX and cubin). For tests, scripts/sass_loop_mix.py and
-    the probe of available(). half2: the FP4_HALF2 build (gemv_w4: packed half-precision products)."""
+    the probe of available(). half2: the FP4_HALF2 build (gemv_w4: packed half-precision products); a tiling of
+    several blocks: w4_gemv_sm90_blocks_kernel."""
     tiling = tiling or TILINGS["fp4" if fp4 else "int4"]
     constexprs = dict(FP4=fp4, GROUP_K=group_k or (32 if fp4 else 128), ROWS=tiling.rows, WARPS_K=tiling.warps_k,
-                      PREFETCH=tiling.prefetch, EVEN=even, HAS_BIAS=False, PDL=True, HALF2=half2,
-                      ONE_TILE=one_tile)  # fmt: skip
+                      EVEN=even, HAS_BIAS=False, PDL=True, HALF2=half2)  # fmt: skip
+    kernel = w4_gemv_sm90_kernel
+    if tiling.blocks > 1:  # the blocked kernel (K within one tile)
+        kernel = w4_gemv_sm90_blocks_kernel
+        constexprs.update(BLOCKS=tiling.blocks)
+    else:
+        constexprs.update(PREFETCH=tiling.prefetch, ONE_TILE=one_tile)
     scale = "*u8" if fp4 else "*bf16"
     types = dict(a_ptr="*bf16", w_ptr="*i32", c_ptr="*bf16", bias_ptr="*bf16", s_ptr=scale, z_ptr=scale)
-    return compile_gluon_sm90(w4_gemv_sm90_kernel, constexprs, types,
+    return compile_gluon_sm90(kernel, constexprs, types,
                               ("a_ptr", "w_ptr", "s_ptr", "z_ptr", "K", "stride_wn"), num_warps=NUM_WARPS,
                               **({"maxnreg": tiling.maxnreg} if tiling.maxnreg else {}))  # fmt: skip
 
@@ -183,6 +192,16 @@ def w4_gemv_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
         masks = gemv_w4.HALF2_MASKS if fp4 else gemv_w4.INT4_HALF2_MASKS
     else:
         masks = FP4_MASKS if fp4 else INT4_MASKS
+    block_n = t.rows * NUM_WARPS // t.warps_k
+    if t.blocks > 1 and k <= tile_k(t) and n % block_n == 0:
+        w4_gemv_sm90_blocks_kernel[(-(-n // (block_n * t.blocks)),)](
+            a, words, c, bias if bias is not None else c, scale, zero if zero is not None else scale,
+            n, k, words.stride(0), scale.stride(0), scale.stride(1), *masks,
+            FP4=fp4, GROUP_K=group_k, ROWS=t.rows, WARPS_K=t.warps_k, EVEN=k == tile_k(t), HAS_BIAS=bias is not None,
+            BLOCKS=t.blocks, HALF2=half2,
+            num_warps=NUM_WARPS, **({"maxnreg": t.maxnreg} if t.maxnreg else {}), **pdl,
+        )  # fmt: skip
+        return c
     w4_gemv_sm90_kernel[(-(-n // (t.rows * NUM_WARPS // t.warps_k)),)](
         a, words, c, bias if bias is not None else c, scale, zero if zero is not None else scale,
         n, k, words.stride(0), scale.stride(0), scale.stride(1), *masks,
@@ -329,18 +348,27 @@ if HAVE_GLUON:
                    FP4: gl.constexpr, MASKED: gl.constexpr):  # fmt: skip
         """The K tile at word kw: words, activations (as stored), scales, zero points (the scales again
         for MXFP4); MASKED: the groups at or past KW (words a row) read as zeros."""
+        words, s, z = _load_weights(w_ptrs, s_ptrs, z_ptrs, kw, KW, g3, gg, stride_sk, WPG, FP4, MASKED)
+        if MASKED:
+            act = gl.load(a_ptrs + kw * 8, mask=gl.expand_dims(gl.expand_dims(kw + ga * WPG < KW, 1), 2), other=0.0)
+        else:
+            act = gl.load(a_ptrs + kw * 8)
+        return words, act, s, z
+
+    @gluon.jit
+    def _load_weights(w_ptrs, s_ptrs, z_ptrs, kw, KW, g3, gg, stride_sk, WPG: gl.constexpr, FP4: gl.constexpr,
+                      MASKED: gl.constexpr):  # fmt: skip
+        """_load_tile's words, scales and zero points (the scales again for MXFP4)."""
         if MASKED:
             g_in = gl.expand_dims(kw + gg * WPG < KW, 0)
             words = gl.load(w_ptrs + kw, mask=gl.expand_dims(gl.expand_dims(kw + g3 * WPG < KW, 0), 2), other=0)
-            act = gl.load(a_ptrs + kw * 8, mask=gl.expand_dims(gl.expand_dims(kw + ga * WPG < KW, 1), 2), other=0.0)
             s = gl.load(s_ptrs + (kw // WPG) * stride_sk, mask=g_in, other=0)
             z = s if FP4 else gl.load(z_ptrs + (kw // WPG) * stride_sk, mask=g_in, other=0)
         else:
             words = gl.load(w_ptrs + kw)
-            act = gl.load(a_ptrs + kw * 8)
             s = gl.load(s_ptrs + (kw // WPG) * stride_sk)
             z = s if FP4 else gl.load(z_ptrs + (kw // WPG) * stride_sk)
-        return words, act, s, z
+        return words, s, z
 
     @gluon.jit
     def _accumulate(words, act, s, z, acc, acc_z, col_scale, m0, m1, FP4: gl.constexpr, LW: gl.constexpr,
@@ -423,20 +451,11 @@ if HAVE_GLUON:
         return rows.to(gl.int64)
 
     @gluon.jit
-    def w4_rows_dot(a_ptr, w_ptr, s_ptr, z_ptr, row0, N, K, stride_wn, stride_sn, stride_sk, m0, m1,
-                    FP4: gl.constexpr, GROUP_K: gl.constexpr, ROWS: gl.constexpr, WARPS_K: gl.constexpr,
-                    PREFETCH: gl.constexpr, EVEN: gl.constexpr, INTERLEAVE: gl.constexpr = False,
-                    HALF2: gl.constexpr = False, ONE_TILE: gl.constexpr = False):  # fmt: skip
-        """sum_k a[k] w[n, k] in float32 for the BLOCK_N = ROWS x NUM_WARPS / WARPS_K rows n = row0 + i
-        (rows at or past N read row 0; their results are for the caller to mask): ([BLOCK_N] sums, [BLOCK_N]
-        row indices), both in SliceLayout(1, LG). INTERLEAVE (a gated MLP's gate and up rows, N apart):
-        tile row i is gate row row0 + i // 2 when i is even, up row N + row0 + i // 2 when odd (columns
-        at or past N read column 0), and the indices returned are the columns row0 + i // 2.
-        w4_gemv_sm90_kernel's loop; the MoE's GEMV (moe_gemv_sm90.py) calls it for each (token, expert)
-        pair. HALF2 (gemv_w4.FP4_HALF2): nibble pairs into fp16x2, products by packed FMAs, the row scaled into
-        fp16's range by a power of two (m0, m1: gemv_w4.HALF2_MASKS for MXFP4, INT4_HALF2_MASKS for int4);
-        ONE_TILE (K at most one K tile): that power from the first tile's activations, which are the whole row,
-        instead of a pass over the row."""
+    def _tile_pointers(a_ptr, w_ptr, s_ptr, z_ptr, row0, N, stride_wn, stride_sn, stride_sk, GROUP_K: gl.constexpr,
+                       ROWS: gl.constexpr, WARPS_K: gl.constexpr, INTERLEAVE: gl.constexpr):  # fmt: skip
+        """w4_rows_dot's first K tile's pointers for the rows row0 + i (_tile_rows) and its index vectors: (words,
+        activations, scales, zero points, the words' groups g3, the activations' groups ga and columns ja, the
+        scales' groups gg)."""
         WPG: gl.constexpr = GROUP_K // 8
         GPI: gl.constexpr = 32 // (WPG // _WPT) * WARPS_K  # groups an iteration
         BLOCK_N: gl.constexpr = ROWS * (_WARPS // WARPS_K)
@@ -472,34 +491,93 @@ if HAVE_GLUON:
         s_ptrs = s_ptr + s_off
         z_ptrs = z_ptr + s_off
 
-        KW = K // 8
-        STEP: gl.constexpr = GPI * WPG
-        LW: gl.constexpr = gl.SliceLayout(0, L3)
-        if HALF2 or FP4:  # HALF2: the row's factors, after the first tile's loads (below); MXFP4: every product a
-            col_scale = None  # normal float, the activations x 2**100 in _accumulate (_act_scaled)
-        else:  # int4 nibbles 0, 2, 3, 5 decode at float bits 12..15 (x 2**11), 1, 4, 6, 7 at 16..19 (x 2**7)
-            j = gl.expand_dims(gl.expand_dims(ja, 0), 1)
-            col_scale = gl.where((j == 1) | (j == 4) | (j >= 6), 128.0, 2048.0)
-        LR: gl.constexpr = _runs_layout(ROWS, WPG, _WPT, WARPS_K)  # [BLOCK_N, GPI, WPG / WPT]: a thread's runs
+        return w_ptrs, a_ptrs, s_ptrs, z_ptrs, g3, ga, gg, ja
+
+    @gluon.jit
+    def _zero_accumulators(BLOCK_N: gl.constexpr, GPI: gl.constexpr, WPG: gl.constexpr, FP4: gl.constexpr,
+                           L3: gl.constexpr, LG: gl.constexpr, LR: gl.constexpr, HALF2: gl.constexpr):  # fmt: skip
+        """_accumulate's acc (per word column, scaled; HALF2 int4: per run of a group, in LR) and acc_z (int4: the
+        zero points' and the decode bias's term; HALF2 MXFP4: the per-group sums), zeroed."""
         if HALF2 and not FP4:
-            acc = gl.zeros([BLOCK_N, GPI, WPG // _WPT], gl.float32, layout=LR)  # per run of a group, scaled
+            acc = gl.zeros([BLOCK_N, GPI, WPG // _WPT], gl.float32, layout=LR)
         else:
-            acc = gl.zeros([BLOCK_N, GPI, WPG], gl.float32, layout=L3)  # per word column, scaled
-        acc_z = gl.zeros([BLOCK_N, GPI], gl.float32, layout=LG)  # int4: the zero points' and the decode bias's term
+            acc = gl.zeros([BLOCK_N, GPI, WPG], gl.float32, layout=L3)
+        return acc, gl.zeros([BLOCK_N, GPI], gl.float32, layout=LG)
+
+    @gluon.jit
+    def _col_factors(act, ja, a_ptr, K, FP4: gl.constexpr, HALF2: gl.constexpr, ONE_TILE: gl.constexpr):
+        """(_accumulate's col_scale, _finish's out_scale). int4 in float32: nibbles 0, 2, 3, 5 decode at float bits
+        12..15 (x 2**11), 1, 4, 6, 7 at 16..19 (x 2**7); MXFP4 in float32: unused (_act_scaled's 2**100 in
+        _accumulate). HALF2 (act: the first K tile's activations): the row's largest |a| just below 2**15 and the
+        sum scaled back, that |a| from act where it is the whole row (ONE_TILE, zeros past K), else a pass."""
+        j = gl.expand_dims(gl.expand_dims(ja, 0), 1)
         out_scale = 1.0
-        if PREFETCH or HALF2:  # HALF2: the first tile's loads in flight before the pass over the row
-            words, act, s, z = _load_tile(w_ptrs, a_ptrs, s_ptrs, z_ptrs, 0, KW, g3, ga, gg, stride_sk, WPG, FP4,
-                                          not EVEN)  # fmt: skip
-        if HALF2:  # the row's largest |a| just below 2**15; the sum scaled back by out_scale
-            if ONE_TILE:  # the tile's activations (zeros past K) are the row
+        if HALF2:
+            if ONE_TILE:
                 amax = gl.max(gl.max(gl.max(gl.abs(act.to(gl.float32)), axis=2), axis=1), axis=0)
                 col_scale, out_scale = _half2_scales(_exp_field(amax))
             else:
                 col_scale, out_scale = _half2_scales(_row_exp(a_ptr, K))
             if not FP4:  # int4's products are q 2**-24 a', MXFP4's w 2**-14 a'; odd columns' nibbles 16 x larger
                 out_scale = out_scale * 1024.0
-                j = gl.expand_dims(gl.expand_dims(ja, 0), 1)
                 col_scale = col_scale * gl.where(j % 2 == 1, _INT4_ODD_SCALE, 1.0)
+        elif FP4:
+            col_scale = 1.0  # unused (a jit function returns no None)
+        else:
+            col_scale = gl.where((j == 1) | (j == 4) | (j >= 6), 128.0, 2048.0)
+        return col_scale, out_scale
+
+    @gluon.jit
+    def _finish(acc, acc_z, out_scale, FP4: gl.constexpr, LG: gl.constexpr, HALF2: gl.constexpr):
+        """The [BLOCK_N] row sums (SliceLayout(1, LG)) of _accumulate's accumulators, scaled back."""
+        out = gl.sum(gl.sum(acc, axis=2), axis=1)  # [BLOCK_N]
+        if HALF2 and FP4:
+            out = gl.sum(acc_z, axis=1) * out_scale
+        elif HALF2:  # summed over acc's runs (LR): the rows' layout the caller's
+            out = gl.convert_layout(out, gl.SliceLayout(1, LG)) * out_scale
+        elif FP4:
+            out = out * _OUT_SCALE
+        else:
+            out = out - gl.sum(acc_z, axis=1)
+        return out
+
+    @gluon.jit
+    def w4_rows_dot(a_ptr, w_ptr, s_ptr, z_ptr, row0, N, K, stride_wn, stride_sn, stride_sk, m0, m1,
+                    FP4: gl.constexpr, GROUP_K: gl.constexpr, ROWS: gl.constexpr, WARPS_K: gl.constexpr,
+                    PREFETCH: gl.constexpr, EVEN: gl.constexpr, INTERLEAVE: gl.constexpr = False,
+                    HALF2: gl.constexpr = False, ONE_TILE: gl.constexpr = False):  # fmt: skip
+        """sum_k a[k] w[n, k] in float32 for the BLOCK_N = ROWS x NUM_WARPS / WARPS_K rows n = row0 + i
+        (rows at or past N read row 0; their results are for the caller to mask): ([BLOCK_N] sums, [BLOCK_N]
+        row indices), both in SliceLayout(1, LG). INTERLEAVE (a gated MLP's gate and up rows, N apart):
+        tile row i is gate row row0 + i // 2 when i is even, up row N + row0 + i // 2 when odd (columns
+        at or past N read column 0), and the indices returned are the columns row0 + i // 2.
+        w4_gemv_sm90_kernel's loop; the MoE's GEMV (moe_gemv_sm90.py) calls it for each (token, expert)
+        pair. HALF2 (gemv_w4.FP4_HALF2): nibble pairs into fp16x2, products by packed FMAs, the row scaled into
+        fp16's range by a power of two (m0, m1: gemv_w4.HALF2_MASKS for MXFP4, INT4_HALF2_MASKS for int4);
+        ONE_TILE (K at most one K tile): that power from the first tile's activations, which are the whole row,
+        instead of a pass over the row."""
+        WPG: gl.constexpr = GROUP_K // 8
+        GPI: gl.constexpr = 32 // (WPG // _WPT) * WARPS_K  # groups an iteration
+        BLOCK_N: gl.constexpr = ROWS * (_WARPS // WARPS_K)
+        L4: gl.constexpr = _layout(ROWS, WPG, _WPT, WARPS_K)
+        L3: gl.constexpr = gl.SliceLayout(3, L4)  # [BLOCK_N, GPI, WPG] words
+        LG: gl.constexpr = gl.SliceLayout(2, L3)  # [BLOCK_N, GPI] per group: scales, zero points
+
+        w_ptrs, a_ptrs, s_ptrs, z_ptrs, g3, ga, gg, ja = _tile_pointers(
+            a_ptr, w_ptr, s_ptr, z_ptr, row0, N, stride_wn, stride_sn, stride_sk, GROUP_K, ROWS, WARPS_K, INTERLEAVE
+        )
+        KW = K // 8
+        STEP: gl.constexpr = GPI * WPG
+        LW: gl.constexpr = gl.SliceLayout(0, L3)
+        LR: gl.constexpr = _runs_layout(ROWS, WPG, _WPT, WARPS_K)  # [BLOCK_N, GPI, WPG / WPT]: a thread's runs
+        acc, acc_z = _zero_accumulators(BLOCK_N, GPI, WPG, FP4, L3, LG, LR, HALF2)
+        if not HALF2:  # HALF2: after the first tile's loads (below)
+            col_scale, out_scale = _col_factors(None, ja, a_ptr, K, FP4, HALF2, ONE_TILE)
+        if PREFETCH or HALF2:  # HALF2: the first tile's loads in flight before the pass over the row
+            words, act, s, z = _load_tile(w_ptrs, a_ptrs, s_ptrs, z_ptrs, 0, KW, g3, ga, gg, stride_sk, WPG, FP4,
+                                          not EVEN)  # fmt: skip
+        if HALF2:
+            col_scale, out_scale = _col_factors(act, ja, a_ptr, K, FP4, HALF2, ONE_TILE)
         if PREFETCH:
             for kw in range(0, KW, STEP):
                 # the next tile in flight while this one is summed; past K, masked off, or (EVEN) this tile again:
@@ -523,15 +601,7 @@ if HAVE_GLUON:
                 words, act, s, z = _load_tile(w_ptrs, a_ptrs, s_ptrs, z_ptrs, kw, KW, g3, ga, gg, stride_sk, WPG, FP4,
                                               not EVEN)  # fmt: skip
                 acc, acc_z = _accumulate(words, act, s, z, acc, acc_z, col_scale, m0, m1, FP4, LW, LG, LR, HALF2)
-        out = gl.sum(gl.sum(acc, axis=2), axis=1)  # [BLOCK_N]
-        if HALF2 and FP4:
-            out = gl.sum(acc_z, axis=1) * out_scale
-        elif HALF2:  # summed over acc's runs (LR): the rows' layout the caller's
-            out = gl.convert_layout(out, gl.SliceLayout(1, LG)) * out_scale
-        elif FP4:
-            out = out * _OUT_SCALE
-        else:
-            out = out - gl.sum(acc_z, axis=1)
+        out = _finish(acc, acc_z, out_scale, FP4, LG, HALF2)
         if INTERLEAVE:
             return out, row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LG)) // 2
         return out, row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LG))
@@ -557,3 +627,49 @@ if HAVE_GLUON:
         if HAS_BIAS:
             out += gl.load(bias_ptr + n_out, mask=n_out < N).to(gl.float32)
         gl.store(c_ptr + n_out, out.to(c_ptr.dtype.element_ty), mask=n_out < N)
+
+    @gluon.jit
+    def w4_gemv_sm90_blocks_kernel(
+        a_ptr, w_ptr, c_ptr, bias_ptr, s_ptr, z_ptr,
+        N, K, stride_wn, stride_sn, stride_sk, m0, m1,
+        FP4: gl.constexpr, GROUP_K: gl.constexpr, ROWS: gl.constexpr, WARPS_K: gl.constexpr, EVEN: gl.constexpr,
+        HAS_BIAS: gl.constexpr, BLOCKS: gl.constexpr, HALF2: gl.constexpr = False, PDL: gl.constexpr = False,
+    ):  # fmt: skip
+        """w4_gemv_sm90_kernel for K within one K tile and N whole row blocks of BLOCK_N: BLOCKS consecutive blocks
+        a program (fewer in the last), each block's words, scales and zero points loaded before the previous
+        block is summed, so a program keeps a block's weight in flight while it computes (at one K tile a row
+        the one-block kernel has nothing to load ahead); the activations, their conversion and HALF2's factor
+        once a program."""
+        gluon_pdl_wait(PDL)
+        WPG: gl.constexpr = GROUP_K // 8
+        GPI: gl.constexpr = 32 // (WPG // _WPT) * WARPS_K
+        BLOCK_N: gl.constexpr = ROWS * (_WARPS // WARPS_K)
+        L3: gl.constexpr = gl.SliceLayout(3, _layout(ROWS, WPG, _WPT, WARPS_K))
+        LG: gl.constexpr = gl.SliceLayout(2, L3)
+        LR: gl.constexpr = _runs_layout(ROWS, WPG, _WPT, WARPS_K)
+        b0 = gl.program_id(0) * BLOCKS
+        last = gl.minimum(b0 + BLOCKS, N // BLOCK_N) - 1  # this program's last block
+        w_ptrs, a_ptrs, s_ptrs, z_ptrs, g3, ga, gg, ja = _tile_pointers(
+            a_ptr, w_ptr, s_ptr, z_ptr, b0 * BLOCK_N, N, stride_wn, stride_sn, stride_sk, GROUP_K, ROWS, WARPS_K, False
+        )
+        KW = K // 8
+        words, act, s, z = _load_tile(w_ptrs, a_ptrs, s_ptrs, z_ptrs, 0, KW, g3, ga, gg, stride_sk, WPG, FP4, not EVEN)
+        col_scale, out_scale = _col_factors(act, ja, a_ptr, K, FP4, HALF2, True)
+        rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LG))
+        for b in range(b0, last + 1):
+            # the next block's weights (the last block's again at the end: unmasked loads), then this one's sums
+            ahead = (gl.minimum(b + 1, last) - b0).to(gl.int64) * BLOCK_N
+            n_words, n_s, n_z = _load_weights(w_ptrs + ahead * stride_wn, s_ptrs + ahead * stride_sn,
+                                              z_ptrs + ahead * stride_sn, 0, KW, g3, gg, stride_sk, WPG, FP4,
+                                              not EVEN)  # fmt: skip
+            acc, acc_z = _zero_accumulators(BLOCK_N, GPI, WPG, FP4, L3, LG, LR, HALF2)
+            acc, acc_z = _accumulate(words, act, s, z, acc, acc_z, col_scale, m0, m1, FP4, gl.SliceLayout(0, L3), LG,
+                                     LR, HALF2)  # fmt: skip
+            out = _finish(acc, acc_z, out_scale, FP4, LG, HALF2)
+            n_out = b * BLOCK_N + rows
+            if HAS_BIAS:
+                out += gl.load(bias_ptr + n_out).to(gl.float32)
+            gl.store(c_ptr + n_out, out.to(c_ptr.dtype.element_ty))
+            words = n_words
+            s = n_s
+            z = n_z

@@ -66,7 +66,9 @@ def main() -> None:
                                  bf16_us=bf16 * 1e3,
                                  portable_us=portable * 1e3, speedup_vs_bf16=bf16 / us, tb_s=weight_bytes / us / 1e9,
                                  rel_err=err))  # fmt: skip
-                line += f" | {tiling.rows}:{tiling.warps_k}:{int(tiling.prefetch)}:{tiling.maxnreg or 0} {us * 1e3:.1f}us {bf16 / us:.2f}x {weight_bytes / us / 1e9:.2f}TB/s err {err:.1e}"
+                spec = f"{tiling.rows}:{tiling.warps_k}:{int(tiling.prefetch)}:{tiling.maxnreg or 0}"
+                spec += f":{tiling.blocks}" if tiling.blocks > 1 else ""
+                line += f" | {spec} {us * 1e3:.1f}us {bf16 / us:.2f}x {weight_bytes / us / 1e9:.2f}TB/s err {err:.1e}"
             print(line, flush=True)
     args.out.write_text(json.dumps(rows, indent=1))
 
