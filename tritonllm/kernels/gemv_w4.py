@@ -206,20 +206,29 @@ def _pair_int4_half2(words, J: tl.constexpr, LOW=INT4_HALF2_MASKS[0], HIGH=INT4_
 
 
 @triton.jit
-def _pairs_dot_half2(words, p0, p1, p2, p3, acc, FP4: tl.constexpr, ASM: tl.constexpr):
+def _pairs_dot_half2(words, p0, p1, p2, p3, acc, FP4: tl.constexpr, ASM: tl.constexpr, m0=None, m1=None):
     """acc + the products of each word's four nibble pairs (MXFP4: _fp16_pairs; int4: _pair_int4_half2) with the
-    activation pairs p0..p3, chained by packed FMAs (int32s holding fp16x2)."""
+    activation pairs p0..p3, chained by packed FMAs (int32s holding fp16x2). m0, m1: the decode's masks (HALF2_MASKS
+    or INT4_HALF2_MASKS) as values, which the Gluon GEMV passes in registers; None: the literals."""
     if FP4:
-        w0, w1, w2, w3 = _fp16_pairs(words, ASM=ASM)
+        if m0 is None:
+            w0, w1, w2, w3 = _fp16_pairs(words, ASM=ASM)
+        else:
+            w0, w1, w2, w3 = _fp16_pairs(words, m0, m1, ASM)
         acc = _hfma2(w0, p0, acc, ASM)
         acc = _hfma2(w1, p1, acc, ASM)
         acc = _hfma2(w2, p2, acc, ASM)
         acc = _hfma2(w3, p3, acc, ASM)
-    else:
+    elif m0 is None:
         acc = _hfma2(_pair_int4_half2(words, 0), p0, acc, ASM)
         acc = _hfma2(_pair_int4_half2(words, 1), p1, acc, ASM)
         acc = _hfma2(_pair_int4_half2(words, 2), p2, acc, ASM)
         acc = _hfma2(_pair_int4_half2(words, 3), p3, acc, ASM)
+    else:
+        acc = _hfma2(_pair_int4_half2(words, 0, m0, m1), p0, acc, ASM)
+        acc = _hfma2(_pair_int4_half2(words, 1, m0, m1), p1, acc, ASM)
+        acc = _hfma2(_pair_int4_half2(words, 2, m0, m1), p2, acc, ASM)
+        acc = _hfma2(_pair_int4_half2(words, 3, m0, m1), p3, acc, ASM)
     return acc
 
 

@@ -269,22 +269,7 @@ if HAVE_GLUON:
         tw = wpg // wpt
         return gl.BlockedLayout([rows, 1, 1], [1, 32 // tw, tw], [NUM_WARPS // warps_k, warps_k, 1], [2, 1, 0])
 
-    @gluon.jit
-    def _chain4(words, p0, p1, p2, p3, acc, m0, m1, FP4: gl.constexpr):
-        """acc + the packed products of each word's four nibble pairs (MXFP4: gemv_w4._fp16_pairs, int4:
-        _pair_int4_half2) with the activation pairs p_j."""
-        if FP4:
-            w0, w1, w2, w3 = _fp16_pairs(words, m0, m1, True)
-            acc = _hfma2(w0, p0, acc, True)
-            acc = _hfma2(w1, p1, acc, True)
-            acc = _hfma2(w2, p2, acc, True)
-            acc = _hfma2(w3, p3, acc, True)
-        else:
-            acc = _hfma2(_int4_pair(words, 0, m0, m1), p0, acc, True)
-            acc = _hfma2(_int4_pair(words, 1, m0, m1), p1, acc, True)
-            acc = _hfma2(_int4_pair(words, 2, m0, m1), p2, acc, True)
-            acc = _hfma2(_int4_pair(words, 3, m0, m1), p3, acc, True)
-        return acc
+    _chain4 = gluon.jit(gemv_w4._pairs_dot_half2.fn)  # a word's four pairs into acc (masks: in registers)
 
     @gluon.jit
     def _four(x):
@@ -315,10 +300,12 @@ if HAVE_GLUON:
         w2 = gl.convert_layout(w2, LR)
         w3 = gl.convert_layout(w3, LR)
         LP: gl.constexpr = gl.SliceLayout(0, LR)
-        acc = _chain4(w0, _row(p00, LP), _row(p10, LP), _row(p20, LP), _row(p30, LP), gl.zeros_like(w0), m0, m1, FP4)
-        acc = _chain4(w1, _row(p01, LP), _row(p11, LP), _row(p21, LP), _row(p31, LP), acc, m0, m1, FP4)
-        acc = _chain4(w2, _row(p02, LP), _row(p12, LP), _row(p22, LP), _row(p32, LP), acc, m0, m1, FP4)
-        acc = _chain4(w3, _row(p03, LP), _row(p13, LP), _row(p23, LP), _row(p33, LP), acc, m0, m1, FP4)
+        acc = _chain4(
+            w0, _row(p00, LP), _row(p10, LP), _row(p20, LP), _row(p30, LP), gl.zeros_like(w0), FP4, True, m0, m1
+        )
+        acc = _chain4(w1, _row(p01, LP), _row(p11, LP), _row(p21, LP), _row(p31, LP), acc, FP4, True, m0, m1)
+        acc = _chain4(w2, _row(p02, LP), _row(p12, LP), _row(p22, LP), _row(p32, LP), acc, FP4, True, m0, m1)
+        acc = _chain4(w3, _row(p03, LP), _row(p13, LP), _row(p23, LP), _row(p33, LP), acc, FP4, True, m0, m1)
         return _half(acc, False) + _half(acc, True)
 
     @gluon.jit
