@@ -527,7 +527,7 @@ print(tuned_file(torch.cuda.get_device_name()))")
       timeout 150 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemv_w4_sm90.py -k "blocks or blocked" \
         2>&1 | tail -2
       timeout 200 python3 experiments/quant4/gemv_sm90/sweep.py "$OUT/gemv_sm90_blocks.json" \
-        --configs 8:4:0:0 8:4:0:0:2 8:4:0:0:4 8:4:0:0:8 4:4:0:0:4 16:4:0:0:2 2>&1 | tail -8
+        --configs 8:4:0:0 8:4:0:0:2 8:4:0:0:4 8:4:0:0:8 4:4:0:0:4 4:4:0:0:8 8:4:1:0 16:4:0:0 2>&1 | tail -8
       for t in "" "int4=8:4:0:0:4,fp4=8:4:0:0:4"; do
         TRITONLLM_W4_GEMV_SM90_TILING=$t QUANT_VARIANTS="int4_gluon mxfp4_gluon" QUANT_EXPS=batch1_decode \
           QUANT_TAG="_blocks${t:+4}" bash "$0" e2e-quant | grep "tok/s" | sed "s/^/llama tiling '$t': /"
