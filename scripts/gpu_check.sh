@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -518,6 +518,17 @@ print(tuned_file(torch.cuda.get_device_name()))")
           --configs 8:4:0:0 4:1:1:0 16:4:0:0 8:1:1:0 2>&1 | tail -9 | sed "s/^/W4_HALF2 $h: /"
       done
       [ "$step" = half2 ] && bash "$0" half2-e2e ;;
+    next-first)
+      # the first call of the session after 36 (about 9 minutes): the GPU tests of the Gluon W4 GEMV (its one-block
+      # kernel's code was refactored into shared helpers after session 36's GPU calls; SASS equal but for register
+      # moves) and of the blocked kernel, the tiling sweep with blocks, then Llama-3-8B batch 1 bf16 / FP8 / int4 /
+      # MXFP4 at today's defaults (split sampling now on: FP8 against bf16 was 1.693x without it)
+      timeout 240 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemv_w4_sm90.py tests/kernels/test_w4_half2.py \
+        2>&1 | tail -3
+      timeout 200 python3 experiments/quant4/gemv_sm90/sweep.py "$OUT/gemv_sm90_blocks.json" \
+        --configs 8:4:0:0 8:4:0:0:2 8:4:0:0:4 8:4:0:0:8 4:4:0:0:4 8:4:1:0 2>&1 | tail -8
+      QUANT_VARIANTS="bf16_torch fp8_gluon int4_gluon mxfp4_gluon" QUANT_EXPS=batch1_decode QUANT_TAG="_next" \
+        bash "$0" e2e-quant | grep "tok/s" ;;
     w4-blocks)
       # session 36's build: the Gluon W4 GEMV taking several row blocks a program where K fits one tile
       # (gemv_w4_sm90.w4_gemv_sm90_blocks_kernel, tiling field BLOCKS; the next block's weights in flight while one
