@@ -539,7 +539,7 @@ print(tuned_file(torch.cuda.get_device_name()))")
         2>&1 | tail -2
       timeout 200 python3 experiments/quant4/gemv_sm90/sweep.py "$OUT/gemv_sm90_blocks.json" \
         --configs 8:4:0:0 8:4:0:0:2 8:4:0:0:4 8:4:0:0:8 4:4:0:0:4 4:4:0:0:8 8:4:1:0 16:4:0:0 2>&1 | tail -8
-      for t in "" "int4=8:4:0:0:4,fp4=8:4:0:0:4"; do
+      for t in "" "int4=8:4:0:0:4,int4_long=16:4:0:0,fp4=8:4:0:0:4"; do  # int4_long after int4 (int4 drops it)
         TRITONLLM_W4_GEMV_SM90_TILING=$t QUANT_VARIANTS="int4_gluon mxfp4_gluon" QUANT_EXPS=batch1_decode \
           QUANT_TAG="_blocks${t:+4}" bash "$0" e2e-quant | grep "tok/s" | sed "s/^/llama tiling '$t': /"
       done ;;
