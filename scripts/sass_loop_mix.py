@@ -123,10 +123,7 @@ def main(argv: list[str] | None = None) -> collections.Counter:
         if args.blocks > 1:
             tiling = dataclasses.replace(tiling, blocks=args.blocks)
         kernel = gemv_w4_sm90.compile_sm90(fp4=args.fp4, tiling=tiling, half2=args.half2, one_tile=args.one_tile)
-        weights = (
-            gemv_w4_sm90.TILINGS["fp4" if args.fp4 else "int4"].rows * gemv_w4_sm90.WPT * 8
-        )  # a thread's, an iteration
-        return report(kernel, weights)
+        return report(kernel, tiling.rows * gemv_w4_sm90.WPT * 8)  # a thread's weights, an iteration
     scale = "*u8" if args.fp4 else "*fp16"
     types = dict(a_ptr="*bf16", w_ptr="*i32", c_ptr="*bf16", bias_ptr="*bf16", s_ptr=scale, z_ptr=scale,
                  ws_ptr="*fp32")  # fmt: skip

@@ -193,22 +193,17 @@ def w4_gemv_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
     else:
         masks = FP4_MASKS if fp4 else INT4_MASKS
     block_n = t.rows * NUM_WARPS // t.warps_k
-    if t.blocks > 1 and k <= tile_k(t) and n % block_n == 0:
-        w4_gemv_sm90_blocks_kernel[(-(-n // (block_n * t.blocks)),)](
-            a, words, c, bias if bias is not None else c, scale, zero if zero is not None else scale,
-            n, k, words.stride(0), scale.stride(0), scale.stride(1), *masks,
-            FP4=fp4, GROUP_K=group_k, ROWS=t.rows, WARPS_K=t.warps_k, EVEN=k == tile_k(t), HAS_BIAS=bias is not None,
-            BLOCKS=t.blocks, HALF2=half2,
-            num_warps=NUM_WARPS, **({"maxnreg": t.maxnreg} if t.maxnreg else {}), **pdl,
-        )  # fmt: skip
-        return c
-    w4_gemv_sm90_kernel[(-(-n // (t.rows * NUM_WARPS // t.warps_k)),)](
-        a, words, c, bias if bias is not None else c, scale, zero if zero is not None else scale,
-        n, k, words.stride(0), scale.stride(0), scale.stride(1), *masks,
-        FP4=fp4, GROUP_K=group_k, ROWS=t.rows, WARPS_K=t.warps_k, PREFETCH=t.prefetch, EVEN=k % tile_k(t) == 0,
-        HAS_BIAS=bias is not None, HALF2=half2, ONE_TILE=half2 and ROW_EXP_TILE and k <= tile_k(t),
-        num_warps=NUM_WARPS, **({"maxnreg": t.maxnreg} if t.maxnreg else {}), **pdl,
-    )  # fmt: skip
+    one_tile = k <= tile_k(t)
+    args = (a, words, c, bias if bias is not None else c, scale, zero if zero is not None else scale,
+            n, k, words.stride(0), scale.stride(0), scale.stride(1), *masks)  # fmt: skip
+    common = dict(FP4=fp4, GROUP_K=group_k, ROWS=t.rows, WARPS_K=t.warps_k, EVEN=k % tile_k(t) == 0,
+                  HAS_BIAS=bias is not None, HALF2=half2, num_warps=NUM_WARPS,
+                  **({"maxnreg": t.maxnreg} if t.maxnreg else {}), **pdl)  # fmt: skip
+    if t.blocks > 1 and one_tile and n % block_n == 0:
+        w4_gemv_sm90_blocks_kernel[(-(-n // (block_n * t.blocks)),)](*args, BLOCKS=t.blocks, **common)
+    else:
+        one_tile = half2 and ROW_EXP_TILE and one_tile  # the row's factor from its one tile
+        w4_gemv_sm90_kernel[(-(-n // block_n),)](*args, PREFETCH=t.prefetch, ONE_TILE=one_tile, **common)
     return c
 
 
