@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -529,6 +529,27 @@ print(tuned_file(torch.cuda.get_device_name()))")
         --configs 8:4:0:0 8:4:0:0:2 8:4:0:0:4 8:4:0:0:8 4:4:0:0:4 8:4:1:0 2>&1 | tail -8
       QUANT_VARIANTS="bf16_torch fp8_gluon int4_gluon mxfp4_gluon" QUANT_EXPS=batch1_decode QUANT_TAG="_next" \
         bash "$0" e2e-quant | grep "tok/s" ;;
+    stream)
+      # session 37's stream-K skinny GEMM (kernels/gemm_stream_sm90.py: equal runs of (tile, K step) pairs an SM,
+      # one ring across tiles; Plan field STREAM): its GPU tests and the skinny kernel's (finish_tile now shares
+      # finish_part), then the plan sweep at the 16-bit M <= 16 target (gate_up 0.94-0.99x cuBLAS) and FP8 M = 1 / 4
+      # (explicit plans: the sweep does not depend on TRITONLLM_SKINNY_STREAM, but its "auto" column does)
+      timeout 280 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemm_stream_sm90.py \
+        tests/kernels/test_gemm_skinny_sm90.py 2>&1 | tail -4
+      timeout 250 python3 experiments/gemm/skinny_sm90/sweep.py "$OUT/skinny_stream_bf16.json" --pdl --dtypes bf16 \
+        --ms 4 8 16 --plans auto 128:1:6 128:1:12 128:1:12:4:1 128:1:6:4:2 64:1:16:4:1 64:1:8:4:2 128:1:8:8:1 \
+        2>&1 | sed 's/ err [0-9.e-]*//g' | tail -12
+      timeout 150 python3 experiments/gemm/skinny_sm90/sweep.py "$OUT/skinny_stream_fp8.json" --pdl --dtypes fp8 \
+        --ms 1 4 --plans auto 128:1:12:4:1 128:1:6:4:2 64:1:16:4:1 64:1:8:4:2 2>&1 | sed 's/ err [0-9.e-]*//g' | tail -8 ;;
+    stream-e2e)
+      # session 37's opt-in plans (TRITONLLM_SKINNY_STREAM=1: 12 stages for gate_up-wide layers, stream-K for down
+      # and 16-bit N >= 4096 at M = 2..16, FP8 gate_up / down at M <= 4): the GPU tests, then Llama-3-8B batch 1 bf16
+      # and FP8 with them, and FP8 without (session 37, H100: 267.8 against 284.6 tok/s)
+      timeout 200 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemm_stream_sm90.py \
+        tests/kernels/test_gemm_skinny_sm90.py -k "not every_plan and not gated and not xq and not xn" 2>&1 | tail -3
+      TRITONLLM_SKINNY_STREAM=1 QUANT_VARIANTS="bf16_torch fp8_gluon" QUANT_EXPS=batch1_decode QUANT_TAG="_stream" \
+        bash "$0" e2e-quant | grep "tok/s"
+      QUANT_VARIANTS="fp8_gluon" QUANT_EXPS=batch1_decode QUANT_TAG="_nostream" bash "$0" e2e-quant | grep "tok/s" ;;
     w4-blocks)
       # session 36's build: the Gluon W4 GEMV taking several row blocks a program where K fits one tile
       # (gemv_w4_sm90.w4_gemv_sm90_blocks_kernel, tiling field BLOCKS; the next block's weights in flight while one

@@ -65,6 +65,7 @@ DECODE_KERNELS = {
 READ_BEFORE_WAIT = {
     "gemm_skinny_sm90.skinny_gemm_sm90_kernel": {"w_desc", "g_desc", "g_ptr"},  # the weight, XN's norm weight
     "gemm_block_sm90.block_fp8_gemm_sm90_kernel": {"b_desc"},
+    "gemm_stream_sm90.stream_gemm_sm90_kernel": {"w_desc"},
     "gemm_w4_tma_sm90.w4_tma_gemm_sm90_kernel": {"w_desc", "s_desc"},  # the weight's words and scales
     # EARLY (w2): the experts' words and scales, and the expert ids, which the router wrote two launches back
     "moe_gemv.moe_gemv_kernel": {"b_ptr", "b_scale_ptr", "topk_ids_ptr"},

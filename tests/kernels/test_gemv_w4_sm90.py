@@ -19,7 +19,7 @@ from seeded import randn as _randn  # this folder
 
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
-from tritonllm.kernels import gemm_w4_tma_sm90, gemv_w4_sm90, reference, registry
+from tritonllm.kernels import gemm_w4_tma_sm90, gemv_w4, gemv_w4_sm90, reference, registry
 from tritonllm.kernels.quant_formats import E2M1_VALUES, FP4, INT4, QuantizedWeight, QuantScheme, pack_int4
 from tritonllm.quantization.quantize import quantize_weight
 
@@ -95,8 +95,6 @@ def test_row_blocks_a_program_match(fp4_bits, scheme, n, k, blocks, monkeypatch)
     """The blocked kernel (a tiling of several row blocks a program, K within one tile, N whole blocks): programs
     with fewer blocks than BLOCKS at the end, a program of one block, K below the tile (masked groups) and at
     it, a bias; in float32 and in half pairs, against the dequantized weight."""
-    from tritonllm.kernels import gemv_w4
-
     monkeypatch.setattr(gemv_w4, "FP4_BITS", gemv_w4.FP4_HALF2 if fp4_bits == "half2" else gemv_w4.FP4_F32)
     tiling = gemv_w4_sm90.Tiling(8, 4, blocks=blocks)
     monkeypatch.setattr(gemv_w4_sm90, "TILINGS", {"int4": tiling, "fp4": tiling})
@@ -152,12 +150,17 @@ def test_every_code_decodes_exactly(spy) -> None:
 
 @pytest.mark.gpu
 @needs_sm90
-def test_a_broken_decode_is_caught(monkeypatch) -> None:
-    """Negative check: with the nibble masks swapped the kernel's output fails the same comparison."""
+@pytest.mark.parametrize("half2", [False, True])
+def test_a_broken_decode_is_caught(monkeypatch, half2) -> None:
+    """Negative check: with the nibble masks the decode uses swapped (float32: INT4_MASKS; half pairs:
+    gemv_w4.INT4_HALF2_MASKS) the kernel's output fails the same comparison."""
+    monkeypatch.setattr(gemv_w4, "FP4_BITS", gemv_w4.FP4_HALF2 if half2 else gemv_w4.FP4_F32)
     weight = quantize_weight(_randn(64, 4096, seed=53), SCHEMES[2])
     x = _randn(1, 4096, seed=54, dtype=torch.bfloat16)
     expected = x.float() @ reference.dequantize_weight(weight).T
-    monkeypatch.setattr(gemv_w4_sm90, "INT4_MASKS", gemv_w4_sm90.INT4_MASKS[::-1])
+    assert_close_to_scale(_gemv(x, weight), expected, 1e-2)
+    module, name = (gemv_w4, "INT4_HALF2_MASKS") if half2 else (gemv_w4_sm90, "INT4_MASKS")
+    monkeypatch.setattr(module, name, getattr(module, name)[::-1])
     with pytest.raises(AssertionError):
         assert_close_to_scale(_gemv(x, weight), expected, 1e-2)
 

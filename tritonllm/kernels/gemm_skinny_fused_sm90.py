@@ -44,7 +44,7 @@ def xq_skinny_gemm_sm90(h: torch.Tensor, amax: torch.Tensor, b: torch.Tensor, b_
     or one per row of b. residual [M, N] (contiguous, h's dtype): c is residual, the product added into it
     (ADD_C, as skinny_gemm_sm90's add_c)."""
     (m, k), n = h.shape, b.shape[0]
-    p = sk.plan(m, n, k, b.element_size())
+    p = sk.plan(m, n, k, b.element_size(), deep=False)
     c = residual if residual is not None else torch.empty((m, n), dtype=h.dtype, device=h.device)
     split, k_per_split, tiles, ws, cnt = splitk_sm90.plan_splits(m, n, k, p.split, sk.ROW_BYTES, p.block_n, c)
     blocks = amax.shape[1]
@@ -83,7 +83,7 @@ def xn_skinny_gemm_sm90(x: torch.Tensor, g: torch.Tensor, eps: float, b: torch.T
     dynamic scales, multiplied by their reciprocals), computed inside it while the weight copies stream, so
     no norm kernel runs. b_scale: float32, one or one per row of b."""
     (m, k), n = x.shape, b.shape[0]
-    p = sk.plan(m, n, k, b.element_size())
+    p = sk.plan(m, n, k, b.element_size(), deep=False)
     c = torch.empty((m, n), dtype=x.dtype, device=x.device)
     split, k_per_split, tiles, ws, cnt = splitk_sm90.plan_splits(m, n, k, p.split, sk.ROW_BYTES, p.block_n, c)
     sk.skinny_gemm_sm90_kernel[(tiles, split)](
@@ -114,7 +114,7 @@ def gated_takes(a: torch.Tensor, b: torch.Tensor, quantized: bool) -> bool:
     n = b.shape[0]
     if not (n % 2 == 0 and sk.takes(a, b) and sk.measured_faster(m, n, k, a.dtype)):
         return False
-    if sk.plan(m, n, k, a.element_size()).split != 1:
+    if sk.plan(m, n, k, a.element_size(), deep=False).split != 1:
         return False
     return not quantized or (m <= GATED_QUANT_MAX_M and arrival_counters(a.device) is not None)
 
@@ -127,7 +127,7 @@ def gated_skinny_gemm_sm90(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor 
     scales float32 [M, 1]), as kernels/activation.py's silu_and_mul(_quant) would give them."""
     (m, k), n = a.shape, b.shape[0]
     inter = n // 2
-    p = sk.plan(m, n, k, a.element_size())
+    p = sk.plan(m, n, k, a.element_size(), deep=False)
     programs = triton.cdiv(inter, p.block_n // 2)
     h = torch.empty((m, inter), dtype=out_dtype, device=a.device)
     if quant_dtype is None:
@@ -166,7 +166,7 @@ def gated_amax_takes(a: torch.Tensor, b: torch.Tensor, norm_weight: torch.Tensor
         ok = sk.takes(a, b) and sk.measured_faster(m, n, k, a.dtype)
     else:
         ok = xn_takes(a, norm_weight, b)
-    p = sk.plan(m, n, k, b.element_size())
+    p = sk.plan(m, n, k, b.element_size(), deep=False)
     return ok and p.split == 1 and triton.cdiv(n // 2, p.block_n // 2) <= XA_MAX_BLOCKS
 
 
@@ -180,7 +180,7 @@ def gated_amax_skinny_gemm_sm90(a: torch.Tensor, a_scale: torch.Tensor | None, b
     residual stream, RMS-normalized and quantized in the kernel (XN, a_scale None)."""
     (m, k), n = a.shape, b.shape[0]
     inter = n // 2
-    p = sk.plan(m, n, k, b.element_size())
+    p = sk.plan(m, n, k, b.element_size(), deep=False)
     programs = triton.cdiv(inter, p.block_n // 2)
     h = torch.empty((m, inter), dtype=out_dtype, device=a.device)
     amax = torch.empty((m, programs), dtype=torch.float32, device=a.device)

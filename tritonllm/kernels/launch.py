@@ -99,6 +99,8 @@ def arrival_counters(device: torch.device) -> torch.Tensor | None:
     they exist (an allocation there would be zeroed only on replay; the engine's warm-ups run eagerly
     first, and the decode graphs' capture, worker/cuda_graph.py, allocates them before its first graph)."""
     device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" name one device: one set of counters
+        device = torch.device("cuda", torch.cuda.current_device())
     counters = _ARRIVAL_COUNTERS.get(device)
     if counters is None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         counters = _ARRIVAL_COUNTERS[device] = torch.zeros(MAX_ARRIVAL_COUNTERS, dtype=torch.int32, device=device)

@@ -94,30 +94,46 @@ if HAVE_GLUON:
         gl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=ok)
 
     @gluon.jit
+    def _tile_coords(tile, M, N, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, ACC: gl.constexpr):
+        """(the weight rows of tile, the activation rows, the mask of both in range) in the accumulator's layout."""
+        n_out = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
+        m_out = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
+        return n_out, m_out, gl.expand_dims(n_out < N, 1) & gl.expand_dims(m_out < M, 0)
+
+    @gluon.jit
     def finish_tile(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, ws_ptr, cnt_ptr, pid_n, pid_k, M, N, stride_cm,
                     stride_asm, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, ACC: gl.constexpr,
                     HAS_BIAS: gl.constexpr, W_SCALE: gl.constexpr, A_SCALE: gl.constexpr,
                     SPLIT_K: gl.constexpr, ADD_C: gl.constexpr = False):  # fmt: skip
         """Write the [BLOCK_N, BLOCK_M] accumulator (layout ACC) of weight rows pid_n x BLOCK_N.. as
         c[m, n] (ADD_C: added to c, _store); with K splits, write this split's partial and let the tile's
-        last one sum them (so one program reads and writes each element of c)."""
-        n_out = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
-        m_out = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
-        ok = gl.expand_dims(n_out < N, 1) & gl.expand_dims(m_out < M, 0)
+        last one sum them (finish_part: so one program reads and writes each element of c)."""
         if SPLIT_K > 1:
-            # this split's partial, then its arrival; the tile's last split sums them all (in split order)
-            tile_ws = ws_ptr + gl.expand_dims(m_out * N, 0) + gl.expand_dims(n_out, 1)
-            gl.store(tile_ws + pid_k * M * N, acc, mask=ok)
-            gluon_barrier()  # every thread's partial written before the (releasing) arrival
-            arrived = gl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT_K - 1:
-                gluon_barrier()
-                acc = gl.load(tile_ws, mask=ok, other=0.0, cache_modifier=".cg")
-                for sp in gl.static_range(1, SPLIT_K):
-                    acc += gl.load(tile_ws + sp * M * N, mask=ok, other=0.0, cache_modifier=".cg")
-                _store(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, n_out, m_out, ok, M, N, stride_cm, stride_asm,
-                       HAS_BIAS, W_SCALE, A_SCALE, ADD_C)  # fmt: skip
-                gl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+            finish_part(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, ws_ptr, cnt_ptr, pid_n, pid_k, SPLIT_K, M, N,
+                        stride_cm, stride_asm, BLOCK_N, BLOCK_M, ACC, HAS_BIAS, W_SCALE, A_SCALE, SPLIT_K, ADD_C)  # fmt: skip
         else:
+            n_out, m_out, ok = _tile_coords(pid_n, M, N, BLOCK_N, BLOCK_M, ACC)
             _store(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, n_out, m_out, ok, M, N, stride_cm, stride_asm,
                    HAS_BIAS, W_SCALE, A_SCALE, ADD_C)  # fmt: skip
+
+    @gluon.jit
+    def finish_part(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, ws_ptr, cnt_ptr, tile, part, parts, M, N,
+                    stride_cm, stride_asm, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, ACC: gl.constexpr,
+                    HAS_BIAS: gl.constexpr, W_SCALE: gl.constexpr, A_SCALE: gl.constexpr, MAX_PARTS: gl.constexpr,
+                    ADD_C: gl.constexpr = False):  # fmt: skip
+        """Part `part` of a tile cut into `parts` (2..MAX_PARTS: K splits, or stream-K runs; a run-time value):
+        write its float32 partial to ws [parts, M, N] and arrive on the tile's counter; the last to arrive sums
+        the partials in part order (every load in flight at once), writes c (_store) and resets the counter."""
+        n_out, m_out, ok = _tile_coords(tile, M, N, BLOCK_N, BLOCK_M, ACC)
+        tile_ws = ws_ptr + gl.expand_dims(m_out * N, 0) + gl.expand_dims(n_out, 1)
+        gl.store(tile_ws + part * M * N, acc, mask=ok)
+        gluon_barrier()  # every thread's partial written before the (releasing) arrival
+        arrived = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == parts - 1:
+            gluon_barrier()
+            acc = gl.load(tile_ws, mask=ok, other=0.0, cache_modifier=".cg")
+            for sp in gl.static_range(1, MAX_PARTS):
+                acc += gl.load(tile_ws + sp * M * N, mask=ok & (sp < parts), other=0.0, cache_modifier=".cg")
+            _store(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, n_out, m_out, ok, M, N, stride_cm, stride_asm,
+                   HAS_BIAS, W_SCALE, A_SCALE, ADD_C)  # fmt: skip
+            gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
