@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -550,6 +550,24 @@ print(tuned_file(torch.cuda.get_device_name()))")
       TRITONLLM_SKINNY_STREAM=1 QUANT_VARIANTS="bf16_torch fp8_gluon" QUANT_EXPS=batch1_decode QUANT_TAG="_stream" \
         bash "$0" e2e-quant | grep "tok/s"
       QUANT_VARIANTS="fp8_gluon" QUANT_EXPS=batch1_decode QUANT_TAG="_nostream" bash "$0" e2e-quant | grep "tok/s" ;;
+    next-38)
+      # the first call of the session after 37 (about 8 minutes): the GPU tests changed after session 37's calls
+      # (the W4 GEMV's negative check in both decodes; the stream kernel's copies split into weight / activation
+      # helpers), then Llama-3-8B FP8 batch 1 with the two halves of the opt-in plans apart (both together ran
+      # 267.8 against 284.6 tok/s on an H100) and bf16 through the default hybrid linear at 16 sequences with them
+      timeout 150 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemv_w4_sm90.py -k broken \
+        tests/kernels/test_gemm_stream_sm90.py -k "broken or lost or add_c or 28672" 2>&1 | tail -3
+      for mode in 0 rings stream; do
+        TRITONLLM_SKINNY_STREAM=$mode QUANT_VARIANTS="fp8_gluon" QUANT_EXPS=batch1_decode QUANT_TAG="_skinny_$mode" \
+          bash "$0" e2e-quant | grep "tok/s"
+      done
+      QUANT_VARIANTS="bf16_torch" QUANT_EXPS=batch1_decode QUANT_TAG="_next38" bash "$0" e2e-quant | grep "tok/s"
+      ensure_config_model
+      for mode in 0 1; do
+        TRITONLLM_SKINNY_STREAM=$mode python3 -m tritonllm.run model.path="$MODELS/llama3-8b-config" \
+          model.load_format=dummy +experiment=batch1_decode workload.num_requests=16 workload.detokenize=true \
+          output_json="$OUT/llama3-8b_16x512_hybrid_skinny_$mode.json" hydra.run.dir=/tmp/hydra 2>&1 | grep "tok/s"
+      done ;;
     w4-blocks)
       # session 36's build: the Gluon W4 GEMV taking several row blocks a program where K fits one tile
       # (gemv_w4_sm90.w4_gemv_sm90_blocks_kernel, tiling field BLOCKS; the next block's weights in flight while one

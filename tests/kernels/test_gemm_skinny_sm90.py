@@ -477,7 +477,10 @@ def test_plans_and_shapes(monkeypatch) -> None:
     assert not sk.measured_faster(17, 4096, 4096, fp8)
     assert sk.measured_faster(4, 2880, 4096, bf16) and not sk.measured_faster(5, 2880, 4096, bf16)
     assert sk.plan(4, 28672, 4096, 2) == sk.Plan(128, 1, 6) and not sk.measured_faster(5, 4096, 4096, bf16)
-    monkeypatch.setattr(sk, "STREAM", True)  # TRITONLLM_SKINNY_STREAM=1
+    monkeypatch.setattr(sk, "RINGS", True)  # TRITONLLM_SKINNY_STREAM=rings: only the deeper rings
+    assert sk.plan(4, 28672, 4096, 2) == sk.Plan(128, 1, 12) and sk.plan(1, 28672, 4096, 1) == sk.Plan(128, 1, 12)
+    assert sk.plan(1, 4096, 14336, 1) == sk.Plan(128, 4, 6) and sk.measured_faster(16, 4096, 4096, bf16)
+    monkeypatch.setattr(sk, "STREAM", True)  # TRITONLLM_SKINNY_STREAM=1: both
     # session 37: 12 stages for gate_up-wide layers, stream-K over 64-row tiles for down (and 16-bit N >= 4096)
     # where at most 16 activation rows share the shared memory; 16-bit M <= 16 at N >= 4096 on this kernel
     assert sk.plan(4, 28672, 4096, 2) == sk.Plan(128, 1, 12) and sk.plan(1, 28672, 4096, 1) == sk.Plan(128, 1, 12, 4, 1)

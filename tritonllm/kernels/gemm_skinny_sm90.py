@@ -85,11 +85,14 @@ class Plan:
 
 # sweeps (experiments/gemm/skinny_sm90/sweep.py) set this to time one plan at every shape
 PLAN_OVERRIDE: Plan | None = None
-# deeper rings and stream-K where session 37's sweep measured them faster (plan(); TRITONLLM_SKINNY_STREAM=1). Off by
-# default: Llama-3-8B FP8 batch 1 ran 267.8 tok/s with them against 284.6 without (H100, one run each; a 221 KB ring
-# leaves no room for the next GEMM's programs to start their weight copies early under PDL); 16-bit M = 2..16 end
-# to end is not yet measured
-STREAM = os.environ.get("TRITONLLM_SKINNY_STREAM", "0") == "1"
+# deeper rings and stream-K where session 37's sweep measured them faster (plan()). TRITONLLM_SKINNY_STREAM=1: both;
+# =rings: only the 12-stage rings of gate_up-wide layers; =stream: only stream-K (the A/B of the two). Off by
+# default: Llama-3-8B FP8 batch 1 ran 267.8 tok/s with both against 284.6 without (H100, one run each; not yet
+# known which of the two costs it); 16-bit M = 2..16 end to end is not yet measured
+_STREAM_MODE = os.environ.get("TRITONLLM_SKINNY_STREAM", "0")
+if _STREAM_MODE not in ("0", "1", "rings", "stream"):
+    raise ValueError(f"TRITONLLM_SKINNY_STREAM={_STREAM_MODE!r}: 0, 1, rings or stream")
+RINGS, STREAM = _STREAM_MODE in ("1", "rings"), _STREAM_MODE in ("1", "stream")
 # M = 1: programs an SM that plan() aims the grid at (0: session 14's 128 rows, four K splits; for A/B runs,
 # TRITONLLM_SKINNY_M1_FILL)
 M1_FILL = int(os.environ.get("TRITONLLM_SKINNY_M1_FILL", "4"))
@@ -106,9 +109,9 @@ def plan(m: int, n: int, k: int, elem_bytes: int, deep: bool = True) -> Plan:
     split until about M1_FILL programs an SM (at most 8 ways, each split at least four K steps); at M = 2..4, K
     split up to four ways over 64 rows (FP8 qkv at M = 4: 7.5 against 9.4 us); above, 64 rows, two splits,
     eight stages, but one split of 128 rows for wide layers at M > 16 (qkv: 10.4 against 14.7 us in FP8 at
-    M = 64). With STREAM, where up to 16 activation rows leave shared memory for 12-16 stages: gate_up-wide
-    layers take 12 stages (stream-K in FP8 at M <= 4), and stream-K over 64-row tiles serves K >= 8,192 (down;
-    FP8 at M <= 4) and 16-bit layers of N >= 4,096 at M = 2..16 (session 37, H100: bf16 gate_up 0.97 -> 1.00x
+    M = 64). Where up to 16 activation rows leave shared memory for 12-16 stages: with RINGS gate_up-wide
+    layers take 12 stages (with STREAM too, stream-K in FP8 at M <= 4), and with STREAM stream-K over 64-row
+    tiles serves K >= 8,192 (down; FP8 at M <= 4) and 16-bit layers of N >= 4,096 at M = 2..16 (session 37, H100: bf16 gate_up 0.97 -> 1.00x
     cuBLAS, qkv 0.95-1.02 -> 1.04-1.08x, o 1.08-1.11 -> 1.14-1.19x, down 1.02 -> 1.06x; FP8 down at M = 4
     1.85 -> 1.99x bf16). deep=False: without those (the fused modes' launches, gemm_skinny_fused_sm90, whose
     extra shared memory and epilogues the deep rings and stream-K do not take)."""
@@ -117,10 +120,10 @@ def plan(m: int, n: int, k: int, elem_bytes: int, deep: bool = True) -> Plan:
     most = max(1, k // (4 * ROW_BYTES // elem_bytes))
     sms = platform.num_multiprocessors()
     fp8_few = elem_bytes == 1 and m <= 4
-    deep = deep and STREAM and block_m(m) <= 16 and (fp8_few or (elem_bytes == 2 and m > 1))
+    deep = deep and block_m(m) <= 16 and (fp8_few or (elem_bytes == 2 and m > 1))
     if triton.cdiv(n, 128) >= sms or (m > 16 and n >= 6144):
-        return Plan(128, 1, 12, 4, int(fp8_few)) if deep else Plan(128, 1, 6)
-    if deep and (k >= 8192 or (elem_bytes == 2 and n >= 4096)):
+        return Plan(128, 1, 12, 4, int(fp8_few and STREAM)) if deep and RINGS else Plan(128, 1, 6)
+    if deep and STREAM and (k >= 8192 or (elem_bytes == 2 and n >= 4096)):
         return Plan(64, 1, 16, 4, 1)
     if m == 1 and M1_FILL:
         # 64-row programs, K split until the grid holds about M1_FILL programs an SM (at most 8 splits, each at
@@ -143,13 +146,13 @@ def measured_faster(m: int, n: int, k: int, dtype: torch.dtype) -> bool:
     its own as fast as the FP8 GEMV or 10% slower, but in the decode step, where its weight copies start
     under the previous kernel's tail (PDL), batch-1 FP8 decode ran 334.8 against 306.6 tok/s), not M = 64
     (the portable tiles' 7.5 us against 10.4 for qkv); 16-bit at M <= 4 (1.05-1.18x), not above (0.7-1.0x)
-    but with STREAM's plans at N >= 4,096 (session 37, H100, M = 8 / 16: 0.98-1.19x cuBLAS, the portable
+    but with RINGS / STREAM's plans at N >= 4,096 (session 37, H100, M = 8 / 16: 0.98-1.19x cuBLAS, the portable
     kernels 0.87-1.13x)."""
     if FORCE in ("always", "never"):
         return FORCE == "always"
     if dtype == torch.float8_e4m3fn:
         return m <= 16
-    return m <= 4 or (STREAM and m <= 16 and n >= 4096)
+    return m <= 4 or ((RINGS or STREAM) and m <= 16 and n >= 4096)
 
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
