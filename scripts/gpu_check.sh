@@ -555,7 +555,7 @@ print(tuned_file(torch.cuda.get_device_name()))")
       # (the W4 GEMV's negative check in both decodes; the stream kernel's copies split into weight / activation
       # helpers), then Llama-3-8B FP8 batch 1 with the two halves of the opt-in plans apart (both together ran
       # 267.8 against 284.6 tok/s on an H100) and bf16 through the default hybrid linear at 16 sequences with them
-      timeout 150 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemv_w4_sm90.py -k broken \
+      timeout 150 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemv_w4_sm90.py \
         tests/kernels/test_gemm_stream_sm90.py -k "broken or lost or add_c or 28672" 2>&1 | tail -3
       for mode in 0 rings stream; do
         TRITONLLM_SKINNY_STREAM=$mode QUANT_VARIANTS="fp8_gluon" QUANT_EXPS=batch1_decode QUANT_TAG="_skinny_$mode" \
