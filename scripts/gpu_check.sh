@@ -551,10 +551,11 @@ print(tuned_file(torch.cuda.get_device_name()))")
         bash "$0" e2e-quant | grep "tok/s"
       QUANT_VARIANTS="fp8_gluon" QUANT_EXPS=batch1_decode QUANT_TAG="_nostream" bash "$0" e2e-quant | grep "tok/s" ;;
     next-38)
-      # the first call of the session after 37 (about 8 minutes): the GPU tests changed after session 37's calls
+      # the first call of the session after 37 (about 9 minutes): the GPU tests changed after session 37's calls
       # (the W4 GEMV's negative check in both decodes; the stream kernel's copies split into weight / activation
       # helpers), then Llama-3-8B FP8 batch 1 with the two halves of the opt-in plans apart (both together ran
-      # 267.8 against 284.6 tok/s on an H100) and bf16 through the default hybrid linear at 16 sequences with them
+      # 267.8 against 284.6 tok/s on an H100), the FP8 step's kernel timeline with and without them, and last
+      # bf16 through the default hybrid linear at 16 sequences with and without them
       timeout 150 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemv_w4_sm90.py \
         tests/kernels/test_gemm_stream_sm90.py -k "broken or lost or add_c or 28672" 2>&1 | tail -3
       for mode in 0 rings stream; do
@@ -562,6 +563,9 @@ print(tuned_file(torch.cuda.get_device_name()))")
           bash "$0" e2e-quant | grep "tok/s"
       done
       QUANT_VARIANTS="bf16_torch" QUANT_EXPS=batch1_decode QUANT_TAG="_next38" bash "$0" e2e-quant | grep "tok/s"
+      # which kernels the plans slow down in the FP8 step (per-kernel exposed time, with and without them)
+      TRITONLLM_SKINNY_STREAM=1 TIMELINE_VARIANTS=fp8 OUT="$OUT/timeline_stream" bash "$0" timeline | tail -12
+      TIMELINE_VARIANTS=fp8 OUT="$OUT/timeline_nostream" bash "$0" timeline | tail -12
       ensure_config_model
       for mode in 0 1; do
         TRITONLLM_SKINNY_STREAM=$mode python3 -m tritonllm.run model.path="$MODELS/llama3-8b-config" \
