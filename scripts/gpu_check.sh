@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -572,6 +572,11 @@ print(tuned_file(torch.cuda.get_device_name()))")
           model.load_format=dummy +experiment=batch1_decode workload.num_requests=16 workload.detokenize=true \
           output_json="$OUT/llama3-8b_16x512_hybrid_skinny_$mode.json" hydra.run.dir=/tmp/hydra 2>&1 | grep "tok/s"
       done ;;
+    stream-m1)
+      # the opt-in plans' untried case: 16-bit M = 1 (gpt-oss's bf16 qkv / o and Llama's layers; today's M1_FILL
+      # plan against 12-16-stage rings and stream-K, one and two programs an SM)
+      timeout 200 python3 experiments/gemm/skinny_sm90/sweep.py "$OUT/skinny_stream_m1.json" --pdl --dtypes bf16 \
+        --ms 1 --plans auto 128:1:12 128:1:12:4:1 64:1:16:4:1 64:1:8:4:2 128:1:6:4:2 2>&1 | sed 's/ err [0-9.e-]*//g' ;;
     w4-blocks)
       # session 36's build: the Gluon W4 GEMV taking several row blocks a program where K fits one tile
       # (gemv_w4_sm90.w4_gemv_sm90_blocks_kernel, tiling field BLOCKS; the next block's weights in flight while one
