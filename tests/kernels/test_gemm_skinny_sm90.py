@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
+from fp8_operands import FP8, fp8_operands  # this folder
 from launch_spy import LaunchSpy  # tests/
 from seeded import randn  # this folder
 
@@ -21,14 +22,12 @@ from tritonllm.kernels import gemm as g
 from tritonllm.kernels import gemm_skinny_fused_sm90 as fz
 from tritonllm.kernels import gemm_skinny_sm90 as sk
 from tritonllm.kernels import launch, registry
-from tritonllm.kernels.quant import quantize_per_token
 from tritonllm.kernels.quant_formats import QuantScheme
 from tritonllm.quantization.quantize import quantize_weight
 
 needs_sm90 = pytest.mark.skipif(
     not (platform.is_gpu() and sk.available()), reason="the Gluon skinny GEMM runs on sm90 GPUs only"
 )
-FP8 = QuantScheme(torch.float8_e4m3fn, "channel", "token")
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -37,16 +36,6 @@ def spy(monkeypatch) -> LaunchSpy:
     spy = LaunchSpy(sk.skinny_gemm_sm90_kernel)
     monkeypatch.setattr(sk, "skinny_gemm_sm90_kernel", spy)
     return spy
-
-
-def _fp8_operands(m: int, n: int, k: int, seed: int):
-    """(x, its FP8 values and per-token scales, the FP8 weight) and the float32 product of the
-    dequantized operands."""
-    x = randn(m, k, seed=seed, dtype=torch.bfloat16)
-    weight = quantize_weight(randn(n, k, seed=seed + 1), FP8)
-    q, scale = quantize_per_token(x, torch.float8_e4m3fn)
-    expected = (q.float() * scale) @ (weight.data.float() * weight.scale[:, None]).T
-    return q, scale, weight, expected
 
 
 @pytest.mark.gpu
@@ -69,7 +58,7 @@ def test_16_bit_matches_float32(m, n, k, dtype, spy) -> None:
 @pytest.mark.parametrize("n, k", [(130, 512), (1000, 4224)])
 def test_fp8_w8a8_matches_the_dequantized_operands(m, n, k, spy) -> None:
     """FP8 e4m3 both sides, per-channel weight scales and per-token activation scales in the epilogue."""
-    q, scale, weight, expected = _fp8_operands(m, n, k, seed=93)
+    q, scale, weight, expected = fp8_operands(m, n, k, seed=93)
     got = g.gemm(q, weight.data, out_dtype=torch.bfloat16, a_scale=scale, sm90="always", **g.scale_args(FP8),
                  b_scale=weight.scale)  # fmt: skip
     assert_close_to_scale(got, expected, 1e-2)
@@ -85,7 +74,7 @@ def test_fp8_w8a8_matches_the_dequantized_operands(m, n, k, spy) -> None:
 @needs_sm90
 def test_a_dropped_scale_is_caught(spy) -> None:
     """The comparison can fail: the product without the weight's scales is far from the reference."""
-    q, scale, weight, expected = _fp8_operands(16, 256, 1024, seed=94)
+    q, scale, weight, expected = fp8_operands(16, 256, 1024, seed=94)
     got = g.gemm(q, weight.data, out_dtype=torch.bfloat16, a_scale=scale, a_scale_kind=g.A_ROW, sm90="always")
     with pytest.raises(AssertionError, match="max error"):
         assert_close_to_scale(got, expected, 1e-2)
@@ -97,7 +86,7 @@ def _twice(m: int, n: int, k: int, dtype: torch.dtype):
     if dtype == torch.bfloat16:
         x, w = randn(m, k, seed=95, dtype=dtype), randn(n, k, seed=96, dtype=dtype)
         return g.gemm(x, w, sm90="always"), g.gemm(x, w, sm90="always"), x.float() @ w.float().T
-    q, scale, weight, expected = _fp8_operands(m, n, k, seed=97)
+    q, scale, weight, expected = fp8_operands(m, n, k, seed=97)
     args = dict(out_dtype=torch.bfloat16, a_scale=scale, sm90="always", **g.scale_args(FP8), b_scale=weight.scale)
     return g.gemm(q, weight.data, **args), g.gemm(q, weight.data, **args), expected
 
@@ -155,7 +144,7 @@ def test_gated_epilogue_is_the_gemm_then_the_silu_mul(m, inter, k, fp8, spy, mon
     monkeypatch.setattr(sk, "PLAN_OVERRIDE", sk.Plan(128, 1, 6))  # unsplit, as the fused launch: equal sums
     n = 2 * inter
     if fp8:
-        a, a_scale, weight, expected = _fp8_operands(m, n, k, seed=95)
+        a, a_scale, weight, expected = fp8_operands(m, n, k, seed=95)
         b, b_scale = weight.data, weight.scale
         unfused = g.gemm(a, b, out_dtype=torch.bfloat16, a_scale=a_scale, sm90="always", **g.scale_args(FP8),
                          b_scale=b_scale)  # fmt: skip
@@ -189,14 +178,14 @@ def test_gated_linear_serves_batch_1_decode_and_declines_the_rest() -> None:
     from tritonllm.kernels.quant_formats import OutputQuant, QuantizedActivation
 
     inter, k = 14336, 4096
-    q, scale, weight, expected = _fp8_operands(1, 2 * inter, k, seed=98)
+    q, scale, weight, expected = fp8_operands(1, 2 * inter, k, seed=98)
     x = QuantizedActivation(q, scale, torch.bfloat16)
     assert_close_to_scale(gated_linear_sm90(x, weight, None, None), _silu_mul(expected), 2e-2)
     quantized = gated_linear_sm90(x, weight, None, OutputQuant(torch.float8_e4m3fn))
     assert (quantized is None) == (fz.GATED_QUANT_MAX_M < 1)
     assert gated_linear_sm90(x, weight, None, OutputQuant(torch.float8_e4m3fn, torch.ones(1, device=q.device))) is None
     assert gated_linear_sm90(x, weight, None, OutputQuant(torch.float8_e4m3fn, group=128)) is None
-    q3, s3, w3, _ = _fp8_operands(3, 2 * inter, k, seed=99)
+    q3, s3, w3, _ = fp8_operands(3, 2 * inter, k, seed=99)
     assert (
         gated_linear_sm90(QuantizedActivation(q3, s3, torch.bfloat16), w3, None, OutputQuant(torch.float8_e4m3fn))
         is None
@@ -294,7 +283,7 @@ def test_xn_gemm_is_the_quantizing_norm_then_the_gemm(m, k, n, spy) -> None:
 def test_add_c_adds_the_rounded_product_into_c(m, n, k) -> None:
     """ADD_C (o_proj / down_proj adding into the residual stream): c + the product rounded to bf16, then
     rounded, exactly as the GEMM followed by the add, with and without K splits; c's other rows untouched."""
-    q, scale, weight, _ = _fp8_operands(m, n, k, seed=130)
+    q, scale, weight, _ = fp8_operands(m, n, k, seed=130)
     residual = 4 * randn(m, n, seed=132, dtype=torch.bfloat16)
     product = g.gemm(q, weight.data, out_dtype=torch.bfloat16, a_scale=scale, sm90="always", **g.scale_args(FP8),
                      b_scale=weight.scale)  # fmt: skip

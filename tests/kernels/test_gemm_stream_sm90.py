@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
+from fp8_operands import FP8, fp8_operands  # this folder
 from launch_spy import LaunchSpy  # tests/
 from seeded import randn  # this folder
 
@@ -21,14 +22,10 @@ from tritonllm.kernels import gemm as g
 from tritonllm.kernels import gemm_skinny_sm90 as sk
 from tritonllm.kernels import gemm_stream_sm90 as st
 from tritonllm.kernels import launch
-from tritonllm.kernels.quant import quantize_per_token
-from tritonllm.kernels.quant_formats import QuantScheme
-from tritonllm.quantization.quantize import quantize_weight
 
 needs_sm90 = pytest.mark.skipif(
     not (platform.is_gpu() and sk.available()), reason="the Gluon stream-K GEMM runs on sm90 GPUs only"
 )
-FP8 = QuantScheme(torch.float8_e4m3fn, "channel", "token")
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -46,10 +43,8 @@ def _product(m: int, n: int, k: int, dtype: torch.dtype, bias: bool, seed: int):
         x, w = randn(m, k, seed=seed, dtype=dtype), randn(n, k, seed=seed + 1, dtype=dtype)
         want = x.float() @ w.float().T + (b.float() if bias else 0)
         return g.gemm(x, w, bias=b, sm90="always"), want
-    x = randn(m, k, seed=seed, dtype=torch.bfloat16)
-    weight = quantize_weight(randn(n, k, seed=seed + 1), FP8)
-    q, scale = quantize_per_token(x, torch.float8_e4m3fn)
-    want = (q.float() * scale) @ (weight.data.float() * weight.scale[:, None]).T + (b.float() if bias else 0)
+    q, scale, weight, product = fp8_operands(m, n, k, seed)
+    want = product + (b.float() if bias else 0)
     args = dict(out_dtype=torch.bfloat16, a_scale=scale, sm90="always", **g.scale_args(FP8), b_scale=weight.scale)
     return g.gemm(q, weight.data, bias=b, **args), want
 

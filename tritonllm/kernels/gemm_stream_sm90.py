@@ -19,7 +19,7 @@ import triton
 from tritonllm import platform
 from tritonllm.kernels import gemm_skinny_sm90 as sk
 from tritonllm.kernels import splitk_sm90
-from tritonllm.kernels.launch import MAX_ARRIVAL_COUNTERS, arrival_counters, compile_gluon_sm90, gluon_pdl_wait
+from tritonllm.kernels.launch import arrival_counters, compile_gluon_sm90, gluon_pdl_wait
 from tritonllm.kernels.splitk_sm90 import scale_kind
 
 if sk.HAVE_GLUON:
@@ -38,8 +38,8 @@ def runs(m: int, n: int, k: int, block_n: int, block_k: int, programs: int) -> t
 
 
 def takes(n: int, block_n: int, c: torch.Tensor) -> bool:
-    """Whether the arrival counters serve a launch over n rows (one counter a tile, splitk_sm90)."""
-    return triton.cdiv(n, block_n) <= MAX_ARRIVAL_COUNTERS and arrival_counters(c.device) is not None
+    """Whether the arrival counters serve a launch over n rows (splitk_sm90.counters_serve)."""
+    return splitk_sm90.counters_serve(triton.cdiv(n, block_n), c.device)
 
 
 def stream_gemm_sm90(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,

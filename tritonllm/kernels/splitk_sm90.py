@@ -24,12 +24,16 @@ except ImportError:  # pragma: no cover - older triton
     HAVE_GLUON = False
 
 
+def counters_serve(tiles: int, device: torch.device) -> bool:
+    """Whether the arrival counters can count `tiles` tiles in (one counter a tile): no more tiles than
+    counters, and counters allocated (none are while a CUDA graph is being captured before they exist,
+    launch.arrival_counters)."""
+    return tiles <= MAX_ARRIVAL_COUNTERS and arrival_counters(device) is not None
+
+
 def usable_split(split: int, tiles: int, device: torch.device) -> int:
-    """`split`, or 1 where the arrival counters cannot serve it: more tiles than counters, or none
-    allocated yet while a CUDA graph is being captured (launch.arrival_counters)."""
-    if split > 1 and (tiles > MAX_ARRIVAL_COUNTERS or arrival_counters(device) is None):
-        return 1
-    return split
+    """`split`, or 1 where the arrival counters cannot serve it (counters_serve)."""
+    return split if split == 1 or counters_serve(tiles, device) else 1
 
 
 def workspace(split: int, m: int, n: int, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
