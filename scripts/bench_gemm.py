@@ -121,6 +121,13 @@ def run_case(model: str, layer: str, n: int, k: int, m: int, formats: list[str])
                 make = lambda w, tiles=tiles: lambda: g.gemm(x, w, tiles=tiles)  # noqa: E731
                 rows.append(dict(base, format="bf16", impl="triton_persistent", us=bench_us(make, w_copies),
                                  rel_error=rel_error(make(w)(), expected), a_bytes=2, w_bytes=2))  # fmt: skip
+            context = registry.KernelContext("cuda", torch.bfloat16)
+            for impl in registry.implementations("linear"):  # the registered layers (the Hopper Gluon kernels')
+                if impl.name == "torch_ref" or impl.supports.refusal(context) is not None:
+                    continue
+                make = lambda w, impl=impl: lambda: impl.entries["linear"](x, w, None)  # noqa: E731
+                rows.append(dict(base, format="bf16", impl=f"linear:{impl.name}", us=bench_us(make, w_copies),
+                                 rel_error=rel_error(make(w)(), expected), a_bytes=2, w_bytes=2))  # fmt: skip
             continue
         scheme = SCHEMES[fmt]
         weight = quantize_weight(w, scheme)

@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [w4-mid] [tune-mid]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -572,6 +572,37 @@ print(tuned_file(torch.cuda.get_device_name()))")
           model.load_format=dummy +experiment=batch1_decode workload.num_requests=16 workload.detokenize=true \
           output_json="$OUT/llama3-8b_16x512_hybrid_skinny_$mode.json" hydra.run.dir=/tmp/hydra 2>&1 | grep "tok/s"
       done ;;
+    next-39)
+      # the first call of the session after 38 (about 8 minutes): the 4-bit GEMM's row blocks beyond 64 rows
+      # (gemm_w4_sm90 M_TILED: 128 activation rows a program, the weight decoded in registers, where gemm() today
+      # dequantizes the whole weight first) - its GPU tests, its sweep at prefill-chunk sizes against
+      # dequantize-then-GEMM and bf16 cuBLAS, then Llama-3-8B int4 / MXFP4 batch 1 (TTFT: the 512-token
+      # prefill) and 64 x 512 + 128 with it taken up to 8,192 rows against today's (up to 64)
+      timeout 150 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemm_w4_sm90.py \
+        -k "row_blocks or broken" 2>&1 | tee "$OUT/w4_rows_tests.log" | tail -3
+      W4_MID_FORMATS=int4 bash "$0" w4-mid
+      for max_m in 64 8192; do  # MXFP4: the next call (QUANT_VARIANTS=mxfp4_gluon)
+        TRITONLLM_W4_SM90_MAX_M=$max_m QUANT_VARIANTS="int4_gluon" QUANT_TAG="_w4max$max_m" \
+          bash "$0" e2e-quant | grep "tok/s"
+      done ;;
+    w4-mid)
+      # the 4-bit GEMM's row-block plans at prefill-chunk sizes (auto: gemm_w4_sm90._rows_plan), beside today's
+      # dequantize-then-GEMM ("portable") and bf16 cuBLAS; int4 g128 and MXFP4, Llama-3-8B layers, L2 cold
+      for fmt in ${W4_MID_FORMATS:-int4 mxfp4}; do  # W4_MID_FORMATS: int4 and / or mxfp4
+        [ "$fmt" = mxfp4 ] && flag=--mxfp4 || flag=
+        timeout 200 python3 experiments/quant4/gemm_sm90/sweep.py "$OUT/w4_mid_$fmt.json" $flag \
+          --ms 65 128 256 512 1024 2048 --plans auto 128:1:1:8:0:0 128:1:1:8 64:1:1:4:0:0 64:2:1:4:0:0 \
+          2>&1 | sed 's/ err [0-9.e-]*//g' | tail -24
+      done ;;
+    tune-mid)
+      # the float GEMM's tiles at prefill chunks (M = 128 / 256 / 512, where the M-bucket tables ran 0.65-0.95x
+      # cuBLAS): scripts/tune_gemm.py's mid suite, its winners written to this GPU's kernels/tuned/ file (brought
+      # back in $OUT: commit it), then bench_gemm at those sizes with them (bf16, int4, MXFP4)
+      timeout 300 python3 scripts/tune_gemm.py "$OUT/tune_mid.json" --suites mid 2>&1 | grep -v "^compile" | tail -14
+      tuned="tritonllm/kernels/tuned/$(python3 -c 'import torch; print(torch.cuda.get_device_name().replace(" ", "_"))').json"
+      python3 scripts/tune_gemm.py "$OUT/tune_mid.json" --write-tuned "$tuned" --update && cp "$tuned" "$OUT/"
+      timeout 150 python3 scripts/bench_gemm.py "$OUT/gemm_mid_tuned.json" --models llama3-8b --ms 128 512 2048 \
+        --formats bf16 int4 mxfp4 2>&1 | tail -13 ;;
     stream-m1)
       # the opt-in plans' untried case: 16-bit M = 1 (gpt-oss's bf16 qkv / o and Llama's layers; today's M1_FILL
       # plan against 12-16-stage rings and stream-K, one and two programs an SM)

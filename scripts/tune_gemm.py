@@ -9,7 +9,7 @@ torch._scaled_mm; each output is checked against float32 of the dequantized oper
 compilation is the slow part of a sweep, so a pool of worker processes first runs every candidate
 once (filling Triton's on-disk cache), and the timing process then loads compiled kernels. Prints
 the best candidate per case and its ratio to cuBLAS; the JSON has every timing. The M-bucket tables
-are set by hand from its output; `--write-tuned` turns a sweep's skinny cases (M <= 64) into the
+are set by hand from its output; `--write-tuned` turns a sweep's skinny and mid cases (M <= 512) into the
 per-shape file that gemm() reads for this GPU (kernels/tuned/, as vLLM's per-(N, K) config files;
 no run-time autotuning in the serving path).
 """
@@ -21,7 +21,7 @@ import itertools
 import json
 import multiprocessing as mp
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -67,6 +67,18 @@ BLOCK_CANDIDATES = [
 ]  # fmt: skip
 
 
+def _mid() -> list[tuple[T, int]]:
+    """Prefill-chunk sizes (M = 128..512), where the M-bucket tables' tiles ran 0.65-0.95x bf16 cuBLAS on
+    Llama-3-8B's layers (session 38, H100: o and down at M = 512 41 / 138 us against 27 / 90): tiles of 64 and
+    128 rows, K split up to four ways (down's K of 14,336 over 128 tiles of output), and the persistent kernel."""
+    pointer = [T(64, 128, 64, 4, 4), T(64, 128, 64, 4, 5), T(64, 128, 128, 4, 3), T(128, 128, 64, 8, 4),
+               T(128, 128, 64, 4, 4), T(128, 64, 64, 4, 4), T(64, 256, 64, 8, 4), T(128, 256, 64, 8, 3)]  # fmt: skip
+    persistent = [T(128, 128, 64, 8, 4, persistent=True), T(128, 256, 64, 8, 3, persistent=True),
+                  T(64, 128, 64, 4, 4, persistent=True)]  # fmt: skip
+    split = [(replace(t, max_split_k=s), s) for t, s in itertools.product(pointer, (1, 2, 4))]
+    return split + [(t, 1) for t in persistent]
+
+
 def _skinny(block_m: int, block_ks: tuple[int, ...]) -> list[tuple[T, int]]:
     return [
         (T(block_m, bn, bk, 4, 4, 8, split), split)
@@ -94,6 +106,9 @@ def cases(suites: list[str]) -> list[tuple[str, int, int, int, list[tuple[T, int
     if "block" in suites:
         for (n, k), m in itertools.product([(8192, 8192), (28672, 4096), (4096, 14336)], (1024, 4096)):
             out.append(("fp8_block", n, k, m, [(t, 1) for t in BLOCK_CANDIDATES]))
+    if "mid" in suites:  # prefill chunks: kept per shape in kernels/tuned/ (M <= TUNED_MAX_M)
+        for (n, k), m in itertools.product(LLAMA, (128, 256, 512)):
+            out.append(("float", n, k, m, _mid()))
     if "skinny" in suites:
         for (n, k), m in itertools.product(LLAMA, (1, 16, 64)):
             bm = 16 if m <= 16 else 64
@@ -210,7 +225,8 @@ KINDS = {"float": "float", "fp8": "w8a8", "fp8_block": "block", "int4": "w4a16",
 
 
 def tuned_table(rows: list[dict]) -> dict:
-    """{kind: {"N,K": {M: best tiles and K splits}}} of a sweep's skinny cases, for kernels/tuned/."""
+    """{kind: {"N,K": {M: best tiles and K splits}}} of a sweep's cases up to TUNED_MAX_M (skinny, mid), for
+    kernels/tuned/."""
     best: dict = {}
     for r in rows:
         if r["impl"] != "triton" or "us" not in r or r["m"] > g.TUNED_MAX_M or r["rel_error"] > 2e-2:
@@ -240,14 +256,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
     parser.add_argument(
-        "--suites", nargs="+", default=["large", "block", "skinny"], help="also: m4, w4a16, w4a16_decode"
+        "--suites", nargs="+", default=["large", "block", "skinny"], help="also: mid, m4, w4a16, w4a16_decode"
     )
     parser.add_argument("--jobs", type=int, default=16)
     parser.add_argument("--rep", type=int, default=5, help="ms of replays per timing")
     parser.add_argument(
         "--l2", choices=["cold", "warm"], default="cold", help="weights cold in L2 (as in a model) or not"
     )
-    parser.add_argument("--write-tuned", type=Path, help="write OUT.json's skinny winners here; no sweep")
+    parser.add_argument("--write-tuned", type=Path, help="write OUT.json's skinny / mid winners here; no sweep")
     parser.add_argument("--merge", nargs="*", type=Path, default=[], help="with --write-tuned: more sweeps' rows")
     parser.add_argument("--update", action="store_true", help="with --write-tuned: keep the file's other entries")
     args = parser.parse_args()

@@ -28,3 +28,22 @@ def test_a_sweep_of_some_buckets_keeps_the_others() -> None:
     }
     assert merged["float"] == old["float"] and merged["triton"] == "3.6"
     assert old["w4a16"]["4096,4096"] == {"1": "old1", "16": "old16"}  # the inputs are not modified
+
+
+def test_mid_cases_are_tuned_per_shape_up_to_tuned_max_m() -> None:
+    """The mid suite sweeps the float GEMM at prefill chunks (M = 128..512) and --write-tuned keeps its
+    winners (kernels/gemm.py reads them up to TUNED_MAX_M); larger M stays with the M-bucket tables."""
+    from tritonllm.kernels import gemm as g
+
+    cases = tune_gemm.cases(["mid"])
+    assert {(fmt, m) for fmt, _, _, m, _ in cases} == {("float", m) for m in (128, 256, 512)}
+    assert all(split <= tiles.max_split_k for *_, cands in cases for tiles, split in cands)
+
+    def row(m: int, us: float, block_m: int) -> dict:
+        tiles = dict(block_m=block_m, block_n=128, block_k=64, num_warps=4, num_stages=4)
+        return dict(impl="triton", format="float", n=4096, k=14336, m=m, us=us, rel_error=1e-3, tiles=tiles, split=2)
+
+    rows = [row(512, 90.0, 64), row(512, 80.0, 128), row(1024, 50.0, 64), dict(row(256, 1.0, 32), rel_error=0.5)]
+    table = tune_gemm.tuned_table(rows)["float"]["4096,14336"]
+    assert set(table) == {"512"} and table["512"]["block_m"] == 128 and table["512"]["split"] == 2
+    assert g.TUNED_MAX_M >= 512

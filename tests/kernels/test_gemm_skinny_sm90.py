@@ -450,6 +450,8 @@ def test_plans_and_shapes(monkeypatch) -> None:
     assert sk.Plan.parse("64:3:4:8") == sk.Plan(64, 3, 4, 8)
     sms = 132
     monkeypatch.setattr(platform, "num_multiprocessors", lambda: sms)
+    for name, value in (("RINGS", False), ("STREAM", False), ("FP8_DEEP", True)):  # TRITONLLM_SKINNY_STREAM=0
+        monkeypatch.setattr(sk, name, value)
     # M = 1: 64-row programs, K split until about M1_FILL (4) programs an SM, at most 8 ways, 4 K steps each
     assert sk.plan(1, 2880, 4096, 2) == sk.Plan(64, 8, 6)  # gpt-oss o_proj: 45 tiles, 360 programs
     assert sk.plan(1, 5120, 2880, 2) == sk.Plan(64, 6, 6)  # gpt-oss qkv: 80 tiles, 480 programs
@@ -477,6 +479,10 @@ def test_plans_and_shapes(monkeypatch) -> None:
     assert sk.plan(17, 4096, 14336, 2) == sk.Plan(64, 2, 8) and sk.plan(8, 4096, 14336, 1) == sk.Plan(64, 2, 8)
     assert sk.plan(1, 28672, 4096, 2) == sk.plan(4, 28672, 4096, 2, deep=False) == sk.Plan(128, 1, 6)
     assert sk.measured_faster(16, 4096, 4096, bf16) and not sk.measured_faster(17, 4096, 4096, bf16)
+    monkeypatch.setattr(sk, "FP8_DEEP", False)  # TRITONLLM_SKINNY_STREAM=16bit: FP8 keeps its plans
+    assert sk.plan(1, 28672, 4096, 1) == sk.Plan(128, 1, 6) and sk.plan(4, 4096, 14336, 1) == sk.Plan(64, 4, 6)
+    assert sk.plan(4, 28672, 4096, 2) == sk.Plan(128, 1, 12) and sk.plan(8, 6144, 4096, 2) == sk.Plan(64, 1, 16, 4, 1)
+    assert sk.plan(1, 6144, 4096, 2) == sk.Plan(128, 4, 6)  # 16-bit M = 1: no deep plan (M1_FILL 0 here)
 
 
 _COMPILE = """

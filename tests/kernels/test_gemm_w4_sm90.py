@@ -129,6 +129,36 @@ def test_every_plan_matches(plan, m, monkeypatch, spy) -> None:
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("fmt", ["int4-g32", "int4-g128", "mxfp4"])
+@pytest.mark.parametrize("m", [65, 128, 129, 300])
+@pytest.mark.parametrize("n, k", [(130, 4224), (1000, 1024)])
+@pytest.mark.parametrize("plan", [None, "128:1:1:8:0:0", "64:1:1:4", "64:3:1:4:0:0"])
+def test_row_blocks_match_the_dequantized_weight(fmt, m, n, k, plan, monkeypatch, spy) -> None:
+    """Beyond 64 rows (prefill chunks): 128 activation rows a program, one program per weight tile and row
+    block (M_TILED: the last block ragged), or one block's K split, in bf16 and fp16, with the bias; the
+    same bits on a second call."""
+    if plan:
+        monkeypatch.setattr(gemm_w4_sm90, "PLAN_OVERRIDE", gemm_w4_sm90.Plan.parse(plan))
+    scheme = w4.MXFP4 if fmt == "mxfp4" else w4.int4_scheme(int(fmt.split("g")[1]))
+    for dtype in (torch.bfloat16,) if fmt == "mxfp4" else (torch.bfloat16, torch.float16):
+        w4.check_against_dequantized(m, n, k, scheme, dtype, seed=m + n)
+    assert spy.launches == (1 if fmt == "mxfp4" else 2)
+    assert {call["M_TILED"] for call in spy.calls} == {m > 128}
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_row_blocks_serve_gemm_up_to_max_m(monkeypatch, spy) -> None:
+    """TRITONLLM_W4_SM90_MAX_M: gemm()'s measured-faster dispatch (the triton_sm90 linear) sends M up to it
+    here, before the dequantize-first tiles of M > 64; beyond it, those tiles."""
+    monkeypatch.setattr(gemm_w4_sm90, "MAX_M", 256)
+    for m, launches in ((200, 1), (256, 2), (257, 2)):
+        w4.check_against_dequantized(m, 200, 512, w4.int4_scheme(128), torch.bfloat16, seed=m, mode="faster")
+        assert spy.launches == launches, m
+
+
+@pytest.mark.gpu
+@needs_sm90
 @pytest.mark.parametrize("group", [32, 128])
 def test_every_code_decodes_exactly(group, spy) -> None:
     """Every int4 code under zero points 0 / 8 / 15 / 3 and power-of-two scales, picked out column by
@@ -182,20 +212,26 @@ def test_gemm_leaves_it_alone_off_hopper(spy) -> None:
     assert spy.launches == 0
 
 
-def test_measured_faster_at_m_2_to_64() -> None:
-    """int4 and MXFP4 (measured on the H200 in session 14) at M = 2..64; M = 1 is the GEMV's."""
+def test_measured_faster_at_m_2_to_64(monkeypatch) -> None:
+    """int4 and MXFP4 (measured on the H200 in session 14) at M = 2..64; M = 1 is the GEMV's; beyond 64 up to
+    MAX_M (TRITONLLM_W4_SM90_MAX_M, 64 unless set)."""
+    assert gemm_w4_sm90.MAX_M == int(os.environ.get("TRITONLLM_W4_SM90_MAX_M", "64"))
+    monkeypatch.setattr(gemm_w4_sm90, "MAX_M", 64)
     assert gemm_w4_sm90.measured_faster(16, 4096, 4096) and gemm_w4_sm90.measured_faster(64, 4096, 4096, fp4=True)
     assert not gemm_w4_sm90.measured_faster(1, 4096, 4096) and not gemm_w4_sm90.measured_faster(65, 4096, 4096)
+    monkeypatch.setattr(gemm_w4_sm90, "MAX_M", 512)
+    assert gemm_w4_sm90.measured_faster(512, 4096, 4096) and not gemm_w4_sm90.measured_faster(513, 4096, 4096)
 
 
 def test_supported_shapes_and_plans() -> None:
     supported = gemm_w4_sm90.supported
     assert supported(2, 4096, 128) == supported(64, 4096, 32) == gemm_w4_sm90.HAVE_GLUON
     assert not supported(1, 4096, 128)  # M = 1: the GEMV
-    assert not supported(65, 4096, 128)  # beyond the skinny buckets: dequantize, then the float GEMM
+    assert supported(65, 4096, 128) == supported(8192, 4096, 32) == gemm_w4_sm90.HAVE_GLUON  # row blocks
     assert not supported(16, 4160, 32)  # K not whole 128-column steps
     assert not supported(16, 4096, 4096)  # one group over all of K
-    assert [gemm_w4_sm90.block_m(m) for m in (2, 16, 17, 32, 33, 64)] == [16, 16, 32, 32, 64, 64]
+    assert [gemm_w4_sm90.block_m(m) for m in (2, 16, 17, 32, 33, 64, 65, 300)] == [16, 16, 32, 32, 64, 64, 128, 128]
+    assert [gemm_w4_sm90.m_blocks(m) for m in (2, 64, 65, 128, 129, 512)] == [1, 1, 1, 1, 2, 4]
     assert gemm_w4_sm90.Plan.parse("64:3:0") == gemm_w4_sm90.Plan(64, 3, False)
     assert gemm_w4_sm90.Plan.parse("128:2:1:8") == gemm_w4_sm90.Plan(128, 2, True, 8)
     assert gemm_w4_sm90.Plan.parse("64:4:1:4:1") == gemm_w4_sm90.Plan(64, 4, True, 4, scale_after=True)
@@ -208,6 +244,19 @@ def test_supported_shapes_and_plans() -> None:
     assert wide == gemm_w4_sm90.Plan(128, 1, True, 8, scale_after=True)
     assert gemm_w4_sm90.plan(64, 128 * sms, 4096, fp4=True) == gemm_w4_sm90.Plan(256, 1, True, 16)  # MXFP4 M > 32
     assert gemm_w4_sm90.plan(64, 128 * sms, 4096) == gemm_w4_sm90.Plan(128, 1, True, 8)
+
+
+def test_row_block_plans(monkeypatch) -> None:
+    """Beyond 64 rows on 132 SMs: 128 weight rows and two warpgroups where weight tiles x row blocks fill the
+    SMs, else 64 rows, one warpgroup, K split only while one row block covers M; the activation at its own
+    step (registers) and no scale after the MMA."""
+    monkeypatch.setattr(gemm_w4_sm90.platform, "num_multiprocessors", lambda: 132)
+    wide = gemm_w4_sm90.Plan(128, 1, True, 8, x_ahead=False)
+    assert gemm_w4_sm90.plan(65, 28672, 4096) == gemm_w4_sm90.plan(512, 6144, 4096) == wide  # 224; 48 x 4 programs
+    assert gemm_w4_sm90.plan(512, 4096, 14336) == gemm_w4_sm90.Plan(64, 1, True, 4, x_ahead=False)  # 32 x 4 < 132
+    assert gemm_w4_sm90.plan(128, 4096, 4096) == gemm_w4_sm90.Plan(64, 2, True, 4, x_ahead=False)  # 64 tiles x 2
+    assert gemm_w4_sm90.plan(128, 4096, 512).split == 1  # each split at least four K steps
+    assert not gemm_w4_sm90.plan(300, 4096, 4096, fp4=True).scale_after
 
 
 def test_activation_at_its_own_step_past_one_wave_of_64_row_tiles(monkeypatch) -> None:
@@ -264,15 +313,19 @@ def test_sm90_sass_per_weight(fp4: bool, scale_after: bool, most: float) -> None
 def test_m64_plan_options_build_for_sm90_without_spills() -> None:
     """Words two steps ahead and the activation loaded at its own step (opt-in plan fields, session 21)
     compile for sm90 at M = 64 without spills, and the activation at its step frees registers (181 -> 128 a
-    thread on Triton 3.9: four programs an SM instead of two). A subprocess: this one runs the interpreter."""
+    thread on Triton 3.9: four programs an SM instead of two); so do the row-block builds beyond 64 rows
+    (128 activation rows a program: 184-255 registers a thread on Triton 3.6). A subprocess: this one runs the
+    interpreter."""
     code = (
         "import json, os, subprocess, tempfile, triton\n"
         "from tritonllm.kernels import gemm_w4_sm90 as g\n"
         "tool = os.path.join(os.path.dirname(triton.__file__), 'backends', 'nvidia', 'bin', 'cuobjdump')\n"
         "out = {}\n"
+        "rows = dict(block_n=128, bm=128, warps=8, split=1, x_ahead=False, m_tiled=True)\n"
         "for name, kw in [('default', {}), ('x_at_step', {'x_ahead': False}), ('words2', {'prefetch': 2}),\n"
-        "                 ('words2_x_at_step', {'prefetch': 2, 'x_ahead': False})]:\n"
-        "    k = g.compile_sm90(block_n=64, bm=64, split=2, **kw)\n"
+        "                 ('words2_x_at_step', {'prefetch': 2, 'x_ahead': False}), ('rows128', rows),\n"
+        "                 ('rows128_fp4', dict(rows, fp4=True)), ('rows128_one_warpgroup', dict(rows, block_n=64, warps=4))]:\n"
+        "    k = g.compile_sm90(**{'block_n': 64, 'bm': 64, 'split': 2, **kw})\n"
         "    f = tempfile.NamedTemporaryFile(suffix='.cubin', delete=False); f.write(k.asm['cubin']); f.close()\n"
         "    text = subprocess.run([tool, '--dump-resource-usage', f.name], capture_output=True, text=True).stdout\n"
         "    line = next(l for l in text.splitlines() if 'REG:' in l)\n"

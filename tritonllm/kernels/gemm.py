@@ -303,11 +303,12 @@ GEMM_TABLES = {"hopper": _HOPPER, "ampere": _AMPERE, "cdna": _CDNA, "cpu": _CPU}
 SHARED_MEMORY_BYTES = {"hopper": 220 << 10, "ampere": 160 << 10, "cdna": 64 << 10, "cpu": 1 << 40}
 
 
-# Per-shape winners of scripts/tune_gemm.py's skinny sweep (M <= TUNED_MAX_M) on one GPU model, read
-# from kernels/tuned/<device name>.json (as vLLM's per-(N, K) config files): at decode sizes the best
-# tiles and K splits depend on N and K, and one M-bucket entry loses up to 20% on some layer shapes.
+# Per-shape winners of scripts/tune_gemm.py's skinny and mid sweeps (M <= TUNED_MAX_M) on one GPU model,
+# read from kernels/tuned/<device name>.json (as vLLM's per-(N, K) config files): at decode sizes the best
+# tiles and K splits depend on N and K, and one M-bucket entry loses up to 20% on some layer shapes; at
+# prefill chunks of 128-512 rows the 128/256 buckets ran 0.65x cuBLAS on o and down (session 38, H100).
 # Shapes and GPUs without an entry take the tables above.
-TUNED_MAX_M = 64
+TUNED_MAX_M = 512
 TUNED_DIR = Path(__file__).parent / "tuned"
 
 
@@ -396,6 +397,26 @@ def plan_gemm(
     return tiles, triton.cdiv(k, k_per_split), k_per_split
 
 
+def _w4_sm90(a: torch.Tensor, words: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor,
+             zero: torch.Tensor | None, group_k: int, fp4: bool, sm90: str,
+             out_dtype: torch.dtype | None) -> torch.Tensor | None:  # fmt: skip
+    """a . w^T for a 4-bit weight (its int32 word view) on the Hopper Gluon kernels where they serve the shape
+    (sm90 "always": wherever they can; "faster": where measured faster): the TMA GEMM, the GEMV at M = 1, the
+    tensor-core GEMM (M = 2..64, and beyond with its row blocks where gemm_w4_sm90.MAX_M allows). None: none
+    of them (the portable kernels then)."""
+    (m, k), n = a.shape, words.shape[0]
+    make = lambda: torch.empty((m, n), dtype=out_dtype or a.dtype, device=a.device)  # noqa: E731
+    if gemm_w4_tma_sm90.measured_faster(m, n, k, fp4) and gemm_w4_tma_sm90.takes(a, words, group_k, fp4):
+        return gemm_w4_tma_sm90.w4_tma_gemm_sm90(a, words, make(), bias, scale, zero, group_k, fp4, pdl_launch())
+    if m == 1 and gemv_w4_sm90.takes(a, k, group_k) and (sm90 == "always" or gemv_w4_sm90.measured_faster(n, k, fp4)):
+        return gemv_w4_sm90.w4_gemv_sm90(a, words, make(), bias, scale, zero, group_k, fp4, pdl_launch())
+    if gemm_w4_sm90.takes(a, k, group_k, fp4) and (sm90 == "always" or gemm_w4_sm90.measured_faster(m, n, k, fp4)):
+        # launched without PDL: with it, Llama-3-8B int4 decode steps took 7.55 against 6.50 ms at 64
+        # sequences and 4.12 against 3.93 ms at 16 (H200, experiments/quant4/README.md, session 20)
+        return gemm_w4_sm90.w4_gemm_sm90(a, words, make(), bias, scale, zero, group_k, fp4, {"PDL": False})
+    return None
+
+
 def gemm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -474,26 +495,16 @@ def gemm(
     )  # fmt: skip
     if b_decode != DEC_NONE and group_k != k and tiles.block_k % group_k and group_k % tiles.block_k:
         raise ValueError(f"gemm: BLOCK_K ({tiles.block_k}) and the weight's group ({group_k}) must divide one another")
+    if sm90 != "never" and packed and m > 0 and n > 0 and (words := as_words(b)) is not None:
+        c = _w4_sm90(a, words, bias, b_scale, b_zero if zeros else None, group_k, b_decode == DEC_FP4, sm90, out_dtype)
+        if c is not None:  # Hopper: a Gluon kernel served it (before the dequantize-first tiles of M > 64)
+            return c
     if tiles.dequant and b_decode != DEC_NONE:
         w = dequantize(b, b_scale, b_zero if zeros else None, k, b_decode, group_k, a.dtype)
         return gemm(a, w, bias, out_dtype=out_dtype)
     c = torch.empty((m, n), dtype=out_dtype or a.dtype, device=a.device)
     if m == 0 or n == 0:
         return c
-    if sm90 != "never" and packed and (words := as_words(b)) is not None:  # Hopper: the Gluon kernels
-        fp4, zero = b_decode == DEC_FP4, b_zero if zeros else None
-        if gemm_w4_tma_sm90.measured_faster(m, n, k, fp4) and gemm_w4_tma_sm90.takes(a, words, group_k, fp4):
-            return gemm_w4_tma_sm90.w4_tma_gemm_sm90(a, words, c, bias, b_scale, zero, group_k, fp4, pdl_launch())
-        if (
-            m == 1
-            and gemv_w4_sm90.takes(a, k, group_k)
-            and (sm90 == "always" or gemv_w4_sm90.measured_faster(n, k, fp4))
-        ):
-            return gemv_w4_sm90.w4_gemv_sm90(a, words, c, bias, b_scale, zero, group_k, fp4, pdl_launch())
-        if gemm_w4_sm90.takes(a, k, group_k, fp4) and (sm90 == "always" or gemm_w4_sm90.measured_faster(m, n, k, fp4)):
-            # launched without PDL: with it, Llama-3-8B int4 decode steps took 7.55 against 6.50 ms at 64
-            # sequences and 4.12 against 3.93 ms at 16 (H200, experiments/quant4/README.md, session 20)
-            return gemm_w4_sm90.w4_gemm_sm90(a, words, c, bias, b_scale, zero, group_k, fp4, {"PDL": False})
     if (
         sm90 != "never"
         and kind in ("float", "w8a8")

@@ -85,14 +85,17 @@ class Plan:
 
 # sweeps (experiments/gemm/skinny_sm90/sweep.py) set this to time one plan at every shape
 PLAN_OVERRIDE: Plan | None = None
-# deeper rings and stream-K where session 37's sweep measured them faster (plan()). TRITONLLM_SKINNY_STREAM=1: both;
-# =rings: only the 12-stage rings of gate_up-wide layers; =stream: only stream-K (the A/B of the two). Off by
-# default: Llama-3-8B FP8 batch 1 ran 267.8 tok/s with both against 284.6 without (H100, one run each; not yet
-# known which of the two costs it); 16-bit M = 2..16 end to end is not yet measured
+# deeper rings and stream-K where session 37's sweep measured them faster (plan()); opt-in, for A/B runs.
+# TRITONLLM_SKINNY_STREAM=1: both; =rings / =stream: one half; =16bit: both, for 16-bit activations only. Off by
+# default: the sweep's 1.02-1.20x cuBLAS (bf16 Llama-3-8B layers at M = 2..16, PDL launches back to back) does not
+# hold in scripts/bench_gemm.py, graph-timed (session 38, H100: qkv 0.83-0.86x against 0.98-0.99x with today's
+# plans, o 0.89-0.92 against 1.04-1.12, down 0.93-0.95 against 1.00-1.03), nor end to end (Llama-3-8B FP8 batch 1:
+# 276.9 tok/s with the rings, 274.6 with stream-K, 285.2 without; bf16 at 16 sequences 1,997 against 1,993)
 _STREAM_MODE = os.environ.get("TRITONLLM_SKINNY_STREAM", "0")
-if _STREAM_MODE not in ("0", "1", "rings", "stream"):
-    raise ValueError(f"TRITONLLM_SKINNY_STREAM={_STREAM_MODE!r}: 0, 1, rings or stream")
-RINGS, STREAM = _STREAM_MODE in ("1", "rings"), _STREAM_MODE in ("1", "stream")
+if _STREAM_MODE not in ("0", "1", "rings", "stream", "16bit"):
+    raise ValueError(f"TRITONLLM_SKINNY_STREAM={_STREAM_MODE!r}: 0, 1, rings, stream or 16bit")
+RINGS, STREAM = _STREAM_MODE in ("1", "rings", "16bit"), _STREAM_MODE in ("1", "stream", "16bit")
+FP8_DEEP = _STREAM_MODE != "16bit"
 # M = 1: programs an SM that plan() aims the grid at (0: session 14's 128 rows, four K splits; for A/B runs,
 # TRITONLLM_SKINNY_M1_FILL)
 M1_FILL = int(os.environ.get("TRITONLLM_SKINNY_M1_FILL", "4"))
@@ -111,7 +114,7 @@ def plan(m: int, n: int, k: int, elem_bytes: int, deep: bool = True) -> Plan:
     eight stages, but one split of 128 rows for wide layers at M > 16 (qkv: 10.4 against 14.7 us in FP8 at
     M = 64). Where up to 16 activation rows leave shared memory for 12-16 stages: with RINGS gate_up-wide
     layers take 12 stages (with STREAM too, stream-K in FP8 at M <= 4), and with STREAM stream-K over 64-row
-    tiles serves K >= 8,192 (down; FP8 at M <= 4) and 16-bit layers of N >= 4,096 at M = 2..16 (session 37,
+    tiles serves K >= 8,192 (down; FP8 at M <= 4, only with FP8_DEEP) and 16-bit layers of N >= 4,096 at M = 2..16 (session 37,
     H100: bf16 gate_up 0.97 -> 1.00x cuBLAS, qkv 0.95-1.02 -> 1.04-1.08x, o 1.08-1.11 -> 1.14-1.19x, down
     1.02 -> 1.06x; FP8 down at M = 4 1.85 -> 1.99x bf16). deep=False: without those (the fused modes' launches, gemm_skinny_fused_sm90, whose
     extra shared memory and epilogues the deep rings and stream-K do not take)."""
@@ -119,7 +122,7 @@ def plan(m: int, n: int, k: int, elem_bytes: int, deep: bool = True) -> Plan:
         return PLAN_OVERRIDE
     most = max(1, k // (4 * ROW_BYTES // elem_bytes))
     sms = platform.num_multiprocessors()
-    fp8_few = elem_bytes == 1 and m <= 4
+    fp8_few = elem_bytes == 1 and m <= 4 and FP8_DEEP
     deep = deep and block_m(m) <= 16 and (fp8_few or (elem_bytes == 2 and m > 1))
     if triton.cdiv(n, 128) >= sms or (m > 16 and n >= 6144):
         return Plan(128, 1, 12, 4, int(fp8_few and STREAM)) if deep and RINGS else Plan(128, 1, 6)

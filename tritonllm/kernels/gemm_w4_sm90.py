@@ -1,4 +1,5 @@
-"""The 4-bit skinny GEMM (M = 2..64) for NVIDIA Hopper, in Gluon: tensor cores fed from registers.
+"""The 4-bit skinny GEMM (M = 2..64; beyond, opt-in, in row blocks of 128) for NVIDIA Hopper, in Gluon:
+tensor cores fed from registers.
 
 At M = 1 the GEMV (gemv_w4_sm90.py) multiplies on the CUDA cores; from a few activation rows on,
 its products (M per weight) outgrow the decode, and the portable tile kernel (gemm.py) wastes most
@@ -27,6 +28,13 @@ experiments/quant4/gemm_sm90/sweep.py.
 
 K splits (skinny grids) write float32 partials; the last split program of a tile to arrive (a counter
 per tile, reset by that program) sums them in split order and writes the output: no second launch.
+
+Beyond 64 rows (prefill chunks) a program takes 128 activation rows (the MMA's N) and the grid one program
+per weight tile and row block (M_TILED), the row blocks of a tile adjacent in launch order so that all but
+the first read its words from L2: the weight is decoded in registers once a row block, where the portable
+path first writes the whole weight in 16 bits (int4 at M = 512 on Llama-3-8B's layers: 624 us a layer
+against bf16 cuBLAS's 337, 200 of them the dequantize pass; session 38, H100). Opt-in until measured
+(TRITONLLM_W4_SM90_MAX_M: the largest M this kernel takes in gemm(), 64 by default).
 """
 
 from __future__ import annotations
@@ -52,7 +60,10 @@ except ImportError:  # pragma: no cover - older triton
     HAVE_GLUON = False
 
 BLOCK_K = 128  # columns a K step: a thread's four words a row
-MAX_M = 64
+# the largest M gemm() sends here where measured faster (M > 64: row blocks of 128, opt-in until timed)
+MAX_M = int(os.environ.get("TRITONLLM_W4_SM90_MAX_M", "64"))
+SKINNY_MAX_M = 64  # one program's rows at most (the MMA's N: 16, 32, 64), the decode-size plans
+ROWS_M = 128  # activation rows a program beyond SKINNY_MAX_M
 # the decode's masks as kernel arguments (as literals ptxas re-materialises them before each LOP3)
 INT4_PAIR_MASK = 0x000F000F
 BF16_BIAS = 0x43004300  # bf16x2 (128, 128): nibbles in the low mantissa bits read 128 + q
@@ -99,13 +110,19 @@ def measured_faster(m: int, n: int, k: int, fp4: bool = False) -> bool:
     session 13): at every Llama-3-8B shape and M = 2..64 (1.2-1.9x bf16 at M = 2..16 where the portable
     kernels ran 0.75-1.0x) but qkv at M = 64, where the two are within 5% (24.6 / 23.4 us in the last
     sweep, 20.2 / 23.3 in the first): taken there too, one kernel for the bucket. MXFP4 (session 14): 1.7-3.4x
-    the portable kernels at every shape and M = 2..64."""
+    the portable kernels at every shape and M = 2..64. Beyond 64 rows only as far as MAX_M (opt-in)."""
     return 2 <= m <= MAX_M
 
 
 def block_m(m: int) -> int:
-    """The MMA's N (activation rows a program): 16, 32 or 64 (a power of two covering m)."""
-    return 16 if m <= 16 else 32 if m <= 32 else 64
+    """The MMA's N (activation rows a program): 16, 32 or 64 (a power of two covering m); beyond 64, 128
+    (row blocks: m_blocks)."""
+    return 16 if m <= 16 else 32 if m <= 32 else 64 if m <= SKINNY_MAX_M else ROWS_M
+
+
+def m_blocks(m: int) -> int:
+    """Row blocks of block_m(m) rows (programs a weight tile): one up to 128 rows."""
+    return triton.cdiv(m, block_m(m))
 
 
 def plan(m: int, n: int, k: int, fp4: bool = False) -> Plan:
@@ -121,6 +138,8 @@ def plan(m: int, n: int, k: int, fp4: bool = False) -> Plan:
 
 
 def _plan(m: int, n: int, k: int, fp4: bool) -> Plan:
+    if m > SKINNY_MAX_M:
+        return _rows_plan(m, n, k)
     if fp4 and m > 32 and triton.cdiv(n, 128) >= platform.num_multiprocessors():
         return Plan(256, 1, True, 16)  # MXFP4 gate_up at M = 64: 56.6 against 66.0 us with two warpgroups
     if m > 16 and triton.cdiv(n, 128) >= platform.num_multiprocessors():
@@ -136,10 +155,23 @@ def _plan(m: int, n: int, k: int, fp4: bool) -> Plan:
     return Plan(64, split, x_ahead=x_ahead)
 
 
+def _rows_plan(m: int, n: int, k: int) -> Plan:
+    """Beyond 64 rows (untimed guesses for the sweep's first run; session 38 compiled them for sm90 without
+    spills): two warpgroups on 128 weight rows (186 registers a thread with the activation at its own step,
+    one program an SM) where the grid of weight tiles x row blocks fills the SMs, else one warpgroup on 64
+    (two an SM), with the K split of the decode sizes while one row block covers M (partials are per tile)."""
+    sms = platform.num_multiprocessors()
+    blocks = m_blocks(m)
+    if triton.cdiv(n, 128) * blocks >= sms:
+        return Plan(128, 1, True, 8, x_ahead=False)
+    split = 1 if blocks > 1 else max(1, min(4, round(sms / triton.cdiv(n, 64)), k // (4 * BLOCK_K)))
+    return Plan(64, split, True, 4, x_ahead=False)
+
+
 def supported(m: int, k: int, group_k: int) -> bool:
-    """Whether this kernel takes the shape: 2..64 activation rows, K whole 128-column steps, groups of
-    32, 64 or 128 columns."""
-    return HAVE_GLUON and 2 <= m <= MAX_M and k % BLOCK_K == 0 and group_k in (32, 64, 128)
+    """Whether this kernel takes the shape: two or more activation rows (beyond 64 in row blocks), K whole
+    128-column steps, groups of 32, 64 or 128 columns."""
+    return HAVE_GLUON and 2 <= m and k % BLOCK_K == 0 and group_k in (32, 64, 128)
 
 
 def takes(a: torch.Tensor, k: int, group_k: int, fp4: bool = False) -> bool:
@@ -165,12 +197,12 @@ def available() -> bool:
 
 def compile_sm90(group_k: int = 128, block_n: int = 128, bm: int = 16, fp16: bool = False, split: int = 1,
                  prefetch: int = 1, warps: int = 4, fp4: bool = False, scale_after: bool = False,
-                 x_ahead: bool = True):  # fmt: skip
+                 x_ahead: bool = True, m_tiled: bool = False):  # fmt: skip
     """Compile for sm90 without a GPU (launch.compile_gluon_sm90): tests, scripts/sass_loop_mix.py,
     available()."""
     constexprs = dict(GROUP_K=32 if fp4 else group_k, BLOCK_N=block_n, BLOCK_M=bm, FP16=fp16, FP4=fp4,
                       HAS_BIAS=False, SPLIT_K=split, PREFETCH=prefetch, SCALE_AFTER=scale_after, PDL=True,
-                      X_AHEAD=x_ahead)  # fmt: skip
+                      X_AHEAD=x_ahead, M_TILED=m_tiled)  # fmt: skip
     act = "*fp16" if fp16 else "*bf16"
     scale = "*u8" if fp4 else "*fp16"
     types = dict(a_ptr=act, w_ptr="*i32", c_ptr=act, bias_ptr=act, s_ptr=scale, z_ptr=scale, ws_ptr="*fp32",
@@ -185,18 +217,21 @@ def w4_gemm_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
     """c = a . w^T (+ bias) for a [M, K], the int32 word view [N, K / 8] of an int4 weight with scales
     and zero points [N, K / group_k], or (fp4; zero None) of an MXFP4 weight with e8m0 scales [N, K / 32].
     K splits write float32 partials; the last split program of a tile to arrive sums them in split
-    order (deterministic) and writes c: one launch, no reduce kernel."""
+    order (deterministic) and writes c: one launch, no reduce kernel. Beyond 128 rows, row blocks of 128
+    (a program each, no K split)."""
     (m, k), n = a.shape, words.shape[0]
     p = plan(m, n, k, fp4)
-    split, k_per_split, tiles, ws, cnt = splitk_sm90.plan_splits(m, n, k, p.split, BLOCK_K, p.block_n, c)
-    w4_gemm_sm90_kernel[(tiles, split)](
+    blocks = m_blocks(m)
+    split, k_per_split, tiles, ws, cnt = splitk_sm90.plan_splits(m, n, k, p.split if blocks == 1 else 1, BLOCK_K,
+                                                                 p.block_n, c)  # fmt: skip
+    w4_gemm_sm90_kernel[(tiles * blocks, split)](
         a, words, c, bias if bias is not None else c, scale, scale if fp4 else zero, ws, cnt,
         m, n, k, k_per_split // 8, a.stride(0), words.stride(0), c.stride(0), scale.stride(0), scale.stride(1),
         *(FP4_MASKS if fp4 else (INT4_PAIR_MASK, FP16_BIAS if a.dtype == torch.float16 else BF16_BIAS)),
         GROUP_K=group_k, BLOCK_N=p.block_n, BLOCK_M=block_m(m), FP16=a.dtype == torch.float16, FP4=fp4,
         HAS_BIAS=bias is not None, SPLIT_K=split, PREFETCH=int(p.prefetch),
         SCALE_AFTER=p.scale_after and group_k == BLOCK_K and not fp4, num_warps=p.warps,
-        X_AHEAD=p.x_ahead, **pdl,
+        X_AHEAD=p.x_ahead, M_TILED=blocks > 1, **pdl,
     )  # fmt: skip
     return c
 
@@ -372,10 +407,11 @@ if HAVE_GLUON:
         M, N, K, KW_PER_SPLIT, stride_am, stride_wn, stride_cm, stride_sn, stride_sk, mask, bias,
         GROUP_K: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, FP16: gl.constexpr, FP4: gl.constexpr,
         HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr, PREFETCH: gl.constexpr, SCALE_AFTER: gl.constexpr = False,
-        X_AHEAD: gl.constexpr = True, PDL: gl.constexpr = False,
+        X_AHEAD: gl.constexpr = True, M_TILED: gl.constexpr = False, PDL: gl.constexpr = False,
     ):  # fmt: skip
         """c[m, n] = sum_k a[m, k] w[n, k] (+ bias[n]) for BLOCK_N weight rows and all M (<= BLOCK_M)
-        activation rows a program, over the K range of its split (program_id 1)."""
+        activation rows a program, over the K range of its split (program_id 1). M_TILED (one split): M
+        beyond BLOCK_M, program_id 0 = weight tile x row blocks + row block."""
         gluon_pdl_wait(PDL)
         WARPS: gl.constexpr = gl.num_warps()  # 4, 8 or 16: one to four warpgroups, 64 rows each a pass
         DT: gl.constexpr = gl.float16 if FP16 else gl.bfloat16
@@ -387,6 +423,13 @@ if HAVE_GLUON:
         SX: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
         pid_n = gl.program_id(0)
+        if M_TILED:  # the row blocks of a weight tile adjacent (its words from L2 after the first)
+            blocks = gl.cdiv(M, BLOCK_M)
+            row0 = pid_n % blocks * BLOCK_M
+            pid_n = pid_n // blocks
+            a_ptr += row0.to(gl.int64) * stride_am
+            c_ptr += row0.to(gl.int64) * stride_cm
+            M = gl.minimum(M - row0, BLOCK_M)
         # in words (8 columns); KW_PER_SPLIT a multiple of 16 (one K step), so are the loop's offsets
         kw_start = gl.program_id(1) * KW_PER_SPLIT
         kw_end = gl.minimum(K // 8, kw_start + KW_PER_SPLIT)

@@ -1,4 +1,5 @@
-"""The Hopper int4 tensor-core GEMM (kernels/gemm_w4_sm90.py) at M = 1..64 on Llama-3-8B layer shapes,
+"""The Hopper int4 tensor-core GEMM (kernels/gemm_w4_sm90.py) at M = 1..64 (and beyond: its row blocks of 128,
+against today's dequantize-then-GEMM as "portable") on Llama-3-8B layer shapes,
 per plan (rows a program, K splits, prefetch), beside the portable kernels that gemm() runs today and
 bf16 torch.matmul in the same run (CUDA-graph replay, triton.testing.do_bench_cudagraph); every output
 checked against the float32 product with the dequantized weight. Each timed call reads its weight cold in
