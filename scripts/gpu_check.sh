@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [w4-mid] [tune-mid]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [w4-mid] [tune-mid] [skinny-nopdl]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -603,6 +603,12 @@ print(tuned_file(torch.cuda.get_device_name()))")
       python3 scripts/tune_gemm.py "$OUT/tune_mid.json" --write-tuned "$tuned" --update && cp "$tuned" "$OUT/"
       timeout 150 python3 scripts/bench_gemm.py "$OUT/gemm_mid_tuned.json" --models llama3-8b --ms 128 512 2048 \
         --formats bf16 int4 mxfp4 2>&1 | tail -13 ;;
+    skinny-nopdl)
+      # bf16 skinny plans at M = 2..16 launched without PDL, as scripts/bench_gemm.py times the linears (session 38:
+      # there stream-K ran 0.83-0.92x cuBLAS where the PDL sweep gave it 1.02-1.20x; today's plan 0.93-0.98x at qkv)
+      timeout 200 python3 experiments/gemm/skinny_sm90/sweep.py "$OUT/skinny_nopdl.json" --dtypes bf16 --ms 2 4 8 16 \
+        --shapes qkv o gate_up down --plans auto 128:1:6 128:2:6 64:1:8 64:2:8 64:4:6 128:1:12 64:1:16:4:1 \
+        2>&1 | sed 's/ err [0-9.e-]*//g' | tail -16 ;;
     stream-m1)
       # the opt-in plans' untried case: 16-bit M = 1 (gpt-oss's bf16 qkv / o and Llama's layers; today's M1_FILL
       # plan against 12-16-stage rings and stream-K, one and two programs an SM)

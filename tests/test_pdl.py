@@ -71,6 +71,10 @@ READ_BEFORE_WAIT = {
     "moe_gemv.moe_gemv_kernel": {"b_ptr", "b_scale_ptr", "topk_ids_ptr"},
     "moe_route.router_route_kernel": {"w_ptr", "bias_ptr"},  # the router's weight and bias
     "l2_prefetch.l2_prefetch_kernel": {"w_ptr"},  # the weight it streams into L2
+    "rmsnorm._rms_norm_kernel": {"weight_ptr"},  # the norm's weight
+    # the rotation's positions and cos / sin, and the tokens' cache slots: written at the step's start (the step
+    # inputs), at least three launches back, by when the previous kernel's own wait has passed
+    "rotary._rotary_kernel": {"positions_ptr", "cache_ptr", "slot_mapping_ptr"},
 }
 
 

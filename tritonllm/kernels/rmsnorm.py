@@ -48,9 +48,12 @@ def _rms_norm_kernel(
     GROUP: tl.constexpr = 0,  # QUANT: 0 per row, or one scale per GROUP columns (block-FP8's 1 x 128)
     PDL: tl.constexpr = False,
 ):
+    # the weight is a constant: read before waiting on the previous kernel, so that under PDL its load is in flight
+    # during that kernel's tail rather than after this row's sum (one memory round trip off each norm's path)
+    cols = tl.arange(0, BLOCK_H)
+    w = tl.load(weight_ptr + cols, mask=cols < hidden, other=0.0).to(tl.float32)
     pdl_wait(PDL)
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    cols = tl.arange(0, BLOCK_H)
     mask = (rows < num_rows)[:, None] & (cols < hidden)[None, :]
     rows64 = rows.to(tl.int64)
     outer, inner = rows64 // inner_rows, rows64 % inner_rows
@@ -67,7 +70,6 @@ def _rms_norm_kernel(
     xf = x.to(tl.float32)
     mean_square = tl.sum(xf * xf, axis=1) / hidden
     rstd = 1.0 / tl.sqrt(mean_square + eps)
-    w = tl.load(weight_ptr + cols, mask=cols < hidden, other=0.0).to(tl.float32)
     out = xf * rstd[:, None] * w[None, :]
     if QUANT:  # the output as the unfused path stores it (x's dtype), quantized per row for the next GEMM
         out = out.to(x.dtype).to(tl.float32)

@@ -200,7 +200,6 @@ def _rotary_kernel(
     QK_NORM: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    pdl_wait(PDL)
     # out[d] = x[d] * cos[f(d)] + sign(d) * x[partner(d)] * sin[f(d)] for d < ROT_DIM, out[d] = x[d] after:
     # one contiguous tile per head for both layouts (a stride-2 GPT-J gather ran ~10x slower)
     HALF: tl.constexpr = ROT_DIM // 2
@@ -217,39 +216,46 @@ def _rotary_kernel(
     token_mask = tokens < num_tokens
     tokens = tokens.to(tl.int64)
     axis = tl.program_id(1)
+    # Before the PDL wait: the step's inputs (positions, cache slots: written when the step began, at least three
+    # launches back, so done once the previous kernel may let this one start; read past L1) and the constant
+    # cos / sin table, whose two dependent loads then stream under the previous kernel's tail. q, k and v (the
+    # previous kernel's output) are read after the wait.
     # the token's cache slot (WRITE_CACHE): slots < 0 are skipped, clamped so masked addresses stay in range
     cache_ok = token_mask
     k_rows = tokens
     if WRITE_CACHE:  # (a constexpr: without the cache, v's pointers are None and its copy must not compile)
-        slots = tl.load(slot_mapping_ptr + tokens, mask=token_mask, other=-1).to(tl.int64)
+        slots = tl.load(slot_mapping_ptr + tokens, mask=token_mask, other=-1, cache_modifier=".cg").to(tl.int64)
         cache_ok = token_mask & (slots >= 0)
         slots = tl.maximum(slots, 0)
         blocks, offsets = slots // CACHE_BLOCK_SIZE, slots % CACHE_BLOCK_SIZE
         k_rows = blocks * stride_kc_block + offsets * stride_kc_slot
         v_rows = blocks * stride_vc_block + offsets * stride_vc_slot
+    rotated = token_mask & (tl.full([BLOCK_T], 0, tl.int32) + axis < 2)  # q (axis 0), k (1); v (2): copied
+    positions = tl.load(positions_ptr + tokens, mask=rotated, other=0, cache_modifier=".cg").to(tl.int64)
+    cs_offs = (positions * ROT_DIM)[:, None] + freq[None, :]
+    cs_mask = rotated[:, None] & (dims < ROT_DIM)[None, :]
+    cos = tl.load(cache_ptr + cs_offs, mask=cs_mask, other=1.0).to(tl.float32)
+    sin = tl.load(cache_ptr + cs_offs + HALF, mask=cs_mask, other=0.0).to(tl.float32)
+    pdl_wait(PDL)
+    if WRITE_CACHE:
         if axis == 2:  # V: copied, never rotated
             _copy_heads_to_cache(
                 v_ptr, v_row_stride, num_kv_heads, tokens, token_mask, v_cache_ptr, v_rows, cache_ok, stride_vc_head,
                 v_scale_ptr, HEAD_DIM, BLOCK_HEADS, BLOCK_D, QUANTIZE_FP8, FP8_MAX, MANTISSA_BITS, MIN_NORMAL_EXP,
             )  # fmt: skip
     if axis < 2:
-        positions = tl.load(positions_ptr + tokens, mask=token_mask, other=0).to(tl.int64)
-        cs_offs = (positions * ROT_DIM)[:, None] + freq[None, :]
-        cs_mask = token_mask[:, None] & (dims < ROT_DIM)[None, :]
-        cos = tl.load(cache_ptr + cs_offs, mask=cs_mask, other=1.0).to(tl.float32)
-        sin = tl.load(cache_ptr + cs_offs + HALF, mask=cs_mask, other=0.0).to(tl.float32)
         signed_sin = tl.where(first[None, :], -sin, sin)[:, None, :]
-        cos = cos[:, None, :]
+        cos_heads = cos[:, None, :]
         if axis == 0:
             _rotate_heads(
-                q_ptr, q_out_ptr, q_row_stride, num_q_heads, tokens, token_mask, partner, cos, signed_sin,
+                q_ptr, q_out_ptr, q_row_stride, num_q_heads, tokens, token_mask, partner, cos_heads, signed_sin,
                 k_cache_ptr, k_rows, cache_ok, stride_kc_head, k_scale_ptr, q_norm_weight_ptr, norm_eps,
                 HEAD_DIM, ROT_DIM, IS_NEOX, BLOCK_T, BLOCK_HEADS, BLOCK_D, False, QUANTIZE_FP8, FP8_MAX,
                 MANTISSA_BITS, MIN_NORMAL_EXP, QK_NORM,
             )  # fmt: skip
         else:
             _rotate_heads(
-                k_ptr, k_out_ptr, k_row_stride, num_kv_heads, tokens, token_mask, partner, cos, signed_sin,
+                k_ptr, k_out_ptr, k_row_stride, num_kv_heads, tokens, token_mask, partner, cos_heads, signed_sin,
                 k_cache_ptr, k_rows, cache_ok, stride_kc_head, k_scale_ptr, k_norm_weight_ptr, norm_eps,
                 HEAD_DIM, ROT_DIM, IS_NEOX, BLOCK_T, BLOCK_HEADS, BLOCK_D, WRITE_CACHE, QUANTIZE_FP8, FP8_MAX,
                 MANTISSA_BITS, MIN_NORMAL_EXP, QK_NORM,
