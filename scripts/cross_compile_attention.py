@@ -10,10 +10,12 @@ the rotary kernel (kernels/rotary.py) alone and with the KV-cache write fused (b
     python scripts/cross_compile_attention.py            # ~2 minutes on a laptop CPU
     python scripts/cross_compile_attention.py --gluon    # only the sm90 Gluon kernel (~20 s)
     python scripts/cross_compile_attention.py --rope     # only the rotary kernel (~15 s)
+    python scripts/cross_compile_attention.py --portable # only the unified and split-KV kernels
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import subprocess
@@ -50,6 +52,11 @@ def compile_kernel(
     absent), those named in `divisible` known to be multiples of 16 (as Triton specialises pointers
     and integers at launch: what lets it vectorise loads), at `num_stages` (default: the backend's
     default pipelining depth). Raises what the compiler raises."""
+    defaults = {  # constexpr parameters left at their defaults (MERGE, QUANT, ...) are bound to them
+        p.name: p.default for p in inspect.signature(fn.fn).parameters.values()
+        if p.default is not inspect.Parameter.empty and "constexpr" in str(p.annotation)
+    }  # fmt: skip
+    constexprs = {**defaults, **constexprs}
     signature = {n: ("constexpr" if n in constexprs else types.get(n, "i32")) for n in fn.arg_names}
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
     source = ASTSource(
@@ -174,25 +181,26 @@ def compile_rope() -> int:
 def main() -> None:
     if "--rope" in sys.argv[1:]:
         raise SystemExit(1 if compile_rope() else 0)
-    failures = compile_gluon()
+    portable_only = "--portable" in sys.argv[1:]  # only the unified and split attention kernels
+    failures = 0 if portable_only else compile_gluon()
     if "--gluon" in sys.argv[1:]:
         raise SystemExit(1 if failures else 0)
-    failures += compile_rope()
+    failures += 0 if portable_only else compile_rope()
     for target in TARGETS:
         fp8 = "fp8e4nv" if target.backend == "cuda" else "fp8e4b8"
         for kv, fp8_qk in (("bf16", False), (fp8, False), (fp8, True)):
             scaled = kv != "bf16"
             common = dict(GROUP=4, BLOCK_SIZE=16, HEAD_DIM=128, BLOCK_M=16, TILE_N=64, KV_SCALED=scaled,
-                          FP8_DOT_F16=scaled, FP8_QK=fp8_qk, FP8_MAX=448.0)  # fmt: skip
+                          FP8_DOT_F16=scaled, FP8_QK=fp8_qk, FP8_MAX=448.0, SLIDING=False, SOFTCAP=False)  # fmt: skip
             variants = [
                 (
                     attention_unified.unified_attention_kernel,
-                    dict(common, NUM_KV_HEADS=8, BLOCK_Q=4, NEW_KV_DESC=False),
+                    dict(common, NUM_KV_HEADS=8, BLOCK_Q=4, NEW_KV_DESC=False, SINKS=False),
                 ),
                 (attention_split.split_kv_decode_kernel, common),
             ]
             if kv == "bf16":  # the prefill path with the new K/V through tensor descriptors
-                prefill = dict(common, NUM_KV_HEADS=8, BLOCK_M=64, BLOCK_Q=16, NEW_KV_DESC=True)
+                prefill = dict(common, NUM_KV_HEADS=8, BLOCK_M=64, BLOCK_Q=16, NEW_KV_DESC=True, SINKS=False)
                 variants.append((attention_unified.unified_attention_kernel, prefill))
             for fn, constexprs in variants:
                 error = compile_one(fn, target, kv, constexprs)

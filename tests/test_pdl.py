@@ -75,6 +75,7 @@ READ_BEFORE_WAIT = {
     # the rotation's positions and cos / sin, and the tokens' cache slots: written at the step's start (the step
     # inputs), at least three launches back, by when the previous kernel's own wait has passed
     "rotary._rotary_kernel": {"positions_ptr", "cache_ptr", "slot_mapping_ptr"},
+    "attention_split.split_kv_decode_kernel": {"query_start_loc_ptr", "seq_lens_ptr"},  # step inputs, as RoPE's
 }
 
 

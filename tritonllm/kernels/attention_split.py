@@ -130,13 +130,16 @@ def split_kv_decode_kernel(
     QGROUP: tl.constexpr = 0,
     PDL: tl.constexpr = False,
 ):
-    pdl_wait(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    q_start = tl.load(query_start_loc_ptr + seq)
-    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
-    seq_len = tl.load(seq_lens_ptr + seq)
+    # the step's inputs, read before the PDL wait: written when the step began (at least three launches back,
+    # done once the previous kernel may let this one start; read past L1), they set the key range whose block
+    # table and cache loads follow, one memory round trip earlier
+    q_start = tl.load(query_start_loc_ptr + seq, cache_modifier=".cg")
+    q_len = tl.load(query_start_loc_ptr + seq + 1, cache_modifier=".cg") - q_start
+    seq_len = tl.load(seq_lens_ptr + seq, cache_modifier=".cg")
+    pdl_wait(PDL)
     key_lo = first_visible_key(seq_len, window, SLIDING)
     split_len = segment_len(seq_len - key_lo, num_splits, TILE_N)
     key_start = key_lo + split * split_len
