@@ -35,7 +35,8 @@ TARGETS = [GPUTarget("cuda", 90, 32), GPUTarget("cuda", 80, 32), GPUTarget("hip"
 POINTERS = {
     "out_ptr": "*bf16", "q_ptr": "*bf16", "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32",
     "query_start_loc_ptr": "*i32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "qk_scale": "fp32",
-    "partial_out_ptr": "*fp32", "partial_max_ptr": "*fp32", "partial_sum_ptr": "*fp32",
+    "partial_out_ptr": "*fp32", "partial_max_ptr": "*fp32", "partial_sum_ptr": "*fp32", "counter_ptr": "*i32",
+    "sinks_ptr": "*fp32",
 }  # fmt: skip
 
 
@@ -198,6 +199,11 @@ def main() -> None:
                     dict(common, NUM_KV_HEADS=8, BLOCK_Q=4, NEW_KV_DESC=False, SINKS=False),
                 ),
                 (attention_split.split_kv_decode_kernel, common),
+                # the engine's decode launch: the splits merged in the kernel (the last arrival of a KV head)
+                (
+                    attention_split.split_kv_decode_kernel,
+                    dict(common, MERGE=True, GROUP_PAD=4, SPLITS_PAD=64, CHUNK=8, SINKS=False, QUANT=False),
+                ),
             ]
             if kv == "bf16":  # the prefill path with the new K/V through tensor descriptors
                 prefill = dict(common, NUM_KV_HEADS=8, BLOCK_M=64, BLOCK_Q=16, NEW_KV_DESC=True, SINKS=False)
@@ -207,7 +213,7 @@ def main() -> None:
                 expected_failure = scaled and target.arch == 80
                 failures += error is not None and not expected_failure
                 status = "ok" if error is None else ("expected failure" if expected_failure else "FAILED")
-                desc = " new_kv_desc" if constexprs.get("NEW_KV_DESC") else ""
+                desc = " new_kv_desc" if constexprs.get("NEW_KV_DESC") else " merge" if constexprs.get("MERGE") else ""
                 print(f"{target.backend} {target.arch} {fn.__name__} {kv}{' fp8_qk' if fp8_qk else ''}{desc}: {status}")
     raise SystemExit(1 if failures else 0)
 

@@ -75,7 +75,14 @@ READ_BEFORE_WAIT = {
     # the rotation's positions and cos / sin, and the tokens' cache slots: written at the step's start (the step
     # inputs), at least three launches back, by when the previous kernel's own wait has passed
     "rotary._rotary_kernel": {"positions_ptr", "cache_ptr", "slot_mapping_ptr"},
-    "attention_split.split_kv_decode_kernel": {"query_start_loc_ptr", "seq_lens_ptr"},  # step inputs, as RoPE's
+    # the step inputs, as RoPE's, and the first tile's keys that earlier steps wrote (all but the newest)
+    "attention_split.split_kv_decode_kernel": {
+        "query_start_loc_ptr",
+        "seq_lens_ptr",
+        "block_tables_ptr",
+        "k_cache_ptr",
+        "v_cache_ptr",
+    },
 }
 
 

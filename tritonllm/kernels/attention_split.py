@@ -48,7 +48,7 @@ import triton.language as tl
 
 # platform switches on the interpreter on CPU; triton reads that when a kernel is defined, below
 from tritonllm import platform  # noqa: F401
-from tritonllm.kernels.attention_tile import _attend_tile, _prepare_q
+from tritonllm.kernels.attention_tile import _attend_tile, _prepare_q, _softmax_step
 from tritonllm.kernels.launch import pdl_wait
 from tritonllm.kernels.quant import quantize_rows_and_store
 
@@ -69,6 +69,17 @@ def first_visible_key(seq_len, window, SLIDING: tl.constexpr):
     else:
         key_lo = 0
     return key_lo
+
+
+@triton.jit
+def _load_tile(block_table_row_ptr, k_head_ptr, v_head_ptr, keys, ok, stride_kc_block, stride_kc_slot, stride_vc_block,
+               stride_vc_slot, offs_d, BLOCK_SIZE: tl.constexpr):  # fmt: skip
+    """k [HEAD_DIM, TILE_N] and v [TILE_N, HEAD_DIM] of `keys` through the block table, zeros where not ok."""
+    blocks = tl.load(block_table_row_ptr + keys // BLOCK_SIZE, mask=ok, other=0, cache_modifier=".cg").to(tl.int64)
+    in_block = keys % BLOCK_SIZE
+    k_ptrs = k_head_ptr + (blocks * stride_kc_block + in_block * stride_kc_slot)[None, :] + offs_d[:, None]
+    v_ptrs = v_head_ptr + (blocks * stride_vc_block + in_block * stride_vc_slot)[:, None] + offs_d[None, :]
+    return tl.load(k_ptrs, mask=ok[None, :], other=0.0), tl.load(v_ptrs, mask=ok[:, None], other=0.0)
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -133,49 +144,62 @@ def split_kv_decode_kernel(
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    # the step's inputs, read before the PDL wait: written when the step began (at least three launches back,
-    # done once the previous kernel may let this one start; read past L1), they set the key range whose block
-    # table and cache loads follow, one memory round trip earlier
+    # Before the PDL wait: the step's inputs (written when the step began, at least three launches back, so done
+    # once the previous kernel may let this one start; read past L1) and, from them, the keys of the segment's
+    # first tile that earlier steps wrote: all but the newest (last_pos), which this step's KV write - the
+    # previous kernel or the one before - stores. Their block-table and cache loads then stream under that
+    # kernel's tail; the newest key, q and every later tile are read after the wait.
     q_start = tl.load(query_start_loc_ptr + seq, cache_modifier=".cg")
     q_len = tl.load(query_start_loc_ptr + seq + 1, cache_modifier=".cg") - q_start
     seq_len = tl.load(seq_lens_ptr + seq, cache_modifier=".cg")
-    pdl_wait(PDL)
     key_lo = first_visible_key(seq_len, window, SLIDING)
     split_len = segment_len(seq_len - key_lo, num_splits, TILE_N)
     key_start = key_lo + split * split_len
     key_end = tl.minimum(key_start + split_len, seq_len)
+    last_pos = seq_len - 1
+    offs_n = tl.arange(0, TILE_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    block_table_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
+    k_head_ptr = k_cache_ptr + kv_head * stride_kc_head
+    v_head_ptr = v_cache_ptr + kv_head * stride_vc_head
+    keys0 = key_start + offs_n
+    early = keys0 < tl.where(q_len > 0, tl.minimum(key_end, last_pos), 0)  # (keys0 >= 0)
+    k0, v0 = _load_tile(block_table_row_ptr, k_head_ptr, v_head_ptr, keys0, early, stride_kc_block, stride_kc_slot,
+                        stride_vc_block, stride_vc_slot, offs_d, BLOCK_SIZE)  # fmt: skip
+    pdl_wait(PDL)
     if (q_len == 0) | (key_start >= key_end):
         return  # the merge skips empty segments and sequences without a query
 
     offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, TILE_N)
-    offs_d = tl.arange(0, HEAD_DIM)
     head = kv_head * GROUP + offs_m
     row_ok = offs_m < GROUP
     q_offs = q_start.to(tl.int64) * stride_q_token + head[:, None] * stride_q_head + offs_d[None, :]
     q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0)
     q, qk_scale = _prepare_q(q, qk_scale, k_scale_ptr, k_cache_ptr, BLOCK_M, KV_SCALED, FP8_DOT_F16, FP8_QK, FP8_MAX)
-
-    block_table_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
-    k_head_ptr = k_cache_ptr + kv_head * stride_kc_head
-    v_head_ptr = v_cache_ptr + kv_head * stride_vc_head
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
     # the decode query is the sequence's last position: it sees every key of its segments (all within
     # its window), so only the tail tile masks
-    last_pos = seq_len - 1
     q_pos = tl.full([BLOCK_M], 0, dtype=tl.int32) + last_pos
+    # the first tile (a full one, or the segment's only, ragged one): the early keys, and the rest now (the
+    # newest key where this segment holds it); keys past the segment read as zeros and are masked
+    late = (keys0 <= last_pos) & (keys0 < key_end) & ~early
+    k1, v1 = _load_tile(block_table_row_ptr, k_head_ptr, v_head_ptr, keys0, late, stride_kc_block, stride_kc_slot,
+                        stride_vc_block, stride_vc_slot, offs_d, BLOCK_SIZE)  # fmt: skip
+    k = tl.where(early[None, :], k0, k1)
+    v = tl.where(early[:, None], v0, v1)
+    acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, k, v, keys0, q_pos, q_pos, qk_scale, softcap2, True, False, SOFTCAP)
     num_full_tiles = (key_end - key_start) // TILE_N
-    for tile in range(0, num_full_tiles):
+    for tile in range(1, num_full_tiles):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, q_pos, key_start + tile * TILE_N, last_pos, qk_scale, block_table_row_ptr,
             k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
             offs_n, offs_d, q_pos, 0, softcap2, BLOCK_SIZE, False, False, SOFTCAP,
         )  # fmt: skip
     tail_start = key_start + num_full_tiles * TILE_N
-    if tail_start < key_end:
+    if (num_full_tiles > 0) & (tail_start < key_end):  # (no full tile: the first tile was the tail)
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, q_pos, tail_start, last_pos, qk_scale, block_table_row_ptr,
             k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
