@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [w4-mid] [tune-mid] [skinny-nopdl]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-40] [w4-mid] [tune-mid] [skinny-nopdl]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -573,15 +573,24 @@ print(tuned_file(torch.cuda.get_device_name()))")
           output_json="$OUT/llama3-8b_16x512_hybrid_skinny_$mode.json" hydra.run.dir=/tmp/hydra 2>&1 | grep "tok/s"
       done ;;
     next-39)
-      # the first call of the session after 38 (about 8 minutes): the 4-bit GEMM's row blocks beyond 64 rows
-      # (gemm_w4_sm90 M_TILED: 128 activation rows a program, the weight decoded in registers, where gemm() today
-      # dequantizes the whole weight first) - its GPU tests, its sweep at prefill-chunk sizes against
-      # dequantize-then-GEMM and bf16 cuBLAS, then Llama-3-8B int4 / MXFP4 batch 1 (TTFT: the 512-token
-      # prefill) and 64 x 512 + 128 with it taken up to 8,192 rows against today's (up to 64)
+      # the first call of the session after 38 (about 8 minutes). Session 38 changed kernels no GPU has run: the
+      # norm, RoPE and split-KV decode kernels read their constants, step inputs and (split-KV) the first tile's
+      # older keys before the PDL wait; the 4-bit GEMM's row blocks beyond 64 rows (opt-in). Their GPU tests first,
+      # then Llama-3-8B batch 1 FP8 and bf16 (session 38, H100: 285.2 / 166.8 tok/s) and the FP8 step's kernel
+      # timeline (exposed us: norms, RoPE and attention against session 38's next-38 / session 27's H200 files)
+      timeout 240 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_attention_split.py \
+        tests/kernels/test_attention.py tests/kernels/test_rotary.py tests/kernels/test_rmsnorm.py tests/test_pdl.py \
+        2>&1 | tee "$OUT/early_loads_tests.log" | tail -3
       timeout 150 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemm_w4_sm90.py \
         -k "row_blocks or broken" 2>&1 | tee "$OUT/w4_rows_tests.log" | tail -3
+      QUANT_VARIANTS="fp8_gluon bf16_torch" QUANT_EXPS=batch1_decode QUANT_TAG="_next39" bash "$0" e2e-quant \
+        | grep "tok/s"
+      TIMELINE_VARIANTS=fp8 bash "$0" timeline | head -14 ;;
+    next-40)
+      # the second call: the 4-bit GEMM's row blocks at prefill-chunk sizes (int4; the sweep against dequantize-
+      # then-GEMM and cuBLAS), then Llama-3-8B int4 batch 1 and 64 x 512 + 128 with them up to 8,192 rows and not
       W4_MID_FORMATS=int4 bash "$0" w4-mid
-      for max_m in 64 8192; do  # MXFP4: the next call (QUANT_VARIANTS=mxfp4_gluon)
+      for max_m in 64 8192; do  # MXFP4: W4_MID_FORMATS=mxfp4 and QUANT_VARIANTS=mxfp4_gluon
         TRITONLLM_W4_SM90_MAX_M=$max_m QUANT_VARIANTS="int4_gluon" QUANT_TAG="_w4max$max_m" \
           bash "$0" e2e-quant | grep "tok/s"
       done ;;
