@@ -67,6 +67,7 @@ READ_BEFORE_WAIT = {
     "gemm_block_sm90.block_fp8_gemm_sm90_kernel": {"b_desc"},
     "gemm_stream_sm90.stream_gemm_sm90_kernel": {"w_desc"},
     "gemm_w4_tma_sm90.w4_tma_gemm_sm90_kernel": {"w_desc", "s_desc"},  # the weight's words and scales
+    "gemv_w4_sm90.w4_gemv_sm90_kernel": {"w_ptr", "s_ptr", "z_ptr"},  # the first K tile's words, scales, zeros
     # EARLY (w2): the experts' words and scales, and the expert ids, which the router wrote two launches back
     "moe_gemv.moe_gemv_kernel": {"b_ptr", "b_scale_ptr", "topk_ids_ptr"},
     "moe_route.router_route_kernel": {"w_ptr", "bias_ptr"},  # the router's weight and bias

@@ -331,11 +331,14 @@ if HAVE_GLUON:
         """The K tile at word kw: words, activations (as stored), scales, zero points (the scales again
         for MXFP4); MASKED: the groups at or past KW (words a row) read as zeros."""
         words, s, z = _load_weights(w_ptrs, s_ptrs, z_ptrs, kw, KW, g3, gg, stride_sk, WPG, FP4, MASKED)
+        return words, _load_act(a_ptrs, kw, KW, ga, WPG, MASKED), s, z
+
+    @gluon.jit
+    def _load_act(a_ptrs, kw, KW, ga, WPG: gl.constexpr, MASKED: gl.constexpr):
+        """_load_tile's activations."""
         if MASKED:
-            act = gl.load(a_ptrs + kw * 8, mask=gl.expand_dims(gl.expand_dims(kw + ga * WPG < KW, 1), 2), other=0.0)
-        else:
-            act = gl.load(a_ptrs + kw * 8)
-        return words, act, s, z
+            return gl.load(a_ptrs + kw * 8, mask=gl.expand_dims(gl.expand_dims(kw + ga * WPG < KW, 1), 2), other=0.0)
+        return gl.load(a_ptrs + kw * 8)
 
     @gluon.jit
     def _load_weights(w_ptrs, s_ptrs, z_ptrs, kw, KW, g3, gg, stride_sk, WPG: gl.constexpr, FP4: gl.constexpr,
@@ -438,12 +441,20 @@ if HAVE_GLUON:
         """w4_rows_dot's first K tile's pointers for the rows row0 + i (_tile_rows) and its index vectors: (words,
         activations, scales, zero points, the words' groups g3, the activations' groups ga and columns ja, the
         scales' groups gg)."""
+        w_ptrs, s_ptrs, z_ptrs, g3, gg = _weight_pointers(w_ptr, s_ptr, z_ptr, row0, N, stride_wn, stride_sn, stride_sk,
+                                                          GROUP_K, ROWS, WARPS_K, INTERLEAVE)  # fmt: skip
+        a_ptrs, ga, ja = _act_pointers(a_ptr, GROUP_K, ROWS, WARPS_K)
+        return w_ptrs, a_ptrs, s_ptrs, z_ptrs, g3, ga, gg, ja
+
+    @gluon.jit
+    def _weight_pointers(w_ptr, s_ptr, z_ptr, row0, N, stride_wn, stride_sn, stride_sk, GROUP_K: gl.constexpr,
+                         ROWS: gl.constexpr, WARPS_K: gl.constexpr, INTERLEAVE: gl.constexpr):  # fmt: skip
+        """_tile_pointers' weight half: (words, scales, zero points, the words' groups g3, the scales' groups gg)."""
         WPG: gl.constexpr = GROUP_K // 8
         GPI: gl.constexpr = 32 // (WPG // _WPT) * WARPS_K  # groups an iteration
         BLOCK_N: gl.constexpr = ROWS * (_WARPS // WARPS_K)
         L4: gl.constexpr = _layout(ROWS, WPG, _WPT, WARPS_K)
         L3: gl.constexpr = gl.SliceLayout(3, L4)  # [BLOCK_N, GPI, WPG] words
-        LA: gl.constexpr = gl.SliceLayout(0, L4)  # [GPI, WPG, 8] activations
         LG: gl.constexpr = gl.SliceLayout(2, L3)  # [BLOCK_N, GPI] per group: scales, zero points
 
         # words: w_ptr + n * stride_wn + (kw + g * WPG + w)
@@ -456,6 +467,19 @@ if HAVE_GLUON:
             + gl.expand_dims(gl.expand_dims(g3 * WPG, 0), 2)
             + gl.expand_dims(gl.expand_dims(w3, 0), 1)
         )
+        # scales, zero points: s_ptr + n * stride_sn + (kw / WPG + g) * stride_sk
+        ng = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LG))
+        gg = gl.arange(0, GPI, layout=gl.SliceLayout(0, LG))
+        rng = _tile_rows(ng, row0, N, INTERLEAVE)
+        s_off = gl.expand_dims(rng * stride_sn, 1) + gl.expand_dims(gg * stride_sk, 0)
+        return w_ptrs, s_ptr + s_off, z_ptr + s_off, g3, gg
+
+    @gluon.jit
+    def _act_pointers(a_ptr, GROUP_K: gl.constexpr, ROWS: gl.constexpr, WARPS_K: gl.constexpr):
+        """_tile_pointers' activation half: (pointers, the activations' groups ga, columns ja)."""
+        WPG: gl.constexpr = GROUP_K // 8
+        GPI: gl.constexpr = 32 // (WPG // _WPT) * WARPS_K  # groups an iteration
+        LA: gl.constexpr = gl.SliceLayout(0, _layout(ROWS, WPG, _WPT, WARPS_K))  # [GPI, WPG, 8] activations
         # activations: a_ptr + 8 (kw + g * WPG + w) + j
         ga = gl.arange(0, GPI, layout=gl.SliceLayout(1, gl.SliceLayout(2, LA)))
         wa = gl.arange(0, WPG, layout=gl.SliceLayout(0, gl.SliceLayout(2, LA)))
@@ -465,15 +489,17 @@ if HAVE_GLUON:
             + gl.expand_dims(gl.expand_dims(wa * 8, 0), 2)
             + gl.expand_dims(gl.expand_dims(ja, 0), 1)
         )
-        # scales, zero points: s_ptr + n * stride_sn + (kw / WPG + g) * stride_sk
-        ng = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LG))
-        gg = gl.arange(0, GPI, layout=gl.SliceLayout(0, LG))
-        rng = _tile_rows(ng, row0, N, INTERLEAVE)
-        s_off = gl.expand_dims(rng * stride_sn, 1) + gl.expand_dims(gg * stride_sk, 0)
-        s_ptrs = s_ptr + s_off
-        z_ptrs = z_ptr + s_off
+        return a_ptrs, ga, ja
 
-        return w_ptrs, a_ptrs, s_ptrs, z_ptrs, g3, ga, gg, ja
+    @gluon.jit
+    def first_weights(w_ptr, s_ptr, z_ptr, row0, N, K, stride_wn, stride_sn, stride_sk, GROUP_K: gl.constexpr,
+                      ROWS: gl.constexpr, WARPS_K: gl.constexpr, FP4: gl.constexpr, EVEN: gl.constexpr):  # fmt: skip
+        """The first K tile's words, scales and zero points of w4_rows_dot's rows (no INTERLEAVE): constants, which a
+        kernel reads before its PDL wait so that they stream under the previous kernel's tail (w0, s0, z0)."""
+        WPG: gl.constexpr = GROUP_K // 8
+        w_ptrs, s_ptrs, z_ptrs, g3, gg = _weight_pointers(w_ptr, s_ptr, z_ptr, row0, N, stride_wn, stride_sn, stride_sk,
+                                                          GROUP_K, ROWS, WARPS_K, False)  # fmt: skip
+        return _load_weights(w_ptrs, s_ptrs, z_ptrs, 0, K // 8, g3, gg, stride_sk, WPG, FP4, not EVEN)
 
     @gluon.jit
     def _zero_accumulators(BLOCK_N: gl.constexpr, GPI: gl.constexpr, WPG: gl.constexpr, FP4: gl.constexpr,
@@ -527,7 +553,7 @@ if HAVE_GLUON:
     def w4_rows_dot(a_ptr, w_ptr, s_ptr, z_ptr, row0, N, K, stride_wn, stride_sn, stride_sk, m0, m1,
                     FP4: gl.constexpr, GROUP_K: gl.constexpr, ROWS: gl.constexpr, WARPS_K: gl.constexpr,
                     PREFETCH: gl.constexpr, EVEN: gl.constexpr, INTERLEAVE: gl.constexpr = False,
-                    HALF2: gl.constexpr = False, ONE_TILE: gl.constexpr = False):  # fmt: skip
+                    HALF2: gl.constexpr = False, ONE_TILE: gl.constexpr = False, w0=None, s0=None, z0=None):  # fmt: skip
         """sum_k a[k] w[n, k] in float32 for the BLOCK_N = ROWS x NUM_WARPS / WARPS_K rows n = row0 + i
         (rows at or past N read row 0; their results are for the caller to mask): ([BLOCK_N] sums, [BLOCK_N]
         row indices), both in SliceLayout(1, LG). INTERLEAVE (a gated MLP's gate and up rows, N apart):
@@ -537,7 +563,8 @@ if HAVE_GLUON:
         pair. HALF2 (gemv_w4.FP4_HALF2): nibble pairs into fp16x2, products by packed FMAs, the row scaled into
         fp16's range by a power of two (m0, m1: gemv_w4.HALF2_MASKS for MXFP4, INT4_HALF2_MASKS for int4);
         ONE_TILE (K at most one K tile): that power from the first tile's activations, which are the whole row,
-        instead of a pass over the row."""
+        instead of a pass over the row. w0, s0, z0: the first K tile's words, scales and zero points, loaded by the
+        caller (first_weights, before its PDL wait), or None."""
         WPG: gl.constexpr = GROUP_K // 8
         GPI: gl.constexpr = 32 // (WPG // _WPT) * WARPS_K  # groups an iteration
         BLOCK_N: gl.constexpr = ROWS * (_WARPS // WARPS_K)
@@ -555,7 +582,10 @@ if HAVE_GLUON:
         acc, acc_z = _zero_accumulators(BLOCK_N, GPI, WPG, FP4, L3, LG, LR, HALF2)
         if not HALF2:  # HALF2: after the first tile's loads (below)
             col_scale, out_scale = _col_factors(None, ja, a_ptr, K, FP4, HALF2, ONE_TILE)
-        if PREFETCH or HALF2:  # HALF2: the first tile's loads in flight before the pass over the row
+        FIRST: gl.constexpr = PREFETCH or HALF2 or w0 is not None  # the first tile loaded before the loop
+        if w0 is not None:  # its weights from the caller
+            words, act, s, z = w0, _load_act(a_ptrs, 0, KW, ga, WPG, not EVEN), s0, z0
+        elif FIRST:  # HALF2: the first tile's loads in flight before the pass over the row
             words, act, s, z = _load_tile(w_ptrs, a_ptrs, s_ptrs, z_ptrs, 0, KW, g3, ga, gg, stride_sk, WPG, FP4,
                                           not EVEN)  # fmt: skip
         if HALF2:
@@ -576,7 +606,7 @@ if HAVE_GLUON:
                 z = n_z
         else:
             start = 0
-            if HALF2:  # the first tile, loaded above
+            if FIRST:  # the first tile, loaded above
                 acc, acc_z = _accumulate(words, act, s, z, acc, acc_z, col_scale, m0, m1, FP4, LW, LG, LR, HALF2)
                 start = STEP
             for kw in range(start, KW, STEP):
@@ -601,11 +631,14 @@ if HAVE_GLUON:
         INT4_HALF2_MASKS). EVEN: K a multiple of the K
         tile. PREFETCH: the next K tile's loads are issued before this tile's arithmetic. ONE_TILE: K at most one
         tile (w4_rows_dot)."""
-        gluon_pdl_wait(PDL)
         BLOCK_N: gl.constexpr = ROWS * (_WARPS // WARPS_K)
-        out, n_out = w4_rows_dot(a_ptr, w_ptr, s_ptr, z_ptr, gl.program_id(0) * BLOCK_N, N, K, stride_wn, stride_sn,
-                                 stride_sk, m0, m1, FP4, GROUP_K, ROWS, WARPS_K, PREFETCH, EVEN, False, HALF2,
-                                 ONE_TILE)  # fmt: skip
+        row0 = gl.program_id(0) * BLOCK_N
+        # the first K tile's weight before the wait: it streams under the previous kernel's tail
+        w0, s0, z0 = first_weights(w_ptr, s_ptr, z_ptr, row0, N, K, stride_wn, stride_sn, stride_sk, GROUP_K, ROWS,
+                                   WARPS_K, FP4, EVEN)  # fmt: skip
+        gluon_pdl_wait(PDL)
+        out, n_out = w4_rows_dot(a_ptr, w_ptr, s_ptr, z_ptr, row0, N, K, stride_wn, stride_sn, stride_sk, m0, m1, FP4,
+                                 GROUP_K, ROWS, WARPS_K, PREFETCH, EVEN, False, HALF2, ONE_TILE, w0, s0, z0)  # fmt: skip
         if HAS_BIAS:
             out += gl.load(bias_ptr + n_out, mask=n_out < N).to(gl.float32)
         gl.store(c_ptr + n_out, out.to(c_ptr.dtype.element_ty), mask=n_out < N)
