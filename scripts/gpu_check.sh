@@ -573,22 +573,24 @@ print(tuned_file(torch.cuda.get_device_name()))")
           output_json="$OUT/llama3-8b_16x512_hybrid_skinny_$mode.json" hydra.run.dir=/tmp/hydra 2>&1 | grep "tok/s"
       done ;;
     next-39)
-      # the first call of the session after 38 (about 8 minutes). Session 38 changed kernels no GPU has run: the
-      # norm, RoPE and split-KV decode kernels read their constants, step inputs and (split-KV) the first tile's
-      # older keys before the PDL wait; the 4-bit GEMM's row blocks beyond 64 rows (opt-in). Their GPU tests first,
-      # then Llama-3-8B batch 1 FP8 and bf16 (session 38, H100: 285.2 / 166.8 tok/s) and the FP8 step's kernel
-      # timeline (exposed us: norms, RoPE and attention against session 38's next-38 / session 27's H200 files)
-      timeout 240 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_attention_split.py \
+      # the first call of the session after 38 (about 9 minutes). Session 38 changed kernels no GPU has run: the
+      # norm, RoPE, split-KV decode and Gluon W4 GEMV kernels read their constants, step inputs, the first
+      # tile's older keys (split-KV) or the first K tile's weight (W4 GEMV) before the PDL wait; the 4-bit GEMM
+      # has row blocks beyond 64 rows (opt-in). Their GPU tests first, then Llama-3-8B batch 1 in FP8, bf16,
+      # int4 and MXFP4 (session 38, H100: FP8 285.2, bf16 166.8; session 37: int4 374.3, MXFP4 366.6 tok/s)
+      timeout 200 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_attention_split.py \
         tests/kernels/test_attention.py tests/kernels/test_rotary.py tests/kernels/test_rmsnorm.py tests/test_pdl.py \
         2>&1 | tee "$OUT/early_loads_tests.log" | tail -3
-      timeout 150 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemm_w4_sm90.py \
-        -k "row_blocks or broken" 2>&1 | tee "$OUT/w4_rows_tests.log" | tail -3
-      QUANT_VARIANTS="fp8_gluon bf16_torch" QUANT_EXPS=batch1_decode QUANT_TAG="_next39" bash "$0" e2e-quant \
-        | grep "tok/s"
-      TIMELINE_VARIANTS=fp8 bash "$0" timeline | head -14 ;;
+      timeout 150 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemv_w4_sm90.py \
+        tests/kernels/test_gemm_w4_sm90.py -k "matches or broken or every_code or row_blocks" 2>&1 \
+        | tee "$OUT/w4_tests.log" | tail -3
+      QUANT_VARIANTS="fp8_gluon bf16_torch int4_gluon mxfp4_gluon" QUANT_EXPS=batch1_decode QUANT_TAG="_next39" \
+        bash "$0" e2e-quant | grep "tok/s" ;;
     next-40)
-      # the second call: the 4-bit GEMM's row blocks at prefill-chunk sizes (int4; the sweep against dequantize-
-      # then-GEMM and cuBLAS), then Llama-3-8B int4 batch 1 and 64 x 512 + 128 with them up to 8,192 rows and not
+      # the second call: the FP8 and int4 batch-1 steps' kernel timelines (exposed us a kernel against session
+      # 27's H200 / session 38's H100 files), the 4-bit GEMM's row blocks at prefill-chunk sizes (int4 sweep),
+      # then Llama-3-8B int4 batch 1 and 64 x 512 + 128 with them up to 8,192 rows and not
+      TIMELINE_VARIANTS="fp8 int4" bash "$0" timeline | grep -E "window|exposed|kernel \(" | head -30
       W4_MID_FORMATS=int4 bash "$0" w4-mid
       for max_m in 64 8192; do  # MXFP4: W4_MID_FORMATS=mxfp4 and QUANT_VARIANTS=mxfp4_gluon
         TRITONLLM_W4_SM90_MAX_M=$max_m QUANT_VARIANTS="int4_gluon" QUANT_TAG="_w4max$max_m" \
