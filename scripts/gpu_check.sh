@@ -590,7 +590,7 @@ print(tuned_file(torch.cuda.get_device_name()))")
       # the second call: the FP8 and int4 batch-1 steps' kernel timelines (exposed us a kernel against session
       # 27's H200 / session 38's H100 files), the 4-bit GEMM's row blocks at prefill-chunk sizes (int4 sweep),
       # then Llama-3-8B int4 batch 1 and 64 x 512 + 128 with them up to 8,192 rows and not
-      TIMELINE_VARIANTS="fp8 int4" bash "$0" timeline | grep -E "window|exposed|kernel \(" | head -30
+      TIMELINE_VARIANTS="fp8 int4" bash "$0" timeline | grep -v step_ms
       W4_MID_FORMATS=int4 bash "$0" w4-mid
       for max_m in 64 8192; do  # MXFP4: W4_MID_FORMATS=mxfp4 and QUANT_VARIANTS=mxfp4_gluon
         TRITONLLM_W4_SM90_MAX_M=$max_m QUANT_VARIANTS="int4_gluon" QUANT_TAG="_w4max$max_m" \
