@@ -164,14 +164,18 @@ def test_a_pdl_kernel_compiles_the_wait_and_launches_with_the_attribute():
 
 
 @pytest.mark.gpu
-def test_graph_replayed_steps_give_the_same_tokens_with_and_without_pdl():
+@pytest.mark.parametrize("quantization, num_prompts", [(None, 5), (None, 1), ("int4", 1), ("mxfp4", 1), ("fp8", 1)])
+def test_graph_replayed_steps_give_the_same_tokens_with_and_without_pdl(quantization, num_prompts):
+    """Batch 1 too: there the kernels that read before their wait (READ_BEFORE_WAIT: the norm's weight, RoPE's and
+    split-KV attention's step inputs and older keys, the W4 GEMV's and the skinny GEMM's weights) all run."""
     if not launch.pdl_supported():
         pytest.skip("PDL needs NVIDIA compute capability 9.0+")
-    prompts = [{"prompt_token_ids": list(range(3 + i, 60 + 9 * i))} for i in range(5)]
+    prompts = [{"prompt_token_ids": list(range(3 + i, 60 + 9 * i))} for i in range(num_prompts)]
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=1)
     runs = {}
     for pdl in (False, True):
-        llm = LLM(model=str(fitted_tiny_model_path("LlamaForCausalLM")), dtype="bfloat16", max_model_len=256, pdl=pdl)
+        llm = LLM(model=str(fitted_tiny_model_path("LlamaForCausalLM")), dtype="bfloat16", max_model_len=256, pdl=pdl,
+                  quantization=quantization)  # fmt: skip
         assert launch.pdl_on() is pdl
         runs[pdl] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
         del llm
