@@ -205,6 +205,8 @@ def main() -> None:
                     dict(common, MERGE=True, GROUP_PAD=4, SPLITS_PAD=64, CHUNK=8, SINKS=False, QUANT=False),
                 ),
             ]
+            if kv == "bf16":  # the opt-in early keys (TRITONLLM_ATTN_EARLY_KV=1)
+                variants.append((attention_split.split_kv_decode_kernel, dict(variants[-1][1], EARLY_KV=True)))
             if kv == "bf16":  # the prefill path with the new K/V through tensor descriptors
                 prefill = dict(common, NUM_KV_HEADS=8, BLOCK_M=64, BLOCK_Q=16, NEW_KV_DESC=True, SINKS=False)
                 variants.append((attention_unified.unified_attention_kernel, prefill))
@@ -214,6 +216,7 @@ def main() -> None:
                 failures += error is not None and not expected_failure
                 status = "ok" if error is None else ("expected failure" if expected_failure else "FAILED")
                 desc = " new_kv_desc" if constexprs.get("NEW_KV_DESC") else " merge" if constexprs.get("MERGE") else ""
+                desc += " early_kv" if constexprs.get("EARLY_KV") else ""
                 print(f"{target.backend} {target.arch} {fn.__name__} {kv}{' fp8_qk' if fp8_qk else ''}{desc}: {status}")
     raise SystemExit(1 if failures else 0)
 

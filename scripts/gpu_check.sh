@@ -587,10 +587,16 @@ print(tuned_file(torch.cuda.get_device_name()))")
       QUANT_VARIANTS="fp8_gluon bf16_torch int4_gluon mxfp4_gluon" QUANT_EXPS=batch1_decode QUANT_TAG="_next39" \
         bash "$0" e2e-quant | grep "tok/s" ;;
     next-40)
-      # the second call (about 7 minutes): the FP8 and int4 batch-1 steps' kernel timelines (exposed us a kernel,
+      # the second call (about 9 minutes): the FP8 and int4 batch-1 steps' kernel timelines (exposed us a kernel,
       # against session 27's H200 / session 38's H100 files: norms, RoPE, attention, the W4 GEMVs), then the
       # 4-bit GEMM's row blocks at prefill-chunk sizes (int4: against dequantize-then-GEMM and cuBLAS)
       TIMELINE_VARIANTS="fp8 int4" bash "$0" timeline | grep -v step_ms
+      # the split-KV kernel's opt-in early keys (K of each segment's first tile before the PDL wait: 448 against
+      # 320 bytes of stack a thread on sm90, so off until timed): FP8 batch 1 and its timeline with them
+      TRITONLLM_ATTN_EARLY_KV=1 QUANT_VARIANTS=fp8_gluon QUANT_EXPS=batch1_decode QUANT_TAG="_early_kv" \
+        bash "$0" e2e-quant | grep "tok/s"
+      mkdir -p "$OUT/early_kv"
+      TRITONLLM_ATTN_EARLY_KV=1 TIMELINE_VARIANTS=fp8 OUT="$OUT/early_kv" bash "$0" timeline | grep split_kv
       W4_MID_FORMATS=int4 bash "$0" w4-mid ;;
     next-41)
       # the third call (about 6 minutes): Llama-3-8B int4 batch 1 and 64 x 512 + 128 with the row blocks up to

@@ -20,7 +20,7 @@ from launch_spy import LaunchSpy  # tests/
 from test_attention import GPU_FP8_REL_RMS, GPU_REL_RMS, TOL, PagedBatch, make_batch
 
 from tritonllm import platform
-from tritonllm.kernels import attention, launch, quant, reference
+from tritonllm.kernels import attention, attention_split, launch, quant, reference
 from tritonllm.kernels.attention import (
     ATTENTION_CONFIGS,
     choose_num_splits,
@@ -55,6 +55,22 @@ def test_split_kv_decode_matches_reference(group: int, block_size: int, num_spli
     batch = _decode_batch(DECODE_CTX_LENS, group, 64, block_size, seed=group * block_size)
     out = _split(batch, num_splits)
     torch.testing.assert_close(out, reference.paged_attention(*batch.args()), **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("group, block_size, num_splits", [(1, 8, 3), (4, 16, 4), (2, 32, 7), (2, 8, 16)])
+def test_split_kv_early_keys_match_reference(group: int, block_size: int, num_splits: int, monkeypatch) -> None:
+    """TRITONLLM_ATTN_EARLY_KV=1: each segment's first tile of K read before the PDL wait but for the newest key
+    (read after it), the tile taken out of the loop: ragged contexts, empty segments, a first tile that is the
+    segment's only (ragged) one, sequences without a query."""
+    monkeypatch.setattr(attention_split, "EARLY_KV", True)
+    batch = _decode_batch(DECODE_CTX_LENS + [1, 2, 17], group, 64, block_size, seed=group + block_size)
+    torch.testing.assert_close(
+        _split(batch, num_splits), reference.paged_attention(*batch.args()), **TOL[torch.float32]
+    )
+    batch = make_batch([1, 0, 1], [70, 12, 33], 2 * group, 2, 64, block_size, seed=24)
+    torch.testing.assert_close(
+        _split(batch, num_splits), reference.paged_attention(*batch.args()), **TOL[torch.float32]
+    )
 
 
 def test_split_kv_head_dim_128_matches_reference() -> None:
@@ -488,4 +504,4 @@ def test_the_portable_kernels_compile_for_sm90_sm80_and_gfx942() -> None:
         env=dict(os.environ, TRITON_INTERPRET="0"), capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert result.returncode == 0 and "FAILED" not in result.stdout, result.stdout + result.stderr[-2000:]
-    assert result.stdout.count("split_kv_decode_kernel") == 18 and result.stdout.count(": ok") == 24, result.stdout
+    assert result.stdout.count("split_kv_decode_kernel") == 21 and result.stdout.count(": ok") == 27, result.stdout

@@ -65,6 +65,7 @@ import triton
 # platform switches on the interpreter on CPU; triton reads that when a kernel is defined, below
 from tritonllm import platform
 from tritonllm.kernels import attention_fp8_decode_sm90 as fp8_sm90
+from tritonllm.kernels import attention_split
 from tritonllm.kernels.attention_split import merge_splits_kernel, split_kv_decode_kernel
 from tritonllm.kernels.attention_unified import unified_attention_kernel
 from tritonllm.kernels.kv_cache_write import FP8_KV_DTYPES, KV_WRITE_SUPPORTS, check_kv_scales
@@ -627,7 +628,7 @@ class AttentionPlan:
             SINKS=features.has_sinks, QUANT=quant, ROW_PAD=row_pad if quant else 1,
             STATIC=quant and quantize.static_scale is not None, QMAX=qmax(quantize.dtype) if quant else 1.0,
             IS_INT=quant and quantize.dtype == torch.int8, MIN_EXP=min_exponent(quantize.dtype) if quant else 0,
-            QGROUP=quantize.group if quant else 0,
+            QGROUP=quantize.group if quant else 0, EARLY_KV=attention_split.EARLY_KV,
         )  # fmt: skip
         key = (self._step_key, layer_key, *int_spec(q.shape[0]), quantize.dtype if quant else None, aligned(qscale))
         _SPLIT(

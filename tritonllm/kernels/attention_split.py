@@ -43,6 +43,8 @@ quantization kernel follows either. Counters: [num_seqs * num_kv_heads] per KV h
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -71,15 +73,15 @@ def first_visible_key(seq_len, window, SLIDING: tl.constexpr):
     return key_lo
 
 
+# the first tile's older keys read before the PDL wait (split_kv_decode_kernel's EARLY_KV): opt-in until timed
+EARLY_KV = os.environ.get("TRITONLLM_ATTN_EARLY_KV", "0") == "1"
+
+
 @triton.jit
-def _load_tile(block_table_row_ptr, k_head_ptr, v_head_ptr, keys, ok, stride_kc_block, stride_kc_slot, stride_vc_block,
-               stride_vc_slot, offs_d, BLOCK_SIZE: tl.constexpr):  # fmt: skip
-    """k [HEAD_DIM, TILE_N] and v [TILE_N, HEAD_DIM] of `keys` through the block table, zeros where not ok."""
+def _block_rows(block_table_row_ptr, keys, ok, BLOCK_SIZE: tl.constexpr):
+    """(cache block, slot in it) of `keys` through the block table (block 0 where not ok)."""
     blocks = tl.load(block_table_row_ptr + keys // BLOCK_SIZE, mask=ok, other=0, cache_modifier=".cg").to(tl.int64)
-    in_block = keys % BLOCK_SIZE
-    k_ptrs = k_head_ptr + (blocks * stride_kc_block + in_block * stride_kc_slot)[None, :] + offs_d[:, None]
-    v_ptrs = v_head_ptr + (blocks * stride_vc_block + in_block * stride_vc_slot)[:, None] + offs_d[None, :]
-    return tl.load(k_ptrs, mask=ok[None, :], other=0.0), tl.load(v_ptrs, mask=ok[:, None], other=0.0)
+    return blocks, keys % BLOCK_SIZE
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -139,16 +141,17 @@ def split_kv_decode_kernel(
     IS_INT: tl.constexpr = False,
     MIN_EXP: tl.constexpr = 0,
     QGROUP: tl.constexpr = 0,
+    EARLY_KV: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     # Before the PDL wait: the step's inputs (written when the step began, at least three launches back, so done
-    # once the previous kernel may let this one start; read past L1) and, from them, the keys of the segment's
-    # first tile that earlier steps wrote: all but the newest (last_pos), which this step's KV write - the
-    # previous kernel or the one before - stores. Their block-table and cache loads then stream under that
-    # kernel's tail; the newest key, q and every later tile are read after the wait.
+    # once the previous kernel may let this one start; read past L1) and, EARLY_KV (opt-in until timed:
+    # TRITONLLM_ATTN_EARLY_KV=1), the K of the segment's first tile that earlier steps wrote: every key but the
+    # newest (last_pos), which this step's KV write - the previous kernel or the one before - stores. Those loads
+    # then stream under that kernel's tail; the newest key, q, V and every later tile are read after the wait.
     q_start = tl.load(query_start_loc_ptr + seq, cache_modifier=".cg")
     q_len = tl.load(query_start_loc_ptr + seq + 1, cache_modifier=".cg") - q_start
     seq_len = tl.load(seq_lens_ptr + seq, cache_modifier=".cg")
@@ -163,9 +166,14 @@ def split_kv_decode_kernel(
     k_head_ptr = k_cache_ptr + kv_head * stride_kc_head
     v_head_ptr = v_cache_ptr + kv_head * stride_vc_head
     keys0 = key_start + offs_n
-    early = keys0 < tl.where(q_len > 0, tl.minimum(key_end, last_pos), 0)  # (keys0 >= 0)
-    k0, v0 = _load_tile(block_table_row_ptr, k_head_ptr, v_head_ptr, keys0, early, stride_kc_block, stride_kc_slot,
-                        stride_vc_block, stride_vc_slot, offs_d, BLOCK_SIZE)  # fmt: skip
+    if EARLY_KV:
+        early = keys0 < tl.where(q_len > 0, tl.minimum(key_end, last_pos), 0)  # (keys0 >= 0)
+        # K only: the query-key dot needs it first; V's loads, issued after the wait, overlap that dot and the
+        # softmax (holding V too cost registers: 320 -> 664 bytes of stack a thread at 64-key tiles, sm90; K alone
+        # 448)
+        blocks0, in_block0 = _block_rows(block_table_row_ptr, keys0, early, BLOCK_SIZE)
+        k_ptrs0 = k_head_ptr + (blocks0 * stride_kc_block + in_block0 * stride_kc_slot)[None, :] + offs_d[:, None]
+        k0 = tl.load(k_ptrs0, mask=early[None, :], other=0.0)
     pdl_wait(PDL)
     if (q_len == 0) | (key_start >= key_end):
         return  # the merge skips empty segments and sequences without a query
@@ -183,23 +191,31 @@ def split_kv_decode_kernel(
     # the decode query is the sequence's last position: it sees every key of its segments (all within
     # its window), so only the tail tile masks
     q_pos = tl.full([BLOCK_M], 0, dtype=tl.int32) + last_pos
-    # the first tile (a full one, or the segment's only, ragged one): the early keys, and the rest now (the
-    # newest key where this segment holds it); keys past the segment read as zeros and are masked
-    late = (keys0 <= last_pos) & (keys0 < key_end) & ~early
-    k1, v1 = _load_tile(block_table_row_ptr, k_head_ptr, v_head_ptr, keys0, late, stride_kc_block, stride_kc_slot,
-                        stride_vc_block, stride_vc_slot, offs_d, BLOCK_SIZE)  # fmt: skip
-    k = tl.where(early[None, :], k0, k1)
-    v = tl.where(early[:, None], v0, v1)
-    acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, k, v, keys0, q_pos, q_pos, qk_scale, softcap2, True, False, SOFTCAP)
     num_full_tiles = (key_end - key_start) // TILE_N
-    for tile in range(1, num_full_tiles):
+    first_tile = 0
+    if EARLY_KV:
+        # the first tile (a full one, or the segment's only, ragged one): K's early keys, the rest of K now (the
+        # newest key where this segment holds it) into the same registers, and all of V; keys past the segment
+        # read as zeros
+        valid = (keys0 <= last_pos) & (keys0 < key_end)
+        late = valid & ~early
+        blocks1, in_block1 = _block_rows(block_table_row_ptr, keys0, late, BLOCK_SIZE)
+        k_ptrs1 = k_head_ptr + (blocks1 * stride_kc_block + in_block1 * stride_kc_slot)[None, :] + offs_d[:, None]
+        k = tl.load(k_ptrs1, mask=late[None, :], other=k0)
+        blocks = tl.where(early, blocks0, blocks1)
+        v_ptrs = v_head_ptr + (blocks * stride_vc_block + in_block0 * stride_vc_slot)[:, None] + offs_d[None, :]
+        v = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
+        acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, k, v, keys0, q_pos, q_pos, qk_scale, softcap2, True, False,
+                                      SOFTCAP)  # fmt: skip
+        first_tile = 1
+    for tile in range(first_tile, num_full_tiles):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, q_pos, key_start + tile * TILE_N, last_pos, qk_scale, block_table_row_ptr,
             k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
             offs_n, offs_d, q_pos, 0, softcap2, BLOCK_SIZE, False, False, SOFTCAP,
         )  # fmt: skip
     tail_start = key_start + num_full_tiles * TILE_N
-    if (num_full_tiles > 0) & (tail_start < key_end):  # (no full tile: the first tile was the tail)
+    if (tail_start < key_end) & ((num_full_tiles > 0) | (not EARLY_KV)):  # (EARLY_KV: the first tile, if no full one)
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, q_pos, tail_start, last_pos, qk_scale, block_table_row_ptr,
             k_head_ptr, v_head_ptr, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
