@@ -50,7 +50,7 @@ import triton.language as tl
 
 # platform switches on the interpreter on CPU; triton reads that when a kernel is defined, below
 from tritonllm import platform  # noqa: F401
-from tritonllm.kernels.attention_tile import _attend_tile, _prepare_q, _softmax_step
+from tritonllm.kernels.attention_tile import _attend_tile, _kv_tile_ptrs, _prepare_q, _softmax_step
 from tritonllm.kernels.launch import pdl_wait
 from tritonllm.kernels.quant import quantize_rows_and_store
 
@@ -172,7 +172,8 @@ def split_kv_decode_kernel(
         # softmax (holding V too cost registers: 320 -> 664 bytes of stack a thread at 64-key tiles, sm90; K alone
         # 448)
         blocks0, in_block0 = _block_rows(block_table_row_ptr, keys0, early, BLOCK_SIZE)
-        k_ptrs0 = k_head_ptr + (blocks0 * stride_kc_block + in_block0 * stride_kc_slot)[None, :] + offs_d[:, None]
+        k_ptrs0, _ = _kv_tile_ptrs(k_head_ptr, v_head_ptr, blocks0, in_block0, stride_kc_block, stride_kc_slot,
+                                   stride_vc_block, stride_vc_slot, offs_d)  # fmt: skip
         k0 = tl.load(k_ptrs0, mask=early[None, :], other=0.0)
     pdl_wait(PDL)
     if (q_len == 0) | (key_start >= key_end):
@@ -199,11 +200,14 @@ def split_kv_decode_kernel(
         # read as zeros
         valid = (keys0 <= last_pos) & (keys0 < key_end)
         late = valid & ~early
-        blocks1, in_block1 = _block_rows(block_table_row_ptr, keys0, late, BLOCK_SIZE)
-        k_ptrs1 = k_head_ptr + (blocks1 * stride_kc_block + in_block1 * stride_kc_slot)[None, :] + offs_d[:, None]
+        blocks1, _ = _block_rows(block_table_row_ptr, keys0, late, BLOCK_SIZE)
+        # the newest key's K pointers from its own block-table read, V's from the merged one (deriving K's from
+        # one merged read held more registers across the wait: 800 bytes of stack a thread against 448, sm90)
+        k_ptrs1, _ = _kv_tile_ptrs(k_head_ptr, v_head_ptr, blocks1, in_block0, stride_kc_block, stride_kc_slot,
+                                   stride_vc_block, stride_vc_slot, offs_d)  # fmt: skip
         k = tl.load(k_ptrs1, mask=late[None, :], other=k0)
-        blocks = tl.where(early, blocks0, blocks1)
-        v_ptrs = v_head_ptr + (blocks * stride_vc_block + in_block0 * stride_vc_slot)[:, None] + offs_d[None, :]
+        _, v_ptrs = _kv_tile_ptrs(k_head_ptr, v_head_ptr, tl.where(early, blocks0, blocks1), in_block0,
+                                  stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot, offs_d)  # fmt: skip
         v = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
         acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, k, v, keys0, q_pos, q_pos, qk_scale, softcap2, True, False,
                                       SOFTCAP)  # fmt: skip

@@ -57,9 +57,8 @@ def _attend_tile(
         blocks = tl.load(block_table_row_ptr + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
     else:
         blocks = tl.load(block_table_row_ptr + keys // BLOCK_SIZE).to(tl.int64)
-    in_block = keys % BLOCK_SIZE
-    k_ptrs = k_head_ptr + (blocks * stride_kc_block + in_block * stride_kc_slot)[None, :] + offs_d[:, None]
-    v_ptrs = v_head_ptr + (blocks * stride_vc_block + in_block * stride_vc_slot)[:, None] + offs_d[None, :]
+    k_ptrs, v_ptrs = _kv_tile_ptrs(k_head_ptr, v_head_ptr, blocks, keys % BLOCK_SIZE, stride_kc_block, stride_kc_slot,
+                                   stride_vc_block, stride_vc_slot, offs_d)  # fmt: skip
     if MASKED:
         # other=0 also keeps uninitialised cache memory (NaN, inf) out of the dot products
         k = tl.load(k_ptrs, mask=key_ok[None, :], other=0.0)
@@ -69,6 +68,16 @@ def _attend_tile(
         v = tl.load(v_ptrs)
 
     return _softmax_step(acc, m_i, l_i, q, k, v, keys, q_pos, win_lo, qk_scale, softcap2, MASKED, SLIDING, SOFTCAP)
+
+
+@triton.jit
+def _kv_tile_ptrs(k_head_ptr, v_head_ptr, blocks, in_block, stride_kc_block, stride_kc_slot, stride_vc_block,
+                  stride_vc_slot, offs_d):  # fmt: skip
+    """Pointers of a tile's K [HEAD_DIM, TILE_N] and V [TILE_N, HEAD_DIM] in the paged caches: its keys' cache
+    blocks (int64) and slots in them."""
+    k_ptrs = k_head_ptr + (blocks * stride_kc_block + in_block * stride_kc_slot)[None, :] + offs_d[:, None]
+    v_ptrs = v_head_ptr + (blocks * stride_vc_block + in_block * stride_vc_slot)[:, None] + offs_d[None, :]
+    return k_ptrs, v_ptrs
 
 
 @triton.jit
