@@ -114,10 +114,11 @@ def plan(m: int, n: int, k: int, elem_bytes: int, deep: bool = True) -> Plan:
     eight stages, but one split of 128 rows for wide layers at M > 16 (qkv: 10.4 against 14.7 us in FP8 at
     M = 64). Where up to 16 activation rows leave shared memory for 12-16 stages: with RINGS gate_up-wide
     layers take 12 stages (with STREAM too, stream-K in FP8 at M <= 4), and with STREAM stream-K over 64-row
-    tiles serves K >= 8,192 (down; FP8 at M <= 4, only with FP8_DEEP) and 16-bit layers of N >= 4,096 at M = 2..16 (session 37,
-    H100: bf16 gate_up 0.97 -> 1.00x cuBLAS, qkv 0.95-1.02 -> 1.04-1.08x, o 1.08-1.11 -> 1.14-1.19x, down
-    1.02 -> 1.06x; FP8 down at M = 4 1.85 -> 1.99x bf16). deep=False: without those (the fused modes' launches, gemm_skinny_fused_sm90, whose
-    extra shared memory and epilogues the deep rings and stream-K do not take)."""
+    tiles serves K >= 8,192 (down; FP8 at M <= 4, only with FP8_DEEP) and 16-bit layers of N >= 4,096 at
+    M = 2..16 (session 37, H100, PDL sweep: bf16 gate_up 0.97 -> 1.00x cuBLAS, qkv 0.95-1.02 -> 1.04-1.08x, o
+    1.08-1.11 -> 1.14-1.19x, down 1.02 -> 1.06x; FP8 down at M = 4 1.85 -> 1.99x bf16). deep=False: without
+    those (the fused modes' launches, gemm_skinny_fused_sm90, whose extra shared memory and epilogues the deep
+    rings and stream-K do not take)."""
     if PLAN_OVERRIDE is not None:
         return PLAN_OVERRIDE
     most = max(1, k // (4 * ROW_BYTES // elem_bytes))

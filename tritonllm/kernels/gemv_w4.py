@@ -40,8 +40,9 @@ from tritonllm.kernels.launch import pdl_wait
 # denormal float32 FMAs: NVIDIA GPUs, the interpreter's numpy), int4's 1 + q / 16 floats; 2: MXFP4 and int4 nibble
 # pairs decoded into fp16x2 and multiplied by packed half-precision FMAs (_groups_half2; PTX fma.rn.f16x2: NVIDIA
 # GPUs' default since session 36, where the H200 measured Llama-3-8B batch 1 int4 +14% (+10% at the float32
-# decode's tiling), MXFP4 +12.5%, gpt-oss-20b +4.7%), 3: the same with the packed instructions emulated in Triton operations (the interpreter's build of 2,
-# tested by tests/kernels/test_w4_half2.py; the interpreter's default stays 1, the exact float32 reference).
+# decode's tiling), MXFP4 +12.5%, gpt-oss-20b +4.7%), 3: the same with the packed instructions emulated in Triton
+# operations (the interpreter's build of 2, tested by tests/kernels/test_w4_half2.py; the interpreter's default
+# stays 1, the exact float32 reference).
 # TRITONLLM_W4_HALF2=0 / 1 overrides the default
 FP4_EXACT, FP4_F32, FP4_HALF2, FP4_HALF2_EMULATED = 0, 1, 2, 3
 
