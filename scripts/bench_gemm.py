@@ -100,6 +100,22 @@ def _triton_gemm(a, a_scale, weight, tiles, sm90):
                           b_zero=weight.zeros, tiles=tiles, sm90=sm90, **scales)  # fmt: skip
 
 
+def linear_rows(row: dict, x: torch.Tensor, weights: list, formats: frozenset, expected=None) -> list[dict]:
+    """A row (`row` and its timing) per registered linear implementation that serves the weights' formats (none:
+    16-bit, the `linear` entry; else `quantized_linear`), torch_ref left out; with `expected`, its error too."""
+    context = registry.KernelContext("cuda", torch.bfloat16, None, None, formats)
+    entry = "quantized_linear" if formats else "linear"
+    rows = []
+    for impl in registry.implementations("linear"):
+        if impl.name == "torch_ref" or impl.supports.refusal(context) is not None:
+            continue
+        make = lambda w, impl=impl: lambda: impl.entries[entry](x, w, None)  # noqa: E731
+        rows.append(dict(row, impl=f"linear:{impl.name}", us=bench_us(make, weights)))
+        if expected is not None:
+            rows[-1]["rel_error"] = rel_error(make(weights[0])(), expected)
+    return rows
+
+
 def run_case(model: str, layer: str, n: int, k: int, m: int, formats: list[str]) -> list[dict]:
     gen = torch.Generator(device="cuda").manual_seed(m * 7 + n)
     x = torch.randn(m, k, device="cuda", generator=gen, dtype=torch.float32).to(torch.bfloat16)
@@ -121,13 +137,7 @@ def run_case(model: str, layer: str, n: int, k: int, m: int, formats: list[str])
                 make = lambda w, tiles=tiles: lambda: g.gemm(x, w, tiles=tiles)  # noqa: E731
                 rows.append(dict(base, format="bf16", impl="triton_persistent", us=bench_us(make, w_copies),
                                  rel_error=rel_error(make(w)(), expected), a_bytes=2, w_bytes=2))  # fmt: skip
-            context = registry.KernelContext("cuda", torch.bfloat16)
-            for impl in registry.implementations("linear"):  # the registered layers (the Hopper Gluon kernels')
-                if impl.name == "torch_ref" or impl.supports.refusal(context) is not None:
-                    continue
-                make = lambda w, impl=impl: lambda: impl.entries["linear"](x, w, None)  # noqa: E731
-                rows.append(dict(base, format="bf16", impl=f"linear:{impl.name}", us=bench_us(make, w_copies),
-                                 rel_error=rel_error(make(w)(), expected), a_bytes=2, w_bytes=2))  # fmt: skip
+            rows += linear_rows(dict(base, format="bf16", a_bytes=2, w_bytes=2), x, w_copies, frozenset(), expected)
             continue
         scheme = SCHEMES[fmt]
         weight = quantize_weight(w, scheme)
@@ -156,21 +166,9 @@ def run_case(model: str, layer: str, n: int, k: int, m: int, formats: list[str])
         if make is not None:
             rows.append(dict(base, format=fmt, impl="torch_gemm", us=bench_us(make, weights),
                              rel_error=rel_error(make(weight)(), expected), a_bytes=a_bytes, w_bytes=1))  # fmt: skip
-        for impl in registry.implementations("linear"):  # the whole layer: activation quantization included
-            context = registry.KernelContext("cuda", torch.bfloat16, None, None, frozenset({scheme.format_name}))
-            if impl.name == "torch_ref" or impl.supports.refusal(context) is not None:
-                continue
-            layer = lambda weight, impl=impl: lambda: impl.entries["quantized_linear"](x, weight, None)  # noqa: E731
-            rows.append(
-                dict(
-                    base,
-                    format=fmt,
-                    impl=f"linear:{impl.name}",
-                    us=bench_us(layer, weights),
-                    a_bytes=a_bytes,
-                    w_bytes=w_bytes,
-                )
-            )
+        # the whole layer: activation quantization included
+        rows += linear_rows(dict(base, format=fmt, a_bytes=a_bytes, w_bytes=w_bytes), x, weights,
+                            frozenset({scheme.format_name}))  # fmt: skip
     for r in rows:
         r["tflops"] = round(flops / r["us"] / 1e6, 2)
         a_b, w_b = r.get("a_bytes", 2), r.get("w_bytes", 2)
