@@ -145,8 +145,7 @@ def _plan(m: int, n: int, k: int, fp4: bool) -> Plan:
     if m > 16 and triton.cdiv(n, 128) >= platform.num_multiprocessors():
         return Plan(128, 1, True, 8)
     programs = triton.cdiv(n, 64)
-    want = round(4 * platform.num_multiprocessors() / programs)
-    split = max(1, min(4, want, k // (4 * BLOCK_K)))
+    split = _k_split(programs, k, 4)
     # 64-row tiles (M > 32) hold 181 registers a thread with the activation loaded a step ahead: two programs
     # an SM. Where the grid needs more than that wave, the activation at its own step (128 registers, four an
     # SM) wins: int4 qkv (6144 x 4096, 384 programs) at M = 48 / 64 ran 17.5 / 18.7 us against 23.5 / 25.3;
@@ -159,13 +158,18 @@ def _rows_plan(m: int, n: int, k: int) -> Plan:
     """Beyond 64 rows (untimed guesses for the sweep's first run; session 38 compiled them for sm90 without
     spills): two warpgroups on 128 weight rows (186 registers a thread with the activation at its own step,
     one program an SM) where the grid of weight tiles x row blocks fills the SMs, else one warpgroup on 64
-    (two an SM), with the K split of the decode sizes while one row block covers M (partials are per tile)."""
-    sms = platform.num_multiprocessors()
+    (two an SM), its K split until about one program an SM while one row block covers M (partials are per
+    tile)."""
     blocks = m_blocks(m)
-    if triton.cdiv(n, 128) * blocks >= sms:
+    if triton.cdiv(n, 128) * blocks >= platform.num_multiprocessors():
         return Plan(128, 1, True, 8, x_ahead=False)
-    split = 1 if blocks > 1 else max(1, min(4, round(sms / triton.cdiv(n, 64)), k // (4 * BLOCK_K)))
-    return Plan(64, split, True, 4, x_ahead=False)
+    return Plan(64, _k_split(triton.cdiv(n, 64), k, 1) if blocks == 1 else 1, True, 4, x_ahead=False)
+
+
+def _k_split(programs: int, k: int, per_sm: int) -> int:
+    """K splits of a grid of `programs` tiles: until about per_sm programs an SM, at most 4, each split at least
+    four K steps."""
+    return max(1, min(4, round(per_sm * platform.num_multiprocessors() / programs), k // (4 * BLOCK_K)))
 
 
 def supported(m: int, k: int, group_k: int) -> bool:
