@@ -214,8 +214,8 @@ def test_gemm_leaves_it_alone_off_hopper(spy) -> None:
 
 def test_measured_faster_at_m_2_to_64(monkeypatch) -> None:
     """int4 and MXFP4 (measured on the H200 in session 14) at M = 2..64; M = 1 is the GEMV's; beyond 64 up to
-    MAX_M (TRITONLLM_W4_SM90_MAX_M, 64 unless set)."""
-    assert gemm_w4_sm90.MAX_M == int(os.environ.get("TRITONLLM_W4_SM90_MAX_M", "64"))
+    MAX_M (TRITONLLM_W4_SM90_MAX_M, 128 unless set: one row block, session 39)."""
+    assert gemm_w4_sm90.MAX_M == int(os.environ.get("TRITONLLM_W4_SM90_MAX_M", "128"))
     monkeypatch.setattr(gemm_w4_sm90, "MAX_M", 64)
     assert gemm_w4_sm90.measured_faster(16, 4096, 4096) and gemm_w4_sm90.measured_faster(64, 4096, 4096, fp4=True)
     assert not gemm_w4_sm90.measured_faster(1, 4096, 4096) and not gemm_w4_sm90.measured_faster(65, 4096, 4096)
@@ -255,6 +255,7 @@ def test_row_block_plans(monkeypatch) -> None:
     assert gemm_w4_sm90.plan(65, 28672, 4096) == gemm_w4_sm90.plan(512, 6144, 4096) == wide  # 224; 48 x 4 programs
     assert gemm_w4_sm90.plan(512, 4096, 14336) == gemm_w4_sm90.Plan(64, 1, True, 4, x_ahead=False)  # 32 x 4 < 132
     assert gemm_w4_sm90.plan(128, 4096, 4096) == gemm_w4_sm90.Plan(64, 2, True, 4, x_ahead=False)  # 64 tiles x 2
+    assert gemm_w4_sm90.plan(65, 6144, 4096).split == 2  # 96 tiles: two splits though 192 programs > 132
     assert gemm_w4_sm90.plan(128, 4096, 512).split == 1  # each split at least four K steps
     assert not gemm_w4_sm90.plan(300, 4096, 4096, fp4=True).scale_after
 

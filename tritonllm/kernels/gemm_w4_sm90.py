@@ -33,8 +33,11 @@ Beyond 64 rows (prefill chunks) a program takes 128 activation rows (the MMA's N
 per weight tile and row block (M_TILED), the row blocks of a tile adjacent in launch order so that all but
 the first read its words from L2: the weight is decoded in registers once a row block, where the portable
 path first writes the whole weight in 16 bits (int4 at M = 512 on Llama-3-8B's layers: 624 us a layer
-against bf16 cuBLAS's 337, 200 of them the dequantize pass; session 38, H100). Opt-in until measured
-(TRITONLLM_W4_SM90_MAX_M: the largest M this kernel takes in gemm(), 64 by default).
+against bf16 cuBLAS's 337, 200 of them the dequantize pass; session 38, H100). Timed in session 39 (H100,
+int4 g128, Llama-3-8B layers, L2 cold): one row block (M = 65..128) runs 1.2-2.4x the dequantize-first path
+(a layer's four linears at M = 65: 289 against 562 us), but from M = 256 decoding the weight again for every
+row block loses (M = 512: 0.6-0.9x it; M = 2048: 0.45x). So gemm() sends M up to 128 here
+(TRITONLLM_W4_SM90_MAX_M overrides it).
 """
 
 from __future__ import annotations
@@ -60,8 +63,8 @@ except ImportError:  # pragma: no cover - older triton
     HAVE_GLUON = False
 
 BLOCK_K = 128  # columns a K step: a thread's four words a row
-# the largest M gemm() sends here where measured faster (M > 64: row blocks of 128, opt-in until timed)
-MAX_M = int(os.environ.get("TRITONLLM_W4_SM90_MAX_M", "64"))
+# the largest M gemm() sends here, where measured faster (M = 65..128: one row block; session 39)
+MAX_M = int(os.environ.get("TRITONLLM_W4_SM90_MAX_M", "128"))
 SKINNY_MAX_M = 64  # one program's rows at most (the MMA's N: 16, 32, 64), the decode-size plans
 ROWS_M = 128  # activation rows a program beyond SKINNY_MAX_M
 # the decode's masks as kernel arguments (as literals ptxas re-materialises them before each LOP3)
@@ -110,7 +113,8 @@ def measured_faster(m: int, n: int, k: int, fp4: bool = False) -> bool:
     session 13): at every Llama-3-8B shape and M = 2..64 (1.2-1.9x bf16 at M = 2..16 where the portable
     kernels ran 0.75-1.0x) but qkv at M = 64, where the two are within 5% (24.6 / 23.4 us in the last
     sweep, 20.2 / 23.3 in the first): taken there too, one kernel for the bucket. MXFP4 (session 14): 1.7-3.4x
-    the portable kernels at every shape and M = 2..64. Beyond 64 rows only as far as MAX_M (opt-in)."""
+    the portable kernels at every shape and M = 2..64. Beyond, one row block (M = 65..128: 1.2-2.4x the
+    portable dequantize-first path, int4 on an H100, session 39) as far as MAX_M."""
     return 2 <= m <= MAX_M
 
 
@@ -155,15 +159,16 @@ def _plan(m: int, n: int, k: int, fp4: bool) -> Plan:
 
 
 def _rows_plan(m: int, n: int, k: int) -> Plan:
-    """Beyond 64 rows (untimed guesses for the sweep's first run; session 38 compiled them for sm90 without
-    spills): two warpgroups on 128 weight rows (186 registers a thread with the activation at its own step,
-    one program an SM) where the grid of weight tiles x row blocks fills the SMs, else one warpgroup on 64
-    (two an SM), its K split until about one program an SM while one row block covers M (partials are per
-    tile)."""
+    """Beyond 64 rows: two warpgroups on 128 weight rows (186 registers a thread with the activation at its own
+    step, one program an SM) where the grid of weight tiles x row blocks fills the SMs, else one warpgroup on 64
+    (two an SM), its K split in at least two while one row block covers M (partials are per tile). Session 39's
+    sweep (int4, H100, M = 65 / 128): qkv's 96 tiles ran 37.4 / 41.7 us in two splits against 41.2 / 45.9 in
+    one, o's and down's 64 tiles took two already; no fixed plan beat gate_up's by more than 6%."""
     blocks = m_blocks(m)
     if triton.cdiv(n, 128) * blocks >= platform.num_multiprocessors():
         return Plan(128, 1, True, 8, x_ahead=False)
-    return Plan(64, _k_split(triton.cdiv(n, 64), k, 1) if blocks == 1 else 1, True, 4, x_ahead=False)
+    split = max(min(2, k // (4 * BLOCK_K)), _k_split(triton.cdiv(n, 64), k, 1)) if blocks == 1 else 1
+    return Plan(64, split, True, 4, x_ahead=False)
 
 
 def _k_split(programs: int, k: int, per_sm: int) -> int:
