@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-40] [next-41] [w4-mid] [tune-mid] [skinny-nopdl]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [w4-mid] [tune-mid] [skinny-nopdl]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -586,38 +586,28 @@ print(tuned_file(torch.cuda.get_device_name()))")
         | tee "$OUT/w4_tests.log" | tail -3
       QUANT_VARIANTS="fp8_gluon bf16_torch int4_gluon mxfp4_gluon" QUANT_EXPS=batch1_decode QUANT_TAG="_next39" \
         bash "$0" e2e-quant | grep "tok/s" ;;
-    next-40)
-      # the second call (about 9 minutes): the FP8 and int4 batch-1 steps' kernel timelines (exposed us a kernel,
-      # against session 27's H200 / session 38's H100 files: norms, RoPE, attention, the W4 GEMVs), then the
-      # 4-bit GEMM's row blocks at prefill-chunk sizes (int4: against dequantize-then-GEMM and cuBLAS)
-      TIMELINE_VARIANTS="fp8 int4" bash "$0" timeline | grep -v step_ms
-      # the split-KV kernel's opt-in early keys (K of each segment's first tile before the PDL wait: 448 against
-      # 320 bytes of stack a thread on sm90, so off until timed): FP8 batch 1 and its timeline with them
-      TRITONLLM_ATTN_EARLY_KV=1 QUANT_VARIANTS=fp8_gluon QUANT_EXPS=batch1_decode QUANT_TAG="_early_kv" \
-        bash "$0" e2e-quant | grep "tok/s"
-      mkdir -p "$OUT/early_kv"
-      TRITONLLM_ATTN_EARLY_KV=1 TIMELINE_VARIANTS=fp8 OUT="$OUT/early_kv" bash "$0" timeline | grep split_kv
-      W4_MID_FORMATS=int4 bash "$0" w4-mid ;;
-    next-41)
-      # the third call (about 6 minutes): Llama-3-8B int4 batch 1 and 64 x 512 + 128 with the row blocks up to
-      # 8,192 rows and without (today: up to 64), then the bf16 linears at M = 5..16 with the skinny kernel
-      # forced (session 38, H100: qkv 0.96 / 0.93x cuBLAS at M = 8 / 16 against the portable kernels' 0.87 /
-      # 0.84, which `triton_sm90` takes there today: measured_faster's 16-bit M <= 4 is session 14's H200 finding)
-      for max_m in 64 8192; do  # MXFP4: W4_MID_FORMATS=mxfp4 and QUANT_VARIANTS=mxfp4_gluon
-        TRITONLLM_W4_SM90_MAX_M=$max_m QUANT_VARIANTS="int4_gluon" QUANT_TAG="_w4max$max_m" \
-          bash "$0" e2e-quant | grep "tok/s"
-      done
-      for force in "" always; do
-        TRITONLLM_SKINNY_SM90=$force timeout 100 python3 scripts/bench_gemm.py "$OUT/gemm_bf16_m16_${force:-auto}.json" \
-          --models llama3-8b --ms 5 8 12 16 --formats bf16 2>&1 | sed 's/bf16\///g' | tail -17
-      done ;;
+    next-42)
+      # the first call of the session after 39 (about 9 minutes). Session 39 made one row block (M = 65..128) the
+      # 4-bit GEMM's default and split a single block's K in two; timed for int4 only. The W4 tests the last calls
+      # cut off, then the row blocks' sweep for MXFP4 (does MAX_M = 128 hold for it?) and int4 again (the new
+      # split at qkv: 37.4 / 41.7 us expected at M = 65 / 128)
+      timeout 240 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemm_w4_sm90.py \
+        tests/kernels/test_gemv_w4_sm90.py 2>&1 | tee "$OUT/w4_tests.log" | tail -3
+      W4_MID_MS="65 96 128 192 256" bash "$0" w4-mid ;;
+    next-43)
+      # the second call (about 8 minutes): the float GEMM's tiles at prefill chunks (never run: tune-mid writes
+      # this GPU's kernels/tuned/ file, to commit), then Llama-3-8B batch 1 in bf16 cuBLAS / int4 / MXFP4 with it
+      # (the 4-bit prefill's GEMM reads the same tables: its TTFT, 24.6 against 13.4 ms on session 39's H100)
+      bash "$0" tune-mid
+      QUANT_VARIANTS="bf16_torch int4_gluon mxfp4_gluon" QUANT_EXPS=batch1_decode QUANT_TAG="_next43" \
+        bash "$0" e2e-quant | grep "tok/s" ;;
     w4-mid)
       # the 4-bit GEMM's row-block plans at prefill-chunk sizes (auto: gemm_w4_sm90._rows_plan), beside today's
       # dequantize-then-GEMM ("portable") and bf16 cuBLAS; int4 g128 and MXFP4, Llama-3-8B layers, L2 cold
       for fmt in ${W4_MID_FORMATS:-int4 mxfp4}; do  # W4_MID_FORMATS: int4 and / or mxfp4
         [ "$fmt" = mxfp4 ] && flag=--mxfp4 || flag=
         timeout 200 python3 experiments/quant4/gemm_sm90/sweep.py "$OUT/w4_mid_$fmt.json" $flag \
-          --ms 65 128 256 512 1024 2048 --plans auto 128:1:1:8:0:0 128:1:1:8 64:1:1:4:0:0 64:2:1:4:0:0 \
+          --ms ${W4_MID_MS:-65 128 256 512 1024 2048} --plans auto 128:1:1:8:0:0 128:1:1:8 64:1:1:4:0:0 64:2:1:4:0:0 \
           2>&1 | sed 's/ err [0-9.e-]*//g' | tail -24
       done ;;
     tune-mid)

@@ -20,3 +20,10 @@ class LaunchSpy:
             return launch(*args, **kwargs)
 
         return call
+
+    @classmethod
+    def install(cls, monkeypatch, owner, name: str) -> LaunchSpy:
+        """Puts a spy in place of `owner.name` (a module's kernel, or a launcher's `fn`) for one test."""
+        spy = cls(getattr(owner, name))
+        monkeypatch.setattr(owner, name, spy)
+        return spy

@@ -103,8 +103,7 @@ def test_bf16_batch1_decode_with_the_moe_router_fused_matches_unfused(monkeypatc
     reset for every replay); greedy tokens equal and logprobs close to the router's GEMM and moe_route."""
     from tritonllm.kernels import moe_route
 
-    spy = LaunchSpy(moe_route.router_route_kernel)
-    monkeypatch.setattr(moe_route, "router_route_kernel", spy)
+    spy = LaunchSpy.install(monkeypatch, moe_route, "router_route_kernel")
     _fused_matches_unfused("fuse_moe_router", spy.grids, True, "GptOssForCausalLM", max_model_len=512)
 
 
@@ -157,8 +156,7 @@ def test_batch1_decode_with_weight_prefetch_matches_without(architecture, untime
     if untimed:
         monkeypatch.setattr(prefetch, "SHORT_BYTES", 4096)
         monkeypatch.setattr(prefetch, "EXPERTS", True)
-    spy = LaunchSpy(l2_prefetch.l2_prefetch_kernel)
-    monkeypatch.setattr(l2_prefetch, "l2_prefetch_kernel", spy)
+    spy = LaunchSpy.install(monkeypatch, l2_prefetch, "l2_prefetch_kernel")
     _fused_matches_unfused("prefetch_weights", spy.grids, True, architecture, max_model_len=512)
 
 

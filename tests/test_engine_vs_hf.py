@@ -72,8 +72,7 @@ def test_fused_moe_router_matches_hf(prompts, monkeypatch):
     tokens) with the GEMM and moe_route; greedy tokens and logprobs as HF's, and the fused kernel seen running."""
     from tritonllm.kernels import moe_route
 
-    spy = LaunchSpy(moe_route.router_route_kernel)
-    monkeypatch.setattr(moe_route, "router_route_kernel", spy)
+    spy = LaunchSpy.install(monkeypatch, moe_route, "router_route_kernel")
     shared = [*prompts[:3], prompts[2][:32] + prompts[3]]
     check_against_hf(
         str(tiny_model_path("GptOssForCausalLM")), shared, num_steps=8, block_size=16, max_model_len=256,

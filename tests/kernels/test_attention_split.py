@@ -195,8 +195,7 @@ def _spies(monkeypatch: pytest.MonkeyPatch) -> tuple:
     monkeypatch.setattr(attention, "_MERGE", merge)
     spies = [merge]
     for name in ("_quant_token_kernel", "_quant_group_kernel"):
-        spies.append(LaunchSpy(getattr(quant, name)))
-        monkeypatch.setattr(quant, name, spies[-1])
+        spies.append(LaunchSpy.install(monkeypatch, quant, name))
     return tuple(spies)
 
 

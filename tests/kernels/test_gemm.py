@@ -238,8 +238,7 @@ def test_the_gemv_kernel_matches_its_operands(scheme, m, n, k, split_k, monkeypa
     """GemmTiles(gemv=True) at decode-sized M: one program per (activation row, weight tile), the
     weight tile in registers; every scheme but MX (whose operand scales keep the tile kernel), ragged
     N, K not a multiple of the K tile where no 128-group needs it, with and without K splits."""
-    spy = LaunchSpy(g.gemv_kernel)
-    monkeypatch.setattr(g, "gemv_kernel", spy)
+    spy = LaunchSpy.install(monkeypatch, g, "gemv_kernel")
     tiles = g.GemmTiles(1, 32, 64, 4, 2, 1, 1, gemv=True)
     x, bias = _randn(m, k, seed=17, dtype=MODEL_DTYPE), _randn(n, seed=18, dtype=MODEL_DTYPE)
     if scheme is None:

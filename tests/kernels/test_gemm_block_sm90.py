@@ -30,9 +30,7 @@ BLOCK_FP8 = QuantScheme(torch.float8_e4m3fn, "block", "group")
 
 @pytest.fixture
 def spy(monkeypatch) -> LaunchSpy:
-    spy = LaunchSpy(blk.block_fp8_gemm_sm90_kernel)
-    monkeypatch.setattr(blk, "block_fp8_gemm_sm90_kernel", spy)
-    return spy
+    return LaunchSpy.install(monkeypatch, blk, "block_fp8_gemm_sm90_kernel")
 
 
 def _operands(m: int, n: int, k: int, seed: int):

@@ -33,9 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def spy(monkeypatch) -> LaunchSpy:
-    spy = LaunchSpy(sk.skinny_gemm_sm90_kernel)
-    monkeypatch.setattr(sk, "skinny_gemm_sm90_kernel", spy)
-    return spy
+    return LaunchSpy.install(monkeypatch, sk, "skinny_gemm_sm90_kernel")
 
 
 @pytest.mark.gpu

@@ -31,9 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def spy(monkeypatch) -> LaunchSpy:
-    spy = LaunchSpy(st.stream_gemm_sm90_kernel)
-    monkeypatch.setattr(st, "stream_gemm_sm90_kernel", spy)
-    return spy
+    return LaunchSpy.install(monkeypatch, st, "stream_gemm_sm90_kernel")
 
 
 def _product(m: int, n: int, k: int, dtype: torch.dtype, bias: bool, seed: int):

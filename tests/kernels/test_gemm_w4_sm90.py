@@ -31,8 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def spy(monkeypatch) -> LaunchSpy:
-    spy = LaunchSpy(gemm_w4_sm90.w4_gemm_sm90_kernel)
-    monkeypatch.setattr(gemm_w4_sm90, "w4_gemm_sm90_kernel", spy)
+    spy = LaunchSpy.install(monkeypatch, gemm_w4_sm90, "w4_gemm_sm90_kernel")
     monkeypatch.setattr(gemm_w4_tma_sm90, "FORCE", "never")  # the TMA kernel would take these shapes first
     return spy
 

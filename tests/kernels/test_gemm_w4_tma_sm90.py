@@ -31,8 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def spy(monkeypatch) -> LaunchSpy:
     """Counts the kernel's launches; gemm() takes it wherever it serves the shape."""
-    spy = LaunchSpy(tma.w4_tma_gemm_sm90_kernel)
-    monkeypatch.setattr(tma, "w4_tma_gemm_sm90_kernel", spy)
+    spy = LaunchSpy.install(monkeypatch, tma, "w4_tma_gemm_sm90_kernel")
     monkeypatch.setattr(tma, "FORCE", "always")
     return spy
 

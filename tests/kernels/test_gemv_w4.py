@@ -22,9 +22,7 @@ TOL = 1e-5 if MODEL_DTYPE == torch.float32 else 1e-2
 
 @pytest.fixture
 def spy(monkeypatch) -> LaunchSpy:
-    spy = LaunchSpy(g.w4_gemv_kernel)
-    monkeypatch.setattr(g, "w4_gemv_kernel", spy)
-    return spy
+    return LaunchSpy.install(monkeypatch, g, "w4_gemv_kernel")
 
 
 def _gemv(x, weight, bias, block_k, split_k, block_n=32, block_m=1):

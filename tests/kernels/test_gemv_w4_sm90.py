@@ -37,8 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def spy(monkeypatch) -> LaunchSpy:
-    spy = LaunchSpy(gemv_w4_sm90.w4_gemv_sm90_kernel)
-    monkeypatch.setattr(gemv_w4_sm90, "w4_gemv_sm90_kernel", spy)
+    spy = LaunchSpy.install(monkeypatch, gemv_w4_sm90, "w4_gemv_sm90_kernel")
     monkeypatch.setattr(gemm_w4_tma_sm90, "FORCE", "never")  # the TMA kernel would take these shapes first
     return spy
 
@@ -99,8 +98,7 @@ def test_row_blocks_a_program_match(fp4_bits, scheme, n, k, blocks, monkeypatch)
     tiling = gemv_w4_sm90.Tiling(8, 4, blocks=blocks)
     monkeypatch.setattr(gemv_w4_sm90, "TILINGS", {"int4": tiling, "fp4": tiling})
     monkeypatch.setattr(gemm_w4_tma_sm90, "FORCE", "never")
-    blocked = LaunchSpy(gemv_w4_sm90.w4_gemv_sm90_blocks_kernel)
-    monkeypatch.setattr(gemv_w4_sm90, "w4_gemv_sm90_blocks_kernel", blocked)
+    blocked = LaunchSpy.install(monkeypatch, gemv_w4_sm90, "w4_gemv_sm90_blocks_kernel")
     weight = quantize_weight(_randn(n, k, seed=66), scheme)
     bias = _randn(n, seed=67, dtype=torch.bfloat16)
     for seed, factor in ((68, 1.0), (69, 1e4)):
@@ -116,8 +114,7 @@ def test_the_blocked_kernel_leaves_other_shapes_to_the_one_block_kernel(spy, mon
     """K past one tile, or N not whole blocks: the one-block kernel."""
     tiling = gemv_w4_sm90.Tiling(8, 4, blocks=4)
     monkeypatch.setattr(gemv_w4_sm90, "TILINGS", {"int4": tiling, "fp4": tiling})
-    blocked = LaunchSpy(gemv_w4_sm90.w4_gemv_sm90_blocks_kernel)
-    monkeypatch.setattr(gemv_w4_sm90, "w4_gemv_sm90_blocks_kernel", blocked)
+    blocked = LaunchSpy.install(monkeypatch, gemv_w4_sm90, "w4_gemv_sm90_blocks_kernel")
     for n, k in ((64, 4224), (60, 4096)):
         weight = quantize_weight(_randn(n, k, seed=70), SCHEMES[2])
         x = _randn(1, k, seed=71, dtype=torch.bfloat16)

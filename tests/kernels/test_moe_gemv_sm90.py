@@ -96,8 +96,7 @@ def test_matches_the_reference(activation, bias, t, e, h, i, top_k, monkeypatch)
     a whole K tile (4096: the unmasked path) with top_k 1 (w2 stores straight into the output); with and
     without biases (Qwen3-MoE: SiLU, none)."""
     monkeypatch.setenv("TRITONLLM_MOE_GEMV_GLUON", "1")
-    spy = LaunchSpy(moe_gemv_sm90.moe_w4_gemv_sm90_kernel)
-    monkeypatch.setattr(moe_gemv_sm90, "moe_w4_gemv_sm90_kernel", spy)
+    spy = LaunchSpy.install(monkeypatch, moe_gemv_sm90, "moe_w4_gemv_sm90_kernel")
     args, biases = _problem(t, e, h, i, top_k, seed=71 + t, dtype=torch.bfloat16)
     tiles = MoeTiles(*[GemmTiles(1, 16, 512, 4, 2, 1, gemv=True)] * 2)
     biases = biases if bias else {}

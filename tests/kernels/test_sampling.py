@@ -387,8 +387,7 @@ def test_rows_split_over_programs_draw_the_tokens_of_one_program_a_row(splits, d
     logits, params = _split_case(9, 1000, seed=40)
     logits = logits.to(dtype)
     seeds = _seeds(9, first=3)
-    spy = LaunchSpy(sampling._SAMPLE_SPLIT.fn)
-    monkeypatch.setattr(sampling._SAMPLE_SPLIT, "fn", spy)
+    spy = LaunchSpy.install(monkeypatch, sampling._SAMPLE_SPLIT, "fn")
     split = sampling.sample_rows(logits, **params, seeds=seeds, splits=splits, block_v=64)
     one = sampling.sample_rows(logits, **params, seeds=seeds)
     assert spy.grids == [(9, splits)]

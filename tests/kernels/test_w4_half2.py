@@ -151,8 +151,7 @@ def test_w2_takes_the_bound_and_holds_saturated_activations(half2, monkeypatch) 
     and stays within fp16's precision both for activations at the bound (inputs large enough that gate and up
     clamp) and for small ones (the bound then leaves them far below 2**15); a w2 whose A_EXP were too small
     (the bound wrongly 1) overflows fp16 and is caught."""
-    spy = LaunchSpy(moe_module.moe_gemv_kernel)
-    monkeypatch.setattr(moe_module, "moe_gemv_kernel", spy)
+    spy = LaunchSpy.install(monkeypatch, moe_module, "moe_gemv_kernel")
     t = g.GemmTiles(1, 16, 64, 1, 1, 1, gemv=True)
     tiles = MoeTiles(t, t, joint=True, sum_slots=True)
     for scale in (200.0, 0.05):
@@ -253,8 +252,7 @@ def test_gluon_gemv_in_half_pairs_matches_the_dequantized_weight(scheme, n, k, t
         t = gemv_w4_sm90.Tiling.parse(tiling)
         monkeypatch.setattr(gemv_w4_sm90, "TILINGS", {"int4": t, "fp4": t})
     assert gemv_w4_sm90.available()  # its compile probe (cached) before the spy replaces the kernel
-    spy = LaunchSpy(gemv_w4_sm90.w4_gemv_sm90_kernel)
-    monkeypatch.setattr(gemv_w4_sm90, "w4_gemv_sm90_kernel", spy)
+    spy = LaunchSpy.install(monkeypatch, gemv_w4_sm90, "w4_gemv_sm90_kernel")
     weight = _weight(n, k, scheme, seed=52)
     bias = _randn(n, seed=51, dtype=torch.bfloat16)
     cases = [(50, 1.0, 0.0), (53, 1e5, 0.0), (54, 1e-30, 0.0), (55, 1.0, 1.0)]
@@ -292,8 +290,7 @@ def test_moe_gemv_in_half_pairs_on_the_gpu(gluon, t, e, h, i, top_k, half2, monk
     GEMV (joint + summed slots, its defaults) and the opt-in Gluon one, both in half pairs."""
     monkeypatch.setenv("TRITONLLM_MOE_GEMV_GLUON", "1" if gluon else "0")
     assert moe_gemv_sm90.available()  # its compile probe (cached) before the spy replaces the kernel
-    spy = LaunchSpy(moe_gemv_sm90.moe_w4_gemv_sm90_kernel)
-    monkeypatch.setattr(moe_gemv_sm90, "moe_w4_gemv_sm90_kernel", spy)
+    spy = LaunchSpy.install(monkeypatch, moe_gemv_sm90, "moe_w4_gemv_sm90_kernel")
     args, kwargs = _moe_problem(t, e, h, i, top_k, seed=71 + t)
     args = (args[0].bfloat16(), *args[1:])
     kwargs = {k: v.bfloat16() if torch.is_tensor(v) else v for k, v in kwargs.items()}
