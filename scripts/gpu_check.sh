@@ -587,20 +587,26 @@ print(tuned_file(torch.cuda.get_device_name()))")
       QUANT_VARIANTS="fp8_gluon bf16_torch int4_gluon mxfp4_gluon" QUANT_EXPS=batch1_decode QUANT_TAG="_next39" \
         bash "$0" e2e-quant | grep "tok/s" ;;
     next-42)
-      # the first call of the session after 39 (about 9 minutes). Session 39 made one row block (M = 65..128) the
-      # 4-bit GEMM's default and split a single block's K in two; timed for int4 only. The W4 tests the last calls
-      # cut off, then the row blocks' sweep for MXFP4 (does MAX_M = 128 hold for it?) and int4 again (the new
-      # split at qkv: 37.4 / 41.7 us expected at M = 65 / 128)
-      timeout 240 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemm_w4_sm90.py \
-        tests/kernels/test_gemv_w4_sm90.py 2>&1 | tee "$OUT/w4_tests.log" | tail -3
-      W4_MID_MS="65 96 128 192 256" bash "$0" w4-mid ;;
+      # the first call of the session after 39 (about 9 minutes). Session 39 built gate_up's SiLU-mul into the
+      # Gluon W4 GEMV (GATED, used with fuse_gated_activation=true at batch 1) and made one row block (M = 65..128)
+      # the 4-bit GEMM's default, a single block's K split in two. Their GPU tests, then Llama-3-8B batch 1 in
+      # int4 and MXFP4 with the SiLU-mul fused and not, beside bf16 cuBLAS (session 39, H100: int4 364.0, MXFP4
+      # 383.4, bf16 162.2 tok/s; the SiLU-mul kernel is ~4% of the FP8 step on the H200: 119 of 2,798 us)
+      timeout 200 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemv_w4_sm90.py \
+        tests/kernels/test_gemm_w4_sm90.py tests/test_engine_gpu.py -k "gated or row_blocks or 4bit" 2>&1 \
+        | tee "$OUT/w4_tests.log" | tail -3
+      QUANT_VARIANTS="bf16_torch" QUANT_EXPS=batch1_decode QUANT_TAG="_next42" bash "$0" e2e-quant | grep "tok/s"
+      for fused in true false; do
+        QUANT_ARGS="fuse_gated_activation=$fused" QUANT_VARIANTS="int4_gluon mxfp4_gluon" QUANT_EXPS=batch1_decode \
+          QUANT_TAG="_gated_$fused" bash "$0" e2e-quant | grep "tok/s"
+      done ;;
     next-43)
-      # the second call (about 8 minutes): the float GEMM's tiles at prefill chunks (never run: tune-mid writes
-      # this GPU's kernels/tuned/ file, to commit), then Llama-3-8B batch 1 in bf16 cuBLAS / int4 / MXFP4 with it
-      # (the 4-bit prefill's GEMM reads the same tables: its TTFT, 24.6 against 13.4 ms on session 39's H100)
-      bash "$0" tune-mid
-      QUANT_VARIANTS="bf16_torch int4_gluon mxfp4_gluon" QUANT_EXPS=batch1_decode QUANT_TAG="_next43" \
-        bash "$0" e2e-quant | grep "tok/s" ;;
+      # the second call (about 9 minutes): the row blocks' sweep for MXFP4 (does MAX_M = 128 hold for it?) and
+      # int4 (the new split at qkv: 37.4 / 41.7 us expected at M = 65 / 128), then the float GEMM's tiles at
+      # prefill chunks (never run: tune-mid writes this GPU's kernels/tuned/ file, to commit; the 4-bit prefill's
+      # GEMM reads the same tables: its TTFT, 24.6 against 13.4 ms on session 39's H100)
+      W4_MID_MS="65 96 128 192 256" bash "$0" w4-mid
+      bash "$0" tune-mid ;;
     w4-mid)
       # the 4-bit GEMM's row-block plans at prefill-chunk sizes (auto: gemm_w4_sm90._rows_plan), beside today's
       # dequantize-then-GEMM ("portable") and bf16 cuBLAS; int4 g128 and MXFP4, Llama-3-8B layers, L2 cold

@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> collections.Counter:
     parser.add_argument("--gluon", action="store_true", help="the sm90 Gluon GEMV (its own fixed tile) instead")
     parser.add_argument("--one-tile", action="store_true", help="--gluon --half2: K in one tile (ONE_TILE)")
     parser.add_argument("--blocks", type=int, default=1, help="--gluon: row blocks a program (the blocked kernel)")
+    parser.add_argument("--gated", action="store_true", help="--gluon: gate_up's SiLU-mul in the epilogue (GATED)")
     parser.add_argument("--gemm", action="store_true", help="the sm90 Gluon int4 GEMM (kernels/gemm_w4_sm90.py)")
     parser.add_argument("--block-m", type=int, default=16, help="--gemm: activation rows (the MMA's N)")
     parser.add_argument("--scale-after", action="store_true", help="--gemm: the scale applied after each MMA")
@@ -122,7 +123,8 @@ def main(argv: list[str] | None = None) -> collections.Counter:
         tiling = gemv_w4_sm90.TILINGS["fp4" if args.fp4 else "int4"]
         if args.blocks > 1:
             tiling = dataclasses.replace(tiling, blocks=args.blocks)
-        kernel = gemv_w4_sm90.compile_sm90(fp4=args.fp4, tiling=tiling, half2=args.half2, one_tile=args.one_tile)
+        kernel = gemv_w4_sm90.compile_sm90(fp4=args.fp4, tiling=tiling, half2=args.half2, one_tile=args.one_tile,
+                                           gated=args.gated)  # fmt: skip
         return report(kernel, tiling.rows * gemv_w4_sm90.WPT * 8)  # a thread's weights, an iteration
     scale = "*u8" if args.fp4 else "*fp16"
     types = dict(a_ptr="*bf16", w_ptr="*i32", c_ptr="*bf16", bias_ptr="*bf16", s_ptr=scale, z_ptr=scale,

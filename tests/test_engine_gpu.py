@@ -88,6 +88,21 @@ def test_bf16_batch1_decode_with_the_gated_activation_fused_matches_unfused(monk
     _fused_matches_unfused("fuse_gated_activation", calls, True, max_model_len=512, kernels={"linear": "triton_sm90"})
 
 
+@pytest.mark.parametrize("quantization", ["int4", "mxfp4"])
+def test_4bit_batch1_decode_with_the_gated_activation_fused_matches_unfused(quantization, monkeypatch):
+    """Batch-1 int4 / MXFP4 decode with gate_up's SiLU-mul in the Gluon W4 GEMV's epilogue (fuse_gated_activation:
+    gemv_w4_sm90's GATED build); greedy tokens equal, logprobs as with the GEMV and then the activation kernel."""
+    from tritonllm.kernels import gemv_w4_sm90
+
+    if not gemv_w4_sm90.available():
+        pytest.skip("the Gluon W4 GEMV runs on sm90 GPUs only")
+    gated, launcher = [], gemv_w4_sm90.w4_gemv_sm90
+    monkeypatch.setattr(gemv_w4_sm90, "w4_gemv_sm90",
+                        lambda *args, **kwargs: (kwargs.get("gated") and gated.append(1)) or launcher(*args, **kwargs))  # fmt: skip
+    _fused_matches_unfused("fuse_gated_activation", gated, True, max_model_len=512, quantization=quantization,
+                           kernels={"linear": "triton_sm90"})  # fmt: skip
+
+
 def test_fp8_batch1_decode_with_the_down_input_quantized_in_its_gemm_matches_unfused(monkeypatch):
     """Online FP8 at batch 1 with fuse_down_input_quant: the down projection's skinny GEMM quantizes the
     many-program SiLU-mul's bf16 output itself (XQ); greedy tokens equal and logprobs close to the

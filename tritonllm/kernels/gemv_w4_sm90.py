@@ -160,11 +160,11 @@ def available() -> bool:
 
 
 def compile_sm90(fp4: bool, group_k: int | None = None, tiling: Tiling | None = None, even: bool = True,
-                 half2: bool = False, one_tile: bool = False):  # fmt: skip
+                 half2: bool = False, one_tile: bool = False, gated: bool = False):  # fmt: skip
     """Compile the kernel for sm90 without a GPU (Triton's own compiler and ptxas); returns the
     compiled kernel (its .asm holds the IR, PTX and cubin). For tests, scripts/sass_loop_mix.py and
     the probe of available(). half2: the FP4_HALF2 build (gemv_w4: packed half-precision products); a tiling of
-    several blocks: w4_gemv_sm90_blocks_kernel."""
+    several blocks: w4_gemv_sm90_blocks_kernel; gated: the GATED build (silu(gate) * up in the epilogue)."""
     tiling = tiling or TILINGS["fp4" if fp4 else "int4"]
     constexprs = dict(FP4=fp4, GROUP_K=group_k or (32 if fp4 else 128), ROWS=tiling.rows, WARPS_K=tiling.warps_k,
                       EVEN=even, HAS_BIAS=False, PDL=True, HALF2=half2)  # fmt: skip
@@ -173,7 +173,7 @@ def compile_sm90(fp4: bool, group_k: int | None = None, tiling: Tiling | None = 
         kernel = w4_gemv_sm90_blocks_kernel
         constexprs.update(BLOCKS=tiling.blocks)
     else:
-        constexprs.update(PREFETCH=tiling.prefetch, ONE_TILE=one_tile)
+        constexprs.update(PREFETCH=tiling.prefetch, ONE_TILE=one_tile, GATED=gated)
     scale = "*u8" if fp4 else "*bf16"
     types = dict(a_ptr="*bf16", w_ptr="*i32", c_ptr="*bf16", bias_ptr="*bf16", s_ptr=scale, z_ptr=scale)
     return compile_gluon_sm90(kernel, constexprs, types,
@@ -182,10 +182,12 @@ def compile_sm90(fp4: bool, group_k: int | None = None, tiling: Tiling | None = 
 
 
 def w4_gemv_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
-                 scale: torch.Tensor, zero: torch.Tensor | None, group_k: int, fp4: bool, pdl: dict) -> torch.Tensor:  # fmt: skip
+                 scale: torch.Tensor, zero: torch.Tensor | None, group_k: int, fp4: bool, pdl: dict,
+                 gated: bool = False) -> torch.Tensor:  # fmt: skip
     """c[0] = a[0] . w^T (+ bias) for the int32 word view [N, K / 8] of the packed weight, its scales
-    [N, K / group_k] (and int4 zero points, None for MXFP4); a [1, K] with unit column stride."""
-    n, k = words.shape[0], a.shape[1]
+    [N, K / group_k] (and int4 zero points, None for MXFP4); a [1, K] with unit column stride. gated: the weight is
+    a gated MLP's [gate | up] (N even) and c[0] [N / 2] = silu(gate) * up of the two halves' sums."""
+    n, k = words.shape[0] // (2 if gated else 1), a.shape[1]
     t = tiling_for(fp4, k)
     half2 = half2_on()
     if half2:
@@ -199,11 +201,12 @@ def w4_gemv_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
     common = dict(FP4=fp4, GROUP_K=group_k, ROWS=t.rows, WARPS_K=t.warps_k, EVEN=k % tile_k(t) == 0,
                   HAS_BIAS=bias is not None, HALF2=half2, num_warps=NUM_WARPS,
                   **({"maxnreg": t.maxnreg} if t.maxnreg else {}), **pdl)  # fmt: skip
-    if t.blocks > 1 and one_tile and n % block_n == 0:
+    if t.blocks > 1 and one_tile and n % block_n == 0 and not gated:
         w4_gemv_sm90_blocks_kernel[(-(-n // (block_n * t.blocks)),)](*args, BLOCKS=t.blocks, **common)
     else:
         one_tile = half2 and ROW_EXP_TILE and one_tile  # the row's factor from its one tile
-        w4_gemv_sm90_kernel[(-(-n // block_n),)](*args, PREFETCH=t.prefetch, ONE_TILE=one_tile, **common)
+        grid = (-(-n // (block_n // 2 if gated else block_n)),)
+        w4_gemv_sm90_kernel[grid](*args, PREFETCH=t.prefetch, ONE_TILE=one_tile, GATED=gated, **common)
     return c
 
 
@@ -493,12 +496,13 @@ if HAVE_GLUON:
 
     @gluon.jit
     def first_weights(w_ptr, s_ptr, z_ptr, row0, N, K, stride_wn, stride_sn, stride_sk, GROUP_K: gl.constexpr,
-                      ROWS: gl.constexpr, WARPS_K: gl.constexpr, FP4: gl.constexpr, EVEN: gl.constexpr):  # fmt: skip
-        """The first K tile's words, scales and zero points of w4_rows_dot's rows (no INTERLEAVE): constants, which a
-        kernel reads before its PDL wait so that they stream under the previous kernel's tail (w0, s0, z0)."""
+                      ROWS: gl.constexpr, WARPS_K: gl.constexpr, FP4: gl.constexpr, EVEN: gl.constexpr,
+                      INTERLEAVE: gl.constexpr = False):  # fmt: skip
+        """The first K tile's words, scales and zero points of w4_rows_dot's rows (INTERLEAVE as there): constants,
+        which a kernel reads before its PDL wait so that they stream under the previous kernel's tail (w0, s0, z0)."""
         WPG: gl.constexpr = GROUP_K // 8
         w_ptrs, s_ptrs, z_ptrs, g3, gg = _weight_pointers(w_ptr, s_ptr, z_ptr, row0, N, stride_wn, stride_sn, stride_sk,
-                                                          GROUP_K, ROWS, WARPS_K, False)  # fmt: skip
+                                                          GROUP_K, ROWS, WARPS_K, INTERLEAVE)  # fmt: skip
         return _load_weights(w_ptrs, s_ptrs, z_ptrs, 0, K // 8, g3, gg, stride_sk, WPG, FP4, not EVEN)
 
     @gluon.jit
@@ -624,22 +628,31 @@ if HAVE_GLUON:
         N, K, stride_wn, stride_sn, stride_sk, m0, m1,
         FP4: gl.constexpr, GROUP_K: gl.constexpr, ROWS: gl.constexpr, WARPS_K: gl.constexpr, PREFETCH: gl.constexpr,
         EVEN: gl.constexpr, HAS_BIAS: gl.constexpr, HALF2: gl.constexpr = False, ONE_TILE: gl.constexpr = False,
-        PDL: gl.constexpr = False,
+        GATED: gl.constexpr = False, PDL: gl.constexpr = False,
     ):  # fmt: skip
         """c[0, n] = sum_k a[0, k] w[n, k] (+ bias) for BLOCK_N = ROWS x NUM_WARPS / WARPS_K weight rows a
         program. m0, m1: the decode's bit masks (FP4_MASKS / INT4_MASKS; HALF2: gemv_w4's HALF2_MASKS /
         INT4_HALF2_MASKS). EVEN: K a multiple of the K
         tile. PREFETCH: the next K tile's loads are issued before this tile's arithmetic. ONE_TILE: K at most one
-        tile (w4_rows_dot)."""
+        tile (w4_rows_dot). GATED (a gated MLP's gate_up, weight [gate | up] [2 N, K]): c[0, n] = silu(g) u of the
+        gate row n's sum g and the up row N + n's u (bias gate n, up N + n), BLOCK_N / 2 columns a program, their
+        gate and up rows interleaved in its tile (w4_rows_dot's INTERLEAVE): the SiLU-mul's launch saved."""
         BLOCK_N: gl.constexpr = ROWS * (_WARPS // WARPS_K)
-        row0 = gl.program_id(0) * BLOCK_N
+        row0 = gl.program_id(0) * (BLOCK_N // 2 if GATED else BLOCK_N)
         # the first K tile's weight before the wait: it streams under the previous kernel's tail
         w0, s0, z0 = first_weights(w_ptr, s_ptr, z_ptr, row0, N, K, stride_wn, stride_sn, stride_sk, GROUP_K, ROWS,
-                                   WARPS_K, FP4, EVEN)  # fmt: skip
+                                   WARPS_K, FP4, EVEN, GATED)  # fmt: skip
         gluon_pdl_wait(PDL)
         out, n_out = w4_rows_dot(a_ptr, w_ptr, s_ptr, z_ptr, row0, N, K, stride_wn, stride_sn, stride_sk, m0, m1, FP4,
-                                 GROUP_K, ROWS, WARPS_K, PREFETCH, EVEN, False, HALF2, ONE_TILE, w0, s0, z0)  # fmt: skip
-        if HAS_BIAS:
+                                 GROUP_K, ROWS, WARPS_K, PREFETCH, EVEN, GATED, HALF2, ONE_TILE, w0, s0, z0)  # fmt: skip
+        if GATED:
+            if HAS_BIAS:  # tile row i: gate bias n (even i), up bias N + n (odd i)
+                up_row = (gl.arange(0, BLOCK_N, layout=n_out.type.layout) % 2) * N
+                out += gl.load(bias_ptr + n_out + up_row, mask=n_out < N, other=0.0).to(gl.float32)
+            gate, up = gl.split(gl.reshape(out, [BLOCK_N // 2, 2]))
+            n_out, _ = gl.split(gl.reshape(n_out, [BLOCK_N // 2, 2]))
+            out = gate / (1.0 + gl.exp(-gate)) * up
+        elif HAS_BIAS:
             out += gl.load(bias_ptr + n_out, mask=n_out < N).to(gl.float32)
         gl.store(c_ptr + n_out, out.to(c_ptr.dtype.element_ty), mask=n_out < N)
 

@@ -96,9 +96,11 @@ def gated_linear_sm90(
 ) -> torch.Tensor | QuantizedActivation | None:
     """silu(gate) * up of a gate_up layer (weight [gate | up] [2 I, K]) in the skinny GEMM's epilogue
     (kernels/gemm_skinny_sm90.py), for 16-bit weights or FP8 W8A8 with per-channel scales and an input
-    quantized per token; with `quant` (the down projection's: FP8, per token, dynamic) the same launch
+    quantized per token, or for 4-bit weights at one row in the W4 GEMV's (_w4_gated); with `quant` (the down projection's: FP8, per token, dynamic) the same launch
     quantizes its output at M <= GATED_QUANT_MAX_M. None where the kernel does not serve (the caller
     runs the GEMM, then the activation op)."""
+    if isinstance(weight, QuantizedWeight) and weight.scheme.act == "none":  # weight-only: the 4-bit GEMV's
+        return None if quant is not None or isinstance(x, QuantizedActivation) else _w4_gated(x, weight, bias)
     if quant is not None and (quant.dtype != torch.float8_e4m3fn or quant.static_scale is not None or quant.group):
         return None
     if isinstance(weight, QuantizedWeight):
@@ -119,6 +121,23 @@ def gated_linear_sm90(
     if quant is None:
         return out.view(*x.shape[:-1], out.shape[-1])
     return QuantizedActivation(out[0], out[1], out_dtype)
+
+
+def _w4_gated(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """silu(gate) * up at one activation row for a 4-bit gate_up (int4 groups, MXFP4): the Hopper GEMV with the
+    SiLU-mul in its epilogue (kernels/gemv_w4_sm90.py, GATED); None where it does not serve."""
+    args = g.scale_args(weight.scheme)
+    a = _rows(x)
+    if args["b_decode"] not in (g.DEC_INT4, g.DEC_FP4) or weight.perm is not None or a.shape[0] != 1:
+        return None
+    words = g.as_words(weight.data)
+    if words is None or words.shape[0] % 2 or not gemv_w4_sm90.takes(a, a.shape[1], args["group_k"]):
+        return None
+    fp4 = args["b_decode"] == g.DEC_FP4
+    out = torch.empty((1, words.shape[0] // 2), dtype=a.dtype, device=a.device)
+    gemv_w4_sm90.w4_gemv_sm90(a, words, out, bias, weight.scale, None if fp4 else weight.zeros, args["group_k"], fp4,
+                              pdl_launch(), gated=True)  # fmt: skip
+    return out.view(*x.shape[:-1], out.shape[-1])
 
 
 def _fp8_token(weight: torch.Tensor | QuantizedWeight) -> bool:
