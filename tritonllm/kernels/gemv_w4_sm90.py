@@ -195,6 +195,8 @@ def w4_gemv_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
     else:
         masks = FP4_MASKS if fp4 else INT4_MASKS
     block_n = t.rows * NUM_WARPS // t.warps_k
+    if gated and block_n % 2:
+        raise ValueError(f"the gated W4 GEMV pairs gate and up rows: a tiling of {block_n} rows a program is odd")
     one_tile = k <= tile_k(t)
     args = (a, words, c, bias if bias is not None else c, scale, zero if zero is not None else scale,
             n, k, words.stride(0), scale.stride(0), scale.stride(1), *masks)  # fmt: skip
