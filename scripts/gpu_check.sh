@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [w4-mid] [tune-mid] [skinny-nopdl]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -601,11 +601,16 @@ print(tuned_file(torch.cuda.get_device_name()))")
           QUANT_TAG="_gated_$fused" bash "$0" e2e-quant | grep "tok/s"
       done ;;
     next-43)
-      # the second call (about 9 minutes): the row blocks' sweep for MXFP4 (does MAX_M = 128 hold for it?) and
-      # int4 (the new split at qkv: 37.4 / 41.7 us expected at M = 65 / 128), then the float GEMM's tiles at
-      # prefill chunks (never run: tune-mid writes this GPU's kernels/tuned/ file, to commit; the 4-bit prefill's
-      # GEMM reads the same tables: its TTFT, 24.6 against 13.4 ms on session 39's H100)
+      # the second call (about 8 minutes): the row blocks' sweep for MXFP4 (does MAX_M = 128 hold for it?) and
+      # int4 (the new split at qkv: 37.4 / 41.7 us expected at M = 65 / 128), then the W4 tests. next-44 runs the
+      # float GEMM's tiles at prefill chunks (tune-mid, never run; the 4-bit prefill's GEMM reads the same tables:
+      # its TTFT, 24.6 against 13.4 ms on session 39's H100)
       W4_MID_MS="65 96 128 192 256" bash "$0" w4-mid
+      # the W4 GPU tests session 39's calls cut off (244 of 376 ran)
+      timeout 240 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemv_w4_sm90.py \
+        tests/kernels/test_gemm_w4_sm90.py 2>&1 | tee "$OUT/w4_tests_all.log" | tail -3 ;;
+    next-44)
+      # the third call (about 8 minutes): tune-mid (above), then commit the tuned file it copies to $OUT
       bash "$0" tune-mid ;;
     w4-mid)
       # the 4-bit GEMM's row-block plans at prefill-chunk sizes (auto: gemm_w4_sm90._rows_plan), beside today's
