@@ -149,8 +149,8 @@ def split_kv_decode_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     # Before the PDL wait: the step's inputs (written when the step began, at least three launches back, so done
-    # once the previous kernel may let this one start; read past L1) and, EARLY_KV (opt-in, no gain when
-    # timed: TRITONLLM_ATTN_EARLY_KV=1), the K of the segment's first tile that earlier steps wrote: every key but the
+    # once the previous kernel may let this one start; read past L1) and, EARLY_KV (opt-in, no gain when timed:
+    # TRITONLLM_ATTN_EARLY_KV=1), the K of the segment's first tile that earlier steps wrote: every key but the
     # newest (last_pos), which this step's KV write - the previous kernel or the one before - stores. Those loads
     # then stream under that kernel's tail; the newest key, q, V and every later tile are read after the wait.
     q_start = tl.load(query_start_loc_ptr + seq, cache_modifier=".cg")

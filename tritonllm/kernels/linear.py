@@ -96,9 +96,9 @@ def gated_linear_sm90(
 ) -> torch.Tensor | QuantizedActivation | None:
     """silu(gate) * up of a gate_up layer (weight [gate | up] [2 I, K]) in the skinny GEMM's epilogue
     (kernels/gemm_skinny_sm90.py), for 16-bit weights or FP8 W8A8 with per-channel scales and an input
-    quantized per token, or for 4-bit weights at one row in the W4 GEMV's (_w4_gated); with `quant` (the down projection's: FP8, per token, dynamic) the same launch
-    quantizes its output at M <= GATED_QUANT_MAX_M. None where the kernel does not serve (the caller
-    runs the GEMM, then the activation op)."""
+    quantized per token, or for 4-bit weights at one row in the W4 GEMV's (_w4_gated); with `quant` (the
+    down projection's: FP8, per token, dynamic) the same launch quantizes its output at M <= GATED_QUANT_MAX_M.
+    None where the kernel does not serve (the caller runs the GEMM, then the activation op)."""
     if isinstance(weight, QuantizedWeight) and weight.scheme.act == "none":  # weight-only: the 4-bit GEMV's
         return None if quant is not None or isinstance(x, QuantizedActivation) else _w4_gated(x, weight, bias)
     if quant is not None and (quant.dtype != torch.float8_e4m3fn or quant.static_scale is not None or quant.group):
