@@ -1,4 +1,4 @@
-"""The 4-bit skinny GEMM (M = 2..64; beyond, opt-in, in row blocks of 128) for NVIDIA Hopper, in Gluon:
+"""The 4-bit skinny GEMM (M = 2..64; beyond, in row blocks of 128, up to MAX_M) for NVIDIA Hopper, in Gluon:
 tensor cores fed from registers.
 
 At M = 1 the GEMV (gemv_w4_sm90.py) multiplies on the CUDA cores; from a few activation rows on,

@@ -40,6 +40,7 @@ import torch
 
 from tritonllm.kernels import gemv_w4
 from tritonllm.kernels.launch import compile_gluon_sm90, gluon_pdl_wait, gluon_sm90_available
+from tritonllm.kernels.moe_epilogue import moe_activation
 
 try:  # recent triton ships Gluon; without it the portable kernel serves every GEMV
     from triton.experimental import gluon
@@ -228,6 +229,7 @@ if HAVE_GLUON:
             [rows, 1, wpt, 8], [1, 32 // tw, tw, 1], [NUM_WARPS // warps_k, warps_k, 1, 1], [3, 2, 1, 0]
         )
 
+    _activation = gluon.jit(moe_activation.fn)  # elementwise: the Triton epilogue's, as it is
     _fp4_pair = gluon.jit(gemv_w4._pair_fp4.fn)  # nibbles j, j + 4 -> two float32 (masks: FP4_MASKS, in registers)
     _act_scaled = gluon.jit(gemv_w4._act_scaled.fn)  # bf16 activations x 2**100 through their exponent bits
     # FP4_HALF2 (gemv_w4): nibble pairs as fp16x2 (masks HALF2_MASKS, in registers), chained by packed FMAs
@@ -625,6 +627,19 @@ if HAVE_GLUON:
         return out, row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LG))
 
     @gluon.jit
+    def gated_epilogue(both, n_both, bias_ptr, N, alpha, limit, ACTIVATION: gl.constexpr, HAS_BIAS: gl.constexpr):
+        """The activation of w4_rows_dot's INTERLEAVE sums (tile row i: gate column i // 2 for even i, up for odd)
+        plus the bias (gate n, up N + n), and their columns: ([BLOCK_N / 2] values, columns); moe_activation's
+        ACTIVATION, alpha and limit."""
+        BLOCK_N: gl.constexpr = both.shape[0]
+        if HAS_BIAS:
+            up_row = (gl.arange(0, BLOCK_N, layout=n_both.type.layout) % 2) * N
+            both += gl.load(bias_ptr + n_both + up_row, mask=n_both < N, other=0.0).to(gl.float32)
+        gate, up = gl.split(gl.reshape(both, [BLOCK_N // 2, 2]))
+        n_out, _ = gl.split(gl.reshape(n_both, [BLOCK_N // 2, 2]))
+        return _activation(gate, up, alpha, limit, ACTIVATION), n_out
+
+    @gluon.jit
     def w4_gemv_sm90_kernel(
         a_ptr, w_ptr, c_ptr, bias_ptr, s_ptr, z_ptr,
         N, K, stride_wn, stride_sn, stride_sk, m0, m1,
@@ -647,13 +662,8 @@ if HAVE_GLUON:
         gluon_pdl_wait(PDL)
         out, n_out = w4_rows_dot(a_ptr, w_ptr, s_ptr, z_ptr, row0, N, K, stride_wn, stride_sn, stride_sk, m0, m1, FP4,
                                  GROUP_K, ROWS, WARPS_K, PREFETCH, EVEN, GATED, HALF2, ONE_TILE, w0, s0, z0)  # fmt: skip
-        if GATED:
-            if HAS_BIAS:  # tile row i: gate bias n (even i), up bias N + n (odd i)
-                up_row = (gl.arange(0, BLOCK_N, layout=n_out.type.layout) % 2) * N
-                out += gl.load(bias_ptr + n_out + up_row, mask=n_out < N, other=0.0).to(gl.float32)
-            gate, up = gl.split(gl.reshape(out, [BLOCK_N // 2, 2]))
-            n_out, _ = gl.split(gl.reshape(n_out, [BLOCK_N // 2, 2]))
-            out = gate / (1.0 + gl.exp(-gate)) * up
+        if GATED:  # silu(gate) * up (moe_activation's 0)
+            out, n_out = gated_epilogue(out, n_out, bias_ptr, N, 1.0, 0.0, 0, HAS_BIAS)
         elif HAS_BIAS:
             out += gl.load(bias_ptr + n_out, mask=n_out < N).to(gl.float32)
         gl.store(c_ptr + n_out, out.to(c_ptr.dtype.element_ty), mask=n_out < N)

@@ -27,7 +27,6 @@ import triton
 
 from tritonllm.kernels import gemv_w4_sm90 as dense
 from tritonllm.kernels.launch import compile_gluon_sm90, gluon_pdl_wait, gluon_sm90_available
-from tritonllm.kernels.moe_epilogue import moe_activation
 
 if dense.HAVE_GLUON:
     from triton.experimental import gluon
@@ -103,7 +102,6 @@ def moe_w4_gemv_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias
 
 
 if dense.HAVE_GLUON:
-    _activation = gluon.jit(moe_activation.fn)  # elementwise: the Triton epilogue's, as it is
 
     @gluon.jit
     def moe_w4_gemv_sm90_kernel(
@@ -132,14 +130,8 @@ if dense.HAVE_GLUON:
             row0 = gl.program_id(0) * (BLOCK_N // 2)
             both, n_both = dense.w4_rows_dot(a_row, w_e, s_e, s_e, row0, N, K, stride_wn, stride_sn, stride_sk, m0,
                                              m1, True, 32, ROWS, WARPS_K, PREFETCH, EVEN, True, HALF2)  # fmt: skip
-            if HAS_BIAS:  # gate bias n, up bias N + n
-                up_row = (gl.arange(0, BLOCK_N, layout=n_both.type.layout) % 2) * N
-                both += gl.load(bias_ptr + e * stride_bias_e + n_both + up_row, mask=n_both < N, other=0.0).to(
-                    gl.float32
-                )
-            out, up = gl.split(gl.reshape(both, [BLOCK_N // 2, 2]))
-            n_out, _ = gl.split(gl.reshape(n_both, [BLOCK_N // 2, 2]))
-            out = _activation(out, up, alpha, limit, ACTIVATION)
+            out, n_out = dense.gated_epilogue(both, n_both, bias_ptr + e * stride_bias_e, N, alpha, limit,
+                                              ACTIVATION, HAS_BIAS)  # fmt: skip
         else:
             out, n_out = dense.w4_rows_dot(a_row, w_e, s_e, s_e, gl.program_id(0) * BLOCK_N, N, K, stride_wn,
                                            stride_sn, stride_sk, m0, m1, True, 32, ROWS, WARPS_K, PREFETCH, EVEN,
