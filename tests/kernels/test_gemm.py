@@ -207,18 +207,20 @@ def test_the_persistent_descriptor_kernel_matches_its_operands(scheme, monkeypat
 
 
 def test_tuned_tiles_come_from_the_gpus_file_by_shape_and_m_bucket() -> None:
-    """kernels/tuned/NVIDIA_H200.json: M takes the winner of the smallest tuned M >= M (1, 4, 16, 64);
-    larger M, untuned shapes and GPUs without a file take the M-bucket tables."""
+    """kernels/tuned/NVIDIA_H200.json: M takes the winner of the smallest tuned M >= M (the skinny suite's 1, 4,
+    16, 64 and the mid suite's 128, 256, 512); larger M, untuned shapes and GPUs without a file take the M-bucket
+    tables."""
     tuned = json.loads((g.TUNED_DIR / "NVIDIA_H200.json").read_text())
     shape = "4096,14336"
-    assert sorted(map(int, tuned["float"][shape])) == [1, 4, 16, 64]
-    for m, bucket in [(1, "1"), (2, "4"), (4, "4"), (5, "16"), (16, "16"), (17, "64"), (64, "64")]:
+    assert sorted(map(int, tuned["float"][shape])) == [1, 4, 16, 64, 128, 256, 512]
+    for m, bucket in [(1, "1"), (2, "4"), (4, "4"), (5, "16"), (16, "16"), (17, "64"), (64, "64"), (65, "128"),
+                      (300, "512"), (512, "512")]:  # fmt: skip
         tiles, split = g.tuned_tiles("float", m, 4096, 14336, "NVIDIA H200")
         entry = tuned["float"][shape][bucket]
         assert (tiles.block_m, tiles.block_n, tiles.block_k, split) == (
             entry["block_m"], entry["block_n"], entry["block_k"], entry["split"]
         )  # fmt: skip
-    assert g.tuned_tiles("float", 65, 4096, 14336, "NVIDIA H200") is None
+    assert g.tuned_tiles("float", g.TUNED_MAX_M + 1, 4096, 14336, "NVIDIA H200") is None
     assert g.tuned_tiles("float", 1, 4096, 1234, "NVIDIA H200") is None
     assert g.tuned_tiles("float", 1, 4096, 14336, "Some Other GPU") is None
 
