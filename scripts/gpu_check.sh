@@ -587,7 +587,8 @@ print(tuned_file(torch.cuda.get_device_name()))")
       QUANT_VARIANTS="fp8_gluon bf16_torch int4_gluon mxfp4_gluon" QUANT_EXPS=batch1_decode QUANT_TAG="_next39" \
         bash "$0" e2e-quant | grep "tok/s" ;;
     next-42)
-      # the first call of the session after 39 (about 9 minutes). Session 39 built gate_up's SiLU-mul into the
+      # the first call of the session after 39 (about 9 minutes; ran in session 40 on an H200, its tests cut at 150 s
+      # after 19 passed: the gated GEMV gains nothing measurable, experiments/quant4/README.md). Session 39 built gate_up's SiLU-mul into the
       # Gluon W4 GEMV (GATED, used with fuse_gated_activation=true at batch 1) and made one row block (M = 65..128)
       # the 4-bit GEMM's default, a single block's K split in two. Their GPU tests, then Llama-3-8B batch 1 in
       # int4 and MXFP4 with the SiLU-mul fused and not, beside bf16 cuBLAS (session 39, H100: int4 364.0, MXFP4
@@ -610,8 +611,15 @@ print(tuned_file(torch.cuda.get_device_name()))")
       timeout 240 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemv_w4_sm90.py \
         tests/kernels/test_gemm_w4_sm90.py 2>&1 | tee "$OUT/w4_tests_all.log" | tail -3 ;;
     next-44)
-      # the third call (about 8 minutes): tune-mid (above), then commit the tuned file it copies to $OUT
+      # the third call (about 8 minutes; ran in session 40 on an H200 in 78 s, its file committed): tune-mid (above)
       bash "$0" tune-mid ;;
+    overlap)
+      # can the 4-bit prefill's dequantize pass run beside the GEMMs? (experiments/quant4/overlap: the next linear's
+      # pass on a side stream under this linear's GEMM, Llama-3-8B layers at M = 512.) Session 40, H200: no, slower
+      # than in turn for the Triton GEMM and cuBLAS alike (int4 1,158 against 930 us a layer)
+      timeout 100 python3 experiments/quant4/overlap/bench_overlap.py "$OUT/overlap_int4.json" --ms 512 2>&1 | tail -2
+      timeout 60 python3 experiments/quant4/overlap/bench_overlap.py "$OUT/overlap_mxfp4.json" --ms 512 --mxfp4 \
+        2>&1 | tail -2 ;;
     w4-mid)
       # the 4-bit GEMM's row-block plans at prefill-chunk sizes (auto: gemm_w4_sm90._rows_plan), beside today's
       # dequantize-then-GEMM ("portable") and bf16 cuBLAS; int4 g128 and MXFP4, Llama-3-8B layers, L2 cold
