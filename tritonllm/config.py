@@ -209,7 +209,8 @@ class EngineConfig:
     # a gated MLP's SiLU-mul in the gate_up GEMM's epilogue where the linear implementation has such a
     # kernel (triton_sm90's skinny GEMM); off by default: on the H200 at batch 1 the epilogue cost more
     # than the activation kernel it saves, which PDL overlaps with the next GEMM's weight copies
-    # (experiments/gemm/README.md, session 18); true: the ablation's other arm
+    # (experiments/gemm/README.md, session 18); for 4-bit weights (the W4 GEMV's GATED build) no measurable gain
+    # on the H200 (experiments/quant4/README.md, session 40); true: the ablation's other arm
     fuse_gated_activation: bool = False
     # a W8A8 down projection at decode sizes quantizes its input in its own GEMM (triton_sm90's skinny GEMM,
     # XQ mode) after a many-program SiLU-mul, instead of the SiLU-mul kernel quantizing each row in one
