@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -613,6 +613,11 @@ print(tuned_file(torch.cuda.get_device_name()))")
     next-44)
       # the third call (about 8 minutes; ran in session 40 on an H200 in 78 s, its file committed): tune-mid (above)
       bash "$0" tune-mid ;;
+    dequant-tiles)
+      # the 4-bit prefill's dequantize pass (kernels/gemm_dequant.py) at ten tiles, int4 g128 and MXFP4, Llama-3-8B
+      # layers, L2 cold (session 40, H200: 214 us a layer at the 64 x 256 default, ~2.6 TB/s). Set gemm_dequant.TILES
+      # to the best layer total if it beats the default by more than the noise
+      timeout 200 python3 experiments/quant4/dequant/sweep.py "$OUT/dequant_tiles.json" 2>&1 | grep "layer:" ;;
     overlap)
       # can the 4-bit prefill's dequantize pass run beside the GEMMs? (experiments/quant4/overlap: the next linear's
       # pass on a side stream under this linear's GEMM, Llama-3-8B layers at M = 512.) Session 40, H200: no, slower

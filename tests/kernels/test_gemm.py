@@ -20,7 +20,7 @@ from seeded import randn as _randn  # this folder
 
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
-from tritonllm.kernels import reference
+from tritonllm.kernels import gemm_dequant, reference
 from tritonllm.kernels.quant import fp8_grid, quantize_per_group, quantize_per_token
 from tritonllm.kernels.quant_formats import (
     E2M1_VALUES,
@@ -293,6 +293,20 @@ def test_decoded_weight_gemm_matches_its_dequantized_weight(scheme, m, n, k, ker
                  **g.scale_args(scheme))  # fmt: skip
     expected = x.float() @ reference.dequantize_weight(weight).T + bias.float()
     assert_close_to_scale(got, expected, 1e-5 if MODEL_DTYPE == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("scheme", [*INT4_SCHEMES, QuantScheme(FP4, "mx", "none")],
+                         ids=lambda s: f"{s.format_name}-g{s.group_size}")  # fmt: skip
+@pytest.mark.parametrize("tiles", [None, (32, 128, 4), (16, 64, 2), (128, 512, 8)], ids=str)
+def test_the_dequantize_pass_at_any_tile_matches_the_reference(scheme, tiles, monkeypatch) -> None:
+    """gemm_dequant.dequantize (the 4-bit prefill's pass) at its default tile and at the ones its sweep times
+    (experiments/quant4/dequant): tiles inside a group, of several groups, past K (384) and N (45)."""
+    monkeypatch.setattr(gemm_dequant, "TILES_OVERRIDE", tiles)
+    weight = quantize_weight(_randn(45, 384, seed=23), scheme)
+    args = g.scale_args(scheme)
+    got = gemm_dequant.dequantize(weight.data, weight.scale, weight.zeros, 384, args["b_decode"], args["group_k"],
+                                  torch.float32)  # fmt: skip
+    torch.testing.assert_close(got.cpu(), reference.dequantize_weight(weight).cpu(), rtol=1e-6, atol=1e-6)
 
 
 def test_mxfp4_codes_decode_to_the_e2m1_values_times_their_scale() -> None:

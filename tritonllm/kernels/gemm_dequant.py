@@ -33,6 +33,11 @@ def dequant_kernel(
     tl.store(out, w.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+# (rows, columns, warps) of a program's tile; experiments/quant4/dequant/sweep.py times others (TILES_OVERRIDE)
+TILES = (64, 256, 4)
+TILES_OVERRIDE: tuple[int, int, int] | None = None
+
+
 def dequantize(
     b: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, k: int, decode: int, group_k: int,
     dtype: torch.dtype,
@@ -44,11 +49,13 @@ def dequantize(
     # tiles of whole groups, or inside one group; a group that is all of K and no power of two (one
     # group per row) takes tiles no wider than it. 64 x 256 tiles: on the H200 Llama-3-8B's gate_up
     # (28672 x 4096) int4 in 89 us against 97 for 32 x 128, o_proj MXFP4 in 23 against 43 (session 20)
-    block_k = 256 if group_k & (group_k - 1) == 0 else max(16, min(128, 1 << (group_k.bit_length() - 1)))
-    grid = (triton.cdiv(n, 64), triton.cdiv(k, block_k))
+    block_n, block_k, warps = TILES_OVERRIDE or TILES
+    if group_k & (group_k - 1):
+        block_k = max(16, min(128, 1 << (group_k.bit_length() - 1)))
+    grid = (triton.cdiv(n, block_n), triton.cdiv(k, block_k))
     dequant_kernel[grid](
         b, scale, zero if zero is not None else scale, out, n, k, b.stride(0), b.stride(1),
         scale.stride(0), scale.stride(1), out.stride(0),
-        DECODE=decode, GROUP_K=group_k, BLOCK_N=64, BLOCK_K=block_k, num_warps=4,
+        DECODE=decode, GROUP_K=group_k, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
     )  # fmt: skip
     return out
