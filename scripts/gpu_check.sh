@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -613,6 +613,14 @@ print(tuned_file(torch.cuda.get_device_name()))")
     next-44)
       # the third call (about 8 minutes; ran in session 40 on an H200 in 78 s, its file committed): tune-mid (above)
       bash "$0" tune-mid ;;
+    next-46)
+      # the first call of the session after 40 (about 8 minutes): the dequantize pass's tiles (a third of the 4-bit
+      # prefill's layer), the MXFP4 row blocks at M = 65..256 (is MAX_M = 128 right for MXFP4 too?), then the W4
+      # GPU tests session 40's call cut off after 19 (the gated GEMV's among them)
+      bash "$0" dequant-tiles
+      W4_MID_FORMATS=mxfp4 W4_MID_MS="65 96 128 192 256" bash "$0" w4-mid
+      timeout 240 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemv_w4_sm90.py -k "gated" 2>&1 \
+        | tee "$OUT/w4_gated_tests.log" | tail -3 ;;
     dequant-tiles)
       # the 4-bit prefill's dequantize pass (kernels/gemm_dequant.py) at ten tiles, int4 g128 and MXFP4, Llama-3-8B
       # layers, L2 cold (session 40, H200: 214 us a layer at the 64 x 256 default, ~2.6 TB/s). Set gemm_dequant.TILES
