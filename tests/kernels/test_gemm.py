@@ -297,11 +297,11 @@ def test_decoded_weight_gemm_matches_its_dequantized_weight(scheme, m, n, k, ker
 
 @pytest.mark.parametrize("scheme", [*INT4_SCHEMES, QuantScheme(FP4, "mx", "none")],
                          ids=lambda s: f"{s.format_name}-g{s.group_size}")  # fmt: skip
-@pytest.mark.parametrize("tiles", [None, (32, 128, 4), (16, 64, 2), (128, 512, 8)], ids=str)
+@pytest.mark.parametrize("tiles", [gemm_dequant.TILES, (32, 128, 4), (16, 64, 2), (128, 512, 8)], ids=str)
 def test_the_dequantize_pass_at_any_tile_matches_the_reference(scheme, tiles, monkeypatch) -> None:
     """gemm_dequant.dequantize (the 4-bit prefill's pass) at its default tile and at the ones its sweep times
     (experiments/quant4/dequant): tiles inside a group, of several groups, past K (384) and N (45)."""
-    monkeypatch.setattr(gemm_dequant, "TILES_OVERRIDE", tiles)
+    monkeypatch.setattr(gemm_dequant, "TILES", tiles)
     weight = quantize_weight(_randn(45, 384, seed=23), scheme)
     args = g.scale_args(scheme)
     got = gemm_dequant.dequantize(weight.data, weight.scale, weight.zeros, 384, args["b_decode"], args["group_k"],

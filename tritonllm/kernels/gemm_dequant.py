@@ -33,9 +33,8 @@ def dequant_kernel(
     tl.store(out, w.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-# (rows, columns, warps) of a program's tile; experiments/quant4/dequant/sweep.py times others (TILES_OVERRIDE)
+# (rows, columns, warps) of a program's tile; experiments/quant4/dequant/sweep.py sets others to time them
 TILES = (64, 256, 4)
-TILES_OVERRIDE: tuple[int, int, int] | None = None
 
 
 def dequantize(
@@ -49,7 +48,7 @@ def dequantize(
     # tiles of whole groups, or inside one group; a group that is all of K and no power of two (one
     # group per row) takes tiles no wider than it. 64 x 256 tiles: on the H200 Llama-3-8B's gate_up
     # (28672 x 4096) int4 in 89 us against 97 for 32 x 128, o_proj MXFP4 in 23 against 43 (session 20)
-    block_n, block_k, warps = TILES_OVERRIDE or TILES
+    block_n, block_k, warps = TILES
     if group_k & (group_k - 1):
         block_k = max(16, min(128, 1 << (group_k.bit_length() - 1)))
     grid = (triton.cdiv(n, block_n), triton.cdiv(k, block_k))

@@ -28,16 +28,16 @@ from tritonllm.kernels.quant_formats import FP4, INT4, QuantScheme  # noqa: E402
 from tritonllm.quantization.quantize import quantize_weight  # noqa: E402
 
 SHAPES = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
-TILES = ["64:256:4", "32:256:4", "64:128:4", "128:256:8", "64:256:8", "32:512:4", "64:512:8", "16:512:4",
+CANDIDATES = ["64:256:4", "32:256:4", "64:128:4", "128:256:8", "64:256:8", "32:512:4", "64:512:8", "16:512:4",
          "128:128:4", "32:128:2"]  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
-    parser.add_argument("--tiles", nargs="+", default=TILES, help="ROWS:COLUMNS:WARPS")
+    parser.add_argument("--tiles", nargs="+", default=CANDIDATES, help="ROWS:COLUMNS:WARPS")
     args = parser.parse_args()
-    rows = []
+    rows, default = [], gemm_dequant.TILES
     for fmt, scheme in [("int4", QuantScheme(INT4, "group", "none", group_size=128)),
                         ("mxfp4", QuantScheme(FP4, "mx", "none"))]:  # fmt: skip
         sargs = g.scale_args(scheme)
@@ -48,7 +48,7 @@ def main() -> None:
             moved = nbytes(q) + n * k * 2
             q_copies = copies(q)
             for spec in args.tiles:
-                gemm_dequant.TILES_OVERRIDE = tuple(int(v) for v in spec.split(":"))
+                gemm_dequant.TILES = tuple(int(v) for v in spec.split(":"))
 
                 def make(w, k=k, sargs=sargs):
                     return lambda: gemm_dequant.dequantize(w.data, w.scale, w.zeros, k, sargs["b_decode"],
@@ -61,7 +61,7 @@ def main() -> None:
                                  exact=ok, device=torch.cuda.get_device_name()))  # fmt: skip
                 print(f"{fmt} {layer} {n}x{k} {spec}: {us:.1f} us {moved / us / 1e6:.2f} TB/s"
                       + ("" if ok else " MISMATCH"), flush=True)  # fmt: skip
-            gemm_dequant.TILES_OVERRIDE = None
+            gemm_dequant.TILES = default
             del q_copies
         best = min(totals, key=totals.get)
         print(f"{fmt} layer: " + ", ".join(f"{s} {t:.1f}" for s, t in totals.items()) + f" us; best {best}")
