@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -642,6 +642,15 @@ print(tuned_file(torch.cuda.get_device_name()))")
           --ms ${W4_MID_MS:-65 128 256 512 1024 2048} --plans auto 128:1:1:8:0:0 128:1:1:8 64:1:1:4:0:0 64:2:1:4:0:0 \
           2>&1 | sed 's/ err [0-9.e-]*//g' | tail -24
       done ;;
+    tune-mid-fp8)
+      # FP8 W8A8's tiles at prefill chunks (M = 128 / 256 / 512: the batch-1 prompt's GEMMs, where the H200's tuned
+      # file had FP8 only up to M = 64 and the M-bucket tables' untimed tiles ran): tune_gemm.py's mid_fp8 suite, its
+      # winners merged into this GPU's kernels/tuned/ file (brought back in $OUT: commit it), then FP8 batch 1
+      # against bf16 cuBLAS end to end with them (issue 13's 1.7x)
+      timeout 330 python3 scripts/tune_gemm.py "$OUT/tune_mid_fp8.json" --suites mid_fp8 2>&1 | grep -v "^compile" | tail -14
+      tuned="tritonllm/kernels/tuned/$(python3 -c 'import torch; print(torch.cuda.get_device_name().replace(" ", "_"))').json"
+      python3 scripts/tune_gemm.py "$OUT/tune_mid_fp8.json" --write-tuned "$tuned" --update && cp "$tuned" "$OUT/"
+      QUANT_VARIANTS="bf16_torch fp8_gluon" QUANT_EXPS=batch1_decode QUANT_TAG=_midfp8 bash "$0" e2e-quant ;;
     tune-mid)
       # the float GEMM's tiles at prefill chunks (M = 128 / 256 / 512, where the M-bucket tables ran 0.65-0.95x
       # cuBLAS): scripts/tune_gemm.py's mid suite, its winners written to this GPU's kernels/tuned/ file (brought

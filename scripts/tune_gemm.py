@@ -79,6 +79,18 @@ def _mid() -> list[tuple[T, int]]:
     return split + [(t, 1) for t in persistent]
 
 
+def _mid_fp8() -> list[tuple[T, int]]:
+    """FP8 W8A8 at prefill-chunk sizes (M = 128..512; the batch-1 prompt's GEMMs): the mid tiles with
+    128-deep K steps (a K step of FP8 is as many bytes as 64 of bf16), K split up to four ways, and the
+    persistent kernel; until tuned these buckets took the M-bucket tables' untimed tiles."""
+    pointer = [T(64, 128, 128, 4, 4), T(64, 128, 128, 4, 3), T(128, 128, 128, 8, 4), T(128, 128, 128, 4, 3),
+               T(128, 64, 128, 4, 4), T(64, 256, 128, 8, 3), T(128, 256, 128, 8, 3), T(64, 128, 256, 4, 3)]  # fmt: skip
+    persistent = [T(128, 128, 128, 8, 4, persistent=True), T(128, 256, 128, 8, 3, persistent=True),
+                  T(64, 128, 128, 4, 4, persistent=True)]  # fmt: skip
+    split = [(replace(t, max_split_k=s), s) for t, s in itertools.product(pointer, (1, 2, 4))]
+    return split + [(t, 1) for t in persistent]
+
+
 def _skinny(block_m: int, block_ks: tuple[int, ...]) -> list[tuple[T, int]]:
     return [
         (T(block_m, bn, bk, 4, 4, 8, split), split)
@@ -109,6 +121,9 @@ def cases(suites: list[str]) -> list[tuple[str, int, int, int, list[tuple[T, int
     if "mid" in suites:  # prefill chunks: kept per shape in kernels/tuned/ (M <= TUNED_MAX_M)
         for (n, k), m in itertools.product(LLAMA, (128, 256, 512)):
             out.append(("float", n, k, m, _mid()))
+    if "mid_fp8" in suites:  # FP8 W8A8 at the same sizes (batch 1's prompt: the FP8 TTFT)
+        for (n, k), m in itertools.product(LLAMA, (128, 256, 512)):
+            out.append(("fp8", n, k, m, _mid_fp8()))
     if "skinny" in suites:
         for (n, k), m in itertools.product(LLAMA, (1, 16, 64)):
             bm = 16 if m <= 16 else 64
@@ -256,7 +271,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
     parser.add_argument(
-        "--suites", nargs="+", default=["large", "block", "skinny"], help="also: mid, m4, w4a16, w4a16_decode"
+        "--suites", nargs="+", default=["large", "block", "skinny"], help="also: mid, mid_fp8, m4, w4a16, w4a16_decode"
     )
     parser.add_argument("--jobs", type=int, default=16)
     parser.add_argument("--rep", type=int, default=5, help="ms of replays per timing")

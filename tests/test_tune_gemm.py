@@ -47,3 +47,20 @@ def test_mid_cases_are_tuned_per_shape_up_to_tuned_max_m() -> None:
     table = tune_gemm.tuned_table(rows)["float"]["4096,14336"]
     assert set(table) == {"512"} and table["512"]["block_m"] == 128 and table["512"]["split"] == 2
     assert g.TUNED_MAX_M >= 512
+
+
+def test_mid_fp8_cases_write_w8a8_buckets_that_fit_shared_memory() -> None:
+    """The mid_fp8 suite sweeps FP8 W8A8 at M = 128..512 (batch 1's prompt); its winners go under the
+    w8a8 kind that gemm() looks up for FP8 per-channel weights, and every candidate's stages fit Hopper's
+    shared memory with 1-byte operands (so fit_shared_memory never changes what was timed)."""
+    from tritonllm.kernels import gemm as g
+
+    cases = tune_gemm.cases(["mid_fp8"])
+    assert {(fmt, m) for fmt, _, _, m, _ in cases} == {("fp8", m) for m in (128, 256, 512)}
+    for *_, cands in cases:
+        for tiles, split in cands:
+            assert split <= tiles.max_split_k
+            assert g.fit_shared_memory(tiles, 1, 1, "hopper") == tiles
+    rows = [dict(impl="triton", format="fp8", n=6144, k=4096, m=512, us=20.0, rel_error=1e-3, split=1,
+                 tiles=dict(block_m=128, block_n=256, block_k=128, num_warps=8, num_stages=3, persistent=True))]  # fmt: skip
+    assert tune_gemm.tuned_table(rows)["w8a8"]["6144,4096"]["512"]["block_n"] == 256
