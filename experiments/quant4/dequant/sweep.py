@@ -4,8 +4,7 @@ the HBM rate (packed weight, scales and zero points read, the bf16 weight writte
 
 Beyond the 4-bit kernels' rows a layer's linears dequantize their whole weight first: on the H200 214 us a layer at
 M = 512 (experiments/quant4/README.md, session 40), ~2.6 TB/s of its 4.8, a third of the int4 prefill's layer. The
-default tile (64 x 256, 4 warps) was chosen in session 20 against 32 x 128 only. Tiles ending in ":w" run the words
-kernel (gemm_dequant.WORDS: int32 words stored as decoded, no interleave through shared memory).
+default tile (64 x 256, 4 warps) was chosen in session 20 against 32 x 128 only.
 
     python experiments/quant4/dequant/sweep.py OUT.json [--tiles 64:256:4 32:256:4 ...]
 """
@@ -30,15 +29,15 @@ from tritonllm.quantization.quantize import quantize_weight  # noqa: E402
 
 SHAPES = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
 CANDIDATES = ["64:256:4", "32:256:4", "64:128:4", "128:256:8", "64:256:8", "32:512:4", "64:512:8", "16:512:4",
-         "128:128:4", "32:128:2", "64:256:4:w", "32:256:4:w", "128:256:8:w", "64:512:8:w", "32:512:4:w"]  # fmt: skip
+         "128:128:4", "32:128:2"]  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
-    parser.add_argument("--tiles", nargs="+", default=CANDIDATES, help="ROWS:COLUMNS:WARPS[:w] (w: the words kernel)")
+    parser.add_argument("--tiles", nargs="+", default=CANDIDATES, help="ROWS:COLUMNS:WARPS")
     args = parser.parse_args()
-    rows, default, default_words = [], gemm_dequant.TILES, gemm_dequant.WORDS
+    rows, default = [], gemm_dequant.TILES
     for fmt, scheme in [("int4", QuantScheme(INT4, "group", "none", group_size=128)),
                         ("mxfp4", QuantScheme(FP4, "mx", "none"))]:  # fmt: skip
         sargs = g.scale_args(scheme)
@@ -49,9 +48,7 @@ def main() -> None:
             moved = nbytes(q) + n * k * 2
             q_copies = copies(q)
             for spec in args.tiles:
-                fields = spec.split(":")
-                gemm_dequant.TILES = tuple(int(v) for v in fields[:3])
-                gemm_dequant.WORDS = fields[3:] == ["w"]
+                gemm_dequant.TILES = tuple(int(v) for v in spec.split(":"))
 
                 def make(w, k=k, sargs=sargs):
                     return lambda: gemm_dequant.dequantize(w.data, w.scale, w.zeros, k, sargs["b_decode"],
@@ -64,7 +61,7 @@ def main() -> None:
                                  exact=ok, device=torch.cuda.get_device_name()))  # fmt: skip
                 print(f"{fmt} {layer} {n}x{k} {spec}: {us:.1f} us {moved / us / 1e6:.2f} TB/s"
                       + ("" if ok else " MISMATCH"), flush=True)  # fmt: skip
-            gemm_dequant.TILES, gemm_dequant.WORDS = default, default_words
+            gemm_dequant.TILES = default
             del q_copies
         best = min(totals, key=totals.get)
         print(f"{fmt} layer: " + ", ".join(f"{s} {t:.1f}" for s, t in totals.items()) + f" us; best {best}")
