@@ -622,9 +622,10 @@ print(tuned_file(torch.cuda.get_device_name()))")
       timeout 240 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemv_w4_sm90.py -k "gated" 2>&1 \
         | tee "$OUT/w4_gated_tests.log" | tail -3 ;;
     dequant-tiles)
-      # the 4-bit prefill's dequantize pass (kernels/gemm_dequant.py) at ten tiles, int4 g128 and MXFP4, Llama-3-8B
-      # layers, L2 cold (session 40, H200: 214 us a layer at the 64 x 256 default, ~2.6 TB/s). Set gemm_dequant.TILES
-      # to the best layer total if it beats the default by more than the noise
+      # the 4-bit prefill's dequantize pass (kernels/gemm_dequant.py) at twelve tiles, int4 g128 and MXFP4, Llama-3-8B
+      # layers, L2 cold (session 40, H200: 214 us a layer at the old 64 x 256 default, ~2.6 TB/s; session 41, H100:
+      # 16 x 512 best, now the default). Set gemm_dequant.TILES to the best layer total if it beats the default by
+      # more than the noise
       timeout 200 python3 experiments/quant4/dequant/sweep.py "$OUT/dequant_tiles.json" 2>&1 | grep "layer:" ;;
     overlap)
       # can the 4-bit prefill's dequantize pass run beside the GEMMs? (experiments/quant4/overlap: the next linear's

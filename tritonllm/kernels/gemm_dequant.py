@@ -34,7 +34,7 @@ def dequant_kernel(
 
 
 # (rows, columns, warps) of a program's tile; experiments/quant4/dequant/sweep.py sets others to time them
-TILES = (64, 256, 4)
+TILES = (16, 512, 4)
 
 
 def dequantize(
@@ -46,8 +46,9 @@ def dequantize(
     n = b.shape[0]
     out = torch.empty((n, k), dtype=dtype, device=b.device)
     # tiles of whole groups, or inside one group; a group that is all of K and no power of two (one
-    # group per row) takes tiles no wider than it. 64 x 256 tiles: on the H200 Llama-3-8B's gate_up
-    # (28672 x 4096) int4 in 89 us against 97 for 32 x 128, o_proj MXFP4 in 23 against 43 (session 20)
+    # group per row) takes tiles no wider than it. 16 x 512 tiles, four warps: on an H100 a Llama-3-8B layer's
+    # four passes in 206.0 us (int4 g128) and 209.0 (MXFP4) against 216.4 / 220.7 for session 20's 64 x 256, the
+    # best of twelve tiles at every layer or within 1% of it (session 41; experiments/quant4/dequant/sweep.py)
     block_n, block_k, warps = TILES
     if group_k & (group_k - 1):
         block_k = max(16, min(128, 1 << (group_k.bit_length() - 1)))

@@ -4,7 +4,8 @@ the HBM rate (packed weight, scales and zero points read, the bf16 weight writte
 
 Beyond the 4-bit kernels' rows a layer's linears dequantize their whole weight first: on the H200 214 us a layer at
 M = 512 (experiments/quant4/README.md, session 40), ~2.6 TB/s of its 4.8, a third of the int4 prefill's layer. The
-default tile (64 x 256, 4 warps) was chosen in session 20 against 32 x 128 only.
+tile was 64 x 256 (4 warps) from session 20, chosen against 32 x 128 only; session 41's sweep on an H100 (12 tiles)
+made it 16 x 512 (4 warps): 206.0 / 209.0 us a layer (int4 / MXFP4) against 216.4 / 220.7. Not yet swept on the H200.
 
     python experiments/quant4/dequant/sweep.py OUT.json [--tiles 64:256:4 32:256:4 ...]
 """
@@ -28,8 +29,8 @@ from tritonllm.kernels.quant_formats import FP4, INT4, QuantScheme  # noqa: E402
 from tritonllm.quantization.quantize import quantize_weight  # noqa: E402
 
 SHAPES = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
-CANDIDATES = ["64:256:4", "32:256:4", "64:128:4", "128:256:8", "64:256:8", "32:512:4", "64:512:8", "16:512:4",
-         "128:128:4", "32:128:2"]  # fmt: skip
+CANDIDATES = ["16:512:4", "64:256:4", "32:256:4", "64:128:4", "128:256:8", "64:256:8", "32:512:4", "64:512:8",
+         "128:128:4", "32:128:2", "16:256:2", "32:256:2"]  # fmt: skip
 
 
 def main() -> None:
