@@ -734,6 +734,12 @@ def test_tile_table_lookup(tmp_path, monkeypatch) -> None:
     assert moe_tiles.default_moe_tiles(0.1, "hopper").gemv and moe_tiles.default_moe_tiles(0.1, "cpu").gemv
     assert moe_tiles.default_moe_tiles(2, "hopper").block_m == 16
     assert moe_tiles.default_moe_tiles(500, "hopper").block_m == 128
+    # Hopper's float experts beyond 128 rows an expert: the H100 sweep's winners (four stages, w2 256 wide);
+    # MXFP4 and other families keep the three-stage 128 x 128 tile
+    wide = moe_tiles.default_moe_tiles(500, "hopper")
+    assert (wide.w13.block_n, wide.w13.num_stages, wide.w2.block_n, wide.w2.num_stages) == (128, 4, 256, 4)
+    assert moe_tiles.default_moe_tiles(500, "hopper", "mxfp4").w2.block_n == 128
+    assert moe_tiles.default_moe_tiles(500, "ampere").w2 == moe_tiles.default_moe_tiles(500, "ampere").w13
     assert (
         moe_tiles.fit_moe_tiles(moe_tiles.default_moe_tiles(500, "hopper"), "fp8_block", 1, 1, "hopper").w2.block_k
         <= 128
