@@ -235,8 +235,8 @@ def default_moe_tiles(rows_per_expert: float, family: str, kind: str = "bfloat16
         t = GemmTiles(64, 128, 64, 8 if kind == "mxfp4" else 4, min(stages, 3), 8)
     elif family == "hopper" and kind in ("bfloat16", "float16"):
         # the H100's sweep at Qwen3-30B-A3B's shape, 8192 tokens (512 rows an expert; experiments/moe/README.md,
-        # session 41): four stages, and w2 256 columns wide, 456 TFLOP/s a layer with the descriptor reads; three
-        # stages and 128 columns took 7% (w13) and 6% (w2) longer a launch
+        # session 41): four stages, and w2 256 columns wide, 456 TFLOP/s a layer with the descriptor reads; the
+        # previous default (128 x 128 x 64, three stages, both launches) took 869.7 / 578.9 us against 811.2 / 530.7
         return MoeTiles(GemmTiles(128, 128, 64, 8, 4, 8), GemmTiles(128, 256, 64, 8, 4, 8))
     else:
         t = GemmTiles(128, 128, 64, 8, min(stages, 3), 8)
