@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -643,6 +643,13 @@ print(tuned_file(torch.cuda.get_device_name()))")
           --ms ${W4_MID_MS:-65 128 256 512 1024 2048} --plans auto 128:1:1:8:0:0 128:1:1:8 64:1:1:4:0:0 64:2:1:4:0:0 \
           2>&1 | sed 's/ err [0-9.e-]*//g' | tail -24
       done ;;
+    next-47)
+      # the first call of the session after 41 (about 8 minutes, on an H200): the Qwen3 bf16 MoE prefill sweep with
+      # 128-row tiles (session 41's H100: 456 TFLOP/s at 8192 tokens, the H200's table 418), its table put in place,
+      # then the layer at 4096 / 8192 tokens with it (issue 16's 450). Commit $OUT's moe_<GPU>.json if it wins
+      TUNE_MOE="qwen3:bfloat16" TUNE_MOE_TOKENS="4096 8192" TUNE_MOE_BLOCK_MS="64 128" timeout 420 bash "$0" tune-moe
+      cp "$OUT"/moe_NVIDIA_*.json tritonllm/kernels/tuned/
+      BENCH_MOE_KINDS=bfloat16 BENCH_MOE_TOKENS="8192 4096" timeout 120 bash "$0" bench-moe ;;
     tune-mid-fp8)
       # FP8 W8A8's tiles at prefill chunks (M = 128 / 256 / 512: the batch-1 prompt's GEMMs, where the H200's tuned
       # file had FP8 only up to M = 64 and the M-bucket tables' untimed tiles ran): tune_gemm.py's mid_fp8 suite, its
