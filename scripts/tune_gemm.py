@@ -67,16 +67,21 @@ BLOCK_CANDIDATES = [
 ]  # fmt: skip
 
 
+def _split_and_persistent(pointer: list[T], block_k: int) -> list[tuple[T, int]]:
+    """The mid suites' candidates: each pointer tile with K split 1, 2 and 4 ways, and three persistent tiles."""
+    persistent = [T(128, 128, block_k, 8, 4, persistent=True), T(128, 256, block_k, 8, 3, persistent=True),
+                  T(64, 128, block_k, 4, 4, persistent=True)]  # fmt: skip
+    split = [(replace(t, max_split_k=s), s) for t, s in itertools.product(pointer, (1, 2, 4))]
+    return split + [(t, 1) for t in persistent]
+
+
 def _mid() -> list[tuple[T, int]]:
     """Prefill-chunk sizes (M = 128..512), where the M-bucket tables' tiles ran 0.65-0.95x bf16 cuBLAS on
     Llama-3-8B's layers (session 38, H100: o and down at M = 512 41 / 138 us against 27 / 90): tiles of 64 and
     128 rows, K split up to four ways (down's K of 14,336 over 128 tiles of output), and the persistent kernel."""
     pointer = [T(64, 128, 64, 4, 4), T(64, 128, 64, 4, 5), T(64, 128, 128, 4, 3), T(128, 128, 64, 8, 4),
                T(128, 128, 64, 4, 4), T(128, 64, 64, 4, 4), T(64, 256, 64, 8, 4), T(128, 256, 64, 8, 3)]  # fmt: skip
-    persistent = [T(128, 128, 64, 8, 4, persistent=True), T(128, 256, 64, 8, 3, persistent=True),
-                  T(64, 128, 64, 4, 4, persistent=True)]  # fmt: skip
-    split = [(replace(t, max_split_k=s), s) for t, s in itertools.product(pointer, (1, 2, 4))]
-    return split + [(t, 1) for t in persistent]
+    return _split_and_persistent(pointer, 64)
 
 
 def _mid_fp8() -> list[tuple[T, int]]:
@@ -85,10 +90,7 @@ def _mid_fp8() -> list[tuple[T, int]]:
     persistent kernel; until tuned these buckets took the M-bucket tables' untimed tiles."""
     pointer = [T(64, 128, 128, 4, 4), T(64, 128, 128, 4, 3), T(128, 128, 128, 8, 4), T(128, 128, 128, 4, 3),
                T(128, 64, 128, 4, 4), T(64, 256, 128, 8, 3), T(128, 256, 128, 8, 3), T(64, 128, 256, 4, 3)]  # fmt: skip
-    persistent = [T(128, 128, 128, 8, 4, persistent=True), T(128, 256, 128, 8, 3, persistent=True),
-                  T(64, 128, 128, 4, 4, persistent=True)]  # fmt: skip
-    split = [(replace(t, max_split_k=s), s) for t, s in itertools.product(pointer, (1, 2, 4))]
-    return split + [(t, 1) for t in persistent]
+    return _split_and_persistent(pointer, 128)
 
 
 def _skinny(block_m: int, block_ks: tuple[int, ...]) -> list[tuple[T, int]]:
