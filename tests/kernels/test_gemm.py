@@ -225,6 +225,19 @@ def test_tuned_tiles_come_from_the_gpus_file_by_shape_and_m_bucket() -> None:
     assert g.tuned_tiles("float", 1, 4096, 14336, "Some Other GPU") is None
 
 
+def test_tuned_tiles_do_not_reach_below_the_swept_ms(monkeypatch) -> None:
+    """A file whose shape holds only the prefill buckets (the H100's FP8 mid sweep) serves M down to half its
+    smallest tuned M (65-128 -> 128), and leaves decode-sized M to the tables."""
+    entry = {"block_m": 64, "block_n": 128, "block_k": 256, "num_warps": 4, "num_stages": 3, "group_m": 8,
+             "max_split_k": 1, "persistent": False, "gemv": False, "dequant": False, "split": 1}  # fmt: skip
+    tuned = {"w8a8": {"6144,4096": {"128": entry, "512": {**entry, "block_m": 128}}}}
+    monkeypatch.setattr(g, "_tuned_file", lambda name: tuned)
+    assert g.tuned_tiles("w8a8", 65, 6144, 4096, "GPU")[0].block_m == 64
+    assert g.tuned_tiles("w8a8", 300, 6144, 4096, "GPU")[0].block_m == 128
+    for m in (1, 16, 64):
+        assert g.tuned_tiles("w8a8", m, 6144, 4096, "GPU") is None
+
+
 @pytest.mark.parametrize(
     "scheme, m, n, k",
     [

@@ -320,7 +320,8 @@ def _tuned_file(device_name: str) -> dict:
 
 def tuned_tiles(kind: str, m: int, n: int, k: int, device_name: str | None = None) -> tuple[GemmTiles, int] | None:
     """(tiles, K splits) tuned for this GPU (or `device_name`) and shape, from the smallest tuned
-    M >= m; None where nothing was tuned."""
+    M >= m; None where nothing was tuned, and below half the smallest tuned M: a file that holds only
+    a prefill suite's buckets (128-512) must not hand its tiles to decode-sized GEMMs."""
     if m > TUNED_MAX_M or (device_name is None and not platform.is_gpu()):
         return None
     device_name = device_name or torch.cuda.get_device_name(platform.DEVICE)
@@ -328,7 +329,7 @@ def tuned_tiles(kind: str, m: int, n: int, k: int, device_name: str | None = Non
     if not shapes:
         return None
     fits = [int(tm) for tm in shapes if int(tm) >= m]
-    if not fits:
+    if not fits or 2 * m <= min(map(int, shapes)):
         return None
     entry = dict(shapes[str(min(fits))])
     split = entry.pop("split")
