@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -650,6 +650,16 @@ print(tuned_file(torch.cuda.get_device_name()))")
       TUNE_MOE="qwen3:bfloat16" TUNE_MOE_TOKENS="4096 8192" TUNE_MOE_BLOCK_MS="64 128" timeout 420 bash "$0" tune-moe
       cp "$OUT"/moe_NVIDIA_*.json tritonllm/kernels/tuned/
       BENCH_MOE_KINDS=bfloat16 BENCH_MOE_TOKENS="8192 4096" timeout 120 bash "$0" bench-moe ;;
+    next-48)
+      # session 42's device call, whichever GPU comes: on an H200, next-47 then tune-mid-fp8 (issue 16's 450 TFLOP/s
+      # and issue 13's FP8 batch 1, both stated on the H200); on anything else, the MXFP4 row blocks at M = 65..256
+      # (next-46's open question: is the W4 GEMM's MAX_M = 128 right for MXFP4 too?)
+      if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+        bash "$0" next-47
+        bash "$0" tune-mid-fp8
+      else
+        W4_MID_FORMATS=mxfp4 W4_MID_MS="65 96 128 192 256" bash "$0" w4-mid
+      fi ;;
     tune-mid-fp8)
       # FP8 W8A8's tiles at prefill chunks (M = 128 / 256 / 512: the batch-1 prompt's GEMMs, where the H200's tuned
       # file had FP8 only up to M = 64 and the M-bucket tables' untimed tiles ran): tune_gemm.py's mid_fp8 suite, its
