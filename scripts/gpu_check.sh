@@ -652,13 +652,12 @@ print(tuned_file(torch.cuda.get_device_name()))")
       BENCH_MOE_KINDS=bfloat16 BENCH_MOE_TOKENS="8192 4096" timeout 120 bash "$0" bench-moe ;;
     next-48)
       # session 42's device call, whichever GPU comes: on an H200, next-47 then tune-mid-fp8 (issue 16's 450 TFLOP/s
-      # and issue 13's FP8 batch 1, both stated on the H200); on anything else, the MXFP4 row blocks at M = 65..256
-      # (next-46's open question: is the W4 GEMM's MAX_M = 128 right for MXFP4 too?)
+      # and issue 13's FP8 batch 1, both stated on the H200); on anything else nothing (a start costs ~90 s)
       if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
         bash "$0" next-47
         bash "$0" tune-mid-fp8
       else
-        W4_MID_FORMATS=mxfp4 W4_MID_MS="65 96 128 192 256" bash "$0" w4-mid
+        echo "not an H200: nothing run (the MXFP4 row blocks ran on session 42's H100: experiments/quant4)"
       fi ;;
     tune-mid-fp8)
       # FP8 W8A8's tiles at prefill chunks (M = 128 / 256 / 512: the batch-1 prompt's GEMMs, where the H200's tuned
