@@ -379,3 +379,20 @@ def test_hardware_fp8_conversion_equals_the_grid_rounding() -> None:
     differ = (hw.view(torch.uint8) != by_grid.view(torch.uint8)).nonzero().flatten()[:8].cpu()
     assert differ.numel() == 0, [(v[i].item(), hw[i].item(), by_grid[i].item(), v[i].to(FP8).item()) for i in differ]
     assert torch.equal(hw.float(), v.to(FP8).float())  # torch's conversion too
+
+
+@pytest.mark.parametrize("path", sorted(p.name for p in g.TUNED_DIR.glob("NVIDIA_*.json")))
+def test_every_committed_tuned_file_reads_as_tiles(path: str) -> None:
+    """Each kernels/tuned/<GPU>.json names its GPU, holds only kinds the GEMMs look up, and every entry (at a tuned
+    M within TUNED_MAX_M) reads back as GemmTiles with a K split (the tuner ran each as stored, so no refit)."""
+    tuned = json.loads((g.TUNED_DIR / path).read_text())
+    assert tuned["device"].replace(" ", "_") + ".json" == path
+    kinds = [kind for kind in tuned if isinstance(tuned[kind], dict)]
+    assert kinds and set(kinds) <= {"float", "w8a8", "block", "w4a16"}, kinds
+    for kind in kinds:
+        for shape, buckets in tuned[kind].items():
+            n, k = map(int, shape.split(","))
+            for m in map(int, buckets):
+                assert 1 <= m <= g.TUNED_MAX_M
+                tiles, split = g.tuned_tiles(kind, m, n, k, tuned["device"])
+                assert split >= 1 and tiles.block_m * tiles.block_n * tiles.block_k > 0
