@@ -247,10 +247,10 @@ def test_supported_shapes_and_plans() -> None:
 
 def test_row_block_plans(monkeypatch) -> None:
     """Beyond 64 rows on 132 SMs: 128 weight rows and two warpgroups where weight tiles x row blocks fill the
-    SMs, else 64 rows, one warpgroup, K split only while one row block covers M; the activation at its own
-    step (registers) and no scale after the MMA."""
+    SMs (the activation a step ahead), else 64 rows, one warpgroup, K split only while one row block covers M
+    (the activation at its own step: registers); no scale after the MMA."""
     monkeypatch.setattr(gemm_w4_sm90.platform, "num_multiprocessors", lambda: 132)
-    wide = gemm_w4_sm90.Plan(128, 1, True, 8, x_ahead=False)
+    wide = gemm_w4_sm90.Plan(128, 1, True, 8)
     assert gemm_w4_sm90.plan(65, 28672, 4096) == gemm_w4_sm90.plan(512, 6144, 4096) == wide  # 224; 48 x 4 programs
     assert gemm_w4_sm90.plan(512, 4096, 14336) == gemm_w4_sm90.Plan(64, 1, True, 4, x_ahead=False)  # 32 x 4 < 132
     assert gemm_w4_sm90.plan(128, 4096, 4096) == gemm_w4_sm90.Plan(64, 2, True, 4, x_ahead=False)  # 64 tiles x 2
@@ -313,8 +313,9 @@ def test_sm90_sass_per_weight(fp4: bool, scale_after: bool, most: float) -> None
 def test_m64_plan_options_build_for_sm90_without_spills() -> None:
     """Words two steps ahead and the activation loaded at its own step (opt-in plan fields, session 21)
     compile for sm90 at M = 64 without spills, and the activation at its step frees registers (181 -> 128 a
-    thread on Triton 3.9: four programs an SM instead of two); so do the row-block builds beyond 64 rows
-    (128 activation rows a program: 184-255 registers a thread on Triton 3.6). A subprocess: this one runs the
+    thread on Triton 3.9: four programs an SM instead of two; 182 -> 150 on 3.6); so do the row-block builds beyond 64 rows
+    (128 activation rows a program; the 128-row plan with the activation a step ahead, as the rows plan runs
+    it: 216 / 231 registers a thread int4 / MXFP4 on Triton 3.6). A subprocess: this one runs the
     interpreter."""
     code = (
         "import json, os, subprocess, tempfile, triton\n"
@@ -323,8 +324,9 @@ def test_m64_plan_options_build_for_sm90_without_spills() -> None:
         "out = {}\n"
         "rows = dict(block_n=128, bm=128, warps=8, split=1, x_ahead=False, m_tiled=True)\n"
         "for name, kw in [('default', {}), ('x_at_step', {'x_ahead': False}), ('words2', {'prefetch': 2}),\n"
-        "                 ('words2_x_at_step', {'prefetch': 2, 'x_ahead': False}), ('rows128', rows),\n"
-        "                 ('rows128_fp4', dict(rows, fp4=True)), ('rows128_one_warpgroup', dict(rows, block_n=64, warps=4))]:\n"
+        "                 ('words2_x_at_step', {'prefetch': 2, 'x_ahead': False}), ('rows128', dict(rows, x_ahead=True)),\n"
+        "                 ('rows128_fp4', dict(rows, fp4=True, x_ahead=True)),\n"
+        "                 ('rows128_one_warpgroup', dict(rows, block_n=64, warps=4))]:\n"
         "    k = g.compile_sm90(**{'block_n': 64, 'bm': 64, 'split': 2, **kw})\n"
         "    f = tempfile.NamedTemporaryFile(suffix='.cubin', delete=False); f.write(k.asm['cubin']); f.close()\n"
         "    text = subprocess.run([tool, '--dump-resource-usage', f.name], capture_output=True, text=True).stdout\n"
@@ -339,7 +341,7 @@ def test_m64_plan_options_build_for_sm90_without_spills() -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     usage = json.loads(result.stdout.strip().splitlines()[-1])
     assert all(stack == 0 for _, stack in usage.values()), usage
-    assert usage["x_at_step"][0] < usage["default"][0] - 32, usage
+    assert usage["x_at_step"][0] < usage["default"][0] - 24, usage  # 3.9: 181 -> 128; 3.6: 182 -> 150
 
 
 def _emulated_step(words: torch.Tensor, s: torch.Tensor, z: torch.Tensor | None, fp4: bool, masks=None):

@@ -159,14 +159,18 @@ def _plan(m: int, n: int, k: int, fp4: bool) -> Plan:
 
 
 def _rows_plan(m: int, n: int, k: int) -> Plan:
-    """Beyond 64 rows: two warpgroups on 128 weight rows (186 registers a thread with the activation at its own
-    step, one program an SM) where the grid of weight tiles x row blocks fills the SMs, else one warpgroup on 64
-    (two an SM), its K split in at least two while one row block covers M (partials are per tile). Session 39's
-    sweep (int4, H100, M = 65 / 128): qkv's 96 tiles ran 37.4 / 41.7 us in two splits against 41.2 / 45.9 in
-    one, o's and down's 64 tiles took two already; no fixed plan beat gate_up's by more than 6%."""
+    """Beyond 64 rows: two warpgroups on 128 weight rows where the grid of weight tiles x row blocks fills the
+    SMs, else one warpgroup on 64 (two an SM), its K split in at least two while one row block covers M
+    (partials are per tile). Session 39's sweep (int4, H100, M = 65 / 128): qkv's 96 tiles ran 37.4 / 41.7 us in
+    two splits against 41.2 / 45.9 in one, o's and down's 64 tiles took two already. The 128-row plan loads the
+    next step's activation tile a step ahead (216 registers a thread int4, 231 MXFP4 on Triton 3.6, no spills:
+    one program an SM as with it at its own step, 184 / 193): on two H100s it ran faster at every M timed,
+    gate_up int4 112.4 / 135.0 us against 118.8 / 137.3 at M = 65 / 128 (session 39; 2-7% up to M = 2048), MXFP4
+    111.6 / 133.6 against 134.0 / 152.4 (session 42; 9-17% up to M = 256). The 64-row plan keeps the activation
+    at its own step: a step ahead it spills (255 registers and a 152-byte stack)."""
     blocks = m_blocks(m)
     if triton.cdiv(n, 128) * blocks >= platform.num_multiprocessors():
-        return Plan(128, 1, True, 8, x_ahead=False)
+        return Plan(128, 1, True, 8)
     split = max(min(2, k // (4 * BLOCK_K)), _k_split(triton.cdiv(n, 64), k, 1)) if blocks == 1 else 1
     return Plan(64, split, True, 4, x_ahead=False)
 
