@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [moe-h100-tiles]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [moe-h100-tiles] [w4-async]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -659,6 +659,18 @@ print(tuned_file(torch.cuda.get_device_name()))")
       else
         echo "not an H200: nothing run (the MXFP4 row blocks ran on session 42's H100: experiments/quant4)"
       fi ;;
+    w4-async)
+      # the W4 row blocks' ASYNC_MMA plan field (session 42, built on the CPU, not yet run): its GPU tests, then the
+      # 128-row plan (today's, activation a step ahead) and the 64-row two-split plan with and without it, int4 g128
+      # and MXFP4, Llama-3-8B layers at M = 65 / 96 / 128, L2 cold. Make it the rows plans' default if it wins
+      timeout 150 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemm_w4_sm90.py -k "async" 2>&1 \
+        | tee "$OUT/w4_async_tests.log" | tail -3
+      for fmt in int4 mxfp4; do
+        [ "$fmt" = mxfp4 ] && flag=--mxfp4 || flag=
+        timeout 150 python3 experiments/quant4/gemm_sm90/sweep.py "$OUT/w4_async_$fmt.json" $flag --ms 65 96 128 \
+          --plans 128:1:1:8 128:1:1:8:0:1:1 128:1:1:8:0:0:1 64:2:1:4:0:0 64:2:1:4:0:0:1 2>&1 \
+          | sed 's/ err [0-9.e-]*//g' | tail -12
+      done ;;
     moe-h100-tiles)
       # issue 16's 450 TFLOP/s on an H200 in ~3 minutes (no sweep): the Qwen3 bf16 layer at 8192 / 4096 tokens with
       # the committed table, then with its 4096 / 8192 entries replaced by the H100 sweep's winners (session 42:

@@ -147,6 +147,24 @@ def test_row_blocks_match_the_dequantized_weight(fmt, m, n, k, plan, monkeypatch
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("fmt", ["int4-g32", "int4-g128", "mxfp4"])
+@pytest.mark.parametrize("m", [3, 64, 65, 128, 300])
+@pytest.mark.parametrize("plan", ["128:1:1:8:0:1:1", "128:1:1:8:0:0:1", "64:2:1:4:0:0:1", "64:3:1:4:0:1:1"])
+def test_async_mma_plans_match_the_dequantized_weight(fmt, m, plan, monkeypatch, spy) -> None:
+    """ASYNC_MMA (two K steps an iteration, the first's MMA asynchronous under the second's decode): taken
+    where every split has an even number of K steps (K = 1,024: 8 steps; three splits of 3,072: 8, 8 and 8),
+    and then the same result as the dequantized weight's product; at an odd count (K = 1,152) the
+    synchronous loop runs instead."""
+    monkeypatch.setattr(gemm_w4_sm90, "PLAN_OVERRIDE", gemm_w4_sm90.Plan.parse(plan))
+    scheme = w4.MXFP4 if fmt == "mxfp4" else w4.int4_scheme(int(fmt.split("g")[1]))
+    k = 3072 if plan.startswith("64:3") else 1024
+    w4.check_against_dequantized(m, 200, k, scheme, torch.bfloat16, seed=m + 7)
+    w4.check_against_dequantized(m, 200, 1152, scheme, torch.bfloat16, seed=m + 8)
+    assert [call["ASYNC_MMA"] for call in spy.calls] == [True, False]
+
+
+@pytest.mark.gpu
+@needs_sm90
 def test_row_blocks_serve_gemm_up_to_max_m(monkeypatch, spy) -> None:
     """TRITONLLM_W4_SM90_MAX_M: gemm()'s measured-faster dispatch (the triton_sm90 linear) sends M up to it
     here, before the dequantize-first tiles of M > 64; beyond it, those tiles."""
@@ -235,6 +253,11 @@ def test_supported_shapes_and_plans() -> None:
     assert gemm_w4_sm90.Plan.parse("128:2:1:8") == gemm_w4_sm90.Plan(128, 2, True, 8)
     assert gemm_w4_sm90.Plan.parse("64:4:1:4:1") == gemm_w4_sm90.Plan(64, 4, True, 4, scale_after=True)
     assert gemm_w4_sm90.Plan.parse("64:4:2:4:0:0") == gemm_w4_sm90.Plan(64, 4, 2, 4, False, x_ahead=False)
+    assert gemm_w4_sm90.Plan.parse("128:1:1:8:0:1:1") == gemm_w4_sm90.Plan(128, 1, True, 8, async_mma=True)
+    assert not gemm_w4_sm90.plan(65, 28672, 4096).async_mma  # opt-in
+    # ASYNC_MMA's two steps an iteration: every split's K steps even (the last split what is left)
+    assert gemm_w4_sm90.even_steps(4096, 2048) and gemm_w4_sm90.even_steps(3072, 1024)
+    assert not gemm_w4_sm90.even_steps(4224, 4224) and not gemm_w4_sm90.even_steps(4096, 1408)
     plan = gemm_w4_sm90.plan(16, 6144, 4096)
     assert plan.block_n == 64 and 1 <= plan.split <= 4
     assert gemm_w4_sm90.plan(16, 4096, 512).split == 1  # each split at least four K steps
@@ -342,6 +365,46 @@ def test_m64_plan_options_build_for_sm90_without_spills() -> None:
     usage = json.loads(result.stdout.strip().splitlines()[-1])
     assert all(stack == 0 for _, stack in usage.values()), usage
     assert usage["x_at_step"][0] < usage["default"][0] - 24, usage  # 3.9: 181 -> 128; 3.6: 182 -> 150
+
+
+@pytest.mark.skipif(not gemm_w4_sm90.HAVE_GLUON, reason="this Triton has no Gluon")
+def test_async_mma_builds_unserialized_for_sm90() -> None:
+    """The row blocks' ASYNC_MMA loop (int4 and MXFP4, the activation at its step and a step ahead) builds for
+    sm90 with two K steps' MMAs a loop iteration, no spills, and no C7514 from ptxas (the MMAs serialized,
+    which an accumulator in flight across the loop's back edge causes: session 42's one-step form did). A
+    subprocess: this one runs the interpreter."""
+    code = (
+        "import json, os, subprocess, sys, tempfile, triton\n"
+        "sys.path.insert(0, 'scripts')\n"
+        "import sass_loop_mix\n"
+        "from tritonllm.kernels import gemm_w4_sm90 as g\n"
+        "try:  # the ptxas Triton builds sm90 with (3.9: ptxas-blackwell)\n"
+        "    from triton.backends.nvidia.compiler import get_ptxas\n"
+        "    ptxas = get_ptxas(90).path\n"
+        "except ImportError:\n"
+        "    ptxas = os.path.join(os.path.dirname(triton.__file__), 'backends', 'nvidia', 'bin', 'ptxas')\n"
+        "out = {}\n"
+        "for fp4 in (False, True):\n"
+        "    for xa in (False, True):\n"
+        "        k = g.compile_sm90(block_n=128, bm=128, warps=8, split=1, m_tiled=True, fp4=fp4, x_ahead=xa,\n"
+        "                           async_mma=True)\n"
+        "        f = tempfile.NamedTemporaryFile(suffix='.ptx', delete=False, mode='w'); f.write(k.asm['ptx']); f.close()\n"
+        "        r = subprocess.run([ptxas, '-arch=sm_90a', '-v', f.name, '-o', f.name + '.cubin'],\n"
+        "                           capture_output=True, text=True)\n"
+        "        loop = sass_loop_mix.loop_mix(sass_loop_mix.disassemble(k))\n"
+        "        out[f'{fp4}-{xa}'] = [r.stdout + r.stderr, loop.get('HGMMA', 0)]\n"
+        "print(json.dumps(out))\n"
+    )
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    builds = json.loads(result.stdout.strip().splitlines()[-1])
+    for name, (log, mmas) in builds.items():
+        assert "C7514" not in log and "serialized" not in log, (name, log)
+        assert re.search(r"\b0 bytes spill stores", log), (name, log)
+        assert mmas == 16, (name, mmas)  # 8 a K step of 128 columns, two steps an iteration
 
 
 def _emulated_step(words: torch.Tensor, s: torch.Tensor, z: torch.Tensor | None, fp4: bool, masks=None):

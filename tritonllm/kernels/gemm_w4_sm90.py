@@ -38,6 +38,11 @@ int4 g128, Llama-3-8B layers, L2 cold): one row block (M = 65..128) runs 1.2-2.4
 (a layer's four linears at M = 65: 289 against 562 us), but from M = 256 decoding the weight again for every
 row block loses (M = 512: 0.6-0.9x it; M = 2048: 0.45x). So gemm() sends M up to 128 here
 (TRITONLLM_W4_SM90_MAX_M overrides it).
+
+The MMA is synchronous by default: a step's decode, activation store and MMA follow one another. Plan.async_mma
+(opt-in, not yet timed) takes two K steps an iteration with the first's MMA asynchronous under the second's
+decode, both retired before the loop's back edge (ptxas serializes every MMA of a loop that carries one in
+flight across it).
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ from tritonllm.kernels.launch import compile_gluon_sm90, gluon_barrier, gluon_pd
 try:  # recent triton ships Gluon; without it the portable kernels serve every shape
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover - older triton
@@ -89,10 +94,14 @@ class Plan:
     # with prefetch 1 or 2, the activation tile loaded a step ahead too (True), or at its own step (False: its
     # registers freed: at M = 64 the kernel holds 181 registers a thread, two programs an SM; see _plan)
     x_ahead: bool = True
+    # two K steps an iteration, the second's decode under the first step's MMA issued asynchronously, both
+    # retired before the back edge (opt-in: built without a GPU in session 42, not yet timed; taken only where
+    # every split has an even number of K steps and the scale is not applied after the MMA)
+    async_mma: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Plan:
-        """ "BLOCK_N:SPLIT:PREFETCH[:WARPS[:SCALE_AFTER[:X_AHEAD]]]"."""
+        """ "BLOCK_N:SPLIT:PREFETCH[:WARPS[:SCALE_AFTER[:X_AHEAD[:ASYNC_MMA]]]]"."""
         block_n, split, prefetch, *rest = (int(v) for v in text.split(":"))
         return cls(block_n, split, prefetch, *rest[:1], *(bool(v) for v in rest[1:]))
 
@@ -181,6 +190,12 @@ def _k_split(programs: int, k: int, per_sm: int) -> int:
     return max(1, min(4, round(per_sm * platform.num_multiprocessors() / programs), k // (4 * BLOCK_K)))
 
 
+def even_steps(k: int, k_per_split: int) -> bool:
+    """Whether every K split (k_per_split columns, the last one what is left of k) takes an even number of
+    BLOCK_K steps: the ASYNC_MMA loop's two steps an iteration."""
+    return (k // BLOCK_K) % 2 == 0 and (k_per_split // BLOCK_K) % 2 == 0
+
+
 def supported(m: int, k: int, group_k: int) -> bool:
     """Whether this kernel takes the shape: two or more activation rows (beyond 64 in row blocks), K whole
     128-column steps, groups of 32, 64 or 128 columns."""
@@ -210,12 +225,12 @@ def available() -> bool:
 
 def compile_sm90(group_k: int = 128, block_n: int = 128, bm: int = 16, fp16: bool = False, split: int = 1,
                  prefetch: int = 1, warps: int = 4, fp4: bool = False, scale_after: bool = False,
-                 x_ahead: bool = True, m_tiled: bool = False):  # fmt: skip
+                 x_ahead: bool = True, m_tiled: bool = False, async_mma: bool = False):  # fmt: skip
     """Compile for sm90 without a GPU (launch.compile_gluon_sm90): tests, scripts/sass_loop_mix.py,
     available()."""
     constexprs = dict(GROUP_K=32 if fp4 else group_k, BLOCK_N=block_n, BLOCK_M=bm, FP16=fp16, FP4=fp4,
                       HAS_BIAS=False, SPLIT_K=split, PREFETCH=prefetch, SCALE_AFTER=scale_after, PDL=True,
-                      X_AHEAD=x_ahead, M_TILED=m_tiled)  # fmt: skip
+                      X_AHEAD=x_ahead, M_TILED=m_tiled, ASYNC_MMA=async_mma)  # fmt: skip
     act = "*fp16" if fp16 else "*bf16"
     scale = "*u8" if fp4 else "*fp16"
     types = dict(a_ptr=act, w_ptr="*i32", c_ptr=act, bias_ptr=act, s_ptr=scale, z_ptr=scale, ws_ptr="*fp32",
@@ -237,14 +252,15 @@ def w4_gemm_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
     blocks = m_blocks(m)
     split, k_per_split, tiles, ws, cnt = splitk_sm90.plan_splits(m, n, k, p.split if blocks == 1 else 1, BLOCK_K,
                                                                  p.block_n, c)  # fmt: skip
+    scale_after = p.scale_after and group_k == BLOCK_K and not fp4
+    async_mma = p.async_mma and not scale_after and even_steps(k, k_per_split)
     w4_gemm_sm90_kernel[(tiles * blocks, split)](
         a, words, c, bias if bias is not None else c, scale, scale if fp4 else zero, ws, cnt,
         m, n, k, k_per_split // 8, a.stride(0), words.stride(0), c.stride(0), scale.stride(0), scale.stride(1),
         *(FP4_MASKS if fp4 else (INT4_PAIR_MASK, FP16_BIAS if a.dtype == torch.float16 else BF16_BIAS)),
         GROUP_K=group_k, BLOCK_N=p.block_n, BLOCK_M=block_m(m), FP16=a.dtype == torch.float16, FP4=fp4,
         HAS_BIAS=bias is not None, SPLIT_K=split, PREFETCH=int(p.prefetch),
-        SCALE_AFTER=p.scale_after and group_k == BLOCK_K and not fp4, num_warps=p.warps,
-        X_AHEAD=p.x_ahead, M_TILED=blocks > 1, **pdl,
+        SCALE_AFTER=scale_after, num_warps=p.warps, X_AHEAD=p.x_ahead, M_TILED=blocks > 1, ASYNC_MMA=async_mma, **pdl,
     )  # fmt: skip
     return c
 
@@ -403,6 +419,13 @@ if HAVE_GLUON:
         """One K step into the accumulator: decode the words with the thread's (s, s) and (-z s, -z s)
         (MXFP4: (2**(e - 64), ...)) as 16-bit pairs in a word, then the MMA with the activation tile in
         shared memory."""
+        a_op = _step_operand(words, s, z, mask, bias, BLOCK_N, DT, LA, FP4)
+        return warpgroup_mma(a_op, x_buf.permute((1, 0)), acc)
+
+    @gluon.jit
+    def _step_operand(words, s, z, mask, bias, BLOCK_N: gl.constexpr, DT: gl.constexpr, LA: gl.constexpr,
+                      FP4: gl.constexpr):  # fmt: skip
+        """_step's decode: the K step's [BLOCK_N, 128] A operand."""
         if FP4:
             s2 = e8m0_bf16(s)
             zs2 = s2  # no zero points
@@ -410,9 +433,8 @@ if HAVE_GLUON:
             sd = s.to(DT)
             s2 = sd.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
             zs2 = (-(z.to(DT) * sd)).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
-        a_op = _decode(words, mask, bias, gl.expand_dims(s2 | (s2 << 16), 2), gl.expand_dims(zs2 | (zs2 << 16), 2),
+        return _decode(words, mask, bias, gl.expand_dims(s2 | (s2 << 16), 2), gl.expand_dims(zs2 | (zs2 << 16), 2),
                        BLOCK_N, DT, LA, FP4)  # fmt: skip
-        return warpgroup_mma(a_op, x_buf.permute((1, 0)), acc)
 
     @gluon.jit
     def w4_gemm_sm90_kernel(
@@ -420,7 +442,8 @@ if HAVE_GLUON:
         M, N, K, KW_PER_SPLIT, stride_am, stride_wn, stride_cm, stride_sn, stride_sk, mask, bias,
         GROUP_K: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, FP16: gl.constexpr, FP4: gl.constexpr,
         HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr, PREFETCH: gl.constexpr, SCALE_AFTER: gl.constexpr = False,
-        X_AHEAD: gl.constexpr = True, M_TILED: gl.constexpr = False, PDL: gl.constexpr = False,
+        X_AHEAD: gl.constexpr = True, M_TILED: gl.constexpr = False, ASYNC_MMA: gl.constexpr = False,
+        PDL: gl.constexpr = False,
     ):  # fmt: skip
         """c[m, n] = sum_k a[m, k] w[n, k] (+ bias[n]) for BLOCK_N weight rows and all M (<= BLOCK_M)
         activation rows a program, over the K range of its split (program_id 1). M_TILED (one split): M
@@ -464,7 +487,12 @@ if HAVE_GLUON:
 
         # two activation buffers: a step writes one while no thread can still be reading it (the MMA two
         # steps back finished before its thread reached the last step's barrier), one barrier a step
-        x_smem = gl.allocate_shared_memory(DT, [2, BLOCK_M, 128], SX)
+        # ASYNC_MMA: two K steps an iteration, the second's decode under the first's MMA (asynchronous) and both
+        # retired before the back edge (an MMA in flight across it makes ptxas serialize every MMA: C7514). A
+        # warpgroup may then store step j's tile while the other's MMAs of steps j - 1 and j - 2 still read
+        # theirs: three buffers
+        NBUF: gl.constexpr = 3 if ASYNC_MMA else 2
+        x_smem = gl.allocate_shared_memory(DT, [NBUF, BLOCK_M, 128], SX)
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
         s_ptrs = s_ptr + s_off
         z_ptrs = z_ptr + s_off
@@ -481,46 +509,59 @@ if HAVE_GLUON:
             w1, s1, z1 = _load_words(w_ptrs, s_ptrs, z_ptrs, gl.minimum(kw_start + 16, kw_end - 16), stride_sk,
                                      GROUP_K, FP4)  # fmt: skip
         buf = 0
-        for kw in range(kw_start, kw_end, 16):
-            if PREFETCH != 0:  # the next step's loads in flight during this one's decode and MMA (words PREFETCH
-                # steps ahead; the last steps reload the last)
-                nxt = gl.minimum(kw + 16, kw_end - 16)
-                if X_AHEAD and PREFETCH == 1:
-                    n_words, n_s, n_z, n_x = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, nxt, stride_sk,
-                                                        GROUP_K, BLOCK_M, FP4)  # fmt: skip
+        STEPS: gl.constexpr = 2 if ASYNC_MMA else 1  # K steps an iteration
+        for kw0 in range(kw_start, kw_end, 16 * STEPS):
+            for u in gl.static_range(STEPS):
+                kw = kw0 + 16 * u
+                if PREFETCH != 0:  # the next step's loads in flight during this one's decode and MMA (words PREFETCH
+                    # steps ahead; the last steps reload the last)
+                    nxt = gl.minimum(kw + 16, kw_end - 16)
+                    if X_AHEAD and PREFETCH == 1:
+                        n_words, n_s, n_z, n_x = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, nxt, stride_sk,
+                                                            GROUP_K, BLOCK_M, FP4)  # fmt: skip
+                    else:
+                        n_words, n_s, n_z = _load_words(w_ptrs, s_ptrs, z_ptrs, gl.minimum(kw + 16 * PREFETCH, kw_end - 16),
+                                                        stride_sk, GROUP_K, FP4)  # fmt: skip
+                        if X_AHEAD:
+                            n_x = _load_x(a_ptrs, rows_in, nxt, BLOCK_M, FP4)
+                    if SCALE_AFTER:
+                        n_s_acc = gl.load(s_acc_ptrs + nxt // 16 * stride_sk)
+                    if not X_AHEAD:
+                        x = _load_x(a_ptrs, rows_in, kw, BLOCK_M, FP4)
                 else:
-                    n_words, n_s, n_z = _load_words(w_ptrs, s_ptrs, z_ptrs, gl.minimum(kw + 16 * PREFETCH, kw_end - 16),
-                                                    stride_sk, GROUP_K, FP4)  # fmt: skip
+                    words, s, z, x = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw, stride_sk, GROUP_K, BLOCK_M,
+                                                FP4)  # fmt: skip
+                    if SCALE_AFTER:
+                        s_acc = gl.load(s_acc_ptrs + kw // 16 * stride_sk)
+                x_buf = x_smem.index(buf)
+                x_buf.store(x)
+                fence_async_shared()
+                gluon_barrier()
+                if SCALE_AFTER:
+                    acc = _step_scale_after(words, z, s_acc, x_buf, acc, mask, bias, BLOCK_N, DT, LA)
+                elif ASYNC_MMA:
+                    a_op = _step_operand(words, s, z, mask, bias, BLOCK_N, DT, LA, FP4)
+                    acc = warpgroup_mma(a_op, x_buf.permute((1, 0)), acc, is_async=True)
+                    if u == 0:
+                        a_first = a_op
+                    else:  # both MMAs retired, their operands held until then
+                        acc, a_first, a_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_first, a_op))
+                else:
+                    acc = _step(words, s, z, x_buf, acc, mask, bias, BLOCK_N, DT, LA, FP4)
+                if PREFETCH != 0:
+                    if PREFETCH == 2:
+                        words, s, z = w1, s1, z1
+                        w1, s1, z1 = n_words, n_s, n_z
+                    else:
+                        words, s, z = n_words, n_s, n_z
                     if X_AHEAD:
-                        n_x = _load_x(a_ptrs, rows_in, nxt, BLOCK_M, FP4)
-                if SCALE_AFTER:
-                    n_s_acc = gl.load(s_acc_ptrs + nxt // 16 * stride_sk)
-                if not X_AHEAD:
-                    x = _load_x(a_ptrs, rows_in, kw, BLOCK_M, FP4)
-            else:
-                words, s, z, x = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw, stride_sk, GROUP_K, BLOCK_M,
-                                            FP4)  # fmt: skip
-                if SCALE_AFTER:
-                    s_acc = gl.load(s_acc_ptrs + kw // 16 * stride_sk)
-            x_buf = x_smem.index(buf)
-            x_buf.store(x)
-            fence_async_shared()
-            gluon_barrier()
-            if SCALE_AFTER:
-                acc = _step_scale_after(words, z, s_acc, x_buf, acc, mask, bias, BLOCK_N, DT, LA)
-            else:
-                acc = _step(words, s, z, x_buf, acc, mask, bias, BLOCK_N, DT, LA, FP4)
-            if PREFETCH != 0:
-                if PREFETCH == 2:
-                    words, s, z = w1, s1, z1
-                    w1, s1, z1 = n_words, n_s, n_z
+                        x = n_x
+                    if SCALE_AFTER:
+                        s_acc = n_s_acc
+                if ASYNC_MMA:
+                    buf = (buf + 1) % NBUF
                 else:
-                    words, s, z = n_words, n_s, n_z
-                if X_AHEAD:
-                    x = n_x
-                if SCALE_AFTER:
-                    s_acc = n_s_acc
-            buf = 1 - buf
+                    buf = 1 - buf
 
         splitk_sm90.finish_tile(acc, c_ptr, bias_ptr, c_ptr, c_ptr, ws_ptr, cnt_ptr, pid_n, gl.program_id(1), M, N,
                                 stride_cm, 0, BLOCK_N, BLOCK_M, ACC, HAS_BIAS, 0, 0, SPLIT_K)  # fmt: skip
