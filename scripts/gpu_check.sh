@@ -22,6 +22,8 @@ STEPS=${*:-tests bench-attention e2e-llama e2e-prefix e2e-qwen3 idle host-profil
 MODELS=${MODELS:-/tmp/models}
 # a random-weight model folder of that architecture (built once per machine)
 ensure_model() { [ -d "$MODELS/$1" ] || python3 scripts/make_random_model.py "$1" "$MODELS/$1"; }
+# whether this machine's GPU is an H200 (the GPU the issues' targets are stated on)
+on_h200() { nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; }
 # a config-only Llama-3-8B folder (config + tokenizer) for runs with --load-format dummy / model.load_format=dummy
 ensure_config_model() { [ -d "$MODELS/llama3-8b-config" ] || python3 scripts/make_random_model.py llama3-8b "$MODELS/llama3-8b-config" --config-only; }
 # nano-vllm's workload (its settings: temperature 0.6, text decoded), one timed pass after 2 warm-up requests
@@ -653,7 +655,7 @@ print(tuned_file(torch.cuda.get_device_name()))")
     next-48)
       # session 42's device call, whichever GPU comes: on an H200, next-47 then tune-mid-fp8 (issue 16's 450 TFLOP/s
       # and issue 13's FP8 batch 1, both stated on the H200); on anything else nothing (a start costs ~90 s)
-      if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+      if on_h200; then
         bash "$0" next-47
         bash "$0" tune-mid-fp8
       else
@@ -675,7 +677,7 @@ print(tuned_file(torch.cuda.get_device_name()))")
       # issue 16's 450 TFLOP/s on an H200 in ~3 minutes (no sweep): the Qwen3 bf16 layer at 8192 / 4096 tokens with
       # the committed table, then with its 4096 / 8192 entries replaced by the H100 sweep's winners (session 42:
       # 459 TFLOP/s there); the edited table comes back in $OUT (commit it if it wins). Nothing on other GPUs
-      nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "not an H200: nothing run"; exit 0; }
+      on_h200 || { echo "not an H200: nothing run"; exit 0; }
       BENCH_MOE_KINDS=bfloat16 BENCH_MOE_TOKENS="8192 4096" BENCH_MOE_TAG=_committed timeout 150 bash "$0" bench-moe
       python3 - << 'PY'
 import json, pathlib
