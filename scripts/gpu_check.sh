@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [moe-h100-tiles] [w4-async]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [moe-h100-tiles] [w4-async] [gemv-split]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -661,6 +661,27 @@ print(tuned_file(torch.cuda.get_device_name()))")
       else
         echo "not an H200: nothing run (the MXFP4 row blocks ran on session 42's H100: experiments/quant4)"
       fi ;;
+    next-49)
+      # session 43's first device call, whichever GPU comes: on an H200, moe-h100-tiles (issue 16's 450 TFLOP/s)
+      # before gemv-split; on an H100 gemv-split alone (the W4 GEMV's K splits run on any sm90 GPU)
+      on_h200 && bash "$0" moe-h100-tiles
+      bash "$0" gemv-split ;;
+    gemv-split)
+      # the Gluon W4 GEMV's K splits (Tiling.split; session 43, built on the CPU, not yet run): their GPU tests, then
+      # the sweep at 8 rows a thread in one, two and four runs, with the next tile prefetched, and today's long-K
+      # tiling (int4: 16 rows), int4 g128 and MXFP4, Llama-3-8B layers at M = 1 (only down's K is past one tile),
+      # L2 cold. Make the winner down's default (TILINGS' long-K entries) if it beats today's
+      timeout 200 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemv_w4_sm90.py -k "split" 2>&1 \
+        | tee "$OUT/gemv_split_tests.log" | tail -3
+      timeout 240 python3 experiments/quant4/gemv_sm90/sweep.py "$OUT/gemv_split.json" --configs 8:4:0:0 16:4:0:0 \
+        8:4:0:0:1:2 8:4:0:0:1:4 8:4:1:0 16:4:0:0:1:2 2>&1 | sed 's/ err [0-9.e-]*//g' | tail -8 ;;
+    next-50)
+      # session 43's H200 serving and bf16 figures (~6 minutes): two 16 req/s runs on one server (each its own
+      # prompts) and the offline step at 16 requests (issue 15's 1.2x), then bf16 at M = 1..16 against cuBLAS
+      # (issue 13's 1.0x; bench_gemm, graph-replayed, L2 cold, no PDL)
+      RATES="16 16" OFFLINE_COUNTS=16 timeout 420 bash "$0" bench-serving
+      timeout 150 python3 scripts/bench_gemm.py "$OUT/gemm_bf16_m16.json" --models llama3-8b --ms 1 4 8 16 \
+        --formats bf16 2>&1 | tail -17 ;;
     w4-async)
       # the W4 row blocks' ASYNC_MMA plan field (session 42, built on the CPU, not yet run): its GPU tests, then the
       # 128-row plan (today's, activation a step ahead) and the 64-row two-split plan with and without it, int4 g128

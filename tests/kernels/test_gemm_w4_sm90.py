@@ -5,7 +5,6 @@ its numerics are GPU tests; on the CPU it must compile for sm90 and stay out of 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import subprocess
@@ -18,6 +17,7 @@ import w4_checks as w4  # this folder
 from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
 from launch_spy import LaunchSpy  # tests/
 from seeded import randn as _randn  # this folder
+from sm90_build import sm90_build_report  # this folder
 
 from tritonllm import platform
 from tritonllm.kernels import gemm_w4_sm90, gemm_w4_tma_sm90, reference
@@ -332,17 +332,6 @@ def test_sm90_sass_per_weight(fp4: bool, scale_after: bool, most: float) -> None
     assert result.stdout.count("HGMMA") == 1  # tensor cores, not FMAs
 
 
-def _sm90_build_report(code: str) -> dict:
-    """Run `code` (sm90 builds that print one JSON line last) in a subprocess without the interpreter, and
-    return that line's object."""
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.skipif(not gemm_w4_sm90.HAVE_GLUON, reason="this Triton has no Gluon")
 def test_m64_plan_options_build_for_sm90_without_spills() -> None:
     """Words two steps ahead and the activation loaded at its own step (opt-in plan fields, session 21)
@@ -368,7 +357,7 @@ def test_m64_plan_options_build_for_sm90_without_spills() -> None:
         "    out[name] = [int(line.split('REG:')[1].split()[0]), int(line.split('STACK:')[1].split()[0])]\n"
         "print(json.dumps(out))\n"
     )
-    usage = _sm90_build_report(code)
+    usage = sm90_build_report(code)
     assert all(stack == 0 for _, stack in usage.values()), usage
     assert usage["x_at_step"][0] < usage["default"][0] - 24, usage  # 3.9: 181 -> 128; 3.6: 182 -> 150
 
@@ -401,7 +390,7 @@ def test_async_mma_builds_unserialized_for_sm90() -> None:
         "        out[f'{fp4}-{xa}'] = [r.stdout + r.stderr, loop.get('HGMMA', 0)]\n"
         "print(json.dumps(out))\n"
     )
-    builds = _sm90_build_report(code)
+    builds = sm90_build_report(code)
     for name, (log, mmas) in builds.items():
         assert "C7514" not in log and "serialized" not in log, (name, log)
         assert re.search(r"\b0 bytes spill stores", log), (name, log)

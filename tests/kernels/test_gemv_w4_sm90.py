@@ -16,6 +16,7 @@ import torch
 from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
 from launch_spy import LaunchSpy  # tests/
 from seeded import randn as _randn  # this folder
+from sm90_build import sm90_build_report  # this folder
 
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
@@ -163,6 +164,48 @@ def test_row_blocks_a_program_match(fp4_bits, scheme, n, k, blocks, monkeypatch)
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("fp4_bits", ["float32", "half2"])
+@pytest.mark.parametrize(
+    "scheme", [SCHEMES[0], SCHEMES[2], SCHEMES[3]], ids=lambda s: f"{s.format_name}-g{s.group_size}"
+)
+@pytest.mark.parametrize("n, k, split", [(45, 14336, 4), (4096, 14336, 2), (77, 8192, 4), (9, 4096 * 3 + 640, 8)])
+def test_k_splits_match(fp4_bits, scheme, n, k, split, monkeypatch, spy) -> None:
+    """K cut into runs of whole K tiles (Tiling.split), each run a program, the row block's last to arrive summing
+    them: runs of one tile and of several, a short last run (masked groups), K whole tiles (EVEN), a split asked
+    beyond the tiles K has, ragged N, a bias; rows whose runs differ in scale by 1e4 (half pairs take each run's
+    own factor); float32 and half pairs. The arrival counters are left at zero."""
+    monkeypatch.setattr(gemv_w4, "FP4_BITS", gemv_w4.FP4_HALF2 if fp4_bits == "half2" else gemv_w4.FP4_F32)
+    tiling = gemv_w4_sm90.Tiling(8, 4, split=split)
+    monkeypatch.setattr(gemv_w4_sm90, "TILINGS", {"int4": tiling, "fp4": tiling})
+    weight = quantize_weight(_randn(n, k, seed=72), scheme)
+    bias = _randn(n, seed=73, dtype=torch.bfloat16)
+    x = _randn(1, k, seed=74)
+    x[:, : k // 3] *= 1e4  # the first run(s) far larger than the rest
+    x = x.bfloat16()
+    for _ in range(2):  # a second launch finds the counters reset
+        expected = x.float() @ reference.dequantize_weight(weight).T + bias.float()
+        assert_close_to_scale(_gemv(x, weight, bias), expected, 2e-2)
+    runs = min(split, -(-k // gemv_w4_sm90.tile_k(tiling)))
+    assert spy.launches == 2 and spy.calls[0]["SPLIT_K"] == runs > 1
+    from tritonllm.kernels.launch import arrival_counters
+
+    assert int(arrival_counters(x.device).abs().sum()) == 0
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_a_split_tiling_leaves_one_tile_rows_and_the_gated_build_unsplit(spy, monkeypatch) -> None:
+    """K within one tile has nothing to split, and the gated build's epilogue needs both sums: one run each."""
+    tiling = gemv_w4_sm90.Tiling(8, 4, split=4)
+    monkeypatch.setattr(gemv_w4_sm90, "TILINGS", {"int4": tiling, "fp4": tiling})
+    weight = quantize_weight(_randn(64, 4096, seed=75), SCHEMES[2])
+    x = _randn(1, 4096, seed=76, dtype=torch.bfloat16)
+    assert_close_to_scale(_gemv(x, weight), x.float() @ reference.dequantize_weight(weight).T, 2e-2)
+    assert spy.calls[0]["SPLIT_K"] == 1
+
+
+@pytest.mark.gpu
+@needs_sm90
 def test_the_blocked_kernel_leaves_other_shapes_to_the_one_block_kernel(spy, monkeypatch) -> None:
     """K past one tile, or N not whole blocks: the one-block kernel."""
     tiling = gemv_w4_sm90.Tiling(8, 4, blocks=4)
@@ -244,6 +287,30 @@ def test_tilings_parse_from_the_environment_form() -> None:
     assert gemv_w4_sm90.Tiling.parse("4:1:1:128") == gemv_w4_sm90.Tiling(4, 1, True, 128)
     assert gemv_w4_sm90.Tiling.parse("8:4:0:0") == gemv_w4_sm90.Tiling(8, 4, False, None)
     assert gemv_w4_sm90.Tiling.parse("8:4:0:0:4") == gemv_w4_sm90.Tiling(8, 4, False, None, blocks=4)
+    assert gemv_w4_sm90.Tiling.parse("8:4:0:0:1:4") == gemv_w4_sm90.Tiling(8, 4, False, None, split=4)
+    for text in ("4:1:1:128", "8:4:0:0", "8:4:0:0:4", "8:4:0:0:1:4", "16:4:1:168:2:3"):
+        assert gemv_w4_sm90.Tiling.parse(text).spec() == text
+
+
+@pytest.mark.skipif(not gemv_w4_sm90.HAVE_GLUON, reason="this Triton has no Gluon")
+def test_the_split_build_compiles_for_sm90_without_spills() -> None:
+    """The SPLIT_K build (runs of one K tile: Llama-3-8B's down in four) at 8 rows a thread, half pairs, K whole
+    tiles or not: no spills, and few enough registers for three programs an SM (int4 161-165 under Triton 3.6,
+    MXFP4 127). A subprocess: this one runs the interpreter."""
+    code = (
+        "import json, sys\n"
+        "sys.path.insert(0, '.')\n"
+        "from scripts.cross_compile_attention import disassemble, registers\n"
+        "from tritonllm.kernels import gemv_w4_sm90 as g\n"
+        "out = {}\n"
+        "for fp4 in (False, True):\n"
+        "    for even in (True, False):\n"
+        "        k = g.compile_sm90(fp4, tiling=g.Tiling(8, 4, split=4), even=even, half2=True, one_tile=True)\n"
+        "        out[f'{fp4}-{even}'] = [registers(k), 'STL' in disassemble(k)]\n"
+        "print(json.dumps(out))\n"
+    )
+    builds = sm90_build_report(code)
+    assert len(builds) == 4 and all(regs <= 168 and not spills for regs, spills in builds.values()), builds
 
 
 def test_long_k_takes_its_own_tiling_where_one_is_set(monkeypatch) -> None:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tritonllm.kernels import gemv_w4
+from tritonllm.kernels import gemv_w4, splitk_sm90
 from tritonllm.kernels.launch import compile_gluon_sm90, gluon_pdl_wait, gluon_sm90_available
 from tritonllm.kernels.moe_epilogue import moe_activation
 
@@ -68,12 +68,23 @@ class Tiling:
     # row blocks a program where K fits one K tile and N is whole blocks (w4_gemv_sm90_blocks_kernel: the next
     # block's weights in flight while this one is summed; the activations and their factor once a program)
     blocks: int = 1
+    # K splits where K is longer than one K tile: each row block's K cut into up to SPLIT runs of whole K tiles, one
+    # program a run, their float32 partials summed by the last to arrive (splitk_sm90.finish_part): more programs
+    # and shorter chains of dependent loads for long rows (Llama-3-8B's down: 512 programs of 3.5 tiles at 8 rows)
+    split: int = 1
 
     @classmethod
     def parse(cls, text: str) -> Tiling:
-        """ "ROWS:WARPS_K:PREFETCH:MAXNREG[:BLOCKS]" (MAXNREG 0: no cap)."""
-        rows, warps_k, prefetch, maxnreg, *blocks = (int(v) for v in text.split(":"))
-        return cls(rows, warps_k, bool(prefetch), maxnreg or None, *blocks)
+        """ "ROWS:WARPS_K:PREFETCH:MAXNREG[:BLOCKS[:SPLIT]]" (MAXNREG 0: no cap)."""
+        rows, warps_k, prefetch, maxnreg, *rest = (int(v) for v in text.split(":"))
+        return cls(rows, warps_k, bool(prefetch), maxnreg or None, *rest)
+
+    def spec(self) -> str:
+        """The parse form (BLOCKS and SPLIT where not 1)."""
+        text = f"{self.rows}:{self.warps_k}:{int(self.prefetch)}:{self.maxnreg or 0}"
+        if self.blocks > 1 or self.split > 1:
+            text += f":{self.blocks}"
+        return text + (f":{self.split}" if self.split > 1 else "")
 
 
 # per format ("int4", "fp4"); TRITONLLM_W4_GEMV_SM90_TILING="int4=R:W:P:M,fp4=R:W:P:M" overrides (sweeps).
@@ -165,7 +176,8 @@ def compile_sm90(fp4: bool, group_k: int | None = None, tiling: Tiling | None = 
     """Compile the kernel for sm90 without a GPU (Triton's own compiler and ptxas); returns the
     compiled kernel (its .asm holds the IR, PTX and cubin). For tests, scripts/sass_loop_mix.py and
     the probe of available(). half2: the FP4_HALF2 build (gemv_w4: packed half-precision products); a tiling of
-    several blocks: w4_gemv_sm90_blocks_kernel; gated: the GATED build (silu(gate) * up in the epilogue)."""
+    several blocks: w4_gemv_sm90_blocks_kernel; a tiling's split: the SPLIT_K build (K in runs; even: every run
+    whole K tiles); gated: the GATED build (silu(gate) * up in the epilogue)."""
     tiling = tiling or TILINGS["fp4" if fp4 else "int4"]
     constexprs = dict(FP4=fp4, GROUP_K=group_k or (32 if fp4 else 128), ROWS=tiling.rows, WARPS_K=tiling.warps_k,
                       EVEN=even, HAS_BIAS=False, PDL=True, HALF2=half2)  # fmt: skip
@@ -174,9 +186,10 @@ def compile_sm90(fp4: bool, group_k: int | None = None, tiling: Tiling | None = 
         kernel = w4_gemv_sm90_blocks_kernel
         constexprs.update(BLOCKS=tiling.blocks)
     else:
-        constexprs.update(PREFETCH=tiling.prefetch, ONE_TILE=one_tile, GATED=gated)
+        constexprs.update(PREFETCH=tiling.prefetch, ONE_TILE=one_tile, GATED=gated, SPLIT_K=tiling.split)
     scale = "*u8" if fp4 else "*bf16"
-    types = dict(a_ptr="*bf16", w_ptr="*i32", c_ptr="*bf16", bias_ptr="*bf16", s_ptr=scale, z_ptr=scale)
+    types = dict(a_ptr="*bf16", w_ptr="*i32", c_ptr="*bf16", bias_ptr="*bf16", s_ptr=scale, z_ptr=scale,
+                 ws_ptr="*fp32", cnt_ptr="*i32")  # fmt: skip
     return compile_gluon_sm90(kernel, constexprs, types,
                               ("a_ptr", "w_ptr", "s_ptr", "z_ptr", "K", "stride_wn"), num_warps=NUM_WARPS,
                               **({"maxnreg": tiling.maxnreg} if tiling.maxnreg else {}))  # fmt: skip
@@ -206,10 +219,16 @@ def w4_gemv_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
                   **({"maxnreg": t.maxnreg} if t.maxnreg else {}), **pdl)  # fmt: skip
     if t.blocks > 1 and one_tile and n % block_n == 0 and not gated:
         w4_gemv_sm90_blocks_kernel[(-(-n // (block_n * t.blocks)),)](*args, BLOCKS=t.blocks, **common)
-    else:
-        one_tile = half2 and ROW_EXP_TILE and one_tile  # the row's factor from its one tile
-        grid = (-(-n // (block_n // 2 if gated else block_n)),)
-        w4_gemv_sm90_kernel[grid](*args, PREFETCH=t.prefetch, ONE_TILE=one_tile, GATED=gated, **common)
+        return c
+    split, k_split, ws, counters = 1, k, c, c
+    if t.split > 1 and not one_tile and not gated:  # K split into runs of whole K tiles (Tiling.split)
+        split, k_split, _, ws, counters = splitk_sm90.plan_splits(1, n, k, t.split, tile_k(t), block_n, c)
+    if split > 1:  # (EVEN as before: the runs are whole tiles but the last, which ends where K does)
+        one_tile = k_split <= tile_k(t)
+    one_tile = half2 and ROW_EXP_TILE and one_tile  # the row's (run's) factor from its one tile
+    grid = (-(-n // (block_n // 2 if gated else block_n)), split)
+    w4_gemv_sm90_kernel[grid](*args, ws, counters, k_split, PREFETCH=t.prefetch, ONE_TILE=one_tile, GATED=gated,
+                              SPLIT_K=split, **common)  # fmt: skip
     return c
 
 
@@ -642,10 +661,10 @@ if HAVE_GLUON:
     @gluon.jit
     def w4_gemv_sm90_kernel(
         a_ptr, w_ptr, c_ptr, bias_ptr, s_ptr, z_ptr,
-        N, K, stride_wn, stride_sn, stride_sk, m0, m1,
+        N, K, stride_wn, stride_sn, stride_sk, m0, m1, ws_ptr, cnt_ptr, K_SPLIT,
         FP4: gl.constexpr, GROUP_K: gl.constexpr, ROWS: gl.constexpr, WARPS_K: gl.constexpr, PREFETCH: gl.constexpr,
         EVEN: gl.constexpr, HAS_BIAS: gl.constexpr, HALF2: gl.constexpr = False, ONE_TILE: gl.constexpr = False,
-        GATED: gl.constexpr = False, PDL: gl.constexpr = False,
+        GATED: gl.constexpr = False, SPLIT_K: gl.constexpr = 1, PDL: gl.constexpr = False,
     ):  # fmt: skip
         """c[0, n] = sum_k a[0, k] w[n, k] (+ bias) for BLOCK_N = ROWS x NUM_WARPS / WARPS_K weight rows a
         program. m0, m1: the decode's bit masks (FP4_MASKS / INT4_MASKS; HALF2: gemv_w4's HALF2_MASKS /
@@ -653,15 +672,32 @@ if HAVE_GLUON:
         tile. PREFETCH: the next K tile's loads are issued before this tile's arithmetic. ONE_TILE: K at most one
         tile (w4_rows_dot). GATED (a gated MLP's gate_up, weight [gate | up] [2 N, K]): c[0, n] = silu(g) u of the
         gate row n's sum g and the up row N + n's u (bias gate n, up N + n), BLOCK_N / 2 columns a program, their
-        gate and up rows interleaved in its tile (w4_rows_dot's INTERLEAVE): the SiLU-mul's launch saved."""
+        gate and up rows interleaved in its tile (w4_rows_dot's INTERLEAVE): the SiLU-mul's launch saved.
+        SPLIT_K > 1 (not GATED): program (i, j) sums the run of K_SPLIT columns (whole K tiles) from j x K_SPLIT
+        (the last run shorter), as a GEMV of its own over that run (HALF2: the run's own factor), into the float32
+        workspace ws_ptr [SPLIT_K, 1, N]; the row block's last program to arrive on cnt_ptr sums the runs in order,
+        adds the bias and stores (splitk_sm90.finish_part). EVEN then says that every run is whole K tiles."""
         BLOCK_N: gl.constexpr = ROWS * (_WARPS // WARPS_K)
         row0 = gl.program_id(0) * (BLOCK_N // 2 if GATED else BLOCK_N)
+        if SPLIT_K > 1:  # this program's run of K: pointers moved to its first column, K its length
+            k0 = gl.program_id(1) * K_SPLIT
+            K = gl.minimum(K - k0, K_SPLIT)
+            a_ptr += k0
+            w_ptr += k0 // 8
+            s_ptr += (k0 // GROUP_K) * stride_sk
+            z_ptr += (k0 // GROUP_K) * stride_sk
         # the first K tile's weight before the wait: it streams under the previous kernel's tail
         w0, s0, z0 = first_weights(w_ptr, s_ptr, z_ptr, row0, N, K, stride_wn, stride_sn, stride_sk, GROUP_K, ROWS,
                                    WARPS_K, FP4, EVEN, GATED)  # fmt: skip
         gluon_pdl_wait(PDL)
         out, n_out = w4_rows_dot(a_ptr, w_ptr, s_ptr, z_ptr, row0, N, K, stride_wn, stride_sn, stride_sk, m0, m1, FP4,
                                  GROUP_K, ROWS, WARPS_K, PREFETCH, EVEN, GATED, HALF2, ONE_TILE, w0, s0, z0)  # fmt: skip
+        if SPLIT_K > 1:  # the run's partial; the row block's last run sums them, adds the bias and stores
+            LG: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, _layout(ROWS, GROUP_K // 8, _WPT, WARPS_K)))
+            splitk_sm90.finish_part(gl.expand_dims(out, 1), c_ptr, bias_ptr, c_ptr, c_ptr, ws_ptr, cnt_ptr,
+                                    gl.program_id(0), gl.program_id(1), gl.num_programs(1), 1, N, N, 0, BLOCK_N, 1, LG,
+                                    HAS_BIAS, 0, 0, SPLIT_K)  # fmt: skip
+            return
         if GATED:  # silu(gate) * up (moe_activation's 0)
             out, n_out = gated_epilogue(out, n_out, bias_ptr, N, 1.0, 0.0, 0, HAS_BIAS)
         elif HAS_BIAS:

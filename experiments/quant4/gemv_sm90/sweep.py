@@ -3,7 +3,8 @@
 (CUDA-graph replay timing, triton.testing.do_bench_cudagraph). Each timed call reads its weight cold in
 L2, as a model's step does (scripts/cold_l2.py; --warm-l2: one weight copy, how sessions 12-19 timed). On the GPU:
 
-    python experiments/quant4/gemv_sm90/sweep.py OUT.json [--configs 8:4:0:0 4:1:1:0 ...]  (ROWS:WARPS_K:PREFETCH:MAXNREG)
+    python experiments/quant4/gemv_sm90/sweep.py OUT.json [--configs 8:4:0:0 4:1:1:0 ...]
+        (ROWS:WARPS_K:PREFETCH:MAXNREG[:BLOCKS[:SPLIT]], gemv_w4_sm90.Tiling.parse)
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("--configs", nargs="+", default=["8:4:0:0", "4:4:0:0", "4:4:0:128", "4:1:1:0", "2:1:1:0"],
-                        help="ROWS:WARPS_K:PREFETCH:MAXNREG (MAXNREG 0: no cap)")  # fmt: skip
+                        help="ROWS:WARPS_K:PREFETCH:MAXNREG[:BLOCKS[:SPLIT]] (MAXNREG 0: no cap)")  # fmt: skip
     parser.add_argument("--warm-l2", action="store_true", help="time one weight copy (L2-warm where it fits)")
     args = parser.parse_args()
     cold = not args.warm_l2
@@ -66,9 +67,7 @@ def main() -> None:
                                  bf16_us=bf16 * 1e3,
                                  portable_us=portable * 1e3, speedup_vs_bf16=bf16 / us, tb_s=weight_bytes / us / 1e9,
                                  rel_err=err))  # fmt: skip
-                spec = f"{tiling.rows}:{tiling.warps_k}:{int(tiling.prefetch)}:{tiling.maxnreg or 0}"
-                spec += f":{tiling.blocks}" if tiling.blocks > 1 else ""
-                line += f" | {spec} {us * 1e3:.1f}us {bf16 / us:.2f}x {weight_bytes / us / 1e9:.2f}TB/s err {err:.1e}"
+                line += f" | {tiling.spec()} {us * 1e3:.1f}us {bf16 / us:.2f}x {weight_bytes / us / 1e9:.2f}TB/s err {err:.1e}"
             print(line, flush=True)
     args.out.write_text(json.dumps(rows, indent=1))
 
