@@ -662,12 +662,11 @@ print(tuned_file(torch.cuda.get_device_name()))")
         echo "not an H200: nothing run (the MXFP4 row blocks ran on session 42's H100: experiments/quant4)"
       fi ;;
     next-49)
-      # session 43's first device call, whichever GPU comes: on an H200 (~9 minutes), two 16 req/s serving runs
-      # and the offline step (issue 15's last target, 1.2x) then moe-h100-tiles (issue 16's 450 TFLOP/s); on an
-      # H100, gemv-split (the W4 GEMV's K splits run on any sm90 GPU)
+      # session 43's first device call, whichever GPU comes: on an H200, two 16 req/s serving runs and the offline
+      # step (issue 15's last target, 1.2x; the next H200 call: moe-h100-tiles, then tune-mid-fp8); on an H100,
+      # gemv-split (the W4 GEMV's K splits run on any sm90 GPU)
       if on_h200; then
-        RATES="16 16" OFFLINE_COUNTS=16 timeout 330 bash "$0" bench-serving
-        bash "$0" moe-h100-tiles
+        RATES="16 16" OFFLINE_COUNTS=16 timeout 560 bash "$0" bench-serving
       else
         bash "$0" gemv-split
       fi ;;
