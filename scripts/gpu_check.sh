@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [moe-h100-tiles] [w4-async] [gemv-split]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [moe-h100-tiles] [w4-async] [gemv-split]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -670,6 +670,10 @@ print(tuned_file(torch.cuda.get_device_name()))")
       else
         bash "$0" gemv-split
       fi ;;
+    next-51)
+      # session 43's second H200 call (~8 minutes): moe-h100-tiles (issue 16's 450 TFLOP/s), then gemv-split
+      on_h200 && timeout 300 bash "$0" moe-h100-tiles
+      bash "$0" gemv-split ;;
     gemv-split)
       # the Gluon W4 GEMV's K splits (Tiling.split; session 43, built on the CPU, not yet run): their GPU tests, then
       # the sweep at 8 rows a thread in one, two and four runs, with the next tile prefetched, and today's long-K
