@@ -56,8 +56,9 @@ def test_matches_the_dequantized_weight(group, m, n, k, dtype, spy) -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_scale_after_matches_the_dequantized_weight(m, n, k, dtype, monkeypatch, spy) -> None:
     """The scale applied after each step's MMA (int4, groups of 128; TRITONLLM_W4_SCALE_AFTER=1): ragged
-    shapes, both 16-bit dtypes, the bias and the plan's K splits."""
+    shapes, both 16-bit dtypes, the bias and the plan's K splits (the asynchronous MMA off: it would replace it)."""
     monkeypatch.setattr(gemm_w4_sm90, "SCALE_AFTER", "1")
+    monkeypatch.setattr(gemm_w4_sm90, "ASYNC_MMA", "0")
     w4.check_against_dequantized(m, n, k, w4.int4_scheme(128), dtype, seed=90)
     assert spy.launches == 1
 
@@ -66,6 +67,7 @@ def test_scale_after_matches_the_dequantized_weight(m, n, k, dtype, monkeypatch,
 @needs_sm90
 def test_scale_after_decodes_every_code_exactly_and_a_broken_mask_is_caught(monkeypatch, spy) -> None:
     monkeypatch.setattr(gemm_w4_sm90, "SCALE_AFTER", "1")
+    monkeypatch.setattr(gemm_w4_sm90, "ASYNC_MMA", "0")
     w4.check_every_int4_code(128)
     assert spy.launches == 8
     w4.check_broken_mask_caught(gemm_w4_sm90, monkeypatch)
@@ -165,6 +167,27 @@ def test_async_mma_plans_match_the_dequantized_weight(fmt, m, plan, monkeypatch,
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("fmt", ["int4-g128", "mxfp4"])
+def test_default_plans_take_the_asynchronous_mma_where_planned(fmt, monkeypatch, spy) -> None:
+    """The default plans (ASYNC_MMA "auto"): asynchronous at M = 4 / 16 (int4 g128: instead of the scale after the
+    MMA) and beyond 64 rows, synchronous at 32 / 64; each result the dequantized weight's product."""
+    monkeypatch.setattr(gemm_w4_sm90, "ASYNC_MMA", "auto")
+    monkeypatch.setattr(gemm_w4_sm90, "SCALE_AFTER", "auto")
+    scheme = w4.MXFP4 if fmt == "mxfp4" else w4.int4_scheme(128)
+    ms = (4, 16, 32, 64, 100)
+    for m in ms:
+        w4.check_against_dequantized(m, 200, 1024, scheme, torch.bfloat16, seed=m + 9)
+    assert [(call["ASYNC_MMA"], call["SCALE_AFTER"]) for call in spy.calls] == [
+        (True, False),
+        (True, False),
+        (False, fmt != "mxfp4"),
+        (False, False),
+        (True, False),
+    ]
+
+
+@pytest.mark.gpu
+@needs_sm90
 def test_row_blocks_serve_gemm_up_to_max_m(monkeypatch, spy) -> None:
     """TRITONLLM_W4_SM90_MAX_M: gemm()'s measured-faster dispatch (the triton_sm90 linear) sends M up to it
     here, before the dequantize-first tiles of M > 64; beyond it, those tiles."""
@@ -240,7 +263,7 @@ def test_measured_faster_at_m_2_to_64(monkeypatch) -> None:
     assert gemm_w4_sm90.measured_faster(512, 4096, 4096) and not gemm_w4_sm90.measured_faster(513, 4096, 4096)
 
 
-def test_supported_shapes_and_plans() -> None:
+def test_supported_shapes_and_plans(monkeypatch) -> None:
     supported = gemm_w4_sm90.supported
     assert supported(2, 4096, 128) == supported(64, 4096, 32) == gemm_w4_sm90.HAVE_GLUON
     assert not supported(1, 4096, 128)  # M = 1: the GEMV
@@ -254,7 +277,17 @@ def test_supported_shapes_and_plans() -> None:
     assert gemm_w4_sm90.Plan.parse("64:4:1:4:1") == gemm_w4_sm90.Plan(64, 4, True, 4, scale_after=True)
     assert gemm_w4_sm90.Plan.parse("64:4:2:4:0:0") == gemm_w4_sm90.Plan(64, 4, 2, 4, False, x_ahead=False)
     assert gemm_w4_sm90.Plan.parse("128:1:1:8:0:1:1") == gemm_w4_sm90.Plan(128, 1, True, 8, async_mma=True)
-    assert not gemm_w4_sm90.plan(65, 28672, 4096).async_mma  # opt-in
+    # the asynchronous MMA by default at M <= 16 and beyond 64 (row blocks), not at 17..64 (timed slower there)
+    monkeypatch.setattr(gemm_w4_sm90, "ASYNC_MMA", "auto")
+    assert [gemm_w4_sm90.plan(m, 28672, 4096).async_mma for m in (2, 16, 17, 64, 65, 300)] == [True] * 2 + [
+        False
+    ] * 2 + [True] * 2
+    monkeypatch.setattr(gemm_w4_sm90, "ASYNC_MMA", "0")
+    assert not any(gemm_w4_sm90.plan(m, 28672, 4096).async_mma for m in (2, 65))
+    assert gemm_w4_sm90.plan(65, 28672, 4096).x_ahead  # the synchronous 128-row plan: the activation a step ahead
+    monkeypatch.setattr(gemm_w4_sm90, "ASYNC_MMA", "1")
+    assert gemm_w4_sm90.plan(32, 6144, 4096).async_mma
+    monkeypatch.setattr(gemm_w4_sm90, "ASYNC_MMA", "auto")
     # ASYNC_MMA's two steps an iteration: every split's K steps even (the last split what is left)
     assert gemm_w4_sm90.even_steps(4096, 2048) and gemm_w4_sm90.even_steps(3072, 1024)
     assert not gemm_w4_sm90.even_steps(4224, 4224) and not gemm_w4_sm90.even_steps(4096, 1408)
@@ -270,13 +303,18 @@ def test_supported_shapes_and_plans() -> None:
 
 def test_row_block_plans(monkeypatch) -> None:
     """Beyond 64 rows on 132 SMs: 128 weight rows and two warpgroups where weight tiles x row blocks fill the
-    SMs (the activation a step ahead), else 64 rows, one warpgroup, K split only while one row block covers M
-    (the activation at its own step: registers); no scale after the MMA."""
+    SMs (the activation a step ahead for MXFP4, at its step for int4), else 64 rows, one warpgroup, K split only
+    while one row block covers M (the activation at its own step: registers); the asynchronous MMA; no scale after
+    the MMA."""
     monkeypatch.setattr(gemm_w4_sm90.platform, "num_multiprocessors", lambda: 132)
-    wide = gemm_w4_sm90.Plan(128, 1, True, 8)
+    monkeypatch.setattr(gemm_w4_sm90, "ASYNC_MMA", "auto")
+    # asynchronous MMAs; int4's 128-row plan with the activation at its step, MXFP4's a step ahead
+    wide = gemm_w4_sm90.Plan(128, 1, True, 8, x_ahead=False, async_mma=True)
     assert gemm_w4_sm90.plan(65, 28672, 4096) == gemm_w4_sm90.plan(512, 6144, 4096) == wide  # 224; 48 x 4 programs
-    assert gemm_w4_sm90.plan(512, 4096, 14336) == gemm_w4_sm90.Plan(64, 1, True, 4, x_ahead=False)  # 32 x 4 < 132
-    assert gemm_w4_sm90.plan(128, 4096, 4096) == gemm_w4_sm90.Plan(64, 2, True, 4, x_ahead=False)  # 64 tiles x 2
+    assert gemm_w4_sm90.plan(65, 28672, 4096, fp4=True) == gemm_w4_sm90.Plan(128, 1, True, 8, async_mma=True)
+    narrow = gemm_w4_sm90.Plan(64, 1, True, 4, x_ahead=False, async_mma=True)
+    assert gemm_w4_sm90.plan(512, 4096, 14336) == narrow  # 32 x 4 < 132
+    assert gemm_w4_sm90.plan(128, 4096, 4096) == dataclasses.replace(narrow, split=2)  # 64 tiles x 2
     assert gemm_w4_sm90.plan(65, 6144, 4096).split == 2  # 96 tiles: two splits though 192 programs > 132
     assert gemm_w4_sm90.plan(128, 4096, 512).split == 1  # each split at least four K steps
     assert not gemm_w4_sm90.plan(300, 4096, 4096, fp4=True).scale_after

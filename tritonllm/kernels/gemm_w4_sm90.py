@@ -95,8 +95,9 @@ class Plan:
     # registers freed: at M = 64 the kernel holds 181 registers a thread, two programs an SM; see _plan)
     x_ahead: bool = True
     # two K steps an iteration, the second's decode under the first step's MMA issued asynchronously, both
-    # retired before the back edge (opt-in: built without a GPU in session 42, not yet timed; taken only where
-    # every split has an even number of K steps and the scale is not applied after the MMA)
+    # retired before the back edge; taken only where every split has an even number of K steps, and there it
+    # replaces scale_after (the scale goes into the decode). The default plans take it at M <= ASYNC_MAX_M and
+    # beyond SKINNY_MAX_M (ASYNC_MMA, session 43's H100 sweeps)
     async_mma: bool = False
 
     @classmethod
@@ -115,6 +116,17 @@ PLAN_OVERRIDE: Plan | None = None
 # forces it on / off everywhere (experiments/quant4/README.md, session 21)
 SCALE_AFTER = os.environ.get("TRITONLLM_W4_SCALE_AFTER", "auto")
 SCALE_AFTER_MAX_M = 32
+# Plan.async_mma in the default plans. "auto": at M <= ASYNC_MAX_M and beyond SKINNY_MAX_M (the row blocks), where
+# session 43's H100 sweeps (experiments/quant4/README.md; Llama-3-8B layers, L2 cold) timed it faster at every layer
+# or within 1%: int4 M = 16 gate_up 35.7 against 38.0 us (with the scale after the MMA), down 23.9 / 25.6; M = 65 / 128
+# gate_up 97.6 / 112.8 against 114.1 / 138.7 (128 rows, the activation at its step), down 80.2 / 97.9 against 100.7
+# / 110.1 (64 rows in two splits); MXFP4 2-11% at the same sizes. Not at M = 32..64, where it lost up to 35% (int4
+# qkv at M = 64 25.5 against 18.9, gate_up 63.6 / 51.7). "1" / "0": everywhere / nowhere (TRITONLLM_W4_ASYNC_MMA;
+# the sweep's auto_async is "1")
+ASYNC_MMA = os.environ.get("TRITONLLM_W4_ASYNC_MMA", "auto")
+if ASYNC_MMA not in ("auto", "0", "1"):
+    raise ValueError(f"TRITONLLM_W4_ASYNC_MMA={ASYNC_MMA!r}: auto, 0 or 1")
+ASYNC_MAX_M = 16
 
 
 def measured_faster(m: int, n: int, k: int, fp4: bool = False) -> bool:
@@ -147,12 +159,13 @@ def plan(m: int, n: int, k: int, fp4: bool = False) -> Plan:
     if PLAN_OVERRIDE is not None:
         return PLAN_OVERRIDE
     on = m <= SCALE_AFTER_MAX_M if SCALE_AFTER == "auto" else SCALE_AFTER == "1"
-    return replace(_plan(m, n, k, fp4), scale_after=on and not fp4)
+    asynchronous = (m <= ASYNC_MAX_M or m > SKINNY_MAX_M) if ASYNC_MMA == "auto" else ASYNC_MMA == "1"
+    return replace(_plan(m, n, k, fp4, asynchronous), scale_after=on and not fp4, async_mma=asynchronous)
 
 
-def _plan(m: int, n: int, k: int, fp4: bool) -> Plan:
+def _plan(m: int, n: int, k: int, fp4: bool, asynchronous: bool = False) -> Plan:
     if m > SKINNY_MAX_M:
-        return _rows_plan(m, n, k)
+        return _rows_plan(m, n, k, fp4, asynchronous)
     if fp4 and m > 32 and triton.cdiv(n, 128) >= platform.num_multiprocessors():
         return Plan(256, 1, True, 16)  # MXFP4 gate_up at M = 64: 56.6 against 66.0 us with two warpgroups
     if m > 16 and triton.cdiv(n, 128) >= platform.num_multiprocessors():
@@ -167,7 +180,7 @@ def _plan(m: int, n: int, k: int, fp4: bool) -> Plan:
     return Plan(64, split, x_ahead=x_ahead)
 
 
-def _rows_plan(m: int, n: int, k: int) -> Plan:
+def _rows_plan(m: int, n: int, k: int, fp4: bool, asynchronous: bool) -> Plan:
     """Beyond 64 rows: two warpgroups on 128 weight rows where the grid of weight tiles x row blocks fills the
     SMs, else one warpgroup on 64 (two an SM), its K split in at least two while one row block covers M
     (partials are per tile). Session 39's sweep (int4, H100, M = 65 / 128): qkv's 96 tiles ran 37.4 / 41.7 us in
@@ -176,10 +189,13 @@ def _rows_plan(m: int, n: int, k: int) -> Plan:
     one program an SM as with it at its own step, 184 / 193): on two H100s it ran faster at every M timed,
     gate_up int4 112.4 / 135.0 us against 118.8 / 137.3 at M = 65 / 128 (session 39; 2-7% up to M = 2048), MXFP4
     111.6 / 133.6 against 134.0 / 152.4 (session 42; 9-17% up to M = 256). The 64-row plan keeps the activation
-    at its own step: a step ahead it spills (255 registers and a 152-byte stack)."""
+    at its own step: a step ahead it spills (255 registers and a 152-byte stack). With the asynchronous MMA (plan()'s
+    default here) int4's 128-row plan is fastest with the activation at its own step, MXFP4's a step ahead (session 43,
+    H100: int4 gate_up 97.6 / 112.8 us against 106.9 / 120.9 a step ahead at M = 65 / 128; MXFP4 103.3 / 122.4 against
+    109.5 / 121.1 at its step)."""
     blocks = m_blocks(m)
     if triton.cdiv(n, 128) * blocks >= platform.num_multiprocessors():
-        return Plan(128, 1, True, 8)
+        return Plan(128, 1, True, 8, x_ahead=fp4 or not asynchronous)
     split = max(min(2, k // (4 * BLOCK_K)), _k_split(triton.cdiv(n, 64), k, 1)) if blocks == 1 else 1
     return Plan(64, split, True, 4, x_ahead=False)
 
@@ -252,8 +268,8 @@ def w4_gemm_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
     blocks = m_blocks(m)
     split, k_per_split, tiles, ws, cnt = splitk_sm90.plan_splits(m, n, k, p.split if blocks == 1 else 1, BLOCK_K,
                                                                  p.block_n, c)  # fmt: skip
-    scale_after = p.scale_after and group_k == BLOCK_K and not fp4
-    async_mma = p.async_mma and not scale_after and even_steps(k, k_per_split)
+    async_mma = p.async_mma and even_steps(k, k_per_split)
+    scale_after = p.scale_after and group_k == BLOCK_K and not fp4 and not async_mma
     w4_gemm_sm90_kernel[(tiles * blocks, split)](
         a, words, c, bias if bias is not None else c, scale, scale if fp4 else zero, ws, cnt,
         m, n, k, k_per_split // 8, a.stride(0), words.stride(0), c.stride(0), scale.stride(0), scale.stride(1),

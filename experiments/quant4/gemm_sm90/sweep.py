@@ -10,7 +10,7 @@ L2, as a model's step does (scripts/cold_l2.py: the calls rotate through copies 
 
 (auto: the default plan, scale applied after each step's MMA at M <= 32 for int4 g128; auto_sa / auto_nosa:
 the default plan with that mode forced on / off at every M; a fifth plan field of 1 turns it on for an
-explicit plan)
+explicit plan; auto_async / auto_sync: the default plan with the asynchronous MMA at every M / nowhere)
 """
 
 from __future__ import annotations
@@ -67,9 +67,12 @@ def main() -> None:
             line = f"{layer} {n}x{k} M={m}: bf16 {bf16 * 1e3:.1f}us portable {portable * 1e3:.1f}us ({bf16 / portable:.2f}x)"
             for spec in args.plans if m > 1 else ["gemv"]:
                 gemm_w4_sm90.PLAN_OVERRIDE = (
-                    None if spec in ("auto", "auto_sa", "auto_nosa", "gemv") else gemm_w4_sm90.Plan.parse(spec)
+                    None
+                    if spec in ("auto", "auto_sa", "auto_nosa", "auto_async", "auto_sync", "gemv")
+                    else gemm_w4_sm90.Plan.parse(spec)
                 )
                 gemm_w4_sm90.SCALE_AFTER = {"auto_sa": "1", "auto_nosa": "0"}.get(spec, "auto")
+                gemm_w4_sm90.ASYNC_MMA = {"auto_async": "1", "auto_sync": "0"}.get(spec, "auto")
                 call = rotate(w4("always"), q_copies)  # every copy run once under this plan before the capture
                 got = call()
                 err = ((got.float() - expected).abs().max() / expected.abs().max()).item()
@@ -81,7 +84,7 @@ def main() -> None:
                                  portable_us=portable * 1e3, speedup_vs_bf16=bf16 / us,
                                  tb_s=weight_bytes / us / 1e9, rel_err=err))  # fmt: skip
                 line += f" | {spec} {us * 1e3:.1f}us {bf16 / us:.2f}x err {err:.1e}"
-            gemm_w4_sm90.PLAN_OVERRIDE, gemm_w4_sm90.SCALE_AFTER = None, "auto"
+            gemm_w4_sm90.PLAN_OVERRIDE, gemm_w4_sm90.SCALE_AFTER, gemm_w4_sm90.ASYNC_MMA = None, "auto", "auto"
             print(line, flush=True)
             args.out.write_text(json.dumps(rows, indent=1))  # as it goes: a run cut short keeps what it measured
 
