@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [moe-h100-tiles] [w4-async] [gemv-split]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -662,14 +662,23 @@ print(tuned_file(torch.cuda.get_device_name()))")
         echo "not an H200: nothing run (the MXFP4 row blocks ran on session 42's H100: experiments/quant4)"
       fi ;;
     next-49)
-      # session 43's first device call, whichever GPU comes: on an H200, two 16 req/s serving runs and the offline
-      # step (issue 15's last target, 1.2x; the next H200 call: moe-h100-tiles, then tune-mid-fp8); on an H100,
-      # gemv-split (the W4 GEMV's K splits run on any sm90 GPU)
+      # session 43's device call, whichever GPU comes: on an H200, two 16 req/s serving runs and the offline step
+      # (issue 15's last target, 1.2x; the next H200 call: moe-h100-tiles, then tune-mid-fp8); elsewhere, w4-default
       if on_h200; then
         RATES="16 16" OFFLINE_COUNTS=16 timeout 560 bash "$0" bench-serving
       else
-        bash "$0" gemv-split
+        bash "$0" w4-default
       fi ;;
+    w4-default)
+      # session 43's defaults of the W4 GEMM (the asynchronous MMA at M <= 16 and beyond 64): its GPU tests (async,
+      # scale after, default plans, row blocks, MXFP4), then the sweep of the default against the synchronous one
+      timeout 240 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemm_w4_sm90.py 2>&1 \
+        | tee "$OUT/w4_default_tests.log" | tail -3
+      for fmt in int4 mxfp4; do
+        [ "$fmt" = mxfp4 ] && flag=--mxfp4 || flag=
+        timeout 150 python3 experiments/quant4/gemm_sm90/sweep.py "$OUT/w4_default_$fmt.json" $flag --ms 2 8 16 96 \
+          --plans auto auto_sync 2>&1 | sed 's/ err [0-9.e-]*//g' | tail -16
+      done ;;
     next-51)
       # session 43's second H200 call (~8 minutes): moe-h100-tiles (issue 16's 450 TFLOP/s), then gemv-split
       on_h200 && timeout 300 bash "$0" moe-h100-tiles
