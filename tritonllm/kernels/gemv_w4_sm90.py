@@ -682,7 +682,6 @@ if HAVE_GLUON:
         if SPLIT_K > 1:  # this program's run of K: pointers moved to its first column, K its length
             k0 = gl.program_id(1) * K_SPLIT
             K = gl.minimum(K - k0, K_SPLIT)
-            a_ptr += k0
             w_ptr += k0 // 8
             s_ptr += (k0 // GROUP_K) * stride_sk
             z_ptr += (k0 // GROUP_K) * stride_sk
@@ -690,6 +689,8 @@ if HAVE_GLUON:
         w0, s0, z0 = first_weights(w_ptr, s_ptr, z_ptr, row0, N, K, stride_wn, stride_sn, stride_sk, GROUP_K, ROWS,
                                    WARPS_K, FP4, EVEN, GATED)  # fmt: skip
         gluon_pdl_wait(PDL)
+        if SPLIT_K > 1:  # the activations (the previous kernel's output) from the run's first column
+            a_ptr += gl.program_id(1) * K_SPLIT
         out, n_out = w4_rows_dot(a_ptr, w_ptr, s_ptr, z_ptr, row0, N, K, stride_wn, stride_sn, stride_sk, m0, m1, FP4,
                                  GROUP_K, ROWS, WARPS_K, PREFETCH, EVEN, GATED, HALF2, ONE_TILE, w0, s0, z0)  # fmt: skip
         if SPLIT_K > 1:  # the run's partial; the row block's last run sums them, adds the bias and stores
