@@ -39,10 +39,10 @@ int4 g128, Llama-3-8B layers, L2 cold): one row block (M = 65..128) runs 1.2-2.4
 row block loses (M = 512: 0.6-0.9x it; M = 2048: 0.45x). So gemm() sends M up to 128 here
 (TRITONLLM_W4_SM90_MAX_M overrides it).
 
-The MMA is synchronous by default: a step's decode, activation store and MMA follow one another. Plan.async_mma
-(opt-in, not yet timed) takes two K steps an iteration with the first's MMA asynchronous under the second's
-decode, both retired before the loop's back edge (ptxas serializes every MMA of a loop that carries one in
-flight across it).
+Plan.async_mma takes two K steps an iteration with the first's MMA asynchronous under the second's decode, both
+retired before the loop's back edge (ptxas serializes every MMA of a loop that carries one in flight across it);
+the default plans take it at M <= 16 and on the row blocks (ASYNC_MMA). Elsewhere the MMA is synchronous: a step's
+decode, activation store and MMA follow one another.
 """
 
 from __future__ import annotations

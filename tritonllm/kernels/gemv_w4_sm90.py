@@ -27,7 +27,8 @@ are chosen by hand so that nothing moves between threads inside the K loop:
   a group and a row chained in fp16, then summed in float32 and scaled per group (int4: minus its zero
   point times the run's activations).
 
-Each program covers all of K (no K splits); the bias is added in the store.
+Each program covers all of K (Tiling.split, opt-in and timed slower, cuts long rows into runs); the bias is added
+in the store.
 """
 
 from __future__ import annotations
