@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [next-52] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -681,6 +681,27 @@ print(tuned_file(torch.cuda.get_device_name()))")
         timeout 120 python3 experiments/quant4/gemm_sm90/sweep.py "$OUT/w4_default_$fmt.json" $flag \
           --ms ${W4_DEFAULT_MS:-8 32 96} --plans auto auto_sync 128:1:1:8:0:0:1 2>&1 | sed 's/ err [0-9.e-]*//g' | tail -12
       done ;;
+    w4-m64)
+      # issue 14's "never slower than bf16 up to M = 64" (session 44): MXFP4 keeps the activation a step ahead at
+      # M = 33..64 (x_ahead, never swept for it), where int4's qkv took it at its step (session 22: 25.3 -> 18.7 us);
+      # MXFP4 qkv ran 0.80x bf16 at M = 64 on an H100 (session 43). Both formats at M = 48 / 64: the default, the
+      # activation at its step with four and eight K splits, a step ahead with eight, two steps of words ahead,
+      # and two warpgroups on 128 rows in four splits
+      for fmt in mxfp4 int4; do
+        [ "$fmt" = mxfp4 ] && flag=--mxfp4 || flag=
+        timeout 150 python3 experiments/quant4/gemm_sm90/sweep.py "$OUT/w4_m64_$fmt.json" $flag --ms 48 64 \
+          --plans auto 64:4:1:4:0:0 64:8:1:4:0:0 64:8:1:4:0:1 64:4:2:4:0:0 128:4:1:8:0:0 2>&1 \
+          | sed 's/ err [0-9.e-]*//g' | tail -8
+      done ;;
+    next-52)
+      # session 44's call: on an H200, moe-h100-tiles (issue 16's 450 TFLOP/s) then two 16 req/s serving runs
+      # (issue 15's 1.2x); elsewhere, w4-m64
+      if on_h200; then
+        timeout 300 bash "$0" moe-h100-tiles
+        RATES="16 16" OFFLINE_COUNTS=16 timeout 560 bash "$0" bench-serving
+      else
+        bash "$0" w4-m64
+      fi ;;
     next-51)
       # session 43's second H200 call (~8 minutes): moe-h100-tiles (issue 16's 450 TFLOP/s), then gemv-split
       on_h200 && timeout 300 bash "$0" moe-h100-tiles
