@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [next-52] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [next-52] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -693,6 +693,32 @@ print(tuned_file(torch.cuda.get_device_name()))")
           --plans auto 64:4:1:4:0:0 64:8:1:4:0:0 64:8:1:4:0:1 64:4:2:4:0:0 128:4:1:8:0:0 2>&1 \
           | sed 's/ err [0-9.e-]*//g' | tail -8
       done ;;
+    prefill-profile)
+      # where a warm batch-1 prompt's step goes (512 tokens, the step that issue 13's FP8 batch 1 pays as TTFT:
+      # 10.4-11.1 ms against bf16's 12.5-13.5 where FP8's GEMMs alone should take about half of bf16's): the GPU
+      # kernels of one prefill step after two warm-up requests, FP8 (triton_sm90) and bf16 cuBLAS
+      ensure_config_model
+      for variant in ${PREFILL_VARIANTS:-fp8 bf16_torch}; do
+        case $variant in
+          bf16_torch) args="--kernel linear=torch" ;;
+          *) args="--quantization $variant --kernel linear=triton_sm90" ;;
+        esac
+        python3 scripts/profile_steps.py --model "$MODELS/llama3-8b-config" --load-format dummy $args --pdl \
+          --phase prefill --warmup-requests 2 --num-requests 1 --prompt-len 512 --output-len 2 --temperature 0 \
+          --steps 1 --kernel-table 30 --output-json "$OUT/prefill_$variant.json" 2>&1 | grep -E '"step_ms"|gpu_busy_ms'
+      done
+      python3 - "$OUT" << 'PY'
+import json, sys
+for v in ("fp8", "bf16_torch"):
+    try:
+        d = json.load(open(f"{sys.argv[1]}/prefill_{v}.json"))
+    except OSError:
+        continue
+    print(v, d["step_ms"], "ms a step;", d["gpu_busy_ms_per_step"], "ms busy")
+    for name, us in d["kernels_us_per_step"].items():
+        print(f"  {us:9.1f} us x{d['launches_per_step'][name]:5.1f}  {name[:90]}")
+PY
+      ;;
     next-52)
       # session 44's call: on an H200, moe-h100-tiles (issue 16's 450 TFLOP/s) then two 16 req/s serving runs
       # (issue 15's 1.2x); elsewhere, w4-m64
