@@ -75,8 +75,12 @@ def main() -> None:
         "--streaming", action="store_true", help="every step's outputs, text streamed (the server's path)"
     )
     parser.add_argument("--phase", choices=["decode", "prefill"], default="decode")
-    parser.add_argument("--warmup-requests", type=int, default=0,
-                        help="requests of the same lengths run to completion first (a warm prefill: kernels compiled)")
+    parser.add_argument(
+        "--warmup-requests",
+        type=int,
+        default=0,
+        help="requests of the same lengths run to completion first (a warm prefill: kernels compiled)",
+    )
     parser.add_argument("--prompt-len", type=int, default=None, help="fixed prompt length (default 100-1024)")
     parser.add_argument("--output-len", type=int, default=None, help="fixed output length (default 300-1024)")
     parser.add_argument("--temperature", type=float, default=0.6)
@@ -122,8 +126,11 @@ def main() -> None:
     rng = random.Random(0)
     for i in range(args.warmup_requests):
         prompt = [rng.randrange(10000) for _ in range(args.prompt_len or rng.randint(100, 1024))]
-        engine.add_request(f"warmup{i}", prompt, SamplingParams(temperature=args.temperature, ignore_eos=True,
-                                                                max_tokens=args.output_len or 16))
+        engine.add_request(
+            f"warmup{i}",
+            prompt,
+            SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=args.output_len or 16),
+        )
     while engine.has_unfinished_requests():
         engine.step()
     kind = RequestOutputKind.CUMULATIVE if args.streaming else RequestOutputKind.FINAL_ONLY
