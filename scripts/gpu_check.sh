@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [next-52] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -720,14 +720,18 @@ for v in ("fp8", "bf16_torch"):
 PY
       ;;
     next-52)
-      # session 44's call: on an H200, moe-h100-tiles (issue 16's 450 TFLOP/s) then two 16 req/s serving runs
-      # (issue 15's 1.2x); elsewhere, w4-m64
+      # session 44's first call: on an H200, moe-h100-tiles (issue 16's 450 TFLOP/s) then w4-m64 (next-53 follows:
+      # issue 15's serving); elsewhere w4-m64 and prefill-profile
       if on_h200; then
         timeout 300 bash "$0" moe-h100-tiles
-        RATES="16 16" OFFLINE_COUNTS=16 timeout 560 bash "$0" bench-serving
+        bash "$0" w4-m64
       else
         bash "$0" w4-m64
+        timeout 300 bash "$0" prefill-profile
       fi ;;
+    next-53)
+      # session 44's second H200 call: two 16 req/s serving runs and the offline step at 16 (issue 15's 1.2x)
+      RATES="16 16" OFFLINE_COUNTS=16 timeout 560 bash "$0" bench-serving ;;
     next-51)
       # session 43's second H200 call (~8 minutes): moe-h100-tiles (issue 16's 450 TFLOP/s), then gemv-split
       on_h200 && timeout 300 bash "$0" moe-h100-tiles
