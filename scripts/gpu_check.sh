@@ -720,11 +720,12 @@ for v in ("fp8", "bf16_torch"):
 PY
       ;;
     next-52)
-      # session 44's first call: on an H200, moe-h100-tiles (issue 16's 450 TFLOP/s) then w4-m64 (next-53 follows:
-      # issue 15's serving); elsewhere w4-m64 and prefill-profile
+      # session 44's first call: on an H200, moe-h100-tiles (issue 16's 450 TFLOP/s), then FP8 batch 1 against bf16
+      # cuBLAS (issue 13's 1.7x) with the Hopper tables' new 512 buckets (the prompt's GEMMs); next-53 follows
+      # (issue 15's serving). Elsewhere w4-m64 and prefill-profile
       if on_h200; then
         timeout 300 bash "$0" moe-h100-tiles
-        bash "$0" w4-m64
+        QUANT_VARIANTS="bf16_torch fp8_gluon" QUANT_EXPS=batch1_decode QUANT_TAG=_s44 timeout 240 bash "$0" e2e-quant
       else
         bash "$0" w4-m64
         timeout 300 bash "$0" prefill-profile

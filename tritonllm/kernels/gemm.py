@@ -241,7 +241,11 @@ W4_GEMV_TILES = GemmTiles(1, 16, 1024, 4, 2, 1, 4, gemv=True)
 # takes the persistent descriptor kernel with 128 x 256 tiles (0.97-1.15x cuBLAS bf16 where the
 # pointer kernel reached 0.63-0.77x); block-FP8 64 x 128 tiles, four warps (three CTAs per SM hide
 # each other's per-K-tile rescale); skinny buckets favour wide K tiles and split-K (the weight read
-# is the cost). The 128/256 buckets and weight-only are the Triton tutorial's starting points; decoded
+# is the cost). The 512 buckets (M = 257..512: prefill chunks, a batch-1 prompt) are the tiles whose sum over
+# Llama-3-8B's four layers was least in the mid sweeps (scripts/tune_gemm.py --suites mid / mid_fp8): 128 x 128
+# (bf16 on the H200 354.7 us a layer against 456.7 for the 128 x 256 persistent tiles, whose 64 tiles leave SMs
+# idle at N = 4,096; FP8 on an H100 203.0 against 239.1; experiments/gemm/README.md, session 44). The 128/256
+# buckets and weight-only are the Triton tutorial's starting points; decoded
 # weights (int4, 8-bit grouped, MXFP4) beyond M = 64 are dequantized first, then multiplied in bf16
 # (H200 sweep: at M = 256 and 1024 dequantize-then-GEMM took 0.4-0.9x the fused tile kernel's time).
 _HOPPER = {
@@ -250,6 +254,7 @@ _HOPPER = {
         (64, GemmTiles(64, 32, 128, 4, 4, 8, 4)),
         (128, GemmTiles(64, 128, 64, 4, 4)),
         (256, GemmTiles(128, 128, 64, 8, 4)),
+        (512, GemmTiles(128, 128, 64, 4, 4)),
         (None, GemmTiles(128, 256, 64, 8, 3, persistent=True)),
     ],
     "w8a8": [
@@ -257,6 +262,7 @@ _HOPPER = {
         (64, GemmTiles(64, 32, 256, 4, 4, 8, 4)),
         (128, GemmTiles(64, 128, 128, 4, 4)),
         (256, GemmTiles(128, 128, 128, 8, 4)),
+        (512, GemmTiles(128, 128, 128, 8, 4, persistent=True)),
         (None, GemmTiles(128, 256, 128, 8, 3, persistent=True)),
     ],
     "block": [
