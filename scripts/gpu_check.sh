@@ -682,16 +682,17 @@ print(tuned_file(torch.cuda.get_device_name()))")
           --ms ${W4_DEFAULT_MS:-8 32 96} --plans auto auto_sync 128:1:1:8:0:0:1 2>&1 | sed 's/ err [0-9.e-]*//g' | tail -12
       done ;;
     w4-m64)
-      # issue 14's "never slower than bf16 up to M = 64" (session 44): MXFP4 keeps the activation a step ahead at
-      # M = 33..64 (x_ahead, never swept for it), where int4's qkv took it at its step (session 22: 25.3 -> 18.7 us);
-      # MXFP4 qkv ran 0.80x bf16 at M = 64 on an H100 (session 43). Both formats at M = 48 / 64: the default, the
-      # activation at its step with four and eight K splits, a step ahead with eight, two steps of words ahead,
-      # and two warpgroups on 128 rows in four splits
+      # issue 14's "never slower than bf16 up to M = 64" (session 44): the activation ring (Plan.x_tma: tiles by TMA,
+      # three stages; built on the CPU) — its GPU tests, then at M = 32 / 48 / 64 beside the default, the tile at its
+      # own step without the ring (MXFP4 keeps it a step ahead: never swept), the ring in four and eight K splits,
+      # with words two steps ahead, and on two warpgroups
+      timeout 240 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemm_w4_sm90.py -k "activation_ring" \
+        2>&1 | tee "$OUT/w4_ring_tests.log" | tail -3
       for fmt in mxfp4 int4; do
         [ "$fmt" = mxfp4 ] && flag=--mxfp4 || flag=
-        timeout 150 python3 experiments/quant4/gemm_sm90/sweep.py "$OUT/w4_m64_$fmt.json" $flag --ms 48 64 \
-          --plans auto 64:4:1:4:0:0 64:8:1:4:0:0 64:8:1:4:0:1 64:4:2:4:0:0 128:4:1:8:0:0 2>&1 \
-          | sed 's/ err [0-9.e-]*//g' | tail -8
+        timeout 150 python3 experiments/quant4/gemm_sm90/sweep.py "$OUT/w4_m64_$fmt.json" $flag --ms 32 48 64 \
+          --plans auto 64:4:1:4:0:0 64:4:1:4:0:0:0:1 64:8:1:4:0:0:0:1 64:4:2:4:0:0:0:1 128:4:1:8:0:0:0:1 2>&1 \
+          | sed 's/ err [0-9.e-]*//g' | tail -12
       done ;;
     prefill-profile)
       # where a warm batch-1 prompt's step goes (512 tokens, the step that issue 13's FP8 batch 1 pays as TTFT:
