@@ -43,6 +43,11 @@ Plan.async_mma takes two K steps an iteration with the first's MMA asynchronous 
 retired before the loop's back edge (ptxas serializes every MMA of a loop that carries one in flight across it);
 the default plans take it at M <= 16 and on the row blocks (ASYNC_MMA). Elsewhere the MMA is synchronous: a step's
 decode, activation store and MMA follow one another.
+
+Plan.x_tma (opt-in, session 44, not yet timed) streams the activation tiles by TMA into a ring of three
+shared-memory stages, two steps ahead: the column permutation above is at 2-byte granularity, which no copy
+engine does, so each step still reads its tile into registers (from shared memory now, not L2) and stores it
+permuted for the MMA.
 """
 
 from __future__ import annotations
