@@ -306,6 +306,9 @@ def test_supported_shapes_and_plans(monkeypatch) -> None:
     assert gemm_w4_sm90.Plan.parse("128:1:1:8:0:1:1") == gemm_w4_sm90.Plan(128, 1, True, 8, async_mma=True)
     assert gemm_w4_sm90.Plan.parse("64:4:1:4:0:0:0:1") == gemm_w4_sm90.Plan(64, 4, True, 4, x_ahead=False, x_tma=True)
     assert not any(gemm_w4_sm90.plan(m, 6144, 4096).x_tma for m in (2, 16, 32, 64, 65, 300))  # opt-in
+    monkeypatch.setattr(gemm_w4_sm90, "X_TMA", "1")
+    assert [gemm_w4_sm90.plan(m, 6144, 4096).x_tma for m in (2, 16, 17, 64, 65, 128)] == [False] * 2 + [True] * 4
+    monkeypatch.setattr(gemm_w4_sm90, "X_TMA", "0")
     # the asynchronous MMA by default at M <= 16 and beyond 64 (row blocks), not at 17..64 (timed slower there)
     monkeypatch.setattr(gemm_w4_sm90, "ASYNC_MMA", "auto")
     assert [gemm_w4_sm90.plan(m, 28672, 4096).async_mma for m in (2, 16, 17, 64, 65, 300)] == [True] * 2 + [

@@ -144,6 +144,11 @@ ASYNC_MMA = os.environ.get("TRITONLLM_W4_ASYNC_MMA", "auto")
 if ASYNC_MMA not in ("auto", "0", "1"):
     raise ValueError(f"TRITONLLM_W4_ASYNC_MMA={ASYNC_MMA!r}: auto, 0 or 1")
 ASYNC_MAX_M = 16
+# Plan.x_tma in the default plans: "0" nowhere (until timed), "1" beyond ASYNC_MAX_M (M = 17..MAX_M, where the
+# activation tile is 8-32 KB a step); TRITONLLM_W4_X_TMA, for A/B runs (scripts/gpu_check.sh w4-ring-e2e)
+X_TMA = os.environ.get("TRITONLLM_W4_X_TMA", "0")
+if X_TMA not in ("0", "1"):
+    raise ValueError(f"TRITONLLM_W4_X_TMA={X_TMA!r}: 0 or 1")
 
 
 def measured_faster(m: int, n: int, k: int, fp4: bool = False) -> bool:
@@ -177,7 +182,8 @@ def plan(m: int, n: int, k: int, fp4: bool = False) -> Plan:
         return PLAN_OVERRIDE
     on = m <= SCALE_AFTER_MAX_M if SCALE_AFTER == "auto" else SCALE_AFTER == "1"
     asynchronous = (m <= ASYNC_MAX_M or m > SKINNY_MAX_M) if ASYNC_MMA == "auto" else ASYNC_MMA == "1"
-    return replace(_plan(m, n, k, fp4, asynchronous), scale_after=on and not fp4, async_mma=asynchronous)
+    return replace(_plan(m, n, k, fp4, asynchronous), scale_after=on and not fp4, async_mma=asynchronous,
+                   x_tma=X_TMA == "1" and m > ASYNC_MAX_M)  # fmt: skip
 
 
 def _plan(m: int, n: int, k: int, fp4: bool, asynchronous: bool = False) -> Plan:
