@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [w4-ring-e2e] [prefill-profile] [next-52] [next-53] [next-54] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [next-52] [next-53] [next-54] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -694,13 +694,6 @@ print(tuned_file(torch.cuda.get_device_name()))")
           --plans auto 64:4:1:4:0:0 64:4:1:4:0:0:0:1 64:8:1:4:0:0:0:1 64:4:2:4:0:0:0:1 128:4:1:8:0:0:0:1 2>&1 \
           | sed 's/ err [0-9.e-]*//g' | tail -12
       done ;;
-    w4-ring-e2e)
-      # the activation ring in the default plans beyond M = 16 (TRITONLLM_W4_X_TMA=1) end to end: Llama-3-8B
-      # 64 x 512 + 128 (M = 64 decode steps; issue 14's 1.0x bf16), int4 and MXFP4 with and without it beside
-      # bf16 cuBLAS
-      QUANT_VARIANTS="bf16_torch int4_gluon mxfp4_gluon" QUANT_EXPS=throughput_64x512 QUANT_TAG=_s44 bash "$0" e2e-quant
-      TRITONLLM_W4_X_TMA=1 QUANT_VARIANTS="int4_gluon mxfp4_gluon" QUANT_EXPS=throughput_64x512 QUANT_TAG=_s44_xtma \
-        bash "$0" e2e-quant ;;
     prefill-profile)
       # where a warm batch-1 prompt's step goes (512 tokens, the step that issue 13's FP8 batch 1 pays as TTFT:
       # 10.4-11.1 ms against bf16's 12.5-13.5 where FP8's GEMMs alone should take about half of bf16's): the GPU

@@ -171,7 +171,8 @@ def test_async_mma_plans_match_the_dequantized_weight(fmt, m, plan, monkeypatch,
 @pytest.mark.parametrize("m", [5, 64, 300])
 @pytest.mark.parametrize("plan", ["64:4:1:4:1:0:0:1", "64:3:2:4:0:0:0:1", "128:2:0:8:0:0:0:1", "64:2:1:4:0:0:1:1"])
 def test_activation_ring_plans_match_the_dequantized_weight(fmt, m, plan, monkeypatch, spy) -> None:
-    """Plan.x_tma (the activation tiles by TMA through a ring of three stages, read into registers a step): K
+    """Plan.x_tma (the activation tiles by TMA through a ring of three stages, read into registers a step; for
+    sweeps, measured slower): K
     splits of uneven length (K = 4,224 and 1,152 in up to four: splits of 9 down to 2 K steps, fewer than the
     ring is deep), prefetch 0 / 1 / 2, one and two warpgroups, the scale after the MMA (int4 g128), the
     asynchronous MMA (where the steps are even), row blocks (rows past M zero-filled by the copy), in bf16 and
@@ -306,9 +307,6 @@ def test_supported_shapes_and_plans(monkeypatch) -> None:
     assert gemm_w4_sm90.Plan.parse("128:1:1:8:0:1:1") == gemm_w4_sm90.Plan(128, 1, True, 8, async_mma=True)
     assert gemm_w4_sm90.Plan.parse("64:4:1:4:0:0:0:1") == gemm_w4_sm90.Plan(64, 4, True, 4, x_ahead=False, x_tma=True)
     assert not any(gemm_w4_sm90.plan(m, 6144, 4096).x_tma for m in (2, 16, 32, 64, 65, 300))  # opt-in
-    monkeypatch.setattr(gemm_w4_sm90, "X_TMA", "1")
-    assert [gemm_w4_sm90.plan(m, 6144, 4096).x_tma for m in (2, 16, 17, 64, 65, 128)] == [False] * 2 + [True] * 4
-    monkeypatch.setattr(gemm_w4_sm90, "X_TMA", "0")
     # the asynchronous MMA by default at M <= 16 and beyond 64 (row blocks), not at 17..64 (timed slower there)
     monkeypatch.setattr(gemm_w4_sm90, "ASYNC_MMA", "auto")
     assert [gemm_w4_sm90.plan(m, 28672, 4096).async_mma for m in (2, 16, 17, 64, 65, 300)] == [True] * 2 + [
@@ -353,15 +351,16 @@ def test_row_block_plans(monkeypatch) -> None:
 
 
 def test_activation_at_its_own_step_past_one_wave_of_64_row_tiles(monkeypatch) -> None:
-    """On the H200's 132 SMs: int4 qkv (96 programs x 4 splits) at M = 48 / 64 takes x_ahead off (four programs
-    an SM instead of two), o and down (64 x 4: one wave of two an SM) keep it, as do M <= 32 and MXFP4."""
+    """On the H200's 132 SMs: qkv (96 programs x 4 splits) at M = 48 / 64 takes x_ahead off (four programs an SM
+    instead of two), int4 and MXFP4 alike (session 44); o and down (64 x 4: one wave of two an SM) keep it, as
+    does M <= 32."""
     monkeypatch.setattr(gemm_w4_sm90.platform, "num_multiprocessors", lambda: 132)
     for m in (33, 48, 64):
-        assert gemm_w4_sm90.plan(m, 6144, 4096) == gemm_w4_sm90.Plan(64, 4, x_ahead=False)
-        assert gemm_w4_sm90.plan(m, 4096, 4096) == gemm_w4_sm90.Plan(64, 4)
-        assert gemm_w4_sm90.plan(m, 4096, 14336) == gemm_w4_sm90.Plan(64, 4)
-        assert gemm_w4_sm90.plan(m, 6144, 4096, fp4=True).x_ahead
-    assert gemm_w4_sm90.plan(32, 6144, 4096).x_ahead
+        for fp4 in (False, True):
+            assert gemm_w4_sm90.plan(m, 6144, 4096, fp4) == gemm_w4_sm90.Plan(64, 4, x_ahead=False)
+            assert gemm_w4_sm90.plan(m, 4096, 4096, fp4) == gemm_w4_sm90.Plan(64, 4)
+            assert gemm_w4_sm90.plan(m, 4096, 14336, fp4) == gemm_w4_sm90.Plan(64, 4)
+    assert gemm_w4_sm90.plan(32, 6144, 4096).x_ahead and gemm_w4_sm90.plan(32, 6144, 4096, fp4=True).x_ahead
 
 
 def test_scale_after_is_on_to_m32_for_int4_only_and_forced_by_the_environment(monkeypatch) -> None:

@@ -44,9 +44,9 @@ retired before the loop's back edge (ptxas serializes every MMA of a loop that c
 the default plans take it at M <= 16 and on the row blocks (ASYNC_MMA). Elsewhere the MMA is synchronous: a step's
 decode, activation store and MMA follow one another.
 
-Plan.x_tma (opt-in, session 44, not yet timed) streams the activation tiles by TMA into a ring of three
+Plan.x_tma (sweeps only: measured slower, session 44) streams the activation tiles by TMA into a ring of three
 shared-memory stages, two steps ahead: the column permutation above is at 2-byte granularity, which no copy
-engine does, so each step still reads its tile into registers (from shared memory now, not L2) and stores it
+engine does, so each step still reads its tile into registers (from shared memory then, not L2) and stores it
 permuted for the MMA.
 """
 
@@ -110,11 +110,11 @@ class Plan:
     # replaces scale_after (the scale goes into the decode). The default plans take it at M <= ASYNC_MAX_M and
     # beyond SKINNY_MAX_M (ASYNC_MMA, session 43's H100 sweeps)
     async_mma: bool = False
-    # the activation tiles streamed by TMA into a ring of X_STAGES shared-memory stages (copies issued X_STAGES - 1
-    # steps ahead, no registers held for them), each step's tile then read into registers in the A operand's
-    # column order and stored for the MMA as without it (x_ahead unused). Opt-in (session 44, built on the CPU):
-    # where the tile at its own step leaves each step waiting a round trip to L2, and a step ahead holds its
-    # registers (M = 33..64: 182 against 199 a thread, two programs an SM either way on Triton 3.6)
+    # the activation tiles streamed by TMA into a ring of three shared-memory stages (copies issued two steps
+    # ahead, no registers held for them), each step's tile then read into registers in the A operand's column
+    # order and stored for the MMA as without it (x_ahead unused). For sweeps only: slower at every Llama-3-8B layer
+    # at M = 48 / 64 on an H100 (session 44: int4 qkv 30.2 against 18.3 us with the tile at its step, o 18.9
+    # against 15.0, gate_up 106 against 90; MXFP4 alike)
     x_tma: bool = False
 
     @classmethod
@@ -144,11 +144,6 @@ ASYNC_MMA = os.environ.get("TRITONLLM_W4_ASYNC_MMA", "auto")
 if ASYNC_MMA not in ("auto", "0", "1"):
     raise ValueError(f"TRITONLLM_W4_ASYNC_MMA={ASYNC_MMA!r}: auto, 0 or 1")
 ASYNC_MAX_M = 16
-# Plan.x_tma in the default plans: "0" nowhere (until timed), "1" beyond ASYNC_MAX_M (M = 17..MAX_M, where the
-# activation tile is 8-32 KB a step); TRITONLLM_W4_X_TMA, for A/B runs (scripts/gpu_check.sh w4-ring-e2e)
-X_TMA = os.environ.get("TRITONLLM_W4_X_TMA", "0")
-if X_TMA not in ("0", "1"):
-    raise ValueError(f"TRITONLLM_W4_X_TMA={X_TMA!r}: 0 or 1")
 
 
 def measured_faster(m: int, n: int, k: int, fp4: bool = False) -> bool:
@@ -182,8 +177,7 @@ def plan(m: int, n: int, k: int, fp4: bool = False) -> Plan:
         return PLAN_OVERRIDE
     on = m <= SCALE_AFTER_MAX_M if SCALE_AFTER == "auto" else SCALE_AFTER == "1"
     asynchronous = (m <= ASYNC_MAX_M or m > SKINNY_MAX_M) if ASYNC_MMA == "auto" else ASYNC_MMA == "1"
-    return replace(_plan(m, n, k, fp4, asynchronous), scale_after=on and not fp4, async_mma=asynchronous,
-                   x_tma=X_TMA == "1" and m > ASYNC_MAX_M)  # fmt: skip
+    return replace(_plan(m, n, k, fp4, asynchronous), scale_after=on and not fp4, async_mma=asynchronous)
 
 
 def _plan(m: int, n: int, k: int, fp4: bool, asynchronous: bool = False) -> Plan:
@@ -198,8 +192,10 @@ def _plan(m: int, n: int, k: int, fp4: bool, asynchronous: bool = False) -> Plan
     # 64-row tiles (M > 32) hold 181 registers a thread with the activation loaded a step ahead: two programs
     # an SM. Where the grid needs more than that wave, the activation at its own step (128 registers, four an
     # SM) wins: int4 qkv (6144 x 4096, 384 programs) at M = 48 / 64 ran 17.5 / 18.7 us against 23.5 / 25.3;
-    # within one wave it loses or ties (down 40.4 against 34.6, o 15.3 against 15.2; session 22)
-    x_ahead = fp4 or m <= 32 or programs * split <= 2 * platform.num_multiprocessors()
+    # within one wave it loses or ties (down 40.4 against 34.6, o 15.3 against 15.2; session 22). MXFP4 alike
+    # (session 44, H100: qkv at M = 48 / 64 19.5 / 20.5 us against 24.6 / 25.8, 1.12x / 1.01x bf16 from 0.89x /
+    # 0.80x; o 16.7 against 14.3 a step ahead)
+    x_ahead = m <= 32 or programs * split <= 2 * platform.num_multiprocessors()
     return Plan(64, split, x_ahead=x_ahead)
 
 
