@@ -285,9 +285,10 @@ def x_descriptor(a: torch.Tensor, rows: int) -> TensorDescriptor:
 
 
 @functools.cache
-def _placeholder(dtype: torch.dtype, device: str, rows: int) -> torch.Tensor:
-    """A [rows, BLOCK_K] tensor whose descriptor stands in for x_desc where the plan reads a by pointer."""
-    return torch.zeros((rows, BLOCK_K), dtype=dtype, device=device)
+def _placeholder(dtype: torch.dtype, device: str, rows: int) -> TensorDescriptor:
+    """The descriptor of a [rows, BLOCK_K] tensor that stands in for x_desc where the plan reads a by pointer
+    (made once: the tensor lives as long as the cache)."""
+    return x_descriptor(torch.zeros((rows, BLOCK_K), dtype=dtype, device=device), rows)
 
 
 def w4_gemm_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
@@ -306,7 +307,7 @@ def w4_gemm_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
     async_mma = p.async_mma and even_steps(k, k_per_split)
     scale_after = p.scale_after and group_k == BLOCK_K and not fp4 and not async_mma
     x_tma = p.x_tma and gemm_skinny_sm90.tma_ok(a)
-    x_desc = x_descriptor(a if x_tma else _placeholder(a.dtype, str(a.device), block_m(m)), block_m(m))
+    x_desc = x_descriptor(a, block_m(m)) if x_tma else _placeholder(a.dtype, str(a.device), block_m(m))
     w4_gemm_sm90_kernel[(tiles * blocks, split)](
         a, words, c, bias if bias is not None else c, scale, scale if fp4 else zero, ws, cnt, x_desc,
         m, n, k, k_per_split // 8, a.stride(0), words.stride(0), c.stride(0), scale.stride(0), scale.stride(1),
