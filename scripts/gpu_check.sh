@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [next-52] [next-53] [next-54] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -682,17 +682,12 @@ print(tuned_file(torch.cuda.get_device_name()))")
           --ms ${W4_DEFAULT_MS:-8 32 96} --plans auto auto_sync 128:1:1:8:0:0:1 2>&1 | sed 's/ err [0-9.e-]*//g' | tail -12
       done ;;
     w4-m64)
-      # issue 14's "never slower than bf16 up to M = 64" (session 44): the activation ring (Plan.x_tma: tiles by TMA,
-      # three stages; built on the CPU) — its GPU tests, then at M = 32 / 48 / 64 beside the default, the tile at its
-      # own step without the ring (MXFP4 keeps it a step ahead: never swept), the ring in four and eight K splits,
-      # with words two steps ahead, and on two warpgroups
-      timeout 240 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemm_w4_sm90.py -k "${W4_RING_TESTS:-activation_ring and -64-}" \
-        2>&1 | tee "$OUT/w4_ring_tests.log" | tail -3
+      # issue 14's "never slower than bf16 up to M = 64" (session 44): at M = 32 / 48 / 64 the default plans beside
+      # the activation at its own step (64 rows x 4 splits; MXFP4 took it a step ahead everywhere before session 44)
       for fmt in mxfp4 int4; do
         [ "$fmt" = mxfp4 ] && flag=--mxfp4 || flag=
         timeout 150 python3 experiments/quant4/gemm_sm90/sweep.py "$OUT/w4_m64_$fmt.json" $flag --ms 32 48 64 \
-          --plans auto 64:4:1:4:0:0 64:4:1:4:0:0:0:1 64:8:1:4:0:0:0:1 64:4:2:4:0:0:0:1 128:4:1:8:0:0:0:1 2>&1 \
-          | sed 's/ err [0-9.e-]*//g' | tail -12
+          --plans auto 64:4:1:4:0:0 2>&1 | sed 's/ err [0-9.e-]*//g' | tail -12
       done ;;
     prefill-profile)
       # where a warm batch-1 prompt's step goes (512 tokens, the step that issue 13's FP8 batch 1 pays as TTFT:
@@ -730,20 +725,6 @@ PY
       else
         bash "$0" w4-m64
         timeout 300 bash "$0" prefill-profile
-      fi ;;
-    next-54)
-      # session 44's last device minutes (~250 s of run): on an H200, moe-h100-tiles; elsewhere the activation
-      # ring's GPU tests at M = 64 for two plans, then its sweep at M = 48 / 64
-      if on_h200; then
-        timeout 300 bash "$0" moe-h100-tiles
-      else
-        timeout 150 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemm_w4_sm90.py \
-          -k "activation_ring and -64- and (64:4:1 or 128:2)" 2>&1 | tee "$OUT/w4_ring_tests.log" | tail -3
-        for fmt in mxfp4 int4; do
-          [ "$fmt" = mxfp4 ] && flag=--mxfp4 || flag=
-          timeout 100 python3 experiments/quant4/gemm_sm90/sweep.py "$OUT/w4_m64_$fmt.json" $flag --ms 48 64 \
-            --plans auto 64:4:1:4:0:0 64:4:1:4:0:0:0:1 64:8:1:4:0:0:0:1 2>&1 | sed 's/ err [0-9.e-]*//g' | tail -8
-        done
       fi ;;
     next-53)
       # session 44's second H200 call: two 16 req/s serving runs and the offline step at 16 (issue 15's 1.2x)

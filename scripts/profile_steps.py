@@ -124,23 +124,20 @@ def main() -> None:
     )
     engine = llm.llm_engine
     rng = random.Random(0)
+    prompt = lambda: [rng.randrange(10000) for _ in range(args.prompt_len or rng.randint(100, 1024))]  # noqa: E731
     for i in range(args.warmup_requests):
-        prompt = [rng.randrange(10000) for _ in range(args.prompt_len or rng.randint(100, 1024))]
-        engine.add_request(
-            f"warmup{i}",
-            prompt,
-            SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=args.output_len or 16),
-        )
+        params = SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=args.output_len or 16)
+        engine.add_request(f"warmup{i}", prompt(), params)
     while engine.has_unfinished_requests():
         engine.step()
     kind = RequestOutputKind.CUMULATIVE if args.streaming else RequestOutputKind.FINAL_ONLY
     for i in range(args.num_requests):
-        prompt = [rng.randrange(10000) for _ in range(args.prompt_len or rng.randint(100, 1024))]
+        tokens = prompt()  # drawn before max_tokens: the same random workload as before
         max_tokens = args.output_len or rng.randint(300, 1024)
         params = SamplingParams(
             temperature=args.temperature, ignore_eos=True, max_tokens=max_tokens, seed=i, output_kind=kind
         )
-        engine.add_request(str(i), prompt, params)
+        engine.add_request(str(i), tokens, params)
     if args.phase == "decode":
         while engine.scheduler.waiting or any(
             r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running

@@ -167,34 +167,6 @@ def test_async_mma_plans_match_the_dequantized_weight(fmt, m, plan, monkeypatch,
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("fmt", ["int4-g32", "int4-g128", "mxfp4"])
-@pytest.mark.parametrize("m", [5, 64, 300])
-@pytest.mark.parametrize("plan", ["64:4:1:4:1:0:0:1", "64:3:2:4:0:0:0:1", "128:2:0:8:0:0:0:1", "64:2:1:4:0:0:1:1"])
-def test_activation_ring_plans_match_the_dequantized_weight(fmt, m, plan, monkeypatch, spy) -> None:
-    """Plan.x_tma (the activation tiles by TMA through a ring of three stages, read into registers a step; for
-    sweeps, measured slower): K
-    splits of uneven length (K = 4,224 and 1,152 in up to four: splits of 9 down to 2 K steps, fewer than the
-    ring is deep), prefetch 0 / 1 / 2, one and two warpgroups, the scale after the MMA (int4 g128), the
-    asynchronous MMA (where the steps are even), row blocks (rows past M zero-filled by the copy), in bf16 and
-    fp16: the dequantized weight's product. An activation with padded
-    rows takes the ring where its row stride is a multiple of 16 bytes and the pointer loads where not."""
-    monkeypatch.setattr(gemm_w4_sm90, "PLAN_OVERRIDE", gemm_w4_sm90.Plan.parse(plan))
-    scheme = w4.MXFP4 if fmt == "mxfp4" else w4.int4_scheme(int(fmt.split("g")[1]))
-    for dtype in (torch.bfloat16,) if fmt == "mxfp4" else (torch.bfloat16, torch.float16):
-        for k in (4224, 1152):
-            w4.check_against_dequantized(m, 200, k, scheme, dtype, seed=m + k)
-    assert spy.launches and all(call["X_TMA"] for call in spy.calls)
-    x = _randn(m, 1032, seed=5, dtype=torch.bfloat16)[:, :1024]  # rows of 2,064 bytes: a TMA stride
-    weight = quantize_weight(_randn(200, 1024, seed=6), scheme)
-    assert_close_to_scale(w4.w4_gemm(x, weight), x.float() @ reference.dequantize_weight(weight).T, 1e-2)
-    assert spy.calls[-1]["X_TMA"]
-    y = _randn(m, 1028, seed=7, dtype=torch.bfloat16)[:, :1024]  # 2,056-byte rows: not a TMA stride
-    assert_close_to_scale(w4.w4_gemm(y, weight), y.float() @ reference.dequantize_weight(weight).T, 1e-2)
-    assert not spy.calls[-1]["X_TMA"]
-
-
-@pytest.mark.gpu
-@needs_sm90
 @pytest.mark.parametrize("fmt", ["int4-g128", "mxfp4"])
 def test_default_plans_take_the_asynchronous_mma_where_planned(fmt, monkeypatch, spy) -> None:
     """The default plans (ASYNC_MMA "auto"): asynchronous at M = 4 / 16 (int4 g128: instead of the scale after the
@@ -305,8 +277,6 @@ def test_supported_shapes_and_plans(monkeypatch) -> None:
     assert gemm_w4_sm90.Plan.parse("64:4:1:4:1") == gemm_w4_sm90.Plan(64, 4, True, 4, scale_after=True)
     assert gemm_w4_sm90.Plan.parse("64:4:2:4:0:0") == gemm_w4_sm90.Plan(64, 4, 2, 4, False, x_ahead=False)
     assert gemm_w4_sm90.Plan.parse("128:1:1:8:0:1:1") == gemm_w4_sm90.Plan(128, 1, True, 8, async_mma=True)
-    assert gemm_w4_sm90.Plan.parse("64:4:1:4:0:0:0:1") == gemm_w4_sm90.Plan(64, 4, True, 4, x_ahead=False, x_tma=True)
-    assert not any(gemm_w4_sm90.plan(m, 6144, 4096).x_tma for m in (2, 16, 32, 64, 65, 300))  # opt-in
     # the asynchronous MMA by default at M <= 16 and beyond 64 (row blocks), not at 17..64 (timed slower there)
     monkeypatch.setattr(gemm_w4_sm90, "ASYNC_MMA", "auto")
     assert [gemm_w4_sm90.plan(m, 28672, 4096).async_mma for m in (2, 16, 17, 64, 65, 300)] == [True] * 2 + [
@@ -429,38 +399,6 @@ def test_m64_plan_options_build_for_sm90_without_spills() -> None:
     usage = sm90_build_report(code)
     assert all(stack == 0 for _, stack in usage.values()), usage
     assert usage["x_at_step"][0] < usage["default"][0] - 24, usage  # 3.9: 181 -> 128; 3.6: 182 -> 150
-
-
-@pytest.mark.skipif(not gemm_w4_sm90.HAVE_GLUON, reason="this Triton has no Gluon")
-def test_activation_ring_builds_for_sm90() -> None:
-    """Plan.x_tma builds for sm90 at every activation tile (16 / 32 / 64 rows, and the row blocks' 128 with the
-    asynchronous MMA), int4 and MXFP4, with no spills, one TMA copy a step in the loop beside the ring's
-    prologue, and the ring's three stages of 256-byte rows in shared memory beside the MMA's buffers. A
-    subprocess: this one runs the interpreter."""
-    code = (
-        "import json, os, subprocess, tempfile, triton\n"
-        "from tritonllm.kernels import gemm_w4_sm90 as g\n"
-        "tool = os.path.join(os.path.dirname(triton.__file__), 'backends', 'nvidia', 'bin', 'cuobjdump')\n"
-        "out = {}\n"
-        "for fp4 in (False, True):\n"
-        "    for bm, kw in ((16, {}), (32, {}), (64, {}), (128, dict(block_n=128, warps=8, split=1, m_tiled=True,\n"
-        "                                                              async_mma=True))):\n"
-        "        k = g.compile_sm90(**{'block_n': 64, 'bm': bm, 'split': 2, 'fp4': fp4, 'x_ahead': False,\n"
-        "                              'x_tma': True, **kw})\n"
-        "        f = tempfile.NamedTemporaryFile(suffix='.cubin', delete=False); f.write(k.asm['cubin']); f.close()\n"
-        "        text = subprocess.run([tool, '--dump-resource-usage', f.name], capture_output=True, text=True).stdout\n"
-        "        line = next(l for l in text.splitlines() if 'STACK:' in l)\n"
-        "        ptx = k.asm['ptx']\n"
-        "        out[f'{fp4}-{bm}'] = [int(line.split('STACK:')[1].split()[0]), k.metadata.shared,\n"
-        "                              ptx.count('cp.async.bulk.tensor')]\n"
-        "print(json.dumps(out))\n"
-    )
-    builds = sm90_build_report(code)
-    for name, (stack, shared, copies) in builds.items():
-        bm = int(name.split("-")[1])
-        assert stack == 0, (name, stack)
-        assert shared >= 3 * bm * 256, (name, shared)  # the ring
-        assert copies >= 2, (name, copies)  # the prologue's, and the loop's refill
 
 
 @pytest.mark.skipif(not gemm_w4_sm90.HAVE_GLUON, reason="this Triton has no Gluon")

@@ -44,10 +44,10 @@ retired before the loop's back edge (ptxas serializes every MMA of a loop that c
 the default plans take it at M <= 16 and on the row blocks (ASYNC_MMA). Elsewhere the MMA is synchronous: a step's
 decode, activation store and MMA follow one another.
 
-Plan.x_tma (sweeps only: measured slower, session 44) streams the activation tiles by TMA into a ring of three
-shared-memory stages, two steps ahead: the column permutation above is at 2-byte granularity, which no copy
-engine does, so each step still reads its tile into registers (from shared memory then, not L2) and stores it
-permuted for the MMA.
+The activation tiles are read from L2 by every program, not streamed by TMA: the column permutation above is at
+2-byte granularity, which no copy engine does, so a tile would still pass through registers; a three-stage TMA ring
+feeding them from shared memory was built and timed slower at every Llama-3-8B layer (session 44,
+experiments/quant4/README.md) and removed.
 """
 
 from __future__ import annotations
@@ -60,19 +60,13 @@ import torch
 import triton
 
 from tritonllm import platform
-from tritonllm.kernels import gemm_skinny_sm90, gemv_w4, splitk_sm90
+from tritonllm.kernels import gemv_w4, splitk_sm90
 from tritonllm.kernels.launch import compile_gluon_sm90, gluon_barrier, gluon_pdl_wait, gluon_sm90_available
 
 try:  # recent triton ships Gluon; without it the portable kernels serve every shape
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
-        mbarrier,
-        warpgroup_mma,
-        warpgroup_mma_wait,
-    )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover - older triton
@@ -110,16 +104,10 @@ class Plan:
     # replaces scale_after (the scale goes into the decode). The default plans take it at M <= ASYNC_MAX_M and
     # beyond SKINNY_MAX_M (ASYNC_MMA, session 43's H100 sweeps)
     async_mma: bool = False
-    # the activation tiles streamed by TMA into a ring of three shared-memory stages (copies issued two steps
-    # ahead, no registers held for them), each step's tile then read into registers in the A operand's column
-    # order and stored for the MMA as without it (x_ahead unused). For sweeps only: slower at every Llama-3-8B layer
-    # at M = 48 / 64 on an H100 (session 44: int4 qkv 30.2 against 18.3 us with the tile at its step, o 18.9
-    # against 15.0, gate_up 106 against 90; MXFP4 alike)
-    x_tma: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Plan:
-        """ "BLOCK_N:SPLIT:PREFETCH[:WARPS[:SCALE_AFTER[:X_AHEAD[:ASYNC_MMA[:X_TMA]]]]]"."""
+        """ "BLOCK_N:SPLIT:PREFETCH[:WARPS[:SCALE_AFTER[:X_AHEAD[:ASYNC_MMA]]]]"."""
         block_n, split, prefetch, *rest = (int(v) for v in text.split(":"))
         return cls(block_n, split, prefetch, *rest[:1], *(bool(v) for v in rest[1:]))
 
@@ -260,35 +248,18 @@ def available() -> bool:
 
 def compile_sm90(group_k: int = 128, block_n: int = 128, bm: int = 16, fp16: bool = False, split: int = 1,
                  prefetch: int = 1, warps: int = 4, fp4: bool = False, scale_after: bool = False,
-                 x_ahead: bool = True, m_tiled: bool = False, async_mma: bool = False, x_tma: bool = False):  # fmt: skip
+                 x_ahead: bool = True, m_tiled: bool = False, async_mma: bool = False):  # fmt: skip
     """Compile for sm90 without a GPU (launch.compile_gluon_sm90): tests, scripts/sass_loop_mix.py,
     available()."""
-    from triton.runtime.jit import mangle_type
-
     constexprs = dict(GROUP_K=32 if fp4 else group_k, BLOCK_N=block_n, BLOCK_M=bm, FP16=fp16, FP4=fp4,
                       HAS_BIAS=False, SPLIT_K=split, PREFETCH=prefetch, SCALE_AFTER=scale_after, PDL=True,
-                      X_AHEAD=x_ahead, M_TILED=m_tiled, ASYNC_MMA=async_mma, X_TMA=x_tma)  # fmt: skip
+                      X_AHEAD=x_ahead, M_TILED=m_tiled, ASYNC_MMA=async_mma)  # fmt: skip
     act = "*fp16" if fp16 else "*bf16"
     scale = "*u8" if fp4 else "*fp16"
-    x_desc = x_descriptor(torch.empty((bm, 256), dtype=torch.float16 if fp16 else torch.bfloat16), bm)
     types = dict(a_ptr=act, w_ptr="*i32", c_ptr=act, bias_ptr=act, s_ptr=scale, z_ptr=scale, ws_ptr="*fp32",
-                 cnt_ptr="*i32", x_desc=mangle_type(x_desc))  # fmt: skip
+                 cnt_ptr="*i32")  # fmt: skip
     aligned = ("a_ptr", "w_ptr", "K", "KW_PER_SPLIT", "stride_wn", "stride_am", "stride_cm")
     return compile_gluon_sm90(w4_gemm_sm90_kernel, constexprs, types, aligned, num_warps=warps)
-
-
-def x_descriptor(a: torch.Tensor, rows: int) -> TensorDescriptor:
-    """Plan.x_tma's activations: unswizzled [rows, BLOCK_K] boxes of a [M, K] (256-byte rows, read into registers
-    a step, as gemm_skinny_sm90's XQ mode reads its tiles); rows past M arrive as zeros."""
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=a.element_size() * 8, rank=2)
-    return TensorDescriptor.from_tensor(a, [rows, BLOCK_K], layout)
-
-
-@functools.cache
-def _placeholder(dtype: torch.dtype, device: str, rows: int) -> TensorDescriptor:
-    """The descriptor of a [rows, BLOCK_K] tensor that stands in for x_desc where the plan reads a by pointer
-    (made once: the tensor lives as long as the cache)."""
-    return x_descriptor(torch.zeros((rows, BLOCK_K), dtype=dtype, device=device), rows)
 
 
 def w4_gemm_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
@@ -306,16 +277,13 @@ def w4_gemm_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
                                                                  p.block_n, c)  # fmt: skip
     async_mma = p.async_mma and even_steps(k, k_per_split)
     scale_after = p.scale_after and group_k == BLOCK_K and not fp4 and not async_mma
-    x_tma = p.x_tma and gemm_skinny_sm90.tma_ok(a)
-    x_desc = x_descriptor(a, block_m(m)) if x_tma else _placeholder(a.dtype, str(a.device), block_m(m))
     w4_gemm_sm90_kernel[(tiles * blocks, split)](
-        a, words, c, bias if bias is not None else c, scale, scale if fp4 else zero, ws, cnt, x_desc,
+        a, words, c, bias if bias is not None else c, scale, scale if fp4 else zero, ws, cnt,
         m, n, k, k_per_split // 8, a.stride(0), words.stride(0), c.stride(0), scale.stride(0), scale.stride(1),
         *(FP4_MASKS if fp4 else (INT4_PAIR_MASK, FP16_BIAS if a.dtype == torch.float16 else BF16_BIAS)),
         GROUP_K=group_k, BLOCK_N=p.block_n, BLOCK_M=block_m(m), FP16=a.dtype == torch.float16, FP4=fp4,
         HAS_BIAS=bias is not None, SPLIT_K=split, PREFETCH=int(p.prefetch),
-        SCALE_AFTER=scale_after, num_warps=p.warps, X_AHEAD=p.x_ahead, M_TILED=blocks > 1, ASYNC_MMA=async_mma,
-        X_TMA=x_tma, **pdl,
+        SCALE_AFTER=scale_after, num_warps=p.warps, X_AHEAD=p.x_ahead, M_TILED=blocks > 1, ASYNC_MMA=async_mma, **pdl,
     )  # fmt: skip
     return c
 
@@ -492,32 +460,13 @@ if HAVE_GLUON:
                        BLOCK_N, DT, LA, FP4)  # fmt: skip
 
     @gluon.jit
-    def _ring_issue(x_desc, ready, x_ring, row0, kw_start, j, steps, X_STAGES: gl.constexpr, BYTES: gl.constexpr):
-        """Plan.x_tma: the TMA copy of step j's activation box (its K step from kw_start, in words) into ring stage
-        j % X_STAGES, counted on that stage's barrier; none past the split's last step."""
-        sj = j % X_STAGES
-        pred = j < steps
-        mbarrier.expect(ready.index(sj), BYTES, pred=pred)
-        gemm_skinny_sm90._tma_load(x_desc, [row0, (kw_start + 16 * j) * 8], ready.index(sj), x_ring.index(sj),
-                                   pred=pred)  # fmt: skip
-
-    @gluon.jit
-    def _ring_x(ready, x_ring, i, X_STAGES: gl.constexpr, BLOCK_M: gl.constexpr, FP4: gl.constexpr,
-                LX: gl.constexpr):  # fmt: skip
-        """Plan.x_tma: step i's activation tile from its ring stage (once its copy landed), in the A operand's
-        column order (MXFP4: x 2**63)."""
-        si = i % X_STAGES
-        mbarrier.wait(ready.index(si), (i // X_STAGES) & 1)
-        return a_operand_order(x_ring.index(si).load(LX), BLOCK_M, FP4)
-
-    @gluon.jit
     def w4_gemm_sm90_kernel(
-        a_ptr, w_ptr, c_ptr, bias_ptr, s_ptr, z_ptr, ws_ptr, cnt_ptr, x_desc,
+        a_ptr, w_ptr, c_ptr, bias_ptr, s_ptr, z_ptr, ws_ptr, cnt_ptr,
         M, N, K, KW_PER_SPLIT, stride_am, stride_wn, stride_cm, stride_sn, stride_sk, mask, bias,
         GROUP_K: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, FP16: gl.constexpr, FP4: gl.constexpr,
         HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr, PREFETCH: gl.constexpr, SCALE_AFTER: gl.constexpr = False,
         X_AHEAD: gl.constexpr = True, M_TILED: gl.constexpr = False, ASYNC_MMA: gl.constexpr = False,
-        X_TMA: gl.constexpr = False, PDL: gl.constexpr = False,
+        PDL: gl.constexpr = False,
     ):  # fmt: skip
         """c[m, n] = sum_k a[m, k] w[n, k] (+ bias[n]) for BLOCK_N weight rows and all M (<= BLOCK_M)
         activation rows a program, over the K range of its split (program_id 1). M_TILED (one split): M
@@ -533,7 +482,6 @@ if HAVE_GLUON:
         SX: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
         pid_n = gl.program_id(0)
-        row0 = 0
         if M_TILED:  # the row blocks of a weight tile adjacent (its words from L2 after the first)
             blocks = gl.cdiv(M, BLOCK_M)
             row0 = pid_n % blocks * BLOCK_M
@@ -568,21 +516,10 @@ if HAVE_GLUON:
         # theirs: three buffers
         NBUF: gl.constexpr = 3 if ASYNC_MMA else 2
         x_smem = gl.allocate_shared_memory(DT, [NBUF, BLOCK_M, 128], SX)
-        XA: gl.constexpr = X_AHEAD and not X_TMA  # the activation tile in registers a step ahead
-        X_STAGES: gl.constexpr = 3  # Plan.x_tma's ring: copies in flight two steps ahead of the step reading one
-        if X_TMA:  # the first X_STAGES - 1 steps' activation tiles (the PDL wait passed: the previous kernel's
-            # writes are visible)
-            steps = (kw_end - kw_start) // 16
-            x_ring = gl.allocate_shared_memory(DT, [X_STAGES, BLOCK_M, 128], x_desc.layout)
-            ready = gemm_skinny_sm90.ring_barriers(X_STAGES)
-            for j in gl.static_range(X_STAGES - 1):
-                _ring_issue(x_desc, ready, x_ring, row0, kw_start, j, steps, X_STAGES, BLOCK_M * 256)
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
         s_ptrs = s_ptr + s_off
         z_ptrs = z_ptr + s_off
-        if X_TMA:
-            words, s, z = _load_words(w_ptrs, s_ptrs, z_ptrs, kw_start, stride_sk, GROUP_K, FP4)
-        elif XA or PREFETCH == 0:
+        if X_AHEAD or PREFETCH == 0:
             words, s, z, x = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw_start, stride_sk, GROUP_K, BLOCK_M,
                                         FP4)  # fmt: skip
         else:  # the activation tile is loaded at its own step
@@ -602,25 +539,18 @@ if HAVE_GLUON:
                 if PREFETCH != 0:  # the next step's loads in flight during this one's decode and MMA (words PREFETCH
                     # steps ahead; the last steps reload the last)
                     nxt = gl.minimum(kw + 16, kw_end - 16)
-                    if XA and PREFETCH == 1:
+                    if X_AHEAD and PREFETCH == 1:
                         n_words, n_s, n_z, n_x = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, nxt, stride_sk,
                                                             GROUP_K, BLOCK_M, FP4)  # fmt: skip
                     else:
                         n_words, n_s, n_z = _load_words(w_ptrs, s_ptrs, z_ptrs, gl.minimum(kw + 16 * PREFETCH, kw_end - 16),
                                                         stride_sk, GROUP_K, FP4)  # fmt: skip
-                        if XA:
+                        if X_AHEAD:
                             n_x = _load_x(a_ptrs, rows_in, nxt, BLOCK_M, FP4)
                     if SCALE_AFTER:
                         n_s_acc = gl.load(s_acc_ptrs + nxt // 16 * stride_sk)
-                    if X_TMA:
-                        x = _ring_x(ready, x_ring, (kw - kw_start) // 16, X_STAGES, BLOCK_M, FP4, LX)
-                    elif not XA:
+                    if not X_AHEAD:
                         x = _load_x(a_ptrs, rows_in, kw, BLOCK_M, FP4)
-                elif X_TMA:
-                    words, s, z = _load_words(w_ptrs, s_ptrs, z_ptrs, kw, stride_sk, GROUP_K, FP4)
-                    x = _ring_x(ready, x_ring, (kw - kw_start) // 16, X_STAGES, BLOCK_M, FP4, LX)
-                    if SCALE_AFTER:
-                        s_acc = gl.load(s_acc_ptrs + kw // 16 * stride_sk)
                 else:
                     words, s, z, x = _load_step(w_ptrs, s_ptrs, z_ptrs, a_ptrs, rows_in, kw, stride_sk, GROUP_K, BLOCK_M,
                                                 FP4)  # fmt: skip
@@ -630,9 +560,6 @@ if HAVE_GLUON:
                 x_buf.store(x)
                 fence_async_shared()
                 gluon_barrier()
-                if X_TMA:  # every warp has read the previous step's stage (this step's barrier): refill it
-                    _ring_issue(x_desc, ready, x_ring, row0, kw_start, (kw - kw_start) // 16 + X_STAGES - 1, steps,
-                                X_STAGES, BLOCK_M * 256)  # fmt: skip
                 if SCALE_AFTER:
                     acc = _step_scale_after(words, z, s_acc, x_buf, acc, mask, bias, BLOCK_N, DT, LA)
                 elif ASYNC_MMA:
@@ -650,7 +577,7 @@ if HAVE_GLUON:
                         w1, s1, z1 = n_words, n_s, n_z
                     else:
                         words, s, z = n_words, n_s, n_z
-                    if XA:
+                    if X_AHEAD:
                         x = n_x
                     if SCALE_AFTER:
                         s_acc = n_s_acc
@@ -659,7 +586,5 @@ if HAVE_GLUON:
                 else:
                     buf = 1 - buf
 
-        if X_TMA:
-            gemm_skinny_sm90.release_ring(ready, X_STAGES)
         splitk_sm90.finish_tile(acc, c_ptr, bias_ptr, c_ptr, c_ptr, ws_ptr, cnt_ptr, pid_n, gl.program_id(1), M, N,
                                 stride_cm, 0, BLOCK_N, BLOCK_M, ACC, HAS_BIAS, 0, 0, SPLIT_K)  # fmt: skip
