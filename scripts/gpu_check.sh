@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -715,6 +715,22 @@ for v in ("fp8", "bf16_torch"):
         print(f"  {us:9.1f} us x{d['launches_per_step'][name]:5.1f}  {name[:90]}")
 PY
       ;;
+    mixed-trace)
+      # issue 15: where the GPU waits for the host in a mixed step (13 decodes + one 499-token prompt, padded to 512)
+      # and in a warm batch-1 prefill (512 tokens): Chrome traces read by step_timeline.py, idle by the kernels
+      # around it (graph boundaries, eager attention); Llama-3-8B, dummy weights, cuBLAS linears
+      ensure_config_model
+      timeout 240 python3 experiments/serving/mixed_step.py --model "$MODELS/llama3-8b-config" --load-format dummy \
+        --decodes 13 --prompt-lens 499 --repeats 3 --trace /tmp/trace_mixed.json --output-json "$OUT/mixed_trace.json" \
+        2>&1 | grep -E "^\{|Error"
+      python3 scripts/step_timeline.py /tmp/trace_mixed.json --steps 1 --gaps 15 --json "$OUT/timeline_mixed.json" \
+        | tee "$OUT/timeline_mixed.txt" | head -45
+      timeout 200 python3 scripts/profile_steps.py --model "$MODELS/llama3-8b-config" --load-format dummy \
+        --kernel linear=torch --pdl --phase prefill --warmup-requests 2 --num-requests 1 --prompt-len 512 \
+        --output-len 2 --temperature 0 --steps 1 --trace /tmp/trace_prefill.json --output-json "$OUT/prefill_trace.json" \
+        2>&1 | grep -E '"step_ms"|gpu_busy_ms'
+      python3 scripts/step_timeline.py /tmp/trace_prefill.json --steps 1 --gaps 15 --json "$OUT/timeline_prefill.json" \
+        | tee "$OUT/timeline_prefill.txt" | head -45 ;;
     next-52)
       # session 44's first call: on an H200, moe-h100-tiles (issue 16's 450 TFLOP/s), then FP8 batch 1 against bf16
       # cuBLAS (issue 13's 1.7x) with the Hopper tables' new 512 buckets (the prompt's GEMMs); next-53 follows

@@ -9,7 +9,11 @@ idle. Exposed times and idle sum to the traced window. Kernels are told apart by
 four linear layers of a Llama block run one GEMM kernel on four grids). Only the main stream's kernels move
 the frontier; a side stream's (the L2 weight prefetches) are charged for the main stream's gaps they cover.
 
-    python scripts/step_timeline.py TRACE.json[.gz] --steps 20 [--json OUT.json]
+With --gaps N it also lists where the main stream sat idle: the idle time summed by the pair of kernels
+around each gap (the one that ended the frontier, the one that started after it), the N largest pairs.
+Gaps that sit at graph boundaries or before eager launches show host time the GPU waited for.
+
+    python scripts/step_timeline.py TRACE.json[.gz] --steps 20 [--json OUT.json] [--gaps 10]
 """
 
 from __future__ import annotations
@@ -94,14 +98,36 @@ def exposed_times(events: list[dict]) -> tuple[dict[str, list[float]], float, fl
     return dict(table), idle, frontier - start
 
 
+def idle_gaps(events: list[dict]) -> dict[tuple[str, str], list[float]]:
+    """{(kernel before, kernel after): [idle us, gaps]} over the main stream's gaps (the frontier walk of
+    exposed_times, side streams ignored): the kernel before is the one whose end set the frontier."""
+    launches: dict[object, int] = defaultdict(int)
+    for e in events:
+        launches[stream(e)] += 1
+    main = max(launches, key=launches.get)
+    gaps: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
+    frontier, last = None, None
+    for e in sorted((e for e in events if stream(e) == main), key=lambda e: e["ts"]):
+        if frontier is not None and e["ts"] > frontier:
+            row = gaps[(label(last), label(e))]
+            row[0] += e["ts"] - frontier
+            row[1] += 1
+        end = e["ts"] + e["dur"]
+        if frontier is None or end >= frontier:
+            frontier, last = end, e
+    return dict(gaps)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("trace")
     parser.add_argument("--steps", type=int, required=True, help="engine steps the trace holds")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--gaps", type=int, default=0, help="list the N kernel pairs around the most idle time")
     args = parser.parse_args()
-    table, idle, window = exposed_times(load_events(args.trace))
+    events = load_events(args.trace)
+    table, idle, window = exposed_times(events)
     per_step = {
         k: [round(v[0] / args.steps, 2), round(v[1] / args.steps, 2), v[2] / args.steps] for k, v in table.items()
     }
@@ -110,9 +136,17 @@ def main() -> None:
     print(f"{'exposed us':>10} {'duration us':>11} {'launches':>8}  kernel (grid)")
     for name, (exposed, duration, launches) in rows[: args.top]:
         print(f"{exposed:10.1f} {duration:11.1f} {launches:8.1f}  {name}")
+    gaps = sorted(idle_gaps(events).items(), key=lambda kv: -kv[1][0])[: args.gaps]
+    if gaps:
+        print(f"{'idle us':>10} {'gaps':>8}  kernel before -> kernel after (a step)")
+        for (before, after), (us, n) in gaps:
+            print(f"{us / args.steps:10.1f} {n / args.steps:8.1f}  {before} -> {after}")
     if args.json:
         result = {"window_us_per_step": window / args.steps, "idle_us_per_step": idle / args.steps,
                   "per_step": {k: dict(exposed_us=v[0], duration_us=v[1], launches=v[2]) for k, v in rows}}  # fmt: skip
+        if gaps:
+            result["idle_gaps_per_step"] = [dict(before=b, after=a, idle_us=us / args.steps, gaps=n / args.steps)
+                                            for (b, a), (us, n) in gaps]  # fmt: skip
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
-from step_timeline import exposed_times  # noqa: E402
+from step_timeline import exposed_times, idle_gaps  # noqa: E402
 
 
 def _k(name: str, ts: float, dur: float, stream: int = 7) -> dict:
@@ -28,3 +28,13 @@ def test_a_side_stream_is_charged_only_for_the_main_streams_gaps_it_covers() -> 
     assert table["[side] p"] == [2, 10, 1] and table["[side] q"] == [10, 14, 1]
     assert idle == 4  # 20..24
     assert window == 38
+
+
+def test_idle_gaps_are_summed_by_the_kernels_around_them() -> None:
+    events = [_k("a", 0, 10), _k("b", 8, 7), _k("g", 20, 5), _k("a", 30, 10), _k("g", 42, 1), _k("p", 0, 50, stream=9)]
+    events += [_k("x", 50, 1), _k("y", 51, 1), _k("z", 52, 1)]  # the main stream has the most launches
+    gaps = idle_gaps(events)
+    # b ended the frontier (15) before g at 20; g (25) before a at 30; a (40) before g at 42; g (43) before x at 50
+    assert gaps[("b", "g")] == [5, 1] and gaps[("g", "a")] == [5, 1]
+    assert gaps[("a", "g")] == [2, 1] and gaps[("g", "x")] == [7, 1]
+    assert sum(v[0] for v in gaps.values()) == 19

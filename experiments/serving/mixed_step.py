@@ -8,7 +8,11 @@ times. A mixed step of n tokens replays the piecewise graphs of the next padded 
 (`piecewise_first_size`), which is the question: how much does the padding cost?
 
     python experiments/serving/mixed_step.py --model DIR [--load-format dummy] [--piecewise-first-size 128]
-        [--no-piecewise-graphs] [--output-json OUT.json]
+        [--no-piecewise-graphs] [--output-json OUT.json] [--trace TRACE.json]
+
+With --trace, one more mixed step (the first prompt length) and the decode step after it are recorded by the
+torch profiler (GPU activity only) into a Chrome trace, for `scripts/step_timeline.py TRACE --steps 2 --gaps 12`:
+where the GPU waits for the host in a mixed step.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import statistics
 import time
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from tritonllm import LLM, SamplingParams
 
@@ -34,6 +39,7 @@ def main() -> None:
     parser.add_argument("--piecewise-first-size", type=int, default=128)
     parser.add_argument("--no-piecewise-graphs", action="store_true")
     parser.add_argument("--output-json", default=None)
+    parser.add_argument("--trace", default=None, help="a Chrome trace of one mixed step and the decode step after it")
     args = parser.parse_args()
     start = time.perf_counter()
     llm = LLM(model=args.model, load_format=args.load_format, enable_prefix_caching=False, async_scheduling=False,
@@ -77,6 +83,13 @@ def main() -> None:
         row["added_ms"] = round(row["mixed_ms"] - statistics.median(decode), 3)
         print(row, flush=True)
         rows.append(row)
+    if args.trace:
+        engine.add_request(f"p{next(counter)}", ids(args.prompt_lens[0]), SamplingParams(temperature=0.0, max_tokens=1))
+        activity = ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU  # CPU: a dry run
+        with profile(activities=[activity]) as prof:
+            traced = [timed_step(), timed_step()]
+        prof.export_chrome_trace(args.trace)
+        print({"traced_prompt_len": args.prompt_lens[0], "traced_ms": [round(t, 3) for t in traced]}, flush=True)
     report = {"decodes": args.decodes, "piecewise_first_size": args.piecewise_first_size,
               "piecewise_graphs": graphs is not None, "sizes": graphs.sizes if graphs is not None else None,
               "start_s": round(start_s, 1), "decode_ms": round(statistics.median(decode), 3), "rows": rows}  # fmt: skip
