@@ -716,21 +716,26 @@ for v in ("fp8", "bf16_torch"):
 PY
       ;;
     mixed-trace)
-      # issue 15: where the GPU waits for the host in a mixed step (13 decodes + one 499-token prompt, padded to 512)
-      # and in a warm batch-1 prefill (512 tokens): Chrome traces read by step_timeline.py, idle by the kernels
-      # around it (graph boundaries, eager attention); Llama-3-8B, dummy weights, cuBLAS linears
+      # issue 15: what a prompt joining 13 decodes adds to its step with the RoPE + KV write inside the piecewise
+      # graphs (default since session 45) and eager beside attention (before), and where the GPU waits for the host in
+      # such a step (13 decodes + one 499-token prompt, padded to 512) and in a warm batch-1 prefill (512 tokens):
+      # Chrome traces read by step_timeline.py, idle by the kernels around it; Llama-3-8B, dummy weights, cuBLAS
       ensure_config_model
-      timeout 240 python3 experiments/serving/mixed_step.py --model "$MODELS/llama3-8b-config" --load-format dummy \
-        --decodes 13 --prompt-lens 499 --repeats 3 --trace /tmp/trace_mixed.json --output-json "$OUT/mixed_trace.json" \
-        2>&1 | grep -E "^\{|Error"
-      python3 scripts/step_timeline.py /tmp/trace_mixed.json --steps 1 --gaps 15 --json "$OUT/timeline_mixed.json" \
-        | tee "$OUT/timeline_mixed.txt" | head -45
+      timeout 150 python3 -m pytest -q -m gpu -o addopts="" tests/test_piecewise_graphs.py 2>&1 | tail -2
+      for v in on off; do
+        [ $v = on ] && flag= || flag=--no-piecewise-rope-kv-write
+        timeout 200 python3 experiments/serving/mixed_step.py --model "$MODELS/llama3-8b-config" --load-format dummy \
+          --decodes 13 --prompt-lens 499 128 1000 --repeats 5 $flag --trace /tmp/trace_mixed_$v.json \
+          --output-json "$OUT/mixed_trace_$v.json" 2>&1 | grep -E "^\{|Error"
+        python3 scripts/step_timeline.py /tmp/trace_mixed_$v.json --steps 1 --gaps 12 --json "$OUT/timeline_mixed_$v.json" \
+          | tee "$OUT/timeline_mixed_$v.txt" | head -40
+      done
       timeout 200 python3 scripts/profile_steps.py --model "$MODELS/llama3-8b-config" --load-format dummy \
         --kernel linear=torch --pdl --phase prefill --warmup-requests 2 --num-requests 1 --prompt-len 512 \
         --output-len 2 --temperature 0 --steps 1 --trace /tmp/trace_prefill.json --output-json "$OUT/prefill_trace.json" \
         2>&1 | grep -E '"step_ms"|gpu_busy_ms'
-      python3 scripts/step_timeline.py /tmp/trace_prefill.json --steps 1 --gaps 15 --json "$OUT/timeline_prefill.json" \
-        | tee "$OUT/timeline_prefill.txt" | head -45 ;;
+      python3 scripts/step_timeline.py /tmp/trace_prefill.json --steps 1 --gaps 12 --json "$OUT/timeline_prefill.json" \
+        | tee "$OUT/timeline_prefill.txt" | head -40 ;;
     next-52)
       # session 44's first call: on an H200, moe-h100-tiles (issue 16's 450 TFLOP/s), then FP8 batch 1 against bf16
       # cuBLAS (issue 13's 1.7x) with the Hopper tables' new 512 buckets (the prompt's GEMMs); next-53 follows

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tritonllm import LLM, SamplingParams, platform
+from tritonllm.layers.attention import Attention
 from tritonllm.worker import piecewise_graph
 from tritonllm.worker.piecewise_graph import piecewise_sizes, weak_view
 
@@ -68,12 +69,14 @@ def _compare(eager: list, piecewise: list, tol: float) -> None:
             assert abs(a.prompt_logprobs[pos][token].logprob - b.prompt_logprobs[pos][token].logprob) < tol
 
 
-def _piecewise_llm(model: str) -> tuple[LLM, list[int]]:
+def _piecewise_llm(model: str, rope_kv_write: bool = True) -> tuple[LLM, list[int]]:
     """An engine whose prefill, mixed and decode steps all take the padded piecewise path; returns
     it and the list that records each step's token count."""
     llm = LLM(model=model, **KW)
     runner = llm.llm_engine.runner
-    runner.enable_piecewise_graphs(KW["max_num_batched_tokens"], capture=False, first_size=FIRST_SIZE)
+    runner.enable_piecewise_graphs(
+        KW["max_num_batched_tokens"], capture=False, first_size=FIRST_SIZE, rope_kv_write=rope_kv_write
+    )
     graphs = runner.piecewise_graphs
     # NaN in every row no attention wrote: a padding row leaking into a real one shows up in the logprobs
     graphs.attn_out.fill_(float("nan"))
@@ -88,8 +91,10 @@ def eager_outputs(tiny_llama) -> list:
     return _run(LLM(model=tiny_llama, **KW))
 
 
-def test_padded_piecewise_buffers_match_eager(tiny_llama, eager_outputs) -> None:
-    llm, num_tokens = _piecewise_llm(tiny_llama)
+@pytest.mark.parametrize("rope_kv_write", [True, False], ids=["rope_kv_write_in_pieces", "rope_kv_write_eager"])
+def test_padded_piecewise_buffers_match_eager(tiny_llama, eager_outputs, rope_kv_write) -> None:
+    llm, num_tokens = _piecewise_llm(tiny_llama, rope_kv_write)
+    assert (llm.llm_engine.runner.piecewise_graphs.slot_mapping is not None) == rope_kv_write
     _compare(eager_outputs, _run(llm), 1e-4)
     sizes = llm.llm_engine.runner.piecewise_graphs.sizes
     assert {n for n in num_tokens if n not in sizes}  # steps padded to a larger size
@@ -105,6 +110,32 @@ def test_skipping_attention_between_the_pieces_changes_the_tokens(tiny_llama, ea
     first, _ = _prompts()
     got = llm.generate([{"prompt_token_ids": first[1]}], _params(2), use_tqdm=False)
     assert got[0].outputs[0].token_ids != eager_outputs[1].outputs[0].token_ids[:2]
+
+
+def test_a_shorter_step_resets_the_slots_a_longer_one_left() -> None:
+    model = torch.nn.Module()
+    model.attn = Attention(2, 1, 4, 0.5)
+    graphs = piecewise_graph.PiecewiseGraphs(model, 24, torch.float32, torch.device("cpu"), first_size=8)
+    assert graphs.slot_mapping.tolist() == [-1] * 24  # what the capture sees: no KV written
+    graphs._stage_slots(torch.arange(100, 110))
+    graphs._stage_slots(torch.tensor([7, 3, 5]))
+    assert graphs.slot_mapping.tolist() == [7, 3, 5] + [-1] * 21
+    graphs._stage_slots(torch.arange(4))
+    assert graphs.slot_mapping[:8].tolist() == [0, 1, 2, 3] + [-1] * 4 and graphs.slots_used == 4
+
+
+def test_stale_slots_in_the_padding_rows_change_the_tokens(tiny_llama, eager_outputs, monkeypatch) -> None:
+    """The padding rows' RoPE + KV write goes nowhere only because their slots are -1: left at a longer
+    step's slots, it overwrites that step's K/V and the tokens change."""
+
+    def stage_without_reset(self, slot_mapping):
+        self.slot_mapping[: slot_mapping.shape[0]].copy_(slot_mapping)
+        return self.slot_mapping
+
+    monkeypatch.setattr(piecewise_graph.PiecewiseGraphs, "_stage_slots", stage_without_reset)
+    llm, _ = _piecewise_llm(tiny_llama)
+    got = _run(llm)
+    assert any(a.outputs[0].token_ids != b.outputs[0].token_ids for a, b in zip(eager_outputs, got))
 
 
 @pytest.mark.gpu

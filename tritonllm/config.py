@@ -164,6 +164,7 @@ class ParallelConfig:
 _ENGINE_FLAGS = (
     "enforce_eager",
     "piecewise_graphs",
+    "piecewise_rope_kv_write",
     "pdl",
     "gc_freeze",
     "fuse_rope_kv_write",
@@ -193,6 +194,9 @@ class EngineConfig:
     # graphs of the next size up, so this bounds the padding of mixed steps, e.g. a 512-token prompt
     # arriving beside 13 decodes (525 tokens) ran at 768 with 256
     piecewise_first_size: int = 128
+    # the piecewise graphs hold each layer's fused RoPE + KV write (over static positions and slots), so the
+    # eager work between two graphs is attention alone; false: RoPE + KV write eager with it (ablation)
+    piecewise_rope_kv_write: bool = True
     # on NVIDIA sm90+, the hot-path Triton kernels launch with programmatic dependent launch: each may
     # start while the one before it finishes (kernels/launch.py); false: plain launches (ablation)
     pdl: bool = True

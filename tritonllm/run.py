@@ -55,6 +55,7 @@ def main(cfg: DictConfig) -> None:
             "enforce_eager": cfg.enforce_eager,
             "piecewise_graphs": cfg.piecewise_graphs,
             "piecewise_first_size": cfg.piecewise_first_size,
+            "piecewise_rope_kv_write": cfg.piecewise_rope_kv_write,
             "pdl": cfg.pdl,
             "gc_freeze": cfg.gc_freeze,
             "fuse_rope_kv_write": cfg.fuse_rope_kv_write,

@@ -38,12 +38,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--piecewise-first-size", type=int, default=128)
     parser.add_argument("--no-piecewise-graphs", action="store_true")
+    parser.add_argument("--piecewise-rope-kv-write", action=argparse.BooleanOptionalAction, default=True,
+                        help="the fused RoPE + KV write inside the piecewise graphs (else eager beside attention)")  # fmt: skip
     parser.add_argument("--output-json", default=None)
     parser.add_argument("--trace", default=None, help="a Chrome trace of one mixed step and the decode step after it")
     args = parser.parse_args()
     start = time.perf_counter()
     llm = LLM(model=args.model, load_format=args.load_format, enable_prefix_caching=False, async_scheduling=False,
-              piecewise_graphs=not args.no_piecewise_graphs, piecewise_first_size=args.piecewise_first_size)  # fmt: skip
+              piecewise_graphs=not args.no_piecewise_graphs, piecewise_first_size=args.piecewise_first_size,
+              piecewise_rope_kv_write=args.piecewise_rope_kv_write)  # fmt: skip
     start_s = time.perf_counter() - start
     engine = llm.llm_engine
     graphs = engine.runner.piecewise_graphs
@@ -91,6 +94,7 @@ def main() -> None:
         prof.export_chrome_trace(args.trace)
         print({"traced_prompt_len": args.prompt_lens[0], "traced_ms": [round(t, 3) for t in traced]}, flush=True)
     report = {"decodes": args.decodes, "piecewise_first_size": args.piecewise_first_size,
+              "piecewise_rope_kv_write": args.piecewise_rope_kv_write,
               "piecewise_graphs": graphs is not None, "sizes": graphs.sizes if graphs is not None else None,
               "start_s": round(start_s, 1), "decode_ms": round(statistics.median(decode), 3), "rows": rows}  # fmt: skip
     print({k: v for k, v in report.items() if k != "rows"}, flush=True)

@@ -197,25 +197,23 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
         out: torch.Tensor | None = None,
         rope: Rope | None = None,
+        kv_written: bool = False,
     ) -> torch.Tensor | QuantizedActivation:
         """RoPE of q and k (when `rope` is given), this step's K/V into the cache (slot -1: skipped),
         then paged attention of q over it; returns [num_tokens, num_heads * head_dim], written into
         `out` when given (contiguous, that shape, q's dtype), else quantized for the next layer when
-        quantize_for set one. Piecewise graphs call this between their pieces."""
+        quantize_for set one. Piecewise graphs call this between their pieces; `kv_written`: q and k
+        are rotated and the K/V written already (`rope_write_kv` ran inside the graph), attention only."""
         num_tokens = q.shape[0]
         k_cache, v_cache = kv_cache
-        fused = rope is not None and self.fuse_rope_kv_write and not self.calibrate_kv_scales
+        fused = not kv_written and self.fuses_rope(rope)
         if fused:  # RoPE and the cache write in one kernel
-            rotary = rope.rotary
-            q, k = self.kernels.rotary_write_kv_cache(
-                rope.positions, q, k, v, rotary.cos_sin_cache, rotary.head_dim, rotary.is_neox, k_cache, v_cache,
-                meta.slot_mapping, k_scale=self.k_scale, v_scale=self.v_scale, qk_norm=rope.norm_args(),
-            )  # fmt: skip
-        elif rope is not None:
+            q, k = self.rope_write_kv(q, k, v, kv_cache, rope, meta.slot_mapping)
+        elif rope is not None and not kv_written:
             q, k = rope.apply(q, k, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if not fused:
+        if not fused and not kv_written:
             if self.calibrate_kv_scales:  # on the device, no host sync; before this step's K/V are written
                 fp8_max = torch.finfo(k_cache.dtype).max
                 torch.maximum(self.k_scale, k.abs().amax().float().reshape(1) / fp8_max, out=self.k_scale)
@@ -254,6 +252,24 @@ class Attention(nn.Module):
         if isinstance(out, QuantizedActivation):
             return out
         return out.view(num_tokens, self.num_heads * self.head_dim)
+
+    def fuses_rope(self, rope: Rope | None) -> bool:
+        """Whether `run` rotates q and k and writes the KV cache in one kernel (`rope_write_kv`) for this
+        rope: not without one, not in the ablation, not while the step calibrates the FP8 KV scales."""
+        return rope is not None and self.fuse_rope_kv_write and not self.calibrate_kv_scales
+
+    def rope_write_kv(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
+        rope: Rope, slot_mapping: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """RoPE of q and k ([rows, heads * head_dim], rope.positions [rows]) and the rotated K and V into
+        the cache at slot_mapping [rows] (-1: skipped) in one kernel; returns the rotated (q, k). Device
+        work only, over fixed shapes: piecewise graphs capture it with their static positions and slots."""
+        rotary = rope.rotary
+        return self.kernels.rotary_write_kv_cache(
+            rope.positions, q, k, v, rotary.cos_sin_cache, rotary.head_dim, rotary.is_neox, kv_cache[0], kv_cache[1],
+            slot_mapping, k_scale=self.k_scale, v_scale=self.v_scale, qk_norm=rope.norm_args(),
+        )  # fmt: skip
 
     def _quantize_args(self, out: torch.Tensor | None) -> dict:
         """paged_attention's `quantize`, when this layer's output goes quantized to o_proj (and not into a

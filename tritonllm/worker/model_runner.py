@@ -146,12 +146,17 @@ class ModelRunner:
         if capture:
             self.decode_graphs.capture(self._decode_body)
 
-    def enable_piecewise_graphs(self, max_num_batched_tokens: int, capture: bool = True, first_size: int = 256) -> None:
+    def enable_piecewise_graphs(
+        self, max_num_batched_tokens: int, capture: bool = True, first_size: int = 256, rope_kv_write: bool = True
+    ) -> None:
         """Serve prefill and mixed steps of up to max_num_batched_tokens tokens from piecewise CUDA/HIP
         graphs: all but attention, which runs eagerly between them (piecewise_graph.py); capture=False
-        runs the same padded path eagerly (tests on CPU). first_size: the smallest padded size.
+        runs the same padded path eagerly (tests on CPU). first_size: the smallest padded size;
+        rope_kv_write: the layers' fused RoPE + KV write inside the graphs (else eager, with attention).
         Call after allocate_kv_cache; its graphs have their own memory pool, apart from decode graphs'."""
-        self.piecewise_graphs = PiecewiseGraphs(self.model, max_num_batched_tokens, self.dtype, self.device, first_size)
+        self.piecewise_graphs = PiecewiseGraphs(
+            self.model, max_num_batched_tokens, self.dtype, self.device, first_size, rope_kv_write
+        )
         if capture:
             self.piecewise_graphs.capture(self.kv_caches)
 

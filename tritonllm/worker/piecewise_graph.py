@@ -15,12 +15,18 @@ returns a view of one static attention-output buffer [max tokens, num_heads * he
 all layers and sizes: layer i's attention writes it, graph i + 1 reads it before layer i + 1's
 attention writes it again. The last graph ends after the model's final norm.
 
-Replay of a step of n tokens, padded to the next size B: its ids and positions go to static input
-buffers (padding rows keep earlier, valid values), then for each layer graph i replays and
-`Attention.run` rotates q and k of rows [:n] and writes their KV (the step's real positions and
-slot mapping) and attends over the step's real metadata into the output buffer's rows [:n]; the
-last graph gives the hidden states, of which rows [:n] are returned. Padding rows run through the graphs but only through row-wise
-ops (GEMMs, norms, activation): their values reach no real row, no KV slot and no logit.
+RoPE and the KV write (`rope_kv_write`) go into the graphs too (`rope_kv_write=True`, where the layer
+fuses them and the kernel is capturable): they depend only on the positions and the slot mapping, which
+the step copies into static buffers (padding rows' slots -1: written nowhere), so each layer's eager work
+between two graphs is one attention launch, not two (a mixed step's host time; issue 15).
+
+Replay of a step of n tokens, padded to the next size B: its ids, positions and slots go to static
+input buffers (padding rows keep earlier, valid ids and positions; their slots are -1), then for each
+layer graph i replays (ending with RoPE of q and k and their KV written) and `Attention.run` attends
+over the step's real metadata into the output buffer's rows [:n] (without `rope_kv_write` it first
+rotates q and k of rows [:n] and writes their KV itself); the last graph gives the hidden states, of
+which rows [:n] are returned. Padding rows run through the graphs but only through row-wise ops
+(GEMMs, norms, activation, RoPE): their values reach no real row, no KV slot and no logit.
 
 Memory: all sizes' graphs share one pool, captured largest first; q, k, v and the output are held
 only through weak views, so the pool is about one largest-size forward's activations, as a single
@@ -85,6 +91,8 @@ class _Piece:
     kv_cache: KVCache
     # q and k before RoPE, which the layer applies (with its KV write) over the static positions buffer
     rope: Rope | None
+    # RoPE and the KV write ran inside the graph before this piece (q and k are rotated): attention only
+    kv_written: bool = False
 
 
 @dataclass
@@ -100,9 +108,10 @@ class _CaptureSplit:
     returns the output buffer. Attention itself does not run: the buffer keeps the finite values
     it held (zeros or earlier attention outputs)."""
 
-    def __init__(self, out: torch.Tensor, pool: tuple[int, int] | None) -> None:
+    def __init__(self, out: torch.Tensor, pool: tuple[int, int] | None, slots: torch.Tensor | None) -> None:
         self.out = out
         self.pool = pool
+        self.slots = slots  # the static slot buffer's rows: RoPE and the KV write in the graph; None: eager
         self.graphs: list[torch.cuda.CUDAGraph] = []
         self.pieces: list[_Piece] = []
 
@@ -117,8 +126,14 @@ class _CaptureSplit:
     def split(
         self, layer: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache, rope: Rope | None
     ) -> torch.Tensor:
+        written = self.slots is not None and layer.fuses_rope(rope)
+        if written:
+            q, k = layer.rope_write_kv(q, k, v, kv_cache, rope, self.slots)
         if self.pool is not None:
-            self.pieces.append(_Piece(layer, weak_view(q), weak_view(k), weak_view(v), kv_cache, rope))
+            piece = _Piece(
+                layer, weak_view(q), weak_view(k), weak_view(v), kv_cache, None if written else rope, written
+            )
+            self.pieces.append(piece)
             self.end()
             self.begin()
         return self.out
@@ -128,23 +143,30 @@ class _EagerSplit:
     """The hook without graphs: the layer's attention over the step's rows [:num_tokens] at once,
     into the output buffer, which it returns at the padded size (what a replay computes)."""
 
-    def __init__(self, out: torch.Tensor, num_tokens: int, meta: AttentionMetadata) -> None:
+    def __init__(self, out: torch.Tensor, num_tokens: int, meta: AttentionMetadata, slots: torch.Tensor | None) -> None:
         self.out = out
         self.num_tokens = num_tokens
         self.meta = meta
+        self.slots = slots  # as _CaptureSplit's: RoPE and the KV write over the padded rows, as a replay does
 
     def split(
         self, layer: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache, rope: Rope | None
     ) -> torch.Tensor:
         n = self.num_tokens
-        layer.run(q[:n], k[:n], v[:n], kv_cache, self.meta, out=self.out[:n], rope=rope and rope.head(n))
+        written = self.slots is not None and layer.fuses_rope(rope)
+        if written:
+            q, k = layer.rope_write_kv(q, k, v, kv_cache, rope, self.slots)
+            rope = None
+        layer.run(q[:n], k[:n], v[:n], kv_cache, self.meta, out=self.out[:n], rope=rope and rope.head(n),
+                  kv_written=written)  # fmt: skip
         return self.out
 
 
 class PiecewiseGraphs:
     def __init__(
-        self, model: nn.Module, max_num_tokens: int, dtype: torch.dtype, device: torch.device, first_size: int = 256
-    ) -> None:
+        self, model: nn.Module, max_num_tokens: int, dtype: torch.dtype, device: torch.device, first_size: int = 256,
+        rope_kv_write: bool = True,
+    ) -> None:  # fmt: skip
         widths = {m.num_heads * m.head_dim for m in model.modules() if isinstance(m, Attention)}
         if len(widths) != 1:
             raise ValueError(
@@ -158,6 +180,12 @@ class PiecewiseGraphs:
         self.input_ids = torch.zeros(self.max_tokens, dtype=torch.int64, device=device)
         self.positions = torch.zeros(self.max_tokens, dtype=torch.int64, device=device)
         self.attn_out = torch.zeros(self.max_tokens, widths.pop(), dtype=dtype, device=device)
+        # rope_kv_write: the step's KV slots, -1 past its rows (padding rows write nowhere); rows [:slots_used]
+        # hold the last step's, reset before a shorter step
+        self.slot_mapping = (
+            torch.full((self.max_tokens,), -1, dtype=torch.int64, device=device) if rope_kv_write else None
+        )
+        self.slots_used = 0
         self.buckets: dict[int, _Bucket] = {}
 
     @property
@@ -193,9 +221,10 @@ class PiecewiseGraphs:
 
     def _capture_size(self, size: int, kv_caches: list[KVCache], pool: tuple[int, int]) -> _Bucket:
         ids, positions, out = self.input_ids[:size], self.positions[:size], self.attn_out[:size]
-        warm_up = _CaptureSplit(out, None)
+        slots = None if self.slot_mapping is None else self.slot_mapping[:size]  # all -1 here: no KV written
+        warm_up = _CaptureSplit(out, None, slots)
         self.model(ids, positions, kv_caches, self._hook_metadata(warm_up))  # compiles kernels, fills launch caches
-        hook = _CaptureSplit(out, pool)
+        hook = _CaptureSplit(out, pool, slots)
         meta = self._hook_metadata(hook)
         torch.cuda.synchronize()
         hook.begin()
@@ -214,15 +243,34 @@ class PiecewiseGraphs:
         size = self.padded_size(n)
         self.input_ids[:n].copy_(input_ids)
         self.positions[:n].copy_(positions)
+        slots = self._stage_slots(meta.slot_mapping)
         bucket = self.buckets.get(size)
-        if bucket is None:
-            hook = _EagerSplit(self.attn_out[:size], n, meta)
+        if bucket is None or self._calibrating(bucket):
+            hook = _EagerSplit(self.attn_out[:size], n, meta, None if slots is None else slots[:size])
             model_meta = dataclasses.replace(meta, piecewise=hook)
             return self.model(self.input_ids[:size], self.positions[:size], kv_caches, model_meta)[:n]
         out = self.attn_out[:n]
         for graph, piece in zip(bucket.graphs, bucket.pieces):
             graph.replay()
             rope = piece.rope and piece.rope.head(n)
-            piece.layer.run(piece.q[:n], piece.k[:n], piece.v[:n], piece.kv_cache, meta, out=out, rope=rope)
+            piece.layer.run(piece.q[:n], piece.k[:n], piece.v[:n], piece.kv_cache, meta, out=out, rope=rope,
+                            kv_written=piece.kv_written)  # fmt: skip
         bucket.graphs[-1].replay()
         return bucket.output[:n]
+
+    def _stage_slots(self, slot_mapping: torch.Tensor) -> torch.Tensor | None:
+        """The step's slots into the static buffer, rows past them -1 (only those a longer step left set)."""
+        if self.slot_mapping is None:
+            return None
+        n = slot_mapping.shape[0]
+        self.slot_mapping[:n].copy_(slot_mapping)
+        if self.slots_used > n:
+            self.slot_mapping[n : self.slots_used].fill_(-1)
+        self.slots_used = n
+        return self.slot_mapping
+
+    @staticmethod
+    def _calibrating(bucket: _Bucket) -> bool:
+        """A step that sets the FP8 KV scales (calculate_kv_scales) writes its K/V eagerly, after calibrating:
+        the graphs' RoPE + KV write would quantize with the scales it is about to set."""
+        return any(piece.kv_written and piece.layer.calibrate_kv_scales for piece in bucket.pieces[:1])

@@ -30,7 +30,8 @@ from tritonllm.models.llama import LlamaDecoderLayer
 from tritonllm.models.loader import fit_rope_tables, layer_features, linear_formats, load_model, model_max_len, used_ops
 from tritonllm.worker.model_runner import ModelRunner
 
-# the ops a piecewise graph's pieces hold (attention and the KV write run eagerly between them)
+# the ops a piecewise graph's pieces hold (attention runs eagerly between them; the fused RoPE + KV write is
+# captured where its implementation allows, else it runs eagerly too)
 PIECEWISE_OPS = ("rms_norm", "rotary", "activation", "linear", "moe")
 logger = logging.getLogger(__name__)
 
@@ -151,7 +152,11 @@ def enable_graphs(
     # KV cache was sized to leave the profiled peak of such a step (weights, activations,
     # logits, sampling) free, so capture fits; the logits and sampling of later steps then
     # come on top of the pool, out of the 1 - gpu_memory_utilization share.
-    runner.enable_piecewise_graphs(sched.max_num_batched_tokens, first_size=config.piecewise_first_size)
+    # the fused RoPE + KV write inside the graphs where its kernel can be captured (else eager, with attention)
+    rope_kv_write = config.piecewise_rope_kv_write and not kernels.uncapturable(["rope_kv_write"])
+    runner.enable_piecewise_graphs(
+        sched.max_num_batched_tokens, first_size=config.piecewise_first_size, rope_kv_write=rope_kv_write
+    )
 
 
 def profile_peak_bytes(runner: ModelRunner, sched: SchedulerConfig) -> int:
