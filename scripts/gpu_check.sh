@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -727,7 +727,7 @@ PY
       for v in on off; do
         [ $v = on ] && flag= || flag=--no-piecewise-rope-kv-write
         timeout 200 python3 experiments/serving/mixed_step.py --model "$MODELS/llama3-8b-config" --load-format dummy \
-          --decodes 13 --prompt-lens 499 128 1000 --repeats 5 $flag --trace /tmp/trace_mixed_$v.json \
+          --decodes 13 --prompt-lens 499 128 --repeats 4 $flag --trace /tmp/trace_mixed_$v.json \
           --output-json "$OUT/mixed_trace_$v.json" 2>&1 | grep -E "^\{|Error"
         python3 scripts/step_timeline.py /tmp/trace_mixed_$v.json --steps 1 --gaps 12 --json "$OUT/timeline_mixed_$v.json" \
           | tee "$OUT/timeline_mixed_$v.txt" | head -40
@@ -738,6 +738,16 @@ PY
         2>&1 | grep -E '"step_ms"|gpu_busy_ms'
       python3 scripts/step_timeline.py /tmp/trace_prefill.json --steps 1 --gaps 12 --json "$OUT/timeline_prefill.json" \
         | tee "$OUT/timeline_prefill.txt" | head -40 ;;
+    next-55)
+      # session 45's one call (~7 minutes): mixed-trace (the piecewise graphs' RoPE + KV write: GPU tests, the mixed
+      # step with and without it, traces); on an H200 then one 16 req/s serving run and the offline step at 16
+      # (issue 15's 1.2x) with it, random weights without a checkpoint on disk
+      timeout 330 bash "$0" mixed-trace
+      if on_h200; then
+        ensure_config_model
+        SERVE_MODEL="$MODELS/llama3-8b-config" SERVE_ARGS="--load-format dummy" OFFLINE_LOAD_FORMAT=dummy RATES=16 \
+          OFFLINE_COUNTS=16 timeout 250 bash "$0" bench-serving
+      fi ;;
     next-52)
       # session 44's first call: on an H200, moe-h100-tiles (issue 16's 450 TFLOP/s), then FP8 batch 1 against bf16
       # cuBLAS (issue 13's 1.7x) with the Hopper tables' new 512 buckets (the prompt's GEMMs); next-53 follows
