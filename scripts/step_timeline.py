@@ -127,6 +127,8 @@ def main() -> None:
     parser.add_argument("--gaps", type=int, default=0, help="list the N kernel pairs around the most idle time")
     args = parser.parse_args()
     events = load_events(args.trace)
+    if not events:
+        raise SystemExit(f"{args.trace}: no GPU kernel, copy or memset events (a CPU-only profile?)")
     table, idle, window = exposed_times(events)
     per_step = {
         k: [round(v[0] / args.steps, 2), round(v[1] / args.steps, 2), v[2] / args.steps] for k, v in table.items()
