@@ -717,7 +717,7 @@ PY
       ;;
     mixed-trace)
       # issue 15: what a prompt joining 13 decodes adds to its step with the RoPE + KV write inside the piecewise
-      # graphs (default since session 45) and eager beside attention (before), and where the GPU waits for the host in
+      # graphs (piecewise_rope_kv_write, session 45, opt-in) and eager beside attention (the default), and where the GPU waits for the host in
       # such a step (13 decodes + one 499-token prompt, padded to 512) and in a warm batch-1 prefill (512 tokens):
       # Chrome traces read by step_timeline.py, idle by the kernels around it; Llama-3-8B, dummy weights, cuBLAS
       ensure_config_model
@@ -745,7 +745,8 @@ PY
       timeout 330 bash "$0" mixed-trace
       if on_h200; then
         ensure_config_model
-        SERVE_MODEL="$MODELS/llama3-8b-config" SERVE_ARGS="--load-format dummy" OFFLINE_LOAD_FORMAT=dummy RATES=16 \
+        SERVE_MODEL="$MODELS/llama3-8b-config" SERVE_ARGS="--load-format dummy --piecewise-rope-kv-write" \
+          OFFLINE_LOAD_FORMAT=dummy RATES=16 \
           OFFLINE_COUNTS=16 timeout 250 bash "$0" bench-serving
       fi ;;
     next-52)

@@ -115,7 +115,9 @@ def test_skipping_attention_between_the_pieces_changes_the_tokens(tiny_llama, ea
 def test_a_shorter_step_resets_the_slots_a_longer_one_left() -> None:
     model = torch.nn.Module()
     model.attn = Attention(2, 1, 4, 0.5)
-    graphs = piecewise_graph.PiecewiseGraphs(model, 24, torch.float32, torch.device("cpu"), first_size=8)
+    graphs = piecewise_graph.PiecewiseGraphs(
+        model, 24, torch.float32, torch.device("cpu"), first_size=8, rope_kv_write=True
+    )
     assert graphs.slot_mapping.tolist() == [-1] * 24  # what the capture sees: no KV written
     graphs._stage_slots(torch.arange(100, 110))
     graphs._stage_slots(torch.tensor([7, 3, 5]))
@@ -161,6 +163,7 @@ def test_gpu_piecewise_graphs_of_several_sizes_match_eager(tiny_model) -> None:
     llm = LLM(**kw, piecewise_graphs=False)
     runner = llm.llm_engine.runner
     assert runner.piecewise_graphs is None and runner.decode_graphs is not None
-    runner.enable_piecewise_graphs(KW["max_num_batched_tokens"], first_size=FIRST_SIZE)
+    # the RoPE + KV write inside the pieces (opt-in; the engine's default capture above runs it eagerly)
+    runner.enable_piecewise_graphs(KW["max_num_batched_tokens"], first_size=FIRST_SIZE, rope_kv_write=True)
     assert sorted(runner.piecewise_graphs.buckets) == [8, 16, 24]
     _compare(eager, _run(llm), 1e-3)

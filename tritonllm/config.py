@@ -194,9 +194,10 @@ class EngineConfig:
     # graphs of the next size up, so this bounds the padding of mixed steps, e.g. a 512-token prompt
     # arriving beside 13 decodes (525 tokens) ran at 768 with 256
     piecewise_first_size: int = 128
-    # the piecewise graphs hold each layer's fused RoPE + KV write (over static positions and slots), so the
-    # eager work between two graphs is attention alone; false: RoPE + KV write eager with it (ablation)
-    piecewise_rope_kv_write: bool = True
+    # true: the piecewise graphs hold each layer's fused RoPE + KV write (over static positions and slots), so
+    # the eager work between two graphs is attention alone; false (default until it is timed on a GPU, session
+    # 45): the RoPE + KV write runs eagerly beside attention
+    piecewise_rope_kv_write: bool = False
     # on NVIDIA sm90+, the hot-path Triton kernels launch with programmatic dependent launch: each may
     # start while the one before it finishes (kernels/launch.py); false: plain launches (ablation)
     pdl: bool = True

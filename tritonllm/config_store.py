@@ -35,7 +35,7 @@ class RunConfig:
     enforce_eager: bool = False  # true: no CUDA/HIP graphs at all, decode or piecewise (ablation)
     piecewise_graphs: bool = True  # false: prefill and mixed steps run eagerly (ablation)
     piecewise_first_size: int = 128  # piecewise graphs at multiples of it up to 8 x it, then 4 a doubling
-    piecewise_rope_kv_write: bool = True  # false: the fused RoPE + KV write eager between the pieces (ablation)
+    piecewise_rope_kv_write: bool = False  # true: the fused RoPE + KV write inside the piecewise graphs (opt-in)
     pdl: bool = True  # false: no programmatic dependent launch (ablation; NVIDIA sm90+ only)
     gc_freeze: bool = True  # false: the start-up heap stays in Python's cyclic GC (ablation)
     fuse_rope_kv_write: bool = True  # false: RoPE and the KV-cache write as two kernels (ablation)

@@ -48,7 +48,7 @@ class LLM:
         enforce_eager: bool = False,
         piecewise_graphs: bool = True,
         piecewise_first_size: int = 128,
-        piecewise_rope_kv_write: bool = True,
+        piecewise_rope_kv_write: bool = False,
         pdl: bool = True,
         gc_freeze: bool = True,
         fuse_rope_kv_write: bool = True,

@@ -147,7 +147,7 @@ class ModelRunner:
             self.decode_graphs.capture(self._decode_body)
 
     def enable_piecewise_graphs(
-        self, max_num_batched_tokens: int, capture: bool = True, first_size: int = 256, rope_kv_write: bool = True
+        self, max_num_batched_tokens: int, capture: bool = True, first_size: int = 256, rope_kv_write: bool = False
     ) -> None:
         """Serve prefill and mixed steps of up to max_num_batched_tokens tokens from piecewise CUDA/HIP
         graphs: all but attention, which runs eagerly between them (piecewise_graph.py); capture=False

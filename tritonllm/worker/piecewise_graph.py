@@ -15,8 +15,9 @@ returns a view of one static attention-output buffer [max tokens, num_heads * he
 all layers and sizes: layer i's attention writes it, graph i + 1 reads it before layer i + 1's
 attention writes it again. The last graph ends after the model's final norm.
 
-RoPE and the KV write (`rope_kv_write`) go into the graphs too (`rope_kv_write=True`, where the layer
-fuses them and the kernel is capturable): they depend only on the positions and the slot mapping, which
+RoPE and the KV write (`rope_kv_write`) go into the graphs too with `rope_kv_write=True` (the engine's
+`piecewise_rope_kv_write`, off by default until it is timed on a GPU; where the layer fuses them and the
+kernel is capturable): they depend only on the positions and the slot mapping, which
 the step copies into static buffers (padding rows' slots -1: written nowhere), so each layer's eager work
 between two graphs is one attention launch, not two (a mixed step's host time; issue 15).
 
@@ -165,7 +166,7 @@ class _EagerSplit:
 class PiecewiseGraphs:
     def __init__(
         self, model: nn.Module, max_num_tokens: int, dtype: torch.dtype, device: torch.device, first_size: int = 256,
-        rope_kv_write: bool = True,
+        rope_kv_write: bool = False,
     ) -> None:  # fmt: skip
         widths = {m.num_heads * m.head_dim for m in model.modules() if isinstance(m, Attention)}
         if len(widths) != 1:
