@@ -195,8 +195,8 @@ class EngineConfig:
     # arriving beside 13 decodes (525 tokens) ran at 768 with 256
     piecewise_first_size: int = 128
     # true: the piecewise graphs hold each layer's fused RoPE + KV write (over static positions and slots), so
-    # the eager work between two graphs is attention alone; false (default until it is timed on a GPU, session
-    # 45): the RoPE + KV write runs eagerly beside attention
+    # the eager work between two graphs is attention alone; false (the default: on the H200 it was no
+    # faster, session 45): the RoPE + KV write runs eagerly beside attention
     piecewise_rope_kv_write: bool = False
     # on NVIDIA sm90+, the hot-path Triton kernels launch with programmatic dependent launch: each may
     # start while the one before it finishes (kernels/launch.py); false: plain launches (ablation)
