@@ -47,6 +47,14 @@ def stream(event: dict) -> object:
     return event.get("args", {}).get("stream", event.get("tid"))
 
 
+def main_stream(events: list[dict]) -> object:
+    """The stream with the most launches: the step's own (the others are side streams, e.g. L2 prefetches)."""
+    launches: dict[object, int] = defaultdict(int)
+    for e in events:
+        launches[stream(e)] += 1
+    return max(launches, key=launches.get)
+
+
 def exposed_times(events: list[dict]) -> tuple[dict[str, list[float]], float, float]:
     """({label: [exposed us, summed duration us, launches]}, idle us, window us).
 
@@ -54,10 +62,7 @@ def exposed_times(events: list[dict]) -> tuple[dict[str, list[float]], float, fl
     other streams (the L2 weight prefetches' side stream) are labelled "[side] ..." and charged only for the
     gaps of the main stream that they cover (the main stream waiting at a join, say): the rest of a gap is
     idle. Their work under main-stream kernels costs the step nothing that this walk can see."""
-    launches: dict[object, int] = defaultdict(int)
-    for e in events:
-        launches[stream(e)] += 1
-    main = max(launches, key=launches.get)
+    main = main_stream(events)
     events = sorted(events, key=lambda e: e["ts"])
     side = [e for e in events if stream(e) != main]
     table: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
@@ -101,10 +106,7 @@ def exposed_times(events: list[dict]) -> tuple[dict[str, list[float]], float, fl
 def idle_gaps(events: list[dict]) -> dict[tuple[str, str], list[float]]:
     """{(kernel before, kernel after): [idle us, gaps]} over the main stream's gaps (the frontier walk of
     exposed_times, side streams ignored): the kernel before is the one whose end set the frontier."""
-    launches: dict[object, int] = defaultdict(int)
-    for e in events:
-        launches[stream(e)] += 1
-    main = max(launches, key=launches.get)
+    main = main_stream(events)
     gaps: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
     frontier, last = None, None
     for e in sorted((e for e in events if stream(e) == main), key=lambda e: e["ts"]):

@@ -103,6 +103,17 @@ class _Bucket:
     output: torch.Tensor  # weak view of the hidden states [size, hidden]
 
 
+def _rope_write_kv(
+    layer: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache, rope: Rope | None,
+    slots: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, bool]:  # fmt: skip
+    """A split's RoPE + KV write over the padded rows at the static slots (rope_kv_write: `slots` given, the
+    layer fusing them): (rotated q, k, True); else (q, k, False), left to the layer's eager run."""
+    if slots is None or not layer.fuses_rope(rope):
+        return q, k, False
+    return (*layer.rope_write_kv(q, k, v, kv_cache, rope, slots), True)
+
+
 class _CaptureSplit:
     """The hook while a size is captured into `pool`: each attention call closes the graph being
     captured and opens the next. Without a pool (the eager warm-up before the capture) it only
@@ -127,9 +138,7 @@ class _CaptureSplit:
     def split(
         self, layer: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache, rope: Rope | None
     ) -> torch.Tensor:
-        written = self.slots is not None and layer.fuses_rope(rope)
-        if written:
-            q, k = layer.rope_write_kv(q, k, v, kv_cache, rope, self.slots)
+        q, k, written = _rope_write_kv(layer, q, k, v, kv_cache, rope, self.slots)
         if self.pool is not None:
             piece = _Piece(
                 layer, weak_view(q), weak_view(k), weak_view(v), kv_cache, None if written else rope, written
@@ -154,12 +163,9 @@ class _EagerSplit:
         self, layer: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache, rope: Rope | None
     ) -> torch.Tensor:
         n = self.num_tokens
-        written = self.slots is not None and layer.fuses_rope(rope)
-        if written:
-            q, k = layer.rope_write_kv(q, k, v, kv_cache, rope, self.slots)
-            rope = None
-        layer.run(q[:n], k[:n], v[:n], kv_cache, self.meta, out=self.out[:n], rope=rope and rope.head(n),
-                  kv_written=written)  # fmt: skip
+        q, k, written = _rope_write_kv(layer, q, k, v, kv_cache, rope, self.slots)
+        rope = None if written else rope and rope.head(n)
+        layer.run(q[:n], k[:n], v[:n], kv_cache, self.meta, out=self.out[:n], rope=rope, kv_written=written)
         return self.out
 
 
@@ -274,4 +280,5 @@ class PiecewiseGraphs:
     def _calibrating(bucket: _Bucket) -> bool:
         """A step that sets the FP8 KV scales (calculate_kv_scales) writes its K/V eagerly, after calibrating:
         the graphs' RoPE + KV write would quantize with the scales it is about to set."""
-        return any(piece.kv_written and piece.layer.calibrate_kv_scales for piece in bucket.pieces[:1])
+        first = bucket.pieces[0] if bucket.pieces else None
+        return first is not None and first.kv_written and first.layer.calibrate_kv_scales
