@@ -188,7 +188,15 @@ def test_streamed_chat_sends_the_role_first_then_content_deltas(client, referenc
         ("/v1/completions", {"max_tokens": 3}, "prompt"),
         ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, "unknown chat role"),
         ("/v1/chat/completions", {"messages": MESSAGES, "top_logprobs": 2}, "logprobs=true"),
-        ("/v1/chat/completions", {"messages": MESSAGES, "presence_penalty": 1.0}, "presence_penalty"),
+        (
+            "/v1/chat/completions",
+            {"messages": MESSAGES, "presence_penalty": 2.5},
+            "presence_penalty must be in [-2, 2]",
+        ),
+        ("/v1/completions", {"prompt": "a", "repetition_penalty": 0}, "repetition_penalty must be in [0.001, 1000]"),
+        ("/v1/completions", {"prompt": "a", "logit_bias": {"x": 1}}, "logit_bias keys must be token ids"),
+        ("/v1/completions", {"prompt": "a", "logit_bias": {"5": 300}}, "logit_bias values must be in [-100, 100]"),
+        ("/v1/completions", {"prompt": "a", "logit_bias": {"99999": 1}}, "logit_bias names token 99999"),
         ("/v1/chat/completions", {"messages": []}, "messages"),
     ],
 )
@@ -285,6 +293,15 @@ def test_openai_client_against_a_running_server(server_url, reference):
     assert chunks[-1].usage.completion_tokens == len(expected_chat.outputs[0].token_ids)
     with pytest.raises(openai.BadRequestError, match="max_model_len"):
         client.completions.create(model=MODEL, prompt=list(range(3, 300)), max_tokens=2)
+
+    # OpenAI's penalties and logit_bias, and vLLM's repetition_penalty (an extra field): as the offline API
+    adjust = dict(presence_penalty=1.5, frequency_penalty=0.5, logit_bias={"300": 6.0})
+    completion = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, **adjust,
+                                           extra_body={"repetition_penalty": 1.3, "ignore_eos": True})  # fmt: skip
+    params = greedy(6, presence_penalty=1.5, frequency_penalty=0.5, logit_bias={300: 6.0}, repetition_penalty=1.3)
+    expected = reference.generate(PROMPT, params, use_tqdm=False)[0].outputs[0]
+    assert completion.choices[0].text == expected.text
+    assert expected.token_ids != reference.generate(PROMPT, greedy(6), use_tqdm=False)[0].outputs[0].token_ids
 
 
 def test_a_client_disconnect_mid_stream_aborts_the_request(server_url, engine):

@@ -30,6 +30,13 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1: off
     min_p: float = 0.0
+    # OpenAI's penalties on the tokens generated so far: logit -= frequency_penalty * count +
+    # presence_penalty * (count > 0); vLLM's repetition_penalty on prompt and generated tokens alike
+    # (a positive logit divided by it, a negative one multiplied); logit_bias adds to a token's logit
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
     seed: int | None = None
     max_tokens: int | None = 16  # None: up to max_model_len
     min_tokens: int = 0
@@ -58,6 +65,24 @@ class SamplingParams:
         need(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
         need(isinstance(self.top_k, int) and self.top_k >= -1, f"top_k must be -1, 0 (off) or >= 1, got {self.top_k}")
         need(0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            need(-2.0 <= value <= 2.0, f"{name} must be in [-2, 2] (0 is off), got {value}")
+        # bounded so that a logit divided by it stays finite in float32 (vLLM asks only > 0)
+        need(
+            1e-3 <= self.repetition_penalty <= 1e3,
+            f"repetition_penalty must be in [0.001, 1000] (1 is off), got {self.repetition_penalty}",
+        )
+        bias = dict(self.logit_bias or {})
+        need(
+            all(isinstance(t, int) and t >= 0 for t in bias),
+            f"logit_bias keys must be token ids (integers >= 0), got {sorted(bias, key=str)[:4]!r}",
+        )
+        need(
+            all(-100.0 <= b <= 100.0 for b in bias.values()),
+            f"logit_bias values must be in [-100, 100], got {sorted(bias.values())[:: max(1, len(bias) - 1)]!r}",
+        )
+        self.logit_bias = {t: float(b) for t, b in bias.items()} or None
         if self.temperature < SAMPLING_EPS:
             self.temperature = 0.0
         # any top_p below float32's smallest normal keeps just the most probable token(s), as that one does
@@ -96,3 +121,8 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        """Whether sampling depends on the tokens seen so far (presence, frequency or repetition)."""
+        return bool(self.presence_penalty or self.frequency_penalty) or self.repetition_penalty != 1.0

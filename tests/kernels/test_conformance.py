@@ -329,6 +329,44 @@ def test_sampling(impl, dtype) -> None:
     assert keep[torch.arange(num_rows, device=DEVICE), tokens].all()
 
 
+def _penalty_case(num_rows: int, vocab: int, dtype: torch.dtype, prompt: bool) -> tuple[torch.Tensor, tuple]:
+    """Logits and apply_penalties' arguments for 5 of num_rows rows: sparse counts (some tokens
+    generated several times), a sparse prompt mask, frequency / presence of both signs, repetition
+    above and below 1 (one row off)."""
+    gen = torch.Generator().manual_seed(50)
+    logits = 3 * _randn(num_rows, vocab, dtype=dtype, seed=51)
+    rows = torch.tensor([9, 0, 4, 10, 2], dtype=torch.int64)
+    counts = torch.randint(0, 4, (5, vocab), generator=gen, dtype=torch.int32)
+    counts *= torch.rand(5, vocab, generator=gen) < 0.05
+    mask = torch.rand(5, vocab, generator=gen) < 0.05 if prompt else None
+    frequency = torch.tensor([0.5, -0.3, 0.0, 1.7, 0.25])
+    presence = torch.tensor([0.0, 1.0, -0.5, 0.2, 2.0])
+    repetition = torch.tensor([1.3, 0.8, 1.0, 2.0, 1.1])
+    args = (rows, counts, mask, frequency, presence, repetition)
+    return logits, tuple(a.to(DEVICE) if a is not None else None for a in args)
+
+
+@pytest.mark.parametrize("impl, dtype", _cases("sampling"))
+@pytest.mark.parametrize("num_rows, vocab, prompt", [(11, 1500, True), (13, 4099, False)])
+def test_apply_penalties(impl, dtype, num_rows, vocab, prompt) -> None:
+    """In place, on the given rows only, as the reference; a count off by one at one token is caught."""
+    logits, args = _penalty_case(num_rows, vocab, dtype, prompt)
+    got, expected = logits.clone(), logits.clone()
+    impl.entries["apply_penalties"](got, *args)
+    reference.apply_penalties(expected, *args)
+    untouched = torch.ones(num_rows, dtype=torch.bool, device=DEVICE)
+    untouched[args[0]] = False
+    assert torch.equal(got[untouched], logits[untouched])
+    assert_close_to_scale(got, expected, _tol(dtype))
+    assert (got != logits).sum() > 0.02 * len(args[0]) * vocab  # the penalties did change the rows (~4% of tokens)
+    miscounted = logits.clone()
+    counts = args[1].clone()
+    counts[3, 7] += 1  # the frequency penalty of row 10 is 1.7: a count off by one moves its logit by 1.7
+    reference.apply_penalties(miscounted, args[0], counts, *args[2:])
+    with pytest.raises(AssertionError):
+        assert_close_to_scale(got, miscounted, _tol(dtype))
+
+
 @pytest.mark.parametrize("impl, dtype", _cases("moe"))
 def test_moe(impl, dtype) -> None:
     num_tokens, experts, hidden, inter = 13, 6, 48, 40

@@ -130,6 +130,8 @@ class LLMEngine:
         vocab = self.hf_config.vocab_size
         if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:
             raise ValueError(f"prompt_token_ids must lie in [0, {vocab}) for this model")
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise ValueError(f"logit_bias names token {max(params.logit_bias)}: token ids must lie in [0, {vocab})")
         prompt_len = len(prompt_token_ids)
         if prompt_len >= self.max_model_len:
             raise ValueError(

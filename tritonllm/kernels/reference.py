@@ -365,6 +365,29 @@ def sample(
     return torch.where(temperature > 0, drawn, greedy)
 
 
+@register("sampling", "torch_ref", priority=0)
+def apply_penalties(
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    counts: torch.Tensor,
+    prompt_mask: torch.Tensor | None,
+    frequency: torch.Tensor,
+    presence: torch.Tensor,
+    repetition: torch.Tensor,
+) -> None:
+    """Penalize logits [num_rows, vocab] in place at rows [P]: counts [P, vocab] of the generated
+    tokens, prompt_mask [P, vocab] bool or None, frequency / presence / repetition [P]. A token seen in
+    the prompt or the output has a positive logit divided by the repetition penalty and a negative one
+    multiplied by it (vLLM); then logit -= frequency * count + presence * (count > 0) (OpenAI)."""
+    x = logits[rows].float()
+    generated = counts > 0
+    seen = generated | prompt_mask if prompt_mask is not None else generated
+    rep = repetition.float()[:, None]
+    x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
+    x = x - frequency.float()[:, None] * counts.float() - presence.float()[:, None] * generated.float()
+    logits[rows] = x.to(logits.dtype)
+
+
 # ---- linear ----------------------------------------------------------------------------------
 
 

@@ -36,7 +36,8 @@ OPS: dict[str, tuple[str, ...]] = {
     "kv_write": ("write_kv_cache",),
     # RoPE of q, k and the KV-cache write of the rotated k and v in one entry point (one kernel)
     "rope_kv_write": ("rotary_write_kv_cache",),
-    "sampling": ("sample", "log_softmax"),
+    # apply_penalties: presence / frequency / repetition penalties on some rows, in place, before `sample`
+    "sampling": ("sample", "log_softmax", "apply_penalties"),
     "linear": (
         "linear",
         "quantized_linear",

@@ -2,8 +2,9 @@
 
 Sampling runs on the device (the `sampling` op of kernels/registry.py) and returns device tensors: nothing here waits for the
 GPU, so a step's sampling can sit inside a CUDA graph and its tokens can feed the next step on the
-device. Logprobs are those of the model's raw distribution (before temperature and filters), as
-in vLLM.
+device. Logprobs are those of the model's raw distribution (before logit_bias, penalties,
+temperature and filters), as in vLLM. Rows with logit_bias, min_tokens or penalties are sampled
+again, eagerly, with their logits adjusted (model_runner's special rows).
 """
 
 from __future__ import annotations
@@ -16,15 +17,49 @@ from tritonllm.kernels.registry import Kernels, default_kernels
 
 
 @dataclass
+class Penalties:
+    """Presence, frequency and repetition penalties of some rows (OpenAI's and vLLM's definitions):
+    counts of each row's generated tokens and, where a repetition penalty needs it, which tokens its
+    prompt holds."""
+
+    rows: torch.Tensor  # [num_penalized] int64: rows of the logits
+    counts: torch.Tensor  # [num_penalized, vocab] int32: how often each token was generated
+    prompt_mask: torch.Tensor | None  # [num_penalized, vocab] bool: in the prompt; None: no repetition penalty
+    frequency: torch.Tensor  # [num_penalized] float32
+    presence: torch.Tensor  # [num_penalized] float32
+    repetition: torch.Tensor  # [num_penalized] float32; 1 = off
+
+
+@dataclass
+class LogitAdjustments:
+    """What changes some rows' logits before sampling, in vLLM's order: additive (row, token, value)
+    entries first (logit_bias, and -inf for min_tokens' banned stop tokens), then the penalties."""
+
+    bias_rows: torch.Tensor | None = None  # [num_entries] int64
+    bias_tokens: torch.Tensor | None = None  # [num_entries] int64
+    bias_values: torch.Tensor | None = None  # [num_entries] float32
+    penalties: Penalties | None = None
+
+    def apply(self, logits: torch.Tensor, kernels: Kernels) -> torch.Tensor:
+        """The adjusted logits (a copy: the caller's stay as they are)."""
+        logits = logits.clone()
+        if self.bias_rows is not None:
+            logits.index_put_((self.bias_rows, self.bias_tokens), self.bias_values.to(logits.dtype), accumulate=True)
+        p = self.penalties
+        if p is not None:
+            kernels.apply_penalties(logits, p.rows, p.counts, p.prompt_mask, p.frequency, p.presence, p.repetition)
+        return logits
+
+
+@dataclass
 class SamplingTensors:
     temperature: torch.Tensor  # [num_rows] float32; 0 = greedy
     top_k: torch.Tensor  # [num_rows] int32; <= 0 = off
     top_p: torch.Tensor  # [num_rows] float32; 1 = off
     min_p: torch.Tensor  # [num_rows] float32; 0 = off
     seeds: torch.Tensor  # [num_rows] int64: this step's seed of each row
-    banned_rows: torch.Tensor | None  # [num_banned] int64: rows of (row, token) pairs masked out (min_tokens)
-    banned_tokens: torch.Tensor | None  # [num_banned] int64
     max_num_logprobs: int | None  # top-k logprobs to return; None: no logprobs at all
+    adjust: LogitAdjustments | None = None  # logit_bias, min_tokens' bans, penalties; None: none
 
 
 @dataclass
@@ -78,11 +113,8 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, st: SamplingTensors) -> tuple[torch.Tensor, LogprobTensors | None]:
         """logits [rows, vocab] -> (token ids [rows] int64, their logprobs when asked), on the device."""
         logprobs = self.kernels.log_softmax(logits) if st.max_num_logprobs is not None else None
-        if st.banned_rows is not None:
-            logits = logits.index_put(
-                (st.banned_rows, st.banned_tokens),
-                torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device),
-            )
+        if st.adjust is not None:  # after the logprobs: those are the model's, as in vLLM
+            logits = st.adjust.apply(logits, self.kernels)
         token_ids = self.kernels.sample(logits, st.temperature, st.top_k, st.top_p, st.min_p, st.seeds)
         top = top_logprobs(logprobs, token_ids, st.max_num_logprobs) if logprobs is not None else None
         return token_ids, top

@@ -151,7 +151,5 @@ class InputBatch:
             top_p=top_p,
             min_p=min_p,
             seeds=seeds,
-            banned_rows=None,
-            banned_tokens=None,
             max_num_logprobs=max_num_logprobs,
         )

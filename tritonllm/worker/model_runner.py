@@ -47,6 +47,7 @@ from tritonllm.layers.prefetch import MAX_PREFETCH_SEQS, WeightPrefetch
 from tritonllm.layers.sampler import LogprobTensors, Sampler, SamplingTensors, to_host, top_logprobs
 from tritonllm.worker.cuda_graph import DECODE_LAYOUT, DecodeGraphs, graph_entries
 from tritonllm.worker.input_batch import InputBatch
+from tritonllm.worker.logit_adjust import logit_adjustments
 from tritonllm.worker.piecewise_graph import PiecewiseGraphs
 from tritonllm.worker.staging import StagingBuffer
 
@@ -234,8 +235,6 @@ class ModelRunner:
             top_p=ones * 0.9,
             min_p=ones * 0.0,
             seeds=torch.arange(num_seqs, device=self.device),
-            banned_rows=None,
-            banned_tokens=None,
             max_num_logprobs=None,
         )
         self.sampler(logits, st)
@@ -291,7 +290,8 @@ class ModelRunner:
         from_prev = np.zeros(n, dtype=bool)
         ids: list[int] = []
         sampled: list[Request] = []
-        special: list[int] = []  # indices into `sampled` of rows with logprobs or min_tokens
+        special: list[int] = []  # indices into `sampled` of rows with logprobs, min_tokens, logit_bias or penalties
+        in_flight: dict[int, int] = {}  # penalized rows with a token in flight: index into `sampled` -> its position
         prompt: list[tuple[int, Request]] = []
         row_of = batch.row_of
         for i, s in enumerate(sched.scheduled):
@@ -309,7 +309,10 @@ class ModelRunner:
                 ids.extend(r.token_ids_range(s.start, s.start + s.num_new_tokens))
             if s.samples:
                 samples[i] = True
-                if r.params.logprobs is not None or r.params.min_tokens:
+                p = r.params
+                if p.logprobs is not None or p.min_tokens or p.logit_bias or p.has_penalties:
+                    if from_prev[i] and p.has_penalties:  # its last generated token, in last_sampled
+                        in_flight[len(sampled)] = int(batch.sample_pos[row])
                     special.append(len(sampled))
                 sampled.append(r)
             if r.params.prompt_logprobs is not None:
@@ -334,6 +337,9 @@ class ModelRunner:
         spans = [(r, *self._prompt_span(r, int(query_start[i]), int(starts[i]), int(num_new[i]))) for i, r in prompt]
         prev_tokens = self._num_last_sampled if from_prev.any() else 0
         self._num_last_sampled = num_sampled
+
+        # the penalized rows' tokens in flight, read before this step's sampling overwrites last_sampled
+        flight = self._in_flight_tokens(in_flight)
 
         staging = self.staging
         staging.begin()
@@ -373,7 +379,7 @@ class ModelRunner:
             tokens, lp = None, None
             if special:  # logprobs or min_tokens bans: sample again, eagerly, from the logits
                 logits = self.model.compute_logits(hidden[:n])
-                tokens, lp = self._sample(logits, views[_DECODE_ROWS][:n], sampled, special, advance=False)
+                tokens, lp = self._sample(logits, views[_DECODE_ROWS][:n], sampled, special, flight, advance=False)
         else:
             arrays = {
                 "input_ids": np.asarray(ids, dtype=np.int64),
@@ -402,7 +408,7 @@ class ModelRunner:
             tokens, lp = None, None
             if num_sampled:
                 logits = self.model.compute_logits(hidden[v["sample_idx"]])
-                tokens, lp = self._sample(logits, v["sample_rows"], sampled, special, advance=True)
+                tokens, lp = self._sample(logits, v["sample_rows"], sampled, special, flight, advance=True)
             prompt_lp = [self._prompt_logprobs(hidden, *span) for span in spans]
         if tokens is not None:
             self.last_sampled[:num_sampled].copy_(tokens)
@@ -550,23 +556,25 @@ class ModelRunner:
             self.last_sampled[:size].copy_(tokens)
         return hidden
 
+    def _in_flight_tokens(self, in_flight: dict[int, int]) -> tuple[list[int], torch.Tensor] | None:
+        """(indices into `sampled`, their tokens still in flight on the device) for the penalized rows."""
+        if not in_flight:
+            return None
+        positions = torch.tensor(list(in_flight.values()), dtype=torch.int64).to(self.device, non_blocking=True)
+        return list(in_flight), self.last_sampled[positions]
+
     def _sample(
-        self, logits: torch.Tensor, rows: torch.Tensor, sampled: list[Request], special: list[int], advance: bool
+        self,
+        logits: torch.Tensor,
+        rows: torch.Tensor,
+        sampled: list[Request],
+        special: list[int],
+        flight: tuple[list[int], torch.Tensor] | None,
+        advance: bool,
     ) -> tuple[torch.Tensor, LogprobTensors | None]:
         want = [sampled[i].params.logprobs for i in special if sampled[i].params.logprobs is not None]
         st = self.batch.sampling_tensors(rows, max(want) if want else None, advance=advance)
-        banned_rows: list[int] = []
-        banned_tokens: list[int] = []
-        for i in special:
-            r = sampled[i]
-            # tokens before this one: the known ones and the one still in flight, if any
-            if len(r.output_token_ids) + r.num_output_placeholders - 1 < r.params.min_tokens:
-                stops = set(r.params.stop_token_ids) | (set() if r.params.ignore_eos else set(r.eos_token_ids))
-                banned_rows.extend([i] * len(stops))
-                banned_tokens.extend(sorted(stops))
-        if banned_rows:
-            st.banned_rows = torch.tensor(banned_rows, dtype=torch.int64).to(self.device, non_blocking=True)
-            st.banned_tokens = torch.tensor(banned_tokens, dtype=torch.int64).to(self.device, non_blocking=True)
+        st.adjust = logit_adjustments(sampled, special, flight, logits.shape[-1], self.device)
         return self.sampler(logits, st)
 
     @staticmethod

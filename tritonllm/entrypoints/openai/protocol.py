@@ -44,10 +44,10 @@ class SamplingFields(BaseModel):
     skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
-    # accepted so that a request using them is refused by name rather than silently changed
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
+    repetition_penalty: float | None = None  # vLLM's extension; None: 1 (off)
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
     user: str | None = None
 
 

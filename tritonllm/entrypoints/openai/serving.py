@@ -100,24 +100,22 @@ class OpenAIServing:
             )
         if request.stream_options is not None and not request.stream:
             raise BadRequestError("stream_options needs stream=true: set stream or leave stream_options out")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(request, name):
-                raise BadRequestError(f"{name} is not supported: leave it out or set it to 0")
-        if request.logit_bias:
-            raise BadRequestError("logit_bias is not supported: leave it out")
 
     def sampling_params(self, request: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """The request's SamplingParams: streams take deltas from the engine (only what each step
         added, held back where a stop string may still cut), other requests only the final output."""
         optional = {
             name: getattr(request, name)
-            for name in ("temperature", "top_p", "top_k", "min_p")
+            for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
             if getattr(request, name) is not None
         }
         try:
             return SamplingParams(
                 n=request.n,
                 seed=request.seed,
+                presence_penalty=request.presence_penalty,
+                frequency_penalty=request.frequency_penalty,
+                logit_bias=logit_bias(request.logit_bias),
                 max_tokens=max_tokens,
                 min_tokens=request.min_tokens,
                 stop=request.stop,
@@ -159,6 +157,16 @@ class OpenAIServing:
                 raise BadRequestError(str(e)) from e
             raise
         return firsts, streams
+
+
+def logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's logit_bias (token ids as JSON object keys) with integer keys."""
+    if not bias:
+        return None
+    try:
+        return {int(token): value for token, value in bias.items()}
+    except ValueError as e:
+        raise BadRequestError(f"logit_bias keys must be token ids, got {sorted(bias)[:4]!r}") from e
 
 
 async def with_deadline(
