@@ -740,6 +740,12 @@ PY
         2>&1 | grep -E '"step_ms"|gpu_busy_ms'
       python3 scripts/step_timeline.py /tmp/trace_prefill.json --steps 1 --gaps 12 --json "$OUT/timeline_prefill.json" \
         | tee "$OUT/timeline_prefill.txt" | head -40 ;;
+    next-56)
+      # session 46's first call: the penalties' GPU test (decode graphs + overlap against eager synchronous
+      # steps), then on an H200 moe-h100-tiles (issue 16's 450 TFLOP/s); elsewhere w4-m64. next-52's FP8 batch 1
+      # and next-53's serving follow on a warm machine
+      timeout 120 python3 -m pytest -q -m gpu -o addopts="" tests/test_penalties.py 2>&1 | tee "$OUT/penalties_gpu.log" | tail -3
+      if on_h200; then timeout 300 bash "$0" moe-h100-tiles; else timeout 400 bash "$0" w4-m64; fi ;;
     next-55)
       # session 45's one call (~7 minutes): mixed-trace (the piecewise graphs' RoPE + KV write: GPU tests, the mixed
       # step with and without it, traces); on an H200 then one 16 req/s serving run and the offline step at 16

@@ -127,3 +127,16 @@ def test_logit_bias_past_the_vocabulary_is_refused_and_the_engine_keeps_serving(
     kv = llm.llm_engine.kv_cache
     kv.check_invariant()
     assert kv.num_free_blocks == kv.num_blocks
+
+
+@pytest.mark.gpu
+def test_penalties_in_decode_graphs_with_overlap_equal_eager_synchronous_steps(tiny_llama):
+    """On the GPU a decode step replays a graph, then samples the special rows again from its logits,
+    with each row's token in flight gathered before the graph overwrites it: the same tokens as eager,
+    synchronous steps (where every token is known on the host) of the same kernels."""
+    kw = dict(model=tiny_llama, dtype="bfloat16", max_model_len=128, seed=0)
+    graphs = LLM(**kw, async_scheduling=True)
+    assert graphs.llm_engine.runner.decode_graphs is not None
+    eager = LLM(**kw, async_scheduling=False, enforce_eager=True)
+    got, expected = generate(graphs, [*SETTINGS, {}]), generate(eager, [*SETTINGS, {}])
+    assert [o.token_ids for o in got] == [o.token_ids for o in expected]
