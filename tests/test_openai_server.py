@@ -138,6 +138,51 @@ def test_chat_matches_offline_chat_with_logprobs_in_chat_format(client, referenc
         assert entry["bytes"] == list(entry["token"].encode())
 
 
+def test_echo_puts_the_prompt_and_its_logprobs_before_the_completion(client, reference):
+    """echo=true: the prompt's text, tokens and logprobs (the first token's null) before the completion's,
+    as the offline API's prompt_logprobs give them; streamed, the first chunk carries the prompt."""
+    expected = reference.generate(PROMPT, greedy(4, logprobs=2, prompt_logprobs=2), use_tqdm=False)[0]
+    body = {"prompt": PROMPT, "max_tokens": 4, "temperature": 0, "ignore_eos": True, "logprobs": 2, "echo": True}
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    (choice,) = r.json()["choices"]
+    ids = expected.prompt_token_ids + expected.outputs[0].token_ids
+    assert choice["text"] == PROMPT + expected.outputs[0].text
+    lp = choice["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(ids)
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    positions = expected.prompt_logprobs[1:] + expected.outputs[0].logprobs
+    assert lp["token_logprobs"][1:] == pytest.approx([p[t].logprob for p, t in zip(positions, ids[1:])], abs=1e-5)
+    assert all(len(top) == 2 for top in lp["top_logprobs"][1:])
+    events = sse_events(client.post("/v1/completions", json={**body, "stream": True}).text)
+    assert events[0]["choices"][0]["text"].startswith(PROMPT)
+    assert "".join(c["text"] for e in events for c in e["choices"]) == choice["text"]
+    streamed = [x for e in events for c in e["choices"] for x in c["logprobs"]["token_logprobs"]]
+    assert streamed[0] is None and streamed[1:] == pytest.approx(lp["token_logprobs"][1:], abs=1e-5)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_with_max_tokens_0_scores_the_prompt_alone(client, reference, stream):
+    """lm-eval-harness's log-likelihood request: the prompt's logprobs, no completion tokens."""
+    expected = reference.generate(PROMPT, greedy(1, prompt_logprobs=1), use_tqdm=False)[0]
+    body = {"prompt": PROMPT, "max_tokens": 0, "logprobs": 1, "echo": True, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    if stream:
+        events = sse_events(r.text)
+        choice, usage = events[0]["choices"][0], events[-1]["usage"]
+    else:
+        choice, usage = r.json()["choices"][0], r.json()["usage"]
+    assert choice["text"] == PROMPT and choice["finish_reason"] == "length"
+    ids = expected.prompt_token_ids
+    want = [p[t].logprob for p, t in zip(expected.prompt_logprobs[1:], ids[1:])]
+    assert choice["logprobs"]["token_logprobs"][0] is None
+    assert choice["logprobs"]["token_logprobs"][1:] == pytest.approx(want, abs=1e-5)
+    assert usage["completion_tokens"] == 0 and usage["prompt_tokens"] == len(ids)
+
+
 def test_streamed_completion_deltas_join_to_the_whole_text_even_with_a_stop_string(client, reference):
     full = reference.generate(PROMPT, greedy(6), use_tqdm=False)[0].outputs[0].text
     stop = full.split()[2]  # a word in the middle: the output ends before it
@@ -179,7 +224,7 @@ def test_streamed_chat_sends_the_role_first_then_content_deltas(client, referenc
         ("/v1/completions", {"prompt": "a", "max_tokens": 0}, "max_tokens"),
         ("/v1/completions", {"prompt": "a", "logprobs": 99}, "logprobs"),
         ("/v1/completions", {"prompt": "a", "temperature": "hot"}, "temperature"),
-        ("/v1/completions", {"prompt": "a", "echo": True}, "echo"),
+        ("/v1/completions", {"prompt": "a", "max_tokens": 0}, "max_tokens"),  # 0 only with echo
         ("/v1/completions", {"prompt": list(range(3, 203))}, "max_model_len"),
         ("/v1/completions", {"prompt": [5, 10**6]}, "prompt_token_ids must lie in"),
         ("/v1/completions", {"prompt": []}, "prompt is empty"),

@@ -55,7 +55,7 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
     logprobs: int | None = None
-    echo: bool = False
+    echo: bool = False  # the prompt (and, with logprobs, its logprobs) before each completion
     best_of: int | None = None  # accepted up to the server's n cap; only best_of == n is served
 
 
@@ -89,8 +89,9 @@ def _created() -> int:
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    # None for an echoed prompt's first token, which nothing before it scores (OpenAI's and vLLM's null)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
     text_offset: list[int] = Field(default_factory=list)
 
 

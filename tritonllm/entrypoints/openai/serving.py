@@ -78,6 +78,7 @@ class OpenAIServing:
     async def fill_token_strings(self, outputs: list[RequestOutput]) -> None:
         """Set decoded_token on the logprob entries the engine left without (logprob_token_strings False)."""
         positions = [p for o in outputs for c in o.outputs for p in (c.logprobs or [])]
+        positions += [p for o in outputs for p in (o.prompt_logprobs or []) if p is not None]
         if positions:
             await asyncio.to_thread(_fill_token_strings, self.token_strings, positions)
 
@@ -101,7 +102,9 @@ class OpenAIServing:
         if request.stream_options is not None and not request.stream:
             raise BadRequestError("stream_options needs stream=true: set stream or leave stream_options out")
 
-    def sampling_params(self, request: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def sampling_params(
+        self, request: SamplingFields, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
+    ) -> SamplingParams:
         """The request's SamplingParams: streams take deltas from the engine (only what each step
         added, held back where a stop string may still cut), other requests only the final output."""
         optional = {
@@ -122,6 +125,7 @@ class OpenAIServing:
                 stop_token_ids=request.stop_token_ids,
                 ignore_eos=request.ignore_eos,
                 logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
                 include_stop_str_in_output=request.include_stop_str_in_output,
                 skip_special_tokens=request.skip_special_tokens,
                 output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
