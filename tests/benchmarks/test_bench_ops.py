@@ -58,6 +58,11 @@ def _cases() -> dict[str, Case]:
     slots = torch.randperm(TOKENS, device=dev)
     logits = torch.randn(ROWS, VOCAB, device=dev, dtype=bf16) * 3
     ones = torch.ones(ROWS, device=dev)
+    rows = torch.arange(ROWS, device=dev)
+    counts = torch.randint(0, 3, (ROWS, VOCAB), device=dev, dtype=torch.int32) * (
+        torch.rand(ROWS, VOCAB, device=dev) < 0.01
+    )
+    prompt_mask = torch.rand(ROWS, VOCAB, device=dev) < 0.01
     weight = torch.randn(HIDDEN, HIDDEN, device=dev, dtype=bf16)
     fp8_weight = quantize_weight(weight, FP8_LINEAR)
     b = 2  # bytes per bf16 element
@@ -79,6 +84,12 @@ def _cases() -> dict[str, Case]:
             ),
             logits.numel() * b,
         ),  # fmt: skip
+        # presence / frequency / repetition penalties on every row, in place (a fresh copy each call would
+        # be timed too: the logits are rewritten with the same values' penalties, same work)
+        "penalties": Case(
+            lambda e: e["apply_penalties"](logits, rows, counts, prompt_mask, 0.5 * ones, 0.3 * ones, 1.2 * ones),
+            logits.numel() * (2 * b + 4 + 1),
+        ),  # fmt: skip
         "linear": Case(
             lambda e: e["linear"](x[:64], weight, None),
             (weight.numel() + 2 * 64 * HIDDEN) * b,
@@ -99,6 +110,9 @@ def _cases() -> dict[str, Case]:
     }
 
 
+OP_OF = {"linear_fp8": "linear", "penalties": "sampling"}  # cases named otherwise than their op
+
+
 def _serves(impl: registry.Implementation, case: str) -> bool:
     if case != "linear_fp8":
         return True
@@ -109,8 +123,18 @@ def _serves(impl: registry.Implementation, case: str) -> bool:
 def _impls() -> list:
     return [
         pytest.param(case, impl, id=f"{case}-{impl.name}")
-        for case in ("rms_norm", "rotary", "activation", "kv_write", "sampling", "linear", "linear_fp8", "moe")
-        for impl in registry.implementations(case.removesuffix("_fp8"))
+        for case in (
+            "rms_norm",
+            "rotary",
+            "activation",
+            "kv_write",
+            "sampling",
+            "penalties",
+            "linear",
+            "linear_fp8",
+            "moe",
+        )
+        for impl in registry.implementations(OP_OF.get(case, case))
         if _serves(impl, case)
     ]
 
