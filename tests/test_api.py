@@ -129,6 +129,13 @@ def test_min_tokens_forbids_stop_tokens_until_reached(llm):
     assert len(out.token_ids) >= 3
 
 
+def test_min_tokens_with_a_stop_id_past_the_vocabulary_is_served(llm):
+    """Such an id can never be sampled; banning it indexed past the logits (a device-side error on a GPU)."""
+    params = SamplingParams(temperature=0.0, max_tokens=4, min_tokens=2, stop_token_ids=[10**6])
+    out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], params, use_tqdm=False)[0].outputs[0]
+    assert len(out.token_ids) >= 2
+
+
 def test_stop_string_truncates_text(llm):
     free = llm.generate(
         ["In the garden"], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False
