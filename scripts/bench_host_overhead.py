@@ -48,7 +48,7 @@ class StubRunner(ModelRunner):
         self.last_sampled[:size] = torch.randint(self.vocab_size, (size,), generator=self.generator)
         return torch.zeros(size, 1)
 
-    def _sample(self, logits, rows, sampled, special, advance):
+    def _sample(self, logits, rows, sampled, special, flight, advance):
         return torch.randint(self.vocab_size, (logits.shape[0],), generator=self.generator), None
 
 
