@@ -134,7 +134,7 @@ def test_penalties_in_decode_graphs_with_overlap_equal_eager_synchronous_steps(t
     """On the GPU a decode step replays a graph, then samples the special rows again from its logits,
     with each row's token in flight gathered before the graph overwrites it: the same tokens as eager,
     synchronous steps (where every token is known on the host) of the same kernels."""
-    kw = dict(model=tiny_llama, dtype="bfloat16", max_model_len=128, seed=0)
+    kw = dict(model=tiny_llama, dtype="bfloat16", max_model_len=128, seed=0, num_gpu_blocks_override=256)  # two engines
     graphs = LLM(**kw, async_scheduling=True)
     assert graphs.llm_engine.runner.decode_graphs is not None
     eager = LLM(**kw, async_scheduling=False, enforce_eager=True)
