@@ -740,6 +740,12 @@ PY
         2>&1 | grep -E '"step_ms"|gpu_busy_ms'
       python3 scripts/step_timeline.py /tmp/trace_prefill.json --steps 1 --gaps 12 --json "$OUT/timeline_prefill.json" \
         | tee "$OUT/timeline_prefill.txt" | head -40 ;;
+    sampling-gpu)
+      # session 46's sampling features on the GPU: penalties, logit_bias and structured outputs in decode graphs with
+      # overlap against eager synchronous steps, and the two kernels' conformance in bf16 (needs xgrammar and
+      # apache-tvm-ffi in .whl: pip download --no-deps for cp312, beside fetch_wheels.sh's)
+      timeout 200 python3 -m pytest -q -m gpu -o addopts="" tests/test_penalties.py tests/test_structured_output.py \
+        tests/kernels/test_conformance.py -k "penalties or bitmask or graphs" 2>&1 | tee "$OUT/sampling_gpu.log" | tail -5 ;;
     next-56)
       # session 46's first call: the penalties' GPU test (decode graphs + overlap against eager synchronous
       # steps), then on an H200 moe-h100-tiles (issue 16's 450 TFLOP/s); elsewhere w4-m64. next-52's FP8 batch 1

@@ -14,6 +14,7 @@ from live_server import live_server  # this folder (pytest puts it on sys.path)
 from tritonllm import LLM, SamplingParams
 from tritonllm.engine.async_engine import AsyncLLMEngine
 from tritonllm.entrypoints.openai.app import build_app
+from tritonllm.structured_output import StructuredOutputsParams
 
 MODEL = "tiny"
 PROMPT = "The baker opens her shop"
@@ -242,6 +243,19 @@ def test_streamed_chat_sends_the_role_first_then_content_deltas(client, referenc
         ("/v1/completions", {"prompt": "a", "logit_bias": {"x": 1}}, "logit_bias keys must be token ids"),
         ("/v1/completions", {"prompt": "a", "logit_bias": {"5": 300}}, "logit_bias values must be in [-100, 100]"),
         ("/v1/completions", {"prompt": "a", "logit_bias": {"99999": 1}}, "logit_bias names token 99999"),
+        ("/v1/completions", {"prompt": "a", "guided_regex": "(open"}, "structured_outputs.regex does not compile"),
+        ("/v1/completions", {"prompt": "a", "guided_regex": "a", "guided_choice": ["b"]}, "exactly one of"),
+        ("/v1/completions", {"prompt": "a", "structured_outputs": {"xml": "<a/>"}}, "unknown: ['xml']"),
+        (
+            "/v1/chat/completions",
+            {"messages": MESSAGES, "response_format": {"type": "json_schema"}},
+            "json_schema.schema",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": MESSAGES, "response_format": {"type": "json_object"}, "guided_choice": ["a"]},
+            "give one of response_format",
+        ),
         ("/v1/chat/completions", {"messages": []}, "messages"),
     ],
 )
@@ -338,6 +352,25 @@ def test_openai_client_against_a_running_server(server_url, reference):
     assert chunks[-1].usage.completion_tokens == len(expected_chat.outputs[0].token_ids)
     with pytest.raises(openai.BadRequestError, match="max_model_len"):
         client.completions.create(model=MODEL, prompt=list(range(3, 300)), max_tokens=2)
+
+    # structured outputs: OpenAI's response_format (chat) and vLLM's guided_choice (completions), as offline
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    chat = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=20, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
+    )  # fmt: skip
+    structured = StructuredOutputsParams(json=schema)
+    offline = reference.chat(MESSAGES, SamplingParams(temperature=0.0, max_tokens=20, structured_outputs=structured),
+                             use_tqdm=False)[0].outputs[0]  # fmt: skip
+    assert chat.choices[0].message.content == offline.text and isinstance(json.loads(offline.text)["ok"], bool)
+    picked = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=3,
+                                       extra_body={"guided_choice": ["red", "green", "blue"]})  # fmt: skip
+    assert picked.choices[0].text in ("red", "green", "blue")
 
     # OpenAI's penalties and logit_bias, and vLLM's repetition_penalty (an extra field): as the offline API
     adjust = dict(presence_penalty=1.5, frequency_penalty=0.5, logit_bias={"300": 6.0})

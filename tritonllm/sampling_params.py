@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from tritonllm.structured_output import StructuredOutputsParams
+
 MAX_LOGPROBS = 20
 # below this a temperature is greedy, as in vLLM (_SAMPLING_EPS): the samplers divide the logits by it in
 # float32, where a smaller one overflows (1e-45 is a float32 denormal: every positive logit becomes inf)
@@ -37,6 +39,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
+    # a JSON schema, JSON object, regex, choice or grammar the output must follow (structured_output.py)
+    structured_outputs: StructuredOutputsParams | None = None
     seed: int | None = None
     max_tokens: int | None = 16  # None: up to max_model_len
     min_tokens: int = 0
@@ -83,6 +87,12 @@ class SamplingParams:
             f"logit_bias values must be in [-100, 100], got {sorted(bias.values())[:: max(1, len(bias) - 1)]!r}",
         )
         self.logit_bias = {t: float(b) for t, b in bias.items()} or None
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+        need(
+            self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
+            f"structured_outputs must be a StructuredOutputsParams, got {self.structured_outputs!r}",
+        )
         if self.temperature < SAMPLING_EPS:
             self.temperature = 0.0
         # any top_p below float32's smallest normal keeps just the most probable token(s), as that one does

@@ -419,3 +419,27 @@ def _scaled_quant(result, factor: float):
     quantized, residual_out = result
     quantized.scale = quantized.scale * factor
     return quantized, residual_out
+
+
+@pytest.mark.parametrize("impl, dtype", _cases("sampling"))
+@pytest.mark.parametrize("vocab", [1500, 4099])
+def test_apply_token_bitmask(impl, dtype, vocab) -> None:
+    """Disallowed tokens (bit 0, bit 31 included: a negative int32 word) to -inf on the given rows only;
+    the words past the vocabulary are ignored; one bit read wrong is caught."""
+    gen = torch.Generator().manual_seed(60)
+    logits = 3 * _randn(9, vocab, dtype=dtype, seed=61)
+    rows = torch.tensor([7, 2, 0], dtype=torch.int64, device=DEVICE)
+    words = (vocab + 31) // 32
+    bitmask = torch.randint(-(2**31), 2**31, (3, words), generator=gen, dtype=torch.int64).to(torch.int32).to(DEVICE)
+    got, expected = logits.clone(), logits.clone()
+    impl.entries["apply_token_bitmask"](got, rows, bitmask)
+    reference.apply_token_bitmask(expected, rows, bitmask)
+    assert torch.equal(got, expected)
+    tokens = torch.arange(vocab, device=DEVICE)
+    allowed = ((bitmask.long()[:, tokens // 32] >> (tokens % 32)) & 1).bool()
+    assert torch.isinf(got[rows]).eq(~allowed).all() and 0.3 < allowed.float().mean() < 0.7
+    flipped = bitmask.clone()
+    flipped[1, 3] ^= 1 << 31
+    wrong = logits.clone()
+    reference.apply_token_bitmask(wrong, rows, flipped)
+    assert not torch.equal(got, wrong)

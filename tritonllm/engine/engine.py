@@ -37,6 +37,7 @@ from tritonllm.metrics.stats import EngineStats, StepStats, device_memory_metric
 from tritonllm.models.loader import kv_sliding_window
 from tritonllm.outputs import RequestOutput
 from tritonllm.sampling_params import SamplingParams
+from tritonllm.structured_output import StructuredOutputs
 from tritonllm.worker.model_runner import PendingStep
 from tritonllm.worker.piecewise_graph import piecewise_sizes
 from tritonllm.worker.setup import set_up_rank
@@ -87,6 +88,9 @@ class LLMEngine:
         self.runner, self.max_model_len = rank.runner, rank.max_model_len
         self.tokenizer = load_tokenizer(config.model.tokenizer or path)
         self.eos_token_ids = frozenset(load_eos_token_ids(path, self.hf_config))
+        self.structured_outputs = StructuredOutputs(
+            self.tokenizer, self.hf_config.vocab_size, sorted(self.eos_token_ids)
+        )
         # every layer windowed: blocks behind the window go back to the pool as requests advance
         self.kv_cache = KVCacheManager(
             rank.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching, kv_sliding_window(self.model)
@@ -138,6 +142,7 @@ class LLMEngine:
                 f"the prompt ({prompt_len} tokens) is not shorter than max_model_len ({self.max_model_len}):"
                 " shorten the prompt or raise max_model_len"
             )
+        compiled = self.structured_outputs.compile(params.structured_outputs) if params.structured_outputs else None
         room = self.max_model_len - prompt_len
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         # any integer seed: the device's seed arithmetic is int64 (a base below 2**62 leaves room for n)
@@ -155,6 +160,8 @@ class LLMEngine:
             )
             if params.prompt_logprobs is not None:
                 child.prompt_logprobs = [None]
+            if compiled is not None:
+                child.grammar = self.structured_outputs.state(compiled)
             children.append(child)
         self.output_processor.add_group(request_id, prompt, children)
         for child in children:

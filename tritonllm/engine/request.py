@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from tritonllm.outputs import PositionLogprobs
 from tritonllm.sampling_params import SamplingParams
+from tritonllm.structured_output import GrammarState
 
 
 class RequestStatus(enum.Enum):
@@ -56,6 +57,7 @@ class Request:
     times: RequestTimes = field(default_factory=RequestTimes)
     num_preemptions: int = 0
     group_index: int = 0  # which of its prompt's n samples
+    grammar: GrammarState | None = None  # its structured output's matcher (structured_output.py)
 
     @property
     def num_tokens_with_placeholders(self) -> int:

@@ -388,6 +388,16 @@ def apply_penalties(
     logits[rows] = x.to(logits.dtype)
 
 
+@register("sampling", "torch_ref", priority=0)
+def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """logits [num_rows, vocab] to -inf, in place, at rows [P] where bit t % 32 of word t // 32 of
+    bitmask [P, ceil(vocab / 32)] int32 is 0 (token t not allowed)."""
+    vocab = logits.shape[-1]
+    tokens = torch.arange(vocab, device=logits.device)
+    allowed = (bitmask.long()[:, tokens // 32] >> (tokens % 32)) & 1
+    logits[rows] = logits[rows].masked_fill(allowed == 0, float("-inf"))
+
+
 # ---- linear ----------------------------------------------------------------------------------
 
 

@@ -36,8 +36,9 @@ OPS: dict[str, tuple[str, ...]] = {
     "kv_write": ("write_kv_cache",),
     # RoPE of q, k and the KV-cache write of the rotated k and v in one entry point (one kernel)
     "rope_kv_write": ("rotary_write_kv_cache",),
-    # apply_penalties: presence / frequency / repetition penalties on some rows, in place, before `sample`
-    "sampling": ("sample", "log_softmax", "apply_penalties"),
+    # apply_penalties: presence / frequency / repetition penalties on some rows, in place, before `sample`;
+    # apply_token_bitmask: a structured output's disallowed tokens to -inf on some rows, in place
+    "sampling": ("sample", "log_softmax", "apply_penalties", "apply_token_bitmask"),
     "linear": (
         "linear",
         "quantized_linear",

@@ -1,5 +1,6 @@
 """Presence, frequency and repetition penalties on some rows of the logits, in place: the `sampling`
-op's `apply_penalties` entry (kernels/reference.py holds its torch reference).
+op's `apply_penalties` entry; and `apply_token_bitmask`, a structured output's allowed tokens
+(kernels/reference.py holds the torch references).
 
 For each penalized row p (logits row rows[p]) and token t, with c = counts[p, t] (how often t was
 generated) and seen = c > 0 or prompt_mask[p, t]:
@@ -63,3 +64,28 @@ def apply_penalties(
         logits, logits.stride(0), rows, counts, counts.stride(0), prompt, prompt.stride(0),
         frequency, presence, repetition, vocab, HAS_PROMPT=prompt_mask is not None, BLOCK=block,
     )  # fmt: skip
+
+
+@triton.jit
+def _bitmask_kernel(logits_ptr, stride_logits, rows_ptr, mask_ptr, stride_mask, vocab, BLOCK: tl.constexpr):
+    p = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inside = cols < vocab
+    row = tl.load(rows_ptr + p)
+    words = tl.load(mask_ptr + p * stride_mask + cols // 32, mask=inside, other=0)
+    allowed = ((words >> (cols % 32)) & 1) != 0
+    tl.store(logits_ptr + row * stride_logits + cols, float("-inf"), mask=inside & ~allowed)
+
+
+@register("sampling", "triton")
+def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """Set logits [num_rows, vocab] to -inf, in place, at rows [P] (int64) wherever bit t % 32 of word
+    t // 32 of bitmask [P, ceil(vocab / 32)] (int32, a structured output's allowed tokens) is 0."""
+    num = rows.shape[0]
+    vocab = logits.shape[-1]
+    if num == 0:
+        return
+    assert logits.stride(-1) == 1 and bitmask.is_contiguous() and bitmask.shape[-1] * 32 >= vocab
+    block = min(4096, triton.next_power_of_2(vocab))
+    _bitmask_kernel[(num, triton.cdiv(vocab, block))](logits, logits.stride(0), rows, bitmask, bitmask.stride(0), vocab,
+                                                        BLOCK=block)  # fmt: skip

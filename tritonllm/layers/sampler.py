@@ -33,12 +33,15 @@ class Penalties:
 @dataclass
 class LogitAdjustments:
     """What changes some rows' logits before sampling, in vLLM's order: additive (row, token, value)
-    entries first (logit_bias, and -inf for min_tokens' banned stop tokens), then the penalties."""
+    entries first (logit_bias, and -inf for min_tokens' banned stop tokens), then the penalties, then a
+    structured output's bitmask."""
 
     bias_rows: torch.Tensor | None = None  # [num_entries] int64
     bias_tokens: torch.Tensor | None = None  # [num_entries] int64
     bias_values: torch.Tensor | None = None  # [num_entries] float32
     penalties: Penalties | None = None
+    mask_rows: torch.Tensor | None = None  # [num_masked] int64: rows whose structured output allows only some tokens
+    bitmask: torch.Tensor | None = None  # [num_masked, ceil(vocab / 32)] int32: bit t % 32 of word t // 32 = t allowed
 
     def apply(self, logits: torch.Tensor, kernels: Kernels) -> torch.Tensor:
         """The adjusted logits (a copy: the caller's stay as they are)."""
@@ -48,6 +51,8 @@ class LogitAdjustments:
         p = self.penalties
         if p is not None:
             kernels.apply_penalties(logits, p.rows, p.counts, p.prompt_mask, p.frequency, p.presence, p.repetition)
+        if self.mask_rows is not None:  # last: nothing after it can lift a disallowed token
+            kernels.apply_token_bitmask(logits, self.mask_rows, self.bitmask)
         return logits
 
 

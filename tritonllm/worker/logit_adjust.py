@@ -1,5 +1,6 @@
 """What a step's special rows change in their logits before sampling (layers/sampler.LogitAdjustments):
-min_tokens' bans of the stop tokens, logit_bias, and the presence / frequency / repetition penalties.
+min_tokens' bans of the stop tokens, logit_bias, the presence / frequency / repetition penalties, and a
+structured output's allowed tokens.
 
 The penalties count each row's generated tokens on the device: the host knows all but the token still
 in flight under overlap scheduling, which the model runner gathers from its last sampled tokens before
@@ -9,12 +10,24 @@ this step overwrites them. Rows without any of these cost nothing: the fast path
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from tritonllm.engine.request import Request
 from tritonllm.layers.sampler import LogitAdjustments, Penalties
+from tritonllm.structured_output import StructuredOutputs
+
+
+@dataclass
+class InFlight:
+    """The tokens still in flight (under overlap scheduling) of some rows: indices into the step's sampled
+    requests, the tokens on the device and, where a structured row needs them, on the host."""
+
+    indices: list[int]
+    tokens: torch.Tensor
+    host: list[int] | None
 
 
 def _device(values: list[int] | np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -31,7 +44,7 @@ def _token_rows(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 def _penalties(
     sampled: list[Request],
     rows: list[int],
-    flight: tuple[list[int], torch.Tensor] | None,
+    flight: InFlight | None,
     vocab: int,
     device: torch.device,
 ) -> Penalties:
@@ -43,11 +56,14 @@ def _penalties(
         counts.index_put_(
             (_device(which, torch.int64, device), _device(tokens, torch.int64, device)), ones, accumulate=True
         )
-    if flight is not None:  # the tokens in flight (their rows are all penalized ones)
+    if flight is not None:  # the tokens in flight of the penalized rows
         position = {i: k for k, i in enumerate(rows)}
-        flight_rows = _device([position[i] for i in flight[0]], torch.int64, device)
-        ones = torch.ones(len(flight[0]), dtype=torch.int32, device=device)
-        counts.index_put_((flight_rows, flight[1].long()), ones, accumulate=True)
+        pairs = [(position[i], j) for j, i in enumerate(flight.indices) if i in position]
+        if pairs:
+            flight_rows = _device([k for k, _ in pairs], torch.int64, device)
+            tokens = flight.tokens[_device([j for _, j in pairs], torch.int64, device)]
+            ones = torch.ones(len(pairs), dtype=torch.int32, device=device)
+            counts.index_put_((flight_rows, tokens.long()), ones, accumulate=True)
     prompt_mask = None
     if any(p.repetition_penalty != 1.0 for p in params):
         which, tokens = _token_rows([sampled[i].prompt_token_ids if p.repetition_penalty != 1.0 else []
@@ -64,16 +80,35 @@ def _penalties(
     )
 
 
+def _bitmask(
+    sampled: list[Request], rows: list[int], flight: InFlight | None, vocab: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(rows, bitmask) of the structured rows whose grammar still constrains them, each matcher first
+    advanced by the tokens generated since it last was (the one in flight included)."""
+    in_flight = dict(zip(flight.indices, flight.host)) if flight is not None and flight.host is not None else {}
+    bitmask = StructuredOutputs.new_bitmask(len(rows), vocab)
+    kept = []
+    for i in rows:
+        r = sampled[i]
+        g = r.grammar
+        tokens = r.output_token_ids[g.accepted :]
+        g.catch_up(tokens + [in_flight[i]] if i in in_flight else tokens, r.request_id)
+        if g.fill(bitmask, len(kept)):
+            kept.append(i)
+    if not kept:
+        return None
+    return _device(kept, torch.int64, device), bitmask[: len(kept)].to(device, non_blocking=True)
+
+
 def logit_adjustments(
     sampled: list[Request],
     special: list[int],
-    flight: tuple[list[int], torch.Tensor] | None,
+    flight: InFlight | None,
     vocab: int,
     device: torch.device,
 ) -> LogitAdjustments | None:
     """The adjustments of the logits rows `special` (indices into `sampled`, which are the logits' rows);
-    flight: (indices into `sampled`, their tokens in flight on the device) of penalized rows; None if
-    nothing changes."""
+    flight: the tokens in flight of penalized and structured rows; None if nothing changes."""
     bias_rows: list[int] = []
     bias_tokens: list[int] = []
     bias_values: list[float] = []
@@ -92,9 +127,13 @@ def logit_adjustments(
             bias_tokens += list(p.logit_bias)
             bias_values += list(p.logit_bias.values())
     penalized = [i for i in special if sampled[i].params.has_penalties]
-    if not bias_rows and not penalized:
+    structured = [i for i in special if sampled[i].grammar is not None]
+    mask = _bitmask(sampled, structured, flight, vocab, device) if structured else None
+    if not bias_rows and not penalized and mask is None:
         return None
     adjust = LogitAdjustments()
+    if mask is not None:
+        adjust.mask_rows, adjust.bitmask = mask
     if bias_rows:
         adjust.bias_rows = _device(bias_rows, torch.int64, device)
         adjust.bias_tokens = _device(bias_tokens, torch.int64, device)

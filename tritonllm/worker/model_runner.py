@@ -47,7 +47,7 @@ from tritonllm.layers.prefetch import MAX_PREFETCH_SEQS, WeightPrefetch
 from tritonllm.layers.sampler import LogprobTensors, Sampler, SamplingTensors, to_host, top_logprobs
 from tritonllm.worker.cuda_graph import DECODE_LAYOUT, DecodeGraphs, graph_entries
 from tritonllm.worker.input_batch import InputBatch
-from tritonllm.worker.logit_adjust import logit_adjustments
+from tritonllm.worker.logit_adjust import InFlight, logit_adjustments
 from tritonllm.worker.piecewise_graph import PiecewiseGraphs
 from tritonllm.worker.staging import StagingBuffer
 
@@ -290,8 +290,11 @@ class ModelRunner:
         from_prev = np.zeros(n, dtype=bool)
         ids: list[int] = []
         sampled: list[Request] = []
-        special: list[int] = []  # indices into `sampled` of rows with logprobs, min_tokens, logit_bias or penalties
-        in_flight: dict[int, int] = {}  # penalized rows with a token in flight: index into `sampled` -> its position
+        # indices into `sampled` of rows with logprobs, min_tokens, logit_bias, penalties or a structured output
+        special: list[int] = []
+        # penalized or structured rows with a token in flight: index into `sampled` -> its position in last_sampled
+        in_flight: dict[int, int] = {}
+        structured_in_flight = False
         prompt: list[tuple[int, Request]] = []
         row_of = batch.row_of
         for i, s in enumerate(sched.scheduled):
@@ -310,9 +313,10 @@ class ModelRunner:
             if s.samples:
                 samples[i] = True
                 p = r.params
-                if p.logprobs is not None or p.min_tokens or p.logit_bias or p.has_penalties:
-                    if from_prev[i] and p.has_penalties:  # its last generated token, in last_sampled
+                if p.logprobs is not None or p.min_tokens or p.logit_bias or p.has_penalties or r.grammar:
+                    if from_prev[i] and (p.has_penalties or r.grammar):  # its last generated token, in last_sampled
                         in_flight[len(sampled)] = int(batch.sample_pos[row])
+                        structured_in_flight |= r.grammar is not None
                     special.append(len(sampled))
                 sampled.append(r)
             if r.params.prompt_logprobs is not None:
@@ -339,7 +343,7 @@ class ModelRunner:
         self._num_last_sampled = num_sampled
 
         # the penalized rows' tokens in flight, read before this step's sampling overwrites last_sampled
-        flight = self._in_flight_tokens(in_flight)
+        flight = self._in_flight_tokens(in_flight, structured_in_flight)
 
         staging = self.staging
         staging.begin()
@@ -556,12 +560,14 @@ class ModelRunner:
             self.last_sampled[:size].copy_(tokens)
         return hidden
 
-    def _in_flight_tokens(self, in_flight: dict[int, int]) -> tuple[list[int], torch.Tensor] | None:
-        """(indices into `sampled`, their tokens still in flight on the device) for the penalized rows."""
+    def _in_flight_tokens(self, in_flight: dict[int, int], to_host: bool) -> InFlight | None:
+        """The tokens still in flight of the penalized and structured rows (indices into `sampled`); to_host:
+        read back too (a structured row's matcher needs them: this waits for the previous step)."""
         if not in_flight:
             return None
         positions = torch.tensor(list(in_flight.values()), dtype=torch.int64).to(self.device, non_blocking=True)
-        return list(in_flight), self.last_sampled[positions]
+        tokens = self.last_sampled[positions]
+        return InFlight(list(in_flight), tokens, tokens.tolist() if to_host else None)
 
     def _sample(
         self,
@@ -569,7 +575,7 @@ class ModelRunner:
         rows: torch.Tensor,
         sampled: list[Request],
         special: list[int],
-        flight: tuple[list[int], torch.Tensor] | None,
+        flight: InFlight | None,
         advance: bool,
     ) -> tuple[torch.Tensor, LogprobTensors | None]:
         want = [sampled[i].params.logprobs for i in special if sampled[i].params.logprobs is not None]

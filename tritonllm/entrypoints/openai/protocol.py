@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 
 class ErrorInfo(BaseModel):
@@ -24,6 +24,20 @@ class ErrorResponse(BaseModel):
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    name: str | None = None
+    description: str | None = None
+    schema_: dict | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class SamplingFields(BaseModel):
@@ -48,6 +62,14 @@ class SamplingFields(BaseModel):
     frequency_penalty: float = 0.0
     repetition_penalty: float | None = None  # vLLM's extension; None: 1 (off)
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
+    # structured outputs: OpenAI's response_format, vLLM's structured_outputs ({"json" | "json_object" |
+    # "regex" | "choice" | "grammar": ...}) or its older guided_* fields; one of them
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict | None = None
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     user: str | None = None
 
 

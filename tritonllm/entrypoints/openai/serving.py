@@ -17,6 +17,7 @@ from tritonllm.entrypoints.openai.middleware import internal_error_message
 from tritonllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields, Usage
 from tritonllm.outputs import Logprob, PositionLogprobs, RequestOutput
 from tritonllm.sampling_params import RequestOutputKind, SamplingParams
+from tritonllm.structured_output import KINDS, StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 # JSON has no -inf; vLLM clamps the same way
@@ -119,6 +120,7 @@ class OpenAIServing:
                 presence_penalty=request.presence_penalty,
                 frequency_penalty=request.frequency_penalty,
                 logit_bias=logit_bias(request.logit_bias),
+                structured_outputs=structured_outputs(request),
                 max_tokens=max_tokens,
                 min_tokens=request.min_tokens,
                 stop=request.stop,
@@ -145,6 +147,12 @@ class OpenAIServing:
                 f"{len(prompts)} prompts in one request exceed this server's limit of "
                 f"{self.limits.max_prompts_per_request}: split them over several requests"
             )
+        if params.structured_outputs is not None:  # compiled off the engine thread (the engine's compile then hits
+            # the compiler's cache); a grammar that does not compile is a 400
+            try:
+                await asyncio.to_thread(self.engine.engine.structured_outputs.compile, params.structured_outputs)
+            except ValueError as e:
+                raise BadRequestError(str(e)) from e
         streams = [
             self.engine.generate(prompt, params, f"{request_id}-{i}" if len(prompts) > 1 else request_id, True)
             for i, prompt in enumerate(prompts)
@@ -161,6 +169,40 @@ class OpenAIServing:
                 raise BadRequestError(str(e)) from e
             raise
         return firsts, streams
+
+
+def structured_outputs(request: SamplingFields) -> StructuredOutputsParams | None:
+    """The request's structured output from whichever of response_format, structured_outputs and guided_*
+    it used (one at most)."""
+    asked: dict[str, dict] = {}
+    fmt = request.response_format
+    if fmt is not None and fmt.type == "json_object":
+        asked["response_format"] = {"json_object": True}
+    elif fmt is not None and fmt.type == "json_schema":
+        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise BadRequestError('response_format of type json_schema needs json_schema.schema: {"json_schema": '
+                                  '{"name": ..., "schema": {...}}}')  # fmt: skip
+        asked["response_format"] = {"json": fmt.json_schema.schema_}
+    if request.structured_outputs:
+        asked["structured_outputs"] = dict(request.structured_outputs)
+    guided = {k: getattr(request, f"guided_{k}") for k in ("json", "regex", "choice", "grammar")}
+    guided = {k: v for k, v in guided.items() if v is not None}
+    if guided:
+        asked["guided_*"] = guided
+    if not asked:
+        return None
+    if len(asked) > 1:
+        raise BadRequestError(
+            f"give one of response_format, structured_outputs or guided_* fields, got {sorted(asked)}"
+        )
+    (kwargs,) = asked.values()
+    unknown = sorted(set(kwargs) - set(KINDS))
+    if unknown:
+        raise BadRequestError(f"structured_outputs takes {', '.join(KINDS)}; unknown: {unknown}")
+    try:
+        return StructuredOutputsParams(**kwargs)
+    except ValueError as e:
+        raise BadRequestError(str(e)) from e
 
 
 def logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
