@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_checks import assert_serves_on_with_every_block_free  # tests/
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
 from tritonllm import LLM, SamplingParams
@@ -122,11 +123,7 @@ def test_logit_bias_past_the_vocabulary_is_refused_and_the_engine_keeps_serving(
     llm = LLM(model=tiny_llama, max_model_len=128, seed=0)
     with pytest.raises(ValueError, match=r"logit_bias names token 640: token ids must lie in \[0, 640\)"):
         llm.generate([{"prompt_token_ids": [5, 6]}], SamplingParams(logit_bias={640: 1.0}), use_tqdm=False)
-    out = llm.generate([{"prompt_token_ids": [5, 6]}], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
-    assert len(out[0].outputs[0].token_ids) == 3
-    kv = llm.llm_engine.kv_cache
-    kv.check_invariant()
-    assert kv.num_free_blocks == kv.num_blocks
+    assert_serves_on_with_every_block_free(llm)
 
 
 @pytest.mark.gpu

@@ -10,6 +10,7 @@ import re
 import pytest
 import torch
 import xgrammar as xgr
+from engine_checks import assert_serves_on_with_every_block_free  # tests/
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tritonllm import LLM, SamplingParams
@@ -135,11 +136,7 @@ def test_a_grammar_that_does_not_compile_is_refused_and_the_engine_keeps_serving
         kind = next(iter(bad))
         with pytest.raises(ValueError, match=f"structured_outputs.{kind} does not compile"):
             llm.generate([{"prompt_token_ids": [5, 6]}], SamplingParams(structured_outputs=bad), use_tqdm=False)
-    out = llm.generate([{"prompt_token_ids": [5, 6]}], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
-    assert len(out[0].outputs[0].token_ids) == 3
-    kv = llm.llm_engine.kv_cache
-    kv.check_invariant()
-    assert kv.num_free_blocks == kv.num_blocks
+    assert_serves_on_with_every_block_free(llm)
 
 
 @pytest.mark.gpu
