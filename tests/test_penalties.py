@@ -25,12 +25,13 @@ SETTINGS = [
     dict(repetition_penalty=2.0),
     dict(logit_bias={300: 6.0, 301: 5.0}, presence_penalty=2.0, frequency_penalty=-0.5),
     dict(logit_bias={21: -100.0, 393: 3.0}, repetition_penalty=0.7),
+    dict(allowed_token_ids=[7, 42, 99, 300, 624, 385], frequency_penalty=1.0),  # vLLM's allowed_token_ids too
 ]
 
 
 class OpenAIAdjustments(LogitsProcessor):
     """logit_bias, then vLLM's repetition penalty over prompt and output, then OpenAI's frequency and
-    presence penalties over the output: the order the engine applies them in."""
+    presence penalties over the output, then allowed_token_ids: the order the engine applies them in."""
 
     def __init__(self, prompt_len: int, params: dict) -> None:
         self.prompt_len, self.p = prompt_len, params
@@ -48,6 +49,10 @@ class OpenAIAdjustments(LogitsProcessor):
             counts = torch.bincount(ids[self.prompt_len :], minlength=scores.shape[-1]).float()
             scores[row] -= self.p.get("frequency_penalty", 0.0) * counts
             scores[row] -= self.p.get("presence_penalty", 0.0) * (counts > 0).float()
+        if "allowed_token_ids" in self.p:
+            allowed = torch.zeros(scores.shape[-1], dtype=torch.bool)
+            allowed[self.p["allowed_token_ids"]] = True
+            scores[:, ~allowed] = float("-inf")
         return scores
 
 
@@ -112,6 +117,8 @@ def test_a_token_in_flight_left_uncounted_is_caught(tiny_llama, hf, monkeypatch)
         ({"repetition_penalty": float("nan")}, "repetition_penalty"),
         ({"logit_bias": {-1: 1.0}}, "logit_bias keys"),
         ({"logit_bias": {5: 101.0}}, "logit_bias values"),
+        ({"allowed_token_ids": []}, "allowed_token_ids"),
+        ({"allowed_token_ids": [3, -1]}, "allowed_token_ids"),
     ],
 )
 def test_bad_penalties_raise_value_error_naming_the_parameter(kwargs, words):

@@ -115,6 +115,19 @@ def test_a_matcher_that_misses_the_token_in_flight_is_caught(tiny_llama, monkeyp
     assert not all(o.outputs[0].finish_reason == "stop" and follows("json", o.outputs[0].text) for o in outs)
 
 
+def test_allowed_token_ids_narrow_a_structured_output(tiny_llama):
+    """Both masks apply (their intersection): a choice whose first tokens are partly disallowed."""
+    llm = LLM(model=tiny_llama, max_model_len=128, seed=0, async_scheduling=True)
+    tokenizer = llm.get_tokenizer()
+    choice = ["yes", "no"]
+    yes, no = (tokenizer.encode(c, add_special_tokens=False) for c in choice)
+    allowed = sorted(set(no) | set(llm.llm_engine.eos_token_ids))
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=10, allowed_token_ids=allowed,
+                            structured_outputs=StructuredOutputsParams(choice=choice))  # fmt: skip
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    assert not set(yes) <= set(allowed) and all(o.outputs[0].text == "no" for o in outs)
+
+
 @pytest.mark.parametrize(
     "kwargs, words",
     [

@@ -39,6 +39,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None  # only these may be sampled (vLLM's)
     # a JSON schema, JSON object, regex, choice or grammar the output must follow (structured_output.py)
     structured_outputs: StructuredOutputsParams | None = None
     seed: int | None = None
@@ -87,6 +88,13 @@ class SamplingParams:
             f"logit_bias values must be in [-100, 100], got {sorted(bias.values())[:: max(1, len(bias) - 1)]!r}",
         )
         self.logit_bias = {t: float(b) for t, b in bias.items()} or None
+        if self.allowed_token_ids is not None:
+            allowed = list(self.allowed_token_ids)
+            need(
+                bool(allowed) and all(isinstance(t, int) and t >= 0 for t in allowed),
+                f"allowed_token_ids must be a non-empty list of token ids, got {self.allowed_token_ids!r}",
+            )
+            self.allowed_token_ids = allowed
         if isinstance(self.structured_outputs, dict):
             self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         need(

@@ -129,7 +129,3 @@ class StructuredOutputs:
     @staticmethod
     def state(compiled: Any) -> GrammarState:
         return GrammarState(_xgrammar().GrammarMatcher(compiled))
-
-    @staticmethod
-    def new_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
-        return _xgrammar().allocate_token_bitmask(rows, vocab_size)

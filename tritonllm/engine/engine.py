@@ -136,6 +136,10 @@ class LLMEngine:
             raise ValueError(f"prompt_token_ids must lie in [0, {vocab}) for this model")
         if params.logit_bias and max(params.logit_bias) >= vocab:
             raise ValueError(f"logit_bias names token {max(params.logit_bias)}: token ids must lie in [0, {vocab})")
+        if params.allowed_token_ids and max(params.allowed_token_ids) >= vocab:
+            raise ValueError(
+                f"allowed_token_ids names token {max(params.allowed_token_ids)}: token ids must lie in [0, {vocab})"
+            )
         prompt_len = len(prompt_token_ids)
         if prompt_len >= self.max_model_len:
             raise ValueError(

@@ -17,7 +17,6 @@ import torch
 
 from tritonllm.engine.request import Request
 from tritonllm.layers.sampler import LogitAdjustments, Penalties
-from tritonllm.structured_output import StructuredOutputs
 
 
 @dataclass
@@ -80,20 +79,34 @@ def _penalties(
     )
 
 
+def allowed_words(token_ids: list[int], vocab: int) -> np.ndarray:
+    """allowed_token_ids as a bitmask row: int32 words, bit t % 32 of word t // 32 set for each allowed t."""
+    ids = np.asarray(token_ids, dtype=np.int64)
+    words = np.zeros((vocab + 31) // 32, dtype=np.uint32)
+    np.bitwise_or.at(words, ids // 32, np.left_shift(np.uint32(1), (ids % 32).astype(np.uint32)))
+    return words.view(np.int32)
+
+
 def _bitmask(
     sampled: list[Request], rows: list[int], flight: InFlight | None, vocab: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(rows, bitmask) of the structured rows whose grammar still constrains them, each matcher first
-    advanced by the tokens generated since it last was (the one in flight included)."""
+    """(rows, bitmask) of the rows still constrained: a structured output's matcher, first advanced by the
+    tokens generated since it last was (the one in flight included), and / or allowed_token_ids."""
     in_flight = dict(zip(flight.indices, flight.host)) if flight is not None and flight.host is not None else {}
-    bitmask = StructuredOutputs.new_bitmask(len(rows), vocab)
+    bitmask = torch.full((len(rows), (vocab + 31) // 32), -1, dtype=torch.int32)  # every token allowed
     kept = []
     for i in rows:
         r = sampled[i]
         g = r.grammar
-        tokens = r.output_token_ids[g.accepted :]
-        g.catch_up(tokens + [in_flight[i]] if i in in_flight else tokens, r.request_id)
-        if g.fill(bitmask, len(kept)):
+        constrained = False
+        if g is not None:
+            tokens = r.output_token_ids[g.accepted :]
+            g.catch_up(tokens + [in_flight[i]] if i in in_flight else tokens, r.request_id)
+            constrained = g.fill(bitmask, len(kept))
+        if r.params.allowed_token_ids:
+            bitmask[len(kept)] &= torch.from_numpy(allowed_words(r.params.allowed_token_ids, vocab))
+            constrained = True
+        if constrained:
             kept.append(i)
     if not kept:
         return None
@@ -127,7 +140,7 @@ def logit_adjustments(
             bias_tokens += list(p.logit_bias)
             bias_values += list(p.logit_bias.values())
     penalized = [i for i in special if sampled[i].params.has_penalties]
-    structured = [i for i in special if sampled[i].grammar is not None]
+    structured = [i for i in special if sampled[i].grammar is not None or sampled[i].params.allowed_token_ids]
     mask = _bitmask(sampled, structured, flight, vocab, device) if structured else None
     if not bias_rows and not penalized and mask is None:
         return None

@@ -313,7 +313,8 @@ class ModelRunner:
             if s.samples:
                 samples[i] = True
                 p = r.params
-                if p.logprobs is not None or p.min_tokens or p.logit_bias or p.has_penalties or r.grammar:
+                if (p.logprobs is not None or p.min_tokens or p.logit_bias or p.has_penalties or r.grammar
+                        or p.allowed_token_ids):  # fmt: skip
                     if from_prev[i] and (p.has_penalties or r.grammar):  # its last generated token, in last_sampled
                         in_flight[len(sampled)] = int(batch.sample_pos[row])
                         structured_in_flight |= r.grammar is not None

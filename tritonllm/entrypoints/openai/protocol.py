@@ -62,6 +62,7 @@ class SamplingFields(BaseModel):
     frequency_penalty: float = 0.0
     repetition_penalty: float | None = None  # vLLM's extension; None: 1 (off)
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
+    allowed_token_ids: list[int] | None = None  # vLLM's: only these may be sampled
     # structured outputs: OpenAI's response_format, vLLM's structured_outputs ({"json" | "json_object" |
     # "regex" | "choice" | "grammar": ...}) or its older guided_* fields; one of them
     response_format: ResponseFormat | None = None

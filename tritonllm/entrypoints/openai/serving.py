@@ -120,6 +120,7 @@ class OpenAIServing:
                 presence_penalty=request.presence_penalty,
                 frequency_penalty=request.frequency_penalty,
                 logit_bias=logit_bias(request.logit_bias),
+                allowed_token_ids=request.allowed_token_ids,
                 structured_outputs=structured_outputs(request),
                 max_tokens=max_tokens,
                 min_tokens=request.min_tokens,
