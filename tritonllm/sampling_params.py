@@ -59,6 +59,9 @@ class SamplingParams:
     priority: int = 0
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     stop_strings: list[str] = field(init=False, repr=False)
+    # the model runner samples such a request's rows again, eagerly, with logprobs taken or logits adjusted
+    # (min_tokens, logit_bias, penalties, allowed_token_ids, structured_outputs): one flag for its per-step loop
+    needs_special_sampling: bool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str) -> None:
@@ -135,6 +138,14 @@ class SamplingParams:
             f"stop_token_ids must be token ids, got {self.stop_token_ids!r}",
         )
         self.stop_token_ids = ids
+        self.needs_special_sampling = (
+            self.logprobs is not None
+            or self.min_tokens > 0
+            or self.logit_bias is not None
+            or self.has_penalties
+            or self.allowed_token_ids is not None
+            or self.structured_outputs is not None
+        )
 
     @property
     def greedy(self) -> bool:

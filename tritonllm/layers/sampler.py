@@ -3,8 +3,8 @@
 Sampling runs on the device (the `sampling` op of kernels/registry.py) and returns device tensors: nothing here waits for the
 GPU, so a step's sampling can sit inside a CUDA graph and its tokens can feed the next step on the
 device. Logprobs are those of the model's raw distribution (before logit_bias, penalties,
-temperature and filters), as in vLLM. Rows with logit_bias, min_tokens or penalties are sampled
-again, eagerly, with their logits adjusted (model_runner's special rows).
+temperature and filters), as in vLLM. Rows with logit_bias, min_tokens, penalties, allowed_token_ids
+or a structured output are sampled again, eagerly, with their logits adjusted (model_runner's special rows).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class LogitAdjustments:
     bias_tokens: torch.Tensor | None = None  # [num_entries] int64
     bias_values: torch.Tensor | None = None  # [num_entries] float32
     penalties: Penalties | None = None
-    mask_rows: torch.Tensor | None = None  # [num_masked] int64: rows whose structured output allows only some tokens
+    mask_rows: torch.Tensor | None = None  # [num_masked] int64: rows a structured output or allowed_token_ids constrain
     bitmask: torch.Tensor | None = None  # [num_masked, ceil(vocab / 32)] int32: bit t % 32 of word t // 32 = t allowed
 
     def apply(self, logits: torch.Tensor, kernels: Kernels) -> torch.Tensor:
@@ -64,7 +64,7 @@ class SamplingTensors:
     min_p: torch.Tensor  # [num_rows] float32; 0 = off
     seeds: torch.Tensor  # [num_rows] int64: this step's seed of each row
     max_num_logprobs: int | None  # top-k logprobs to return; None: no logprobs at all
-    adjust: LogitAdjustments | None = None  # logit_bias, min_tokens' bans, penalties; None: none
+    adjust: LogitAdjustments | None = None  # logit_bias, min_tokens' bans, penalties, masks; None: none
 
 
 @dataclass

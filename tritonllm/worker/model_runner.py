@@ -313,8 +313,7 @@ class ModelRunner:
             if s.samples:
                 samples[i] = True
                 p = r.params
-                if (p.logprobs is not None or p.min_tokens or p.logit_bias or p.has_penalties or r.grammar
-                        or p.allowed_token_ids):  # fmt: skip
+                if p.needs_special_sampling:
                     if from_prev[i] and (p.has_penalties or r.grammar):  # its last generated token, in last_sampled
                         in_flight[len(sampled)] = int(batch.sample_pos[row])
                         structured_in_flight |= r.grammar is not None
@@ -343,7 +342,7 @@ class ModelRunner:
         prev_tokens = self._num_last_sampled if from_prev.any() else 0
         self._num_last_sampled = num_sampled
 
-        # the penalized rows' tokens in flight, read before this step's sampling overwrites last_sampled
+        # the penalized and structured rows' tokens in flight, read before this step's sampling overwrites last_sampled
         flight = self._in_flight_tokens(in_flight, structured_in_flight)
 
         staging = self.staging
@@ -382,7 +381,7 @@ class ModelRunner:
             self._apply_batch_updates(views[len(DECODE_LAYOUT) :], extra)
             hidden = graphs.run(size, self._decode_body)
             tokens, lp = None, None
-            if special:  # logprobs or min_tokens bans: sample again, eagerly, from the logits
+            if special:  # logprobs or adjusted logits (SamplingParams.needs_special_sampling): sample again, eagerly
                 logits = self.model.compute_logits(hidden[:n])
                 tokens, lp = self._sample(logits, views[_DECODE_ROWS][:n], sampled, special, flight, advance=False)
         else:

@@ -80,6 +80,14 @@ class Echo:
     positions: list[PositionLogprobs | None] | None
     first_token: str
 
+    def before(
+        self, text: str, token_ids: list[int], positions: list[PositionLogprobs] | None
+    ) -> tuple[str, list[int], list[PositionLogprobs | None] | None, str]:
+        """A completion's (text, token ids, logprob positions) with the prompt put first, and the first
+        token's text (completion_logprobs' first_token)."""
+        joined = self.positions + positions if self.positions is not None and positions is not None else None
+        return self.text + text, self.token_ids + token_ids, joined, self.first_token
+
 
 class OpenAIServingCompletion(OpenAIServing):
     async def create(self, request: CompletionRequest) -> CompletionResponse | AsyncIterator[str]:
@@ -106,9 +114,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 if echo_only:
                     text, token_ids, positions = "", [], []
                 if echoes is not None:
-                    e = echoes[i]
-                    text, token_ids, first = e.text + text, e.token_ids + token_ids, e.first_token
-                    positions = e.positions + positions if e.positions is not None else None
+                    text, token_ids, positions, first = echoes[i].before(text, token_ids, positions)
                 logprobs = None
                 if params.logprobs is not None:
                     logprobs = completion_logprobs(token_ids, positions, params.logprobs, 0, first)
@@ -169,10 +175,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     if echo and index not in echoed:
                         echoed.add(index)
                         e = await self.echo(prompts[i], replace(output, prompt_logprobs=prompt_positions[i] or None))
-                        text, token_ids, first = e.text + text, e.token_ids + token_ids, e.first_token
-                        positions = (
-                            e.positions + positions if e.positions is not None and positions is not None else None
-                        )
+                        text, token_ids, positions, first = e.before(text, token_ids, positions)
                     logprobs = None
                     if params.logprobs is not None:
                         offset = text_offsets.get(index, 0)
