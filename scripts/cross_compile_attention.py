@@ -36,7 +36,7 @@ POINTERS = {
     "out_ptr": "*bf16", "q_ptr": "*bf16", "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32",
     "query_start_loc_ptr": "*i32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "qk_scale": "fp32",
     "partial_out_ptr": "*fp32", "partial_max_ptr": "*fp32", "partial_sum_ptr": "*fp32", "counter_ptr": "*i32",
-    "sinks_ptr": "*fp32",
+    "sinks_ptr": "*fp32", "q_scale_ptr": "*fp32",
 }  # fmt: skip
 
 
@@ -95,7 +95,11 @@ def compile_one(fn: triton.JITFunction, target: GPUTarget, kv: str, constexprs: 
     descs = dict(k_new_desc=desc, v_new_desc=desc) if constexprs.get("NEW_KV_DESC") else {}
     if "NEW_KV_DESC" in constexprs and not descs:
         constexprs = dict(constexprs, k_new_desc=None, v_new_desc=None)
+    constexprs = dict(constexprs)
+    quantized = constexprs.pop("q_out_type", None)  # the quantizing launches' output type (the target's FP8)
     types = dict(POINTERS, k_cache_ptr=f"*{kv}", v_cache_ptr=f"*{kv}", **descs)
+    if quantized:
+        types["q_out_ptr"] = f"*{quantized}"
     try:
         compile_kernel(fn, target, types, constexprs, num_warps=4)
     except Exception as error:  # noqa: BLE001 - reported, not raised
@@ -207,6 +211,11 @@ def main() -> None:
             ]
             if kv == "bf16":  # the opt-in early keys (TRITONLLM_ATTN_EARLY_KV=1)
                 variants.append((attention_split.split_kv_decode_kernel, dict(variants[-1][1], EARLY_KV=True)))
+            if kv == "bf16" and target.arch != 80:  # o_proj's FP8 input quantized by the mergers (no FP8 on sm80):
+                # per token, and per head (1 x 128 groups)
+                quant = dict(variants[2][1], QUANT=True, ROW_PAD=4096, STATIC=False, QMAX=448.0, IS_INT=False,
+                             MIN_EXP=-6, q_out_type=fp8)  # fmt: skip
+                variants += [(attention_split.split_kv_decode_kernel, dict(quant, QGROUP=q)) for q in (0, 128)]
             if kv == "bf16":  # the prefill path with the new K/V through tensor descriptors
                 prefill = dict(common, NUM_KV_HEADS=8, BLOCK_M=64, BLOCK_Q=16, NEW_KV_DESC=True, SINKS=False)
                 variants.append((attention_unified.unified_attention_kernel, prefill))
@@ -217,6 +226,7 @@ def main() -> None:
                 status = "ok" if error is None else ("expected failure" if expected_failure else "FAILED")
                 desc = " new_kv_desc" if constexprs.get("NEW_KV_DESC") else " merge" if constexprs.get("MERGE") else ""
                 desc += " early_kv" if constexprs.get("EARLY_KV") else ""
+                desc += f" quant (group {constexprs['QGROUP']})" if constexprs.get("QUANT") else ""
                 print(f"{target.backend} {target.arch} {fn.__name__} {kv}{' fp8_qk' if fp8_qk else ''}{desc}: {status}")
     raise SystemExit(1 if failures else 0)
 

@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -172,6 +172,7 @@ for step in $STEPS; do
           fp8_torch) args="model.quantization=fp8 kernels.linear=torch" ;;
           fp8_triton) args="model.quantization=fp8 kernels.linear=triton" ;;
           fp8_gluon) args="model.quantization=fp8 kernels.linear=triton_sm90" ;;
+          fp8_gluon_tok) args="model.quantization=fp8 kernels.linear=triton_sm90 attention_head_quant=false" ;;
           fp8_gluon_xq) args="model.quantization=fp8 kernels.linear=triton_sm90 fuse_down_input_quant=true" ;;
           fp8_gluon_xn) args="model.quantization=fp8 kernels.linear=triton_sm90 fuse_norm_into_gemm=true" ;;
           fp8_gluon_xnmlp) args="model.quantization=fp8 kernels.linear=triton_sm90 fuse_norm_into_gemm=true
@@ -746,6 +747,16 @@ PY
       # apache-tvm-ffi in .whl: pip download --no-deps for cp312, beside fetch_wheels.sh's)
       timeout 200 python3 -m pytest -q -m gpu -o addopts="" tests/test_penalties.py tests/test_structured_output.py \
         tests/kernels/test_conformance.py -k "penalties or bitmask or graphs" 2>&1 | tee "$OUT/sampling_gpu.log" | tail -5 ;;
+    next-57)
+      # session 47's call: o_proj's FP8 input per head (attention_head_quant) — the GPU tests (the skinny GEMM's group
+      # scales, the split kernel's per-head quantization at Llama-3-8B heads, the engine on and off), then Llama-3-8B
+      # batch 1 (512 + 128, text decoded) bf16 cuBLAS beside FP8 with and without it, alternated, twice
+      timeout 200 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemm_skinny_sm90.py \
+        tests/kernels/test_attention_split.py tests/test_engine_gpu.py \
+        -k "group_activation or fp8_w8a8 or dropped_scale or gpu_merge or per_head or epilogue_fused" 2>&1 \
+        | tee "$OUT/head_quant_gpu.log" | tail -5
+      QUANT_VARIANTS="bf16_torch fp8_gluon fp8_gluon_tok fp8_gluon fp8_gluon_tok" QUANT_EXPS=batch1_decode \
+        QUANT_TAG="_s47" timeout 380 bash "$0" e2e-quant ;;
     next-56)
       # session 46's first call: the penalties' GPU test (decode graphs + overlap against eager synchronous
       # steps), then on an H200 moe-h100-tiles (issue 16's 450 TFLOP/s); elsewhere w4-m64. next-52's FP8 batch 1

@@ -80,6 +80,26 @@ def test_fp8_batch1_decode_with_the_attention_epilogue_fused_matches_unfused(mon
     _fused_matches_unfused("fuse_attention_epilogue", merges, False, max_model_len=2048, quantization="fp8")
 
 
+@pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen3ForCausalLM"])
+def test_fp8_batch1_decode_with_o_projs_input_per_head_matches_per_token(architecture, monkeypatch):
+    """Online FP8 batch-1 decode with o_proj's input quantized per 1 x 128 group by the split-KV kernel
+    (attention_head_quant: groups across two heads of 64 in the tiny Llama, one a head of 128 in the tiny Qwen3,
+    where each KV head's merger quantizes its own) and applied a K step at a time by the skinny GEMM: greedy
+    tokens and logprobs as with per-token scales."""
+    from tritonllm.kernels import gemm_skinny_sm90, splitk_sm90
+
+    grouped, launcher = [], gemm_skinny_sm90.skinny_gemm_sm90
+
+    def spy(a, b, c, bias, a_scale, *args, **kwargs):
+        if splitk_sm90.scale_kind(a_scale) == splitk_sm90.SCALE_GROUP:
+            grouped.append(1)
+        return launcher(a, b, c, bias, a_scale, *args, **kwargs)
+
+    monkeypatch.setattr(gemm_skinny_sm90, "skinny_gemm_sm90", spy)
+    _fused_matches_unfused("attention_head_quant", grouped, True, architecture, max_model_len=2048,
+                           quantization="fp8", kernels={"linear": "triton_sm90"})  # fmt: skip
+
+
 def test_bf16_batch1_decode_with_the_gated_activation_fused_matches_unfused(monkeypatch):
     """Batch-1 bf16 decode with gate_up's SiLU-mul in the skinny GEMM's epilogue (fuse_gated_activation).
     The tiny model's gate_up is too narrow for an unsplit plan, so both runs take one (PLAN_OVERRIDE):

@@ -126,9 +126,22 @@ def test_split_kv_decode_quantizes_o_projs_input_in_the_attention_kernel(fitted,
     monkeypatch.setattr(
         attention.AttentionPlan, "__init__", lambda self, *a, **k: plan(self, *a, **k) or splits.append(self.num_splits)
     )
+    from tritonllm.kernels import gemm
+
+    grouped = []  # per GEMM of an FP8 activation: whether its scales were 1 x 128 groups
+    gemm_fn = gemm.gemm
+    monkeypatch.setattr(gemm, "gemm", lambda a, *args, **kw: (a.dtype == torch.float8_e4m3fn and grouped.append(
+        kw.get("a_scale_kind") == gemm.A_GROUP)) or gemm_fn(a, *args, **kw))  # fmt: skip
     fused = _run(fitted, quantization="fp8")
     assert max(splits) > 1 and not merges
     _compare("online fp8, attention epilogue fused", fused, float_run, BOUNDS["fp8"])
+    # decode steps' o_proj took its input per 1 x 128 group (the linear implementation's input_quant); with
+    # attention_head_quant off, per token only, and the model tracks the float one either way
+    assert any(grouped)
+    grouped.clear()
+    per_token = _run(fitted, quantization="fp8", attention_head_quant=False)
+    assert grouped and not any(grouped)
+    _compare("online fp8, o_proj's input per token", per_token, float_run, BOUNDS["fp8"])
 
 
 def test_online_quantization_frees_the_float_weights(fitted) -> None:

@@ -169,6 +169,7 @@ _ENGINE_FLAGS = (
     "gc_freeze",
     "fuse_rope_kv_write",
     "fuse_attention_epilogue",
+    "attention_head_quant",
     "fuse_gated_activation",
     "fuse_down_input_quant",
     "fuse_norm_into_gemm",
@@ -211,6 +212,12 @@ class EngineConfig:
     # quantizes the attention output (kernels/attention_split.py); false: a merge kernel, then a
     # quantization kernel (ablation)
     fuse_attention_epilogue: bool = True
+    # with it, before an FP8 W8A8 o_proj at decode sizes (up to linear.GROUP_INPUT_MAX_M tokens) where o_proj's linear
+    # implementation asks for it (triton / triton_sm90: input_quant), the attention output is quantized per 1 x 128
+    # group (a head at head size 128) instead of per token: each KV head's merging program quantizes its own heads
+    # and no program waits for the token's whole row; the GEMM applies the scales a K step at a time. Finer scales,
+    # so at least as accurate; false: per token (ablation)
+    attention_head_quant: bool = True
     # a gated MLP's SiLU-mul in the gate_up GEMM's epilogue where the linear implementation has such a
     # kernel (triton_sm90's skinny GEMM); off by default: on the H200 at batch 1 the epilogue cost more
     # than the activation kernel it saves, which PDL overlaps with the next GEMM's weight copies

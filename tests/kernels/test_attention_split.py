@@ -221,26 +221,28 @@ def test_merge_in_split_kernel_matches_merge_kernel(monkeypatch: pytest.MonkeyPa
     torch.testing.assert_close(fused, reference.paged_attention(*batch.args(), **features), **TOL[torch.float32])
 
 
-QUANTS = {
-    "fp8_token": (FP8_DTYPES[0], None, 0),
-    "fp8_static": (FP8_DTYPES[0], 0.02, 0),
-    "fp8_group": (FP8_DTYPES[0], None, 128),
-    "int8_token": (torch.int8, None, 0),
+QUANTS = {  # (dtype, static scale, group, head size)
+    "fp8_token": (FP8_DTYPES[0], None, 0, 64),
+    "fp8_static": (FP8_DTYPES[0], 0.02, 0, 64),
+    "fp8_group": (FP8_DTYPES[0], None, 128, 64),  # groups across heads: the sequence's last merger quantizes
+    "fp8_group_per_head": (FP8_DTYPES[0], None, 128, 128),  # a group a head: each KV head's merger quantizes
+    "int8_token": (torch.int8, None, 0, 64),
 }
 
 
 @pytest.mark.parametrize("case", sorted(QUANTS))
 def test_split_kernel_quantizes_the_output(monkeypatch: pytest.MonkeyPatch, case: str) -> None:
     """With the merge in the split kernel, the sequence's last merger also quantizes its token's row for
-    o_proj (no merge or quantization launch): the same values and scales as quantizing the merged
-    output afterwards (the unfused path, which launches both), and close to the reference's."""
-    dtype, static, group = QUANTS[case]
+    o_proj (no merge or quantization launch), or, with groups within a head, each KV head's merger its own
+    heads: the same values and scales as quantizing the merged output afterwards (the unfused path, which
+    launches both), and close to the reference's."""
+    dtype, static, group, head_dim = QUANTS[case]
     quantize = OutputQuant(dtype, None if static is None else torch.tensor([static], device=platform.DEVICE), group)
     merge, token, per_group = _spies(monkeypatch)
-    batch = make_batch([1, 1, 0, 1], [250, 0, 40, 77], 8, 2, 64, 16, seed=42)
-    tiles = choose_tiles(1, 4, 64, 4, 2, 5)
+    batch = make_batch([1, 1, 0, 1], [250, 0, 40, 77], 8, 2, head_dim, 16, seed=42)
+    tiles = choose_tiles(1, 4, head_dim, 4, 2, 5)
     got = paged_attention_with_tiles(*batch.args(), tiles, num_splits=5, quantize=quantize)
-    assert isinstance(got, QuantizedActivation) and got.data.shape == (3, 512) and got.data.dtype == dtype
+    assert isinstance(got, QuantizedActivation) and got.data.shape == (3, 8 * head_dim) and got.data.dtype == dtype
     assert merge.launches == token.launches == per_group.launches == 0 and _counters_at_zero()
     unfused = paged_attention_with_tiles(*batch.args(), tiles, num_splits=5, merge_in_kernel=False, quantize=quantize)
     assert merge.launches == 1 and token.launches + per_group.launches == 1
@@ -495,12 +497,12 @@ def test_gpu_fp8_dot_paths_close_to_bf16(fp8_qk: bool) -> None:
 
 def test_the_portable_kernels_compile_for_sm90_sm80_and_gfx942() -> None:
     """The unified and split-KV kernels build for every target with every branch a launch may take (the
-    interpreter runs only the taken ones), the split kernel's early reads of the step inputs included. In a
-    subprocess: this one runs the interpreter."""
+    interpreter runs only the taken ones), the split kernel's early reads of the step inputs and its mergers'
+    FP8 quantization (per token, per head) included. In a subprocess: this one runs the interpreter."""
     root = Path(__file__).resolve().parents[2]
     result = subprocess.run(
         [sys.executable, "scripts/cross_compile_attention.py", "--portable"], cwd=root,
         env=dict(os.environ, TRITON_INTERPRET="0"), capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert result.returncode == 0 and "FAILED" not in result.stdout, result.stdout + result.stderr[-2000:]
-    assert result.stdout.count("split_kv_decode_kernel") == 21 and result.stdout.count(": ok") == 27, result.stdout
+    assert result.stdout.count("split_kv_decode_kernel") == 25 and result.stdout.count(": ok") == 31, result.stdout

@@ -86,6 +86,39 @@ def test_quantized_gemm_matches_its_dequantized_operands(scheme, m, n, k, split_
     assert_close_to_scale(got, expected, 1e-5 if MODEL_DTYPE == torch.float32 else 1e-2)
 
 
+@pytest.mark.parametrize("m, n, k", [(1, 130, 384), (5, 45, 256), (16, 200, 640)])
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_per_channel_weights_take_activations_scaled_per_group(m, n, k, split_k) -> None:
+    """FP8 per-channel weights with activations quantized per 1 x 128 group (linear's input_quant at decode
+    sizes): each K tile's product scaled by its group's scales (A_GROUP), the weight's in the epilogue; reading
+    the first group's scale for every group (a per-token GEMM) is caught."""
+    from fp8_operands import fp8_operands  # this folder
+
+    q, scale, weight, expected = fp8_operands(m, n, k, seed=9, groups=True)
+    args = dict(out_dtype=MODEL_DTYPE, a_scale=scale, b_scale=weight.scale, b_scale_kind=g.B_COLUMN, split_k=split_k)
+    got = g.gemm(q, weight.data, None, a_scale_kind=g.A_GROUP, group_k=128, **args)
+    assert_close_to_scale(got, expected, 1e-5 if MODEL_DTYPE == torch.float32 else 1e-2)
+    per_token = g.gemm(q, weight.data, None, **{**args, "a_scale": scale[:, :1].contiguous()}, a_scale_kind=g.A_ROW)
+    with pytest.raises(AssertionError):
+        assert_close_to_scale(per_token, expected, 1e-2)
+
+
+def test_input_quant_asks_fp8_per_channel_layers_for_groups_at_decode_sizes() -> None:
+    """linear's input_quant (triton, triton_sm90): 1 x 128 groups for FP8 per-channel / per-token layers whose K
+    holds whole groups, up to GROUP_INPUT_MAX_M rows; None (the scheme's own) for anything else."""
+    from tritonllm.kernels import linear
+    from tritonllm.kernels.quant_formats import OutputQuant
+
+    token = QuantScheme(FP8, "channel", "token")
+    w = quantize_weight(_randn(64, 256, seed=10), token)
+    assert linear.input_quant(1, w) == linear.input_quant(16, w) == OutputQuant(FP8, None, 128)
+    assert linear.input_quant(linear.GROUP_INPUT_MAX_M + 1, w) is None
+    assert linear.input_quant(1, quantize_weight(_randn(64, 200, seed=11), token)) is None  # K = 200: a part group
+    for other in (QuantScheme(FP8, "block", "group"), QuantScheme(torch.int8, "channel", "token"),
+                  QuantScheme(FP8, "channel", "tensor")):  # fmt: skip
+        assert linear.input_quant(1, quantize_weight(_randn(64, 256, seed=12), other)) is None
+
+
 def test_a_gemm_that_drops_the_weight_scale_is_caught() -> None:
     """Negative check: the comparison above fails for a GEMM that skips the column scales."""
     scheme = QuantScheme(FP8, "channel", "token")

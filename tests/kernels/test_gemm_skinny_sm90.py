@@ -70,6 +70,33 @@ def test_fp8_w8a8_matches_the_dequantized_operands(m, n, k, spy) -> None:
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("m", [1, 3, 8, 13, 16])
+@pytest.mark.parametrize("n, k", [(130, 512), (1000, 4224), (4096, 4096)])
+@pytest.mark.parametrize("plan", ["auto", "64:3:4", "128:1:2"])
+def test_fp8_group_activation_scales_match_the_dequantized_operands(m, n, k, plan, monkeypatch, spy) -> None:
+    """Activations quantized per 1 x 128 group (SCALE_GROUP: each K step's product scaled as it is added), with
+    K splits whose programs start at later groups, fewer stages than steps, and the add into c (ADD_C); a kernel
+    that applied the first group's scale to every step is caught (each group's values scaled apart)."""
+    if plan != "auto":
+        monkeypatch.setattr(sk, "PLAN_OVERRIDE", sk.Plan.parse(plan))
+    q, scale, weight, expected = fp8_operands(m, n, k, seed=98, groups=True)
+    args = dict(out_dtype=torch.bfloat16, a_scale=scale, b_scale=weight.scale, b_scale_kind=g.B_COLUMN, sm90="always")
+    got = g.gemm(q, weight.data, a_scale_kind=g.A_GROUP, group_k=128, **args)
+    assert_close_to_scale(got, expected, 1e-2)
+    again = g.gemm(q, weight.data, a_scale_kind=g.A_GROUP, group_k=128, **args)
+    assert torch.equal(again, got)
+    c = randn(m, n, seed=99, dtype=torch.bfloat16)
+    added = sk.skinny_gemm_sm90(q, weight.data, c.clone(), None, scale, weight.scale, launch.pdl_launch(), add_c=True)
+    assert_close_to_scale(added.float() - c.float(), expected, 2e-2)
+    assert spy.launches == 3 and not launch.arrival_counters(platform.DEVICE).any()
+    one = sk.skinny_gemm_sm90(q, weight.data, torch.empty_like(got), None, scale[:, :1].contiguous(), weight.scale,
+                              launch.pdl_launch())  # fmt: skip
+    with pytest.raises(AssertionError, match="max error"):
+        assert_close_to_scale(one, expected, 1e-2)
+
+
+@pytest.mark.gpu
+@needs_sm90
 def test_a_dropped_scale_is_caught(spy) -> None:
     """The comparison can fail: the product without the weight's scales is far from the reference."""
     q, scale, weight, expected = fp8_operands(16, 256, 1024, seed=94)
@@ -502,6 +529,9 @@ print("add_c", "wgmma.mma_async" in ptx, "ld.global" in ptx, ".local" in ptx)
 for xn in (False, True):
     ptx = sk.compile_sm90(torch.float8_e4m3fn, bm=8, scales=True, gated=3, xn=xn).asm["ptx"]
     print("gated3", "wgmma.mma_async" in ptx, "ex2.approx" in ptx, ".local" in ptx)
+for split, add_c in ((8, False), (1, True)):
+    ptx = sk.compile_sm90(torch.float8_e4m3fn, bm=8, split=split, scales=True, add_c=add_c, group_scales=True).asm["ptx"]
+    print("groups", "wgmma.mma_async" in ptx, "cp.async.bulk.tensor" in ptx, ".local" in ptx)
 """
 
 
@@ -513,8 +543,9 @@ def test_compiles_for_sm90_without_spills() -> None:
     result = subprocess.run([sys.executable, "-c", _COMPILE], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
-    lines = result.stdout.split("\n")[:10]
+    lines = result.stdout.split("\n")[:12]
     assert lines == ["torch.bfloat16 True True True False", "torch.float8_e4m3fn True True True False",
                      "gated True True False", "xq True True True False", "xq True True True False",
                      "xn True True True False", "xn True True True False", "add_c True True False",
-                     "gated3 True True False", "gated3 True True False"], result.stdout  # fmt: skip
+                     "gated3 True True False", "gated3 True True False", "groups True True False",
+                     "groups True True False"], result.stdout  # fmt: skip

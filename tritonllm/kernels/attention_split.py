@@ -37,7 +37,8 @@ Merge in the split kernel (MERGE): each program that wrote a partial counts its 
 merges the GROUP heads and writes them, so no merge kernel follows. With QUANT as well, those mergers
 count in on the sequence's counter and the last quantizes the token's whole output row for the next
 linear layer (kernels/quant.py: per token, with a static scale, or per QGROUP columns), so no
-quantization kernel follows either. Counters: [num_seqs * num_kv_heads] per KV head, then
+quantization kernel follows either; where QGROUP divides the head size, each KV head's merger quantizes its
+own heads instead, with no second arrival. Counters: [num_seqs * num_kv_heads] per KV head, then
 [num_seqs] per sequence.
 """
 
@@ -52,7 +53,7 @@ import triton.language as tl
 from tritonllm import platform  # noqa: F401
 from tritonllm.kernels.attention_tile import _attend_tile, _kv_tile_ptrs, _prepare_q, _softmax_step
 from tritonllm.kernels.launch import pdl_wait
-from tritonllm.kernels.quant import quantize_rows_and_store
+from tritonllm.kernels.quant import quantize_rows_and_store, round_and_store
 
 _LOG2_E = tl.constexpr(1.4426950408889634)  # a kernel reads only constexpr globals
 
@@ -263,10 +264,23 @@ def _merge_in_kernel(
             num_used, num_splits, HEAD_DIM, SPLITS_PAD, CHUNK, KV_SCALED, SINKS,
         )  # fmt: skip
         offs_d = tl.arange(0, HEAD_DIM)
-        o_offs = token.to(tl.int64) * stride_o_token + heads[:, None] * stride_o_head + offs_d[None, :]
-        tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
+        HEAD_GROUPS: tl.constexpr = QUANT and QGROUP > 0 and HEAD_DIM % QGROUP == 0
+        if HEAD_GROUPS:
+            # groups within a head: this merger quantizes its own heads (as quant.quantize_rows does, from the
+            # values rounded to out's dtype), no second arrival; the unquantized output is not stored
+            G: tl.constexpr = HEAD_DIM // QGROUP
+            grouped = tl.reshape(acc.to(out_ptr.dtype.element_ty).to(tl.float32), (GROUP_PAD, G, QGROUP))
+            scale = tl.maximum(tl.max(tl.abs(grouped), axis=2), 1e-12) / QMAX  # [GROUP_PAD, G]
+            group_ids = heads[:, None] * G + tl.arange(0, G)[None, :]
+            tl.store(q_scale_ptr + group_ids * num_tokens + token, scale, mask=head_ok[:, None])
+            values = tl.reshape(grouped * (1.0 / scale)[:, :, None], (GROUP_PAD, HEAD_DIM))
+            q_offs = token.to(tl.int64) * (num_heads * HEAD_DIM) + heads[:, None] * HEAD_DIM + offs_d[None, :]
+            round_and_store(q_out_ptr + q_offs, values, head_ok[:, None], QMAX, IS_INT, MIN_EXP)
+        else:
+            o_offs = token.to(tl.int64) * stride_o_token + heads[:, None] * stride_o_head + offs_d[None, :]
+            tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
         tl.atomic_xchg(head_counter, 0, sem="relaxed", scope="gpu")  # ready for the next launch
-        if QUANT:
+        if QUANT and not HEAD_GROUPS:
             tl.debug_barrier()  # the merged heads stored before the arrival
             seq_counter = counter_ptr + tl.num_programs(0) * num_kv_heads + seq
             if tl.atomic_add(seq_counter, 1, sem="acq_rel", scope="gpu") == num_kv_heads - 1:

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from tritonllm import platform
-from tritonllm.kernels import gemm_block_sm90, gemm_skinny_sm90, gemm_w4_sm90, gemm_w4_tma_sm90, gemv_w4_sm90
+from tritonllm.kernels import gemm_block_sm90, gemm_skinny_sm90, gemm_w4_sm90, gemm_w4_tma_sm90, gemv_w4_sm90, splitk_sm90
 from tritonllm.kernels.gemm_dequant import dequantize
 from tritonllm.kernels.gemm_gemv import gemv_kernel
 from tritonllm.kernels.gemm_persistent import descriptors_fit, gemm_persistent_kernel, tile_coords
@@ -514,8 +514,8 @@ def gemm(
         return c
     if (
         sm90 != "never"
-        and kind in ("float", "w8a8")
-        and _skinny_scales(a_scale, b_scale, a_scale_kind, b_scale_kind, n)
+        and (kind in ("float", "w8a8") or (kind == "block" and b_scale_kind != B_GROUP))
+        and _skinny_scales(a, a_scale, b_scale, a_scale_kind, b_scale_kind, n, group_k)
         and gemm_skinny_sm90.takes(a, b)
         and (sm90 == "always" or gemm_skinny_sm90.measured_faster(m, n, k, a.dtype))
     ):
@@ -581,13 +581,18 @@ def gemm(
     return _reduce_splits(ws, c, bias, split)
 
 
-def _skinny_scales(a_scale: torch.Tensor | None, b_scale: torch.Tensor | None, a_kind: int, b_kind: int,
-                   n: int) -> bool:  # fmt: skip
-    """Whether the skinny sm90 GEMM's epilogue takes these scales: float32, the activations' one or one
-    a row, the weight's one or one a column (contiguous)."""
-    if a_kind not in (A_NONE, A_TENSOR, A_ROW) or b_kind not in (B_NONE, B_COLUMN):
+def _skinny_scales(a: torch.Tensor, a_scale: torch.Tensor | None, b_scale: torch.Tensor | None, a_kind: int,
+                   b_kind: int, n: int, group_k: int) -> bool:  # fmt: skip
+    """Whether the skinny sm90 GEMM takes these scales: float32, the activations' one, one a row or (FP8) one a
+    row and 128-column group (gemm_skinny_sm90.group_scales_fit), the weight's one or one a column (contiguous)."""
+    if a_kind not in (A_NONE, A_TENSOR, A_ROW, A_GROUP) or b_kind not in (B_NONE, B_COLUMN):
         return False
-    ok_a = a_kind == A_NONE or (a_scale.dtype == torch.float32 and (a_scale.numel() == 1 or a_kind == A_ROW))
+    if a_kind == A_GROUP:
+        groups_ok = group_k == gemm_skinny_sm90.ROW_BYTES and gemm_skinny_sm90.group_scales_fit(a, a_scale)
+        if not groups_ok or splitk_sm90.scale_kind(a_scale) != splitk_sm90.SCALE_GROUP:
+            return False
+    ok_a = a_kind in (A_NONE, A_GROUP) or (
+        a_scale.dtype == torch.float32 and (a_scale.numel() == 1 or a_kind == A_ROW))
     ok_b = b_kind == B_NONE or (b_scale.dtype == torch.float32 and (b_scale.numel() == 1 or (
         b_scale.numel() == n and b_scale.is_contiguous())))  # fmt: skip
     return ok_a and ok_b

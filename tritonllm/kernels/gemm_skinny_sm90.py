@@ -212,10 +212,11 @@ def xn_weight_descriptor(g: torch.Tensor) -> TensorDescriptor:
 
 def compile_sm90(dtype: torch.dtype = torch.bfloat16, block_n: int = 128, bm: int = 16, split: int = 1,
                  stages: int = 6, warps: int = 4, scales: bool = False, gated: int = 0, xq: bool = False,
-                 xn: bool = False, add_c: bool = False):  # fmt: skip
+                 xn: bool = False, add_c: bool = False, group_scales: bool = False):  # fmt: skip
     """Compile for sm90 without a GPU (launch.compile_gluon_sm90): tests, available(). xq: FP8 weights and
     bf16 activations quantized in the kernel (xq_skinny_gemm_sm90); xn: those activations RMS-normalized
-    first (xn_skinny_gemm_sm90, implies xq); add_c: the output added to c."""
+    first (xn_skinny_gemm_sm90, implies xq); add_c: the output added to c; group_scales: (with scales) one
+    activation scale a row and K step (SCALE_GROUP)."""
     from triton.runtime.jit import mangle_type
 
     xq = xq or xn
@@ -224,7 +225,7 @@ def compile_sm90(dtype: torch.dtype = torch.bfloat16, block_n: int = 128, bm: in
     x_desc = xq_descriptor(torch.empty((bm, 256), dtype=torch.bfloat16), bm) if xq else descriptor(w, bm)
     g_desc = xn_weight_descriptor(torch.empty(256, dtype=torch.bfloat16)) if xn else x_desc
     constexprs = dict(BLOCK_N=block_n, BLOCK_M=bm, STAGES=stages, HAS_BIAS=False, W_SCALE=2 if scales else 0,
-                      A_SCALE=2 if scales and not xq else 0, SPLIT_K=split, PDL=True, GATED=gated, QMAX=448.0,
+                      A_SCALE=(3 if group_scales else 2) if scales and not xq else 0, SPLIT_K=split, PDL=True, GATED=gated, QMAX=448.0,
                       TAIL=16384, XQ=int(xq), XA_PAD=16, XN=xn, ROW_PAD=4096 if xn else 1, ADD_C=add_c)  # fmt: skip
     types = dict(w_desc=mangle_type(descriptor(w, block_n // 2 if gated else block_n)),
                  x_desc=mangle_type(x_desc), g_desc=mangle_type(g_desc), c_ptr=out, bias_ptr=out, w_scale_ptr="*fp32",
@@ -233,17 +234,33 @@ def compile_sm90(dtype: torch.dtype = torch.bfloat16, block_n: int = 128, bm: in
     return compile_gluon_sm90(skinny_gemm_sm90_kernel, constexprs, types, ("stride_cm",), num_warps=warps)
 
 
+def group_scales_fit(a: torch.Tensor, a_scale: torch.Tensor) -> bool:
+    """Whether the kernel reads a_scale as one scale a row and K step (A_SCALE = SCALE_GROUP): FP8 a [M, K] and
+    float32 scales [M, K / 128] laid out column-major (quant.fused_scales: group g of row m at g * M + m), so
+    each 128-value K step (ROW_BYTES of FP8) is one group."""
+    m, k = a.shape
+    return (
+        a.dtype == torch.float8_e4m3fn and a_scale.dtype == torch.float32 and k % ROW_BYTES == 0
+        and tuple(a_scale.shape) == (m, k // ROW_BYTES) and (m == 1 or a_scale.stride() == (1, m))
+    )  # fmt: skip
+
+
 def skinny_gemm_sm90(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
                      a_scale: torch.Tensor | None, b_scale: torch.Tensor | None, pdl: dict,
                      add_c: bool = False) -> torch.Tensor:  # fmt: skip
     """c = (a . b^T) x b_scale[n] x a_scale[m] (+ bias) for a [M, K], b [N, K] of one dtype (takes());
-    a_scale: None, one float32 or one per row [M, 1]; b_scale: None, one float32 or one per column [N].
+    a_scale: None, one float32, one per row [M, 1] or (FP8) one per row and 128-column group [M, K / 128]
+    (group_scales_fit: each K step's product scaled as it is added); b_scale: None, one float32 or one per column [N].
     K splits write float32 partials; the last split program of a tile to arrive sums them in split
     order (deterministic) and writes c: one launch, no reduce kernel. add_c: c += that product rounded to
     c's dtype (a residual add fused into the layer; each element of c read and written by one program)."""
     (m, k), n = a.shape, b.shape[0]
     p = plan(m, n, k, a.element_size())
-    if p.stream:
+    a_kind = scale_kind(a_scale)
+    if a_kind == splitk_sm90.SCALE_GROUP and not group_scales_fit(a, a_scale):
+        raise ValueError(f"skinny GEMM: group activation scales {tuple(a_scale.shape)} need FP8 rows of 128-column "
+                         "groups, column-major (quant.fused_scales)")  # fmt: skip
+    if p.stream and a_kind != splitk_sm90.SCALE_GROUP:
         from tritonllm.kernels import gemm_stream_sm90
 
         if gemm_stream_sm90.takes(n, p.block_n, c):
@@ -255,9 +272,9 @@ def skinny_gemm_sm90(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: to
     skinny_gemm_sm90_kernel[(tiles, split)](
         descriptor(b, p.block_n), x_desc, x_desc, c, bias if bias is not None else c,
         b_scale if b_scale is not None else ws, a_scale if a_scale is not None else ws, ws, cnt, ws, ws, ws, ws,
-        m, n, k, k_per_split, c.stride(0), a_scale.stride(0) if scale_kind(a_scale) == splitk_sm90.SCALE_EACH else 0, 0,
+        m, n, k, k_per_split, c.stride(0), a_scale.stride(0) if a_kind == splitk_sm90.SCALE_EACH else 0, 0,
         0.0, BLOCK_N=p.block_n, BLOCK_M=block_m(m), STAGES=p.stages, HAS_BIAS=bias is not None,
-        W_SCALE=scale_kind(b_scale), A_SCALE=scale_kind(a_scale), SPLIT_K=split, ADD_C=add_c, num_warps=p.warps,
+        W_SCALE=scale_kind(b_scale), A_SCALE=a_kind, SPLIT_K=split, ADD_C=add_c, num_warps=p.warps,
         **pdl,
     )  # fmt: skip
     return c
@@ -429,7 +446,10 @@ if HAVE_GLUON:
         XN (with XQ): the activations are the residual stream x (xa_ptr, [M, K] contiguous) and the layer's input is
         its RMSNorm with weight g (g_ptr; g_desc reads it a step at a time) quantized per token: each program
         takes every row's 1 / rms and scale from the whole row first (xn_stats), and each step normalizes and
-        quantizes its tile as kernels/rmsnorm.py would. ADD_C: the output is added to c (a residual add)."""
+        quantizes its tile as kernels/rmsnorm.py would. ADD_C: the output is added to c (a residual add).
+        A_SCALE = 3 (FP8): one activation scale a row and K step (a_scale_ptr + group * M + m), each step's MMA
+        into fresh registers, waited for and added scaled (so no MMA overlaps the next step's: at M <= 16 the
+        weight stream, not the MMA, bounds the step)."""
         WARPS: gl.constexpr = gl.num_warps()
         DT: gl.constexpr = w_desc.dtype
         # DT, or (XQ) the 16-bit activations' (not read from x_desc: nothing of it is touched before the PDL wait)
@@ -478,10 +498,24 @@ if HAVE_GLUON:
                 x_scale, x_inverse = xq_scales(xa_ptr, M, XA_BLOCKS, BLOCK_M, XA_PAD, QMAX, ACC, XL)
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
+        if A_SCALE == 3:  # one scale a row and K step (a 128-value group): each step's product scaled as it is added
+            m_acc = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
+            g0 = k0 // BLOCK_K
+            a_s = gl.load(a_scale_ptr + g0 * M + m_acc, mask=m_acc < M, other=0.0)
+            fresh = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
         for i in range(steps):
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            if XQ:
+            if A_SCALE == 3:
+                # the next step's scales in flight during this step's MMA (a last extra load reads group g0 again)
+                a_s_next = gl.load(a_scale_ptr + gl.where(i + 1 < steps, g0 + i + 1, g0) * M + m_acc, mask=m_acc < M,
+                                   other=0.0)  # fmt: skip
+                part = warpgroup_mma(w_smem.index(s), x_smem.index(s).permute((1, 0)), fresh, use_acc=False,
+                                     is_async=True)  # fmt: skip
+                part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+                acc += part * gl.expand_dims(a_s, 0)
+                a_s = a_s_next
+            elif XQ:
                 v = x_smem.index(s).load(XL).to(gl.float32)
                 if XN:  # the RMSNorm's output, rounded to the model's dtype as the norm kernel stores it
                     gk = g_smem.index(s).load(XL).to(gl.float32)
@@ -494,8 +528,8 @@ if HAVE_GLUON:
                 acc = warpgroup_mma(w_smem.index(s), x_op.permute((1, 0)), acc, is_async=True)
             else:
                 acc = warpgroup_mma(w_smem.index(s), x_smem.index(s).permute((1, 0)), acc, is_async=True)
-            # at most this step's MMA in flight: the previous step's stage is free for step i + STAGES - 1
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            if A_SCALE != 3:  # at most this step's MMA in flight: the previous step's stage is free for i + STAGES - 1
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             j = i + STAGES - 1
             sj = j % STAGES
             mbarrier.expect(ready.index(sj), STEP_BYTES, pred=j < steps)
@@ -507,6 +541,7 @@ if HAVE_GLUON:
         release_ring(ready, STAGES)
         if XQ:  # the tokens' scales, before the K splits are summed (A_SCALE 0)
             acc = acc * gl.expand_dims(x_scale, 0)
+        A_EPILOGUE: gl.constexpr = 0 if A_SCALE == 3 else A_SCALE  # group scales applied in the loop already
 
         if GATED:
             gated_epilogue(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, cnt_ptr, q_ptr, qs_ptr, pid_n, M, N // 2,
@@ -514,5 +549,5 @@ if HAVE_GLUON:
                            TAIL)  # fmt: skip
         else:
             splitk_sm90.finish_tile(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, ws_ptr, cnt_ptr, pid_n, pid_k, M,
-                                    N, stride_cm, stride_asm, BLOCK_N, BLOCK_M, ACC, HAS_BIAS, W_SCALE, A_SCALE,
+                                    N, stride_cm, stride_asm, BLOCK_N, BLOCK_M, ACC, HAS_BIAS, W_SCALE, A_EPILOGUE,
                                     SPLIT_K, ADD_C)  # fmt: skip

@@ -12,7 +12,7 @@ from tritonllm.kernels import gemm_skinny_fused_sm90, gemm_skinny_sm90, gemv_w4_
 from tritonllm.kernels.activation import silu_and_mul_amax
 from tritonllm.kernels.launch import pdl_launch
 from tritonllm.kernels.quant import quantize_per_group, quantize_rows
-from tritonllm.kernels.quant_formats import OutputQuant, QuantizedActivation, QuantizedWeight
+from tritonllm.kernels.quant_formats import BLOCK, OutputQuant, QuantizedActivation, QuantizedWeight
 from tritonllm.kernels.registry import FLOATS, Supports, register
 
 TRITON_FORMATS = frozenset({
@@ -57,6 +57,8 @@ def quantized_linear(
     scheme = weight.scheme
     scales = dict(g.scale_args(scheme), out_dtype=x.dtype, b_scale=weight.scale, sm90="faster" if gluon else "never")
     if isinstance(x, QuantizedActivation):
+        if x.grouped and scheme.act == "token":  # quantized per 1 x 128 group as input_quant asked (attention)
+            scales.update(a_scale_kind=g.A_GROUP, group_k=BLOCK)
         return g.gemm(x.data, weight.data, bias, a_scale=x.scale, **scales)
     x2 = _rows(x)
     if weight.perm is not None:  # GPTQ act order: the weight's columns were sorted by group at load
@@ -75,6 +77,22 @@ def quantized_linear(
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
+# the most rows at which input_quant asks for 1 x 128 groups: decode sizes, where the skinny sm90 GEMM serves FP8
+GROUP_INPUT_MAX_M = 16
+
+
+@register("linear", "triton", entry="input_quant")
+def input_quant(m: int, weight: QuantizedWeight) -> OutputQuant | None:
+    """How the op before should quantize an input of m rows for this FP8 W8A8 layer (per-channel weight scales,
+    dynamic per-token activation scales) where it differs from the scheme: per 1 x 128 group at decode sizes
+    (M <= GROUP_INPUT_MAX_M), which both GEMM paths apply a K step at a time (the skinny sm90 kernel's
+    SCALE_GROUP, the portable kernels' A_GROUP) and which lets the split-KV attention quantize o_proj's input
+    in each KV head's merging program, with no second arrival over the token's row (kernels/attention_split.py);
+    finer scales than one a token, never coarser. None: the scheme's own (OutputQuant.of)."""
+    fits = weight.scheme.format_name == "fp8:channel:token" and weight.data.shape[1] % BLOCK == 0
+    return OutputQuant(weight.scheme.weight_dtype, None, BLOCK) if fits and m <= GROUP_INPUT_MAX_M else None
+
+
 @register("linear", "triton_sm90", entry="linear", supports=SM90_SUPPORTS, priority=15)
 def linear_sm90(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return linear(x, weight, bias, gluon=True)
@@ -85,6 +103,9 @@ def quantized_linear_sm90(
     x: torch.Tensor | QuantizedActivation, weight: QuantizedWeight, bias: torch.Tensor | None
 ) -> torch.Tensor:
     return quantized_linear(x, weight, bias, gluon=True)
+
+
+register("linear", "triton_sm90", entry="input_quant")(input_quant)
 
 
 @register("linear", "triton_sm90", entry="gated_linear")
@@ -107,7 +128,7 @@ def gated_linear_sm90(
         if weight.scheme.format_name != "fp8:channel:token" or not isinstance(x, QuantizedActivation):
             return None
         a, b, a_scale, b_scale, out_dtype = x.data, weight.data, x.scale, weight.scale, x.dtype
-        if a_scale.dim() != 2 or b_scale.dtype != torch.float32 or not b_scale.is_contiguous():
+        if a_scale.dim() != 2 or x.grouped or b_scale.dtype != torch.float32 or not b_scale.is_contiguous():
             return None
     elif isinstance(x, QuantizedActivation) or quant is not None:
         return None
@@ -194,8 +215,9 @@ def residual_linear_sm90(
     residual: torch.Tensor,
 ) -> torch.Tensor | None:  # fmt: skip
     """residual += the layer's output (rounded to residual's dtype first, as the GEMM then the add round), in
-    the skinny GEMM's epilogue, for FP8 W8A8 layers whose input came quantized per token (the attention or
-    SiLU-mul kernel quantized it) at the sizes where norm_linear serves the next layer: residual, updated.
+    the skinny GEMM's epilogue, for FP8 W8A8 layers whose input came quantized per token or per 1 x 128 group
+    (the attention or SiLU-mul kernel quantized it) at the sizes where norm_linear serves the next layer: residual,
+    updated.
     None elsewhere (residual untouched; the caller runs the layer and adds)."""
     if not _fp8_token(weight) or not isinstance(x, QuantizedActivation) or x.scale.dim() != 2:
         return None
@@ -224,7 +246,7 @@ def gated_mlp_linear_sm90(
     if not (_fp8_token(gate_up) and _fp8_token(down)):
         return None
     if norm_weight is None:
-        if not isinstance(x, QuantizedActivation) or x.scale.dim() != 2:
+        if not isinstance(x, QuantizedActivation) or x.scale.dim() != 2 or x.grouped:
             return None
         a, a_scale, out_dtype = x.data, x.scale, x.dtype
     else:

@@ -155,12 +155,19 @@ class QuantizedActivation:
     layer (RMSNorm or SiLU-mul with quantization fused in): the layer's GEMM reads them as they are."""
 
     data: torch.Tensor  # [M, K] in the weight's dtype (FP8 e4m3 or int8)
-    scale: torch.Tensor  # float32 [M, 1] (dynamic per token) or [1] (static: 1-D tells them apart)
+    # float32 [M, 1] (dynamic per token), [1] (static: 1-D tells them apart) or [M, K / 128] (per 1 x 128 group,
+    # column-major as quant.fused_scales lays them out: block-FP8's, or a linear implementation's input_quant)
+    scale: torch.Tensor
     dtype: torch.dtype  # the model's dtype: what the layer returns
 
     @property
     def shape(self) -> torch.Size:
         return self.data.shape
+
+    @property
+    def grouped(self) -> bool:
+        """Scales of 1 x 128 column groups (more than one a row)."""
+        return self.scale.dim() == 2 and self.scale.shape[1] > 1
 
 
 def qmax(dtype: torch.dtype) -> float:

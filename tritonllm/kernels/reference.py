@@ -439,8 +439,10 @@ def _expand_groups(scale: torch.Tensor, rows: int, cols: int, group_rows: int, g
 
 
 def dequantize_activation(q: torch.Tensor, scale: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
-    """The float32 values a quantized activation stands for."""
-    if scheme.act in ("token", "tensor"):
+    """The float32 values a quantized activation stands for (scales of 1 x 128 groups, [M, K / 128], whatever the
+    scheme: a linear implementation's input_quant may ask for them)."""
+    grouped = scale.dim() == 2 and scale.shape[1] > 1
+    if scheme.act in ("token", "tensor") and not grouped:
         return q.float() * scale.float().reshape(-1, 1)
     if scheme.act == "mx":
         return q.float() * _expand_groups(torch.exp2(scale.float() - 127), *q.shape, 1, MX_GROUP)

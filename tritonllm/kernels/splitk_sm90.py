@@ -56,13 +56,19 @@ def plan_splits(m: int, n: int, k: int, split: int, block_k: int, block_n: int,
     return (split, k_per_split, tiles, *workspace(split, m, n, c))
 
 
-# scale kinds of the epilogue: none, one value for every row (or column), one a row (column)
-SCALE_NONE, SCALE_ONE, SCALE_EACH = 0, 1, 2
+# scale kinds of the epilogue: none, one value for every row (or column), one a row (column); SCALE_GROUP (the
+# activations' only, the skinny GEMM's): one a row and 128-column group of K, applied in the K loop, not here
+SCALE_NONE, SCALE_ONE, SCALE_EACH, SCALE_GROUP = 0, 1, 2, 3
 
 
 def scale_kind(scale: torch.Tensor | None) -> int:
-    """The epilogue's kind of a scale tensor: none, one value, or one a row (column)."""
-    return SCALE_NONE if scale is None else SCALE_ONE if scale.numel() == 1 else SCALE_EACH
+    """The kind of a scale tensor: none, one value, one a row (column), or (SCALE_GROUP) one a row and group of
+    K columns: [M, G > 1] (quant.fused_scales' column-major layout, the only one the kernels read)."""
+    if scale is None:
+        return SCALE_NONE
+    if scale.dim() == 2 and scale.shape[1] > 1:
+        return SCALE_GROUP
+    return SCALE_ONE if scale.numel() == 1 else SCALE_EACH
 
 
 if HAVE_GLUON:

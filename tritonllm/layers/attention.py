@@ -167,6 +167,11 @@ class Attention(nn.Module):
         # split-KV decode merged (and o_proj's input quantized) in the split kernel (EngineConfig.
         # fuse_attention_epilogue); False: by kernels after it (ablation)
         self.fuse_epilogue = True
+        # o_proj's input quantized per 1 x 128 group (each head) where o_proj's linear implementation asks for it
+        # (its input_quant: FP8 W8A8 at decode sizes), so the split-KV kernel's KV-head mergers quantize their own
+        # heads and no program waits for the token's whole row (EngineConfig.attention_head_quant); False: the
+        # scheme's per-token scales (ablation)
+        self.head_quant = True
         self._quant_for: tuple = ()  # (the linear layer whose input this layer quantizes,): no submodule
 
     def quantize_for(self, linear: Linear) -> None:
@@ -247,7 +252,7 @@ class Attention(nn.Module):
             v_new=v,
             out=None if out is None else out.view(num_tokens, self.num_heads, self.head_dim),
             **self._feature_args(),
-            **self._quantize_args(out),
+            **self._quantize_args(out, num_tokens),
         )
         if isinstance(out, QuantizedActivation):
             return out
@@ -271,12 +276,15 @@ class Attention(nn.Module):
             slot_mapping, k_scale=self.k_scale, v_scale=self.v_scale, qk_norm=rope.norm_args(),
         )  # fmt: skip
 
-    def _quantize_args(self, out: torch.Tensor | None) -> dict:
+    def _quantize_args(self, out: torch.Tensor | None, num_tokens: int) -> dict:
         """paged_attention's `quantize`, when this layer's output goes quantized to o_proj (and not into a
-        given `out`, as piecewise graphs ask)."""
+        given `out`, as piecewise graphs ask): as o_proj's implementation asks for num_tokens rows (head_quant),
+        else as its scheme says."""
         if not self._quant_for or out is not None or not self.fuse_epilogue:
             return {}
-        return {"quantize": OutputQuant.of(self._quant_for[0].qweight)}
+        linear = self._quant_for[0]
+        asked = linear.kernels.input_quant(num_tokens, linear.qweight) if self.head_quant else None
+        return {"quantize": asked or OutputQuant.of(linear.qweight)}
 
     def _feature_args(self) -> dict:
         """The optional features' arguments of paged_attention, only those this layer uses."""
