@@ -41,7 +41,14 @@ import triton
 import triton.language as tl
 
 from tritonllm import platform
-from tritonllm.kernels import gemm_block_sm90, gemm_skinny_sm90, gemm_w4_sm90, gemm_w4_tma_sm90, gemv_w4_sm90, splitk_sm90
+from tritonllm.kernels import (
+    gemm_block_sm90,
+    gemm_skinny_sm90,
+    gemm_w4_sm90,
+    gemm_w4_tma_sm90,
+    gemv_w4_sm90,
+    splitk_sm90,
+)
 from tritonllm.kernels.gemm_dequant import dequantize
 from tritonllm.kernels.gemm_gemv import gemv_kernel
 from tritonllm.kernels.gemm_persistent import descriptors_fit, gemm_persistent_kernel, tile_coords
@@ -591,8 +598,7 @@ def _skinny_scales(a: torch.Tensor, a_scale: torch.Tensor | None, b_scale: torch
         groups_ok = group_k == gemm_skinny_sm90.ROW_BYTES and gemm_skinny_sm90.group_scales_fit(a, a_scale)
         if not groups_ok or splitk_sm90.scale_kind(a_scale) != splitk_sm90.SCALE_GROUP:
             return False
-    ok_a = a_kind in (A_NONE, A_GROUP) or (
-        a_scale.dtype == torch.float32 and (a_scale.numel() == 1 or a_kind == A_ROW))
+    ok_a = a_kind in (A_NONE, A_GROUP) or (a_scale.dtype == torch.float32 and (a_scale.numel() == 1 or a_kind == A_ROW))
     ok_b = b_kind == B_NONE or (b_scale.dtype == torch.float32 and (b_scale.numel() == 1 or (
         b_scale.numel() == n and b_scale.is_contiguous())))  # fmt: skip
     return ok_a and ok_b

@@ -65,8 +65,9 @@ OPS: dict[str, tuple[str, ...]] = {
 # the op before should quantize a layer's input where the implementation takes another form than the scheme's
 # (without it, None: the scheme's own)
 OPTIONAL_ENTRIES: dict[str, frozenset[str]] = {
-    "linear": frozenset({"gated_linear", "silu_mul_linear", "norm_linear", "residual_linear", "gated_mlp_linear",
-                         "input_quant"}),
+    "linear": frozenset(
+        {"gated_linear", "silu_mul_linear", "norm_linear", "residual_linear", "gated_mlp_linear", "input_quant"}
+    ),
     "moe": frozenset({"router_route"}),
 }
 ENTRY_OPS: dict[str, str] = {entry: op for op, entries in OPS.items() for entry in entries}
