@@ -755,8 +755,11 @@ PY
         tests/kernels/test_attention_split.py tests/test_engine_gpu.py \
         -k "group_activation or fp8_w8a8 or dropped_scale or gpu_merge or per_head or epilogue_fused" 2>&1 \
         | tee "$OUT/head_quant_gpu.log" | tail -5
-      QUANT_VARIANTS="bf16_torch fp8_gluon fp8_gluon_tok fp8_gluon fp8_gluon_tok" QUANT_EXPS=batch1_decode \
-        QUANT_TAG="_s47" timeout 380 bash "$0" e2e-quant ;;
+      TIMELINE_VARIANTS="fp8 fp8_tok" timeout 120 bash "$0" timeline | grep window
+      for r in 1 2; do
+        QUANT_VARIANTS="bf16_torch fp8_gluon fp8_gluon_tok" QUANT_EXPS=batch1_decode QUANT_TAG="_s47_r$r" \
+          timeout 200 bash "$0" e2e-quant
+      done ;;
     next-56)
       # session 46's first call: the penalties' GPU test (decode graphs + overlap against eager synchronous
       # steps), then on an H200 moe-h100-tiles (issue 16's 450 TFLOP/s); elsewhere w4-m64. next-52's FP8 batch 1
@@ -925,6 +928,7 @@ PY
           bf16) args="--kernel linear=triton_sm90" ;;
           bf16_torch) args="--kernel linear=torch" ;;
           fp8_xn) args="--quantization fp8 --kernel linear=triton_sm90 --fuse-norm-into-gemm" ;;
+          fp8_tok) args="--quantization fp8 --kernel linear=triton_sm90 --no-attention-head-quant" ;;
           fp8_xnmlp) args="--quantization fp8 --kernel linear=triton_sm90 --fuse-norm-into-gemm --fuse-gated-mlp" ;;
           *) args="--quantization $variant --kernel linear=triton_sm90" ;;
         esac

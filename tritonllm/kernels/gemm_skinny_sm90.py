@@ -428,6 +428,63 @@ if HAVE_GLUON:
         return gl.convert_layout(scale_rows, gl.SliceLayout(0, ACC)), inverse, rstd_rows
 
     @gluon.jit
+    def _refill(w_desc, x_desc, w_smem, x_smem, ready, n0, N, k0, j, steps, STEP_BYTES: gl.constexpr,
+                GATED: gl.constexpr):  # fmt: skip
+        """K step j's weight and activation tiles into its ring stage (nothing past the last step)."""
+        BLOCK_K: gl.constexpr = w_desc.block_type.shape[1]
+        STAGES: gl.constexpr = w_smem.shape[0]
+        sj = j % STAGES
+        mbarrier.expect(ready.index(sj), STEP_BYTES, pred=j < steps)
+        _issue_w(w_desc, n0, N // 2, k0 + j * BLOCK_K, ready.index(sj), w_smem.index(sj), j < steps, GATED)
+        _issue(x_desc, 0, k0 + j * BLOCK_K, ready.index(sj), x_smem.index(sj), j < steps)
+
+    @gluon.jit
+    def _step_mma(w_smem, x_smem, ready, i, dead):
+        """K step i's MMA (asynchronous) once its stage has arrived, into fresh values in dead's registers (a
+        product already added)."""
+        STAGES: gl.constexpr = w_smem.shape[0]
+        s = i % STAGES
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        return warpgroup_mma(w_smem.index(s), x_smem.index(s).permute((1, 0)), dead, use_acc=False, is_async=True)
+
+    @gluon.jit
+    def _group_scaled_steps(acc, w_smem, x_smem, ready, w_desc, x_desc, a_scale_ptr, n0, N, M, k0, steps,
+                            STEP_BYTES: gl.constexpr, GATED: gl.constexpr, ACC: gl.constexpr):  # fmt: skip
+        """acc + the sum over this split's K steps of each step's product times its activation rows' scales (one a
+        row and 128-column group: a_scale_ptr + group * M + m). Two steps an iteration: the second step's MMA goes
+        out before the first's product is waited for and added, so the MMAs stay back to back as in the unscaled
+        loop; none is in flight across the loop's back edge (gemm_block_sm90's rule). Refills as that loop's:
+        after step i's MMA is issued, step i + STAGES - 1 into step i - 1's stage (waited for already)."""
+        BLOCK_K: gl.constexpr = w_desc.block_type.shape[1]
+        STAGES: gl.constexpr = w_smem.shape[0]
+        BLOCK_N: gl.constexpr = acc.shape[0]
+        BLOCK_M: gl.constexpr = acc.shape[1]
+        m_acc = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
+        scales = a_scale_ptr + (k0 // BLOCK_K) * M + m_acc
+        rows_ok = m_acc < M
+        dead0 = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
+        dead1 = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
+        whole = steps - steps % 2
+        for base in range(0, whole, 2):
+            s0 = gl.load(scales + base * M, mask=rows_ok, other=0.0)
+            s1 = gl.load(scales + (base + 1) * M, mask=rows_ok, other=0.0)
+            p0 = _step_mma(w_smem, x_smem, ready, base, dead0)
+            _refill(w_desc, x_desc, w_smem, x_smem, ready, n0, N, k0, base + STAGES - 1, steps, STEP_BYTES, GATED)
+            p1 = _step_mma(w_smem, x_smem, ready, base + 1, dead1)
+            p0, p1 = warpgroup_mma_wait(num_outstanding=1, deps=(p0, p1))
+            acc += p0 * gl.expand_dims(s0, 0)
+            _refill(w_desc, x_desc, w_smem, x_smem, ready, n0, N, k0, base + STAGES, steps, STEP_BYTES, GATED)
+            p1 = warpgroup_mma_wait(num_outstanding=0, deps=(p1,))
+            acc += p1 * gl.expand_dims(s1, 0)
+            dead0 = p0
+            dead1 = p1
+        if whole < steps:  # an odd last step (its refill would be past the end)
+            s0 = gl.load(scales + whole * M, mask=rows_ok, other=0.0)
+            p0 = warpgroup_mma_wait(num_outstanding=0, deps=(_step_mma(w_smem, x_smem, ready, whole, dead0),))
+            acc += p0 * gl.expand_dims(s0, 0)
+        return acc
+
+    @gluon.jit
     def skinny_gemm_sm90_kernel(
         w_desc, x_desc, g_desc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, ws_ptr, cnt_ptr, q_ptr, qs_ptr, xa_ptr,
         g_ptr, M, N, K, K_PER_SPLIT, stride_cm, stride_asm, XA_BLOCKS, eps,
@@ -448,8 +505,7 @@ if HAVE_GLUON:
         takes every row's 1 / rms and scale from the whole row first (xn_stats), and each step normalizes and
         quantizes its tile as kernels/rmsnorm.py would. ADD_C: the output is added to c (a residual add).
         A_SCALE = 3 (FP8): one activation scale a row and K step (a_scale_ptr + group * M + m), each step's MMA
-        into fresh registers, waited for and added scaled (so no MMA overlaps the next step's: at M <= 16 the
-        weight stream, not the MMA, bounds the step)."""
+        into fresh registers, added scaled (_group_scaled_steps)."""
         WARPS: gl.constexpr = gl.num_warps()
         DT: gl.constexpr = w_desc.dtype
         # DT, or (XQ) the 16-bit activations' (not read from x_desc: nothing of it is touched before the PDL wait)
@@ -499,45 +555,35 @@ if HAVE_GLUON:
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
         if A_SCALE == 3:  # one scale a row and K step (a 128-value group): each step's product scaled as it is added
-            m_acc = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
-            g0 = k0 // BLOCK_K
-            a_s = gl.load(a_scale_ptr + g0 * M + m_acc, mask=m_acc < M, other=0.0)
-            fresh = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
-        for i in range(steps):
-            s = i % STAGES
-            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            if A_SCALE == 3:
-                # the next step's scales in flight during this step's MMA (a last extra load reads group g0 again)
-                a_s_next = gl.load(a_scale_ptr + gl.where(i + 1 < steps, g0 + i + 1, g0) * M + m_acc, mask=m_acc < M,
-                                   other=0.0)  # fmt: skip
-                part = warpgroup_mma(w_smem.index(s), x_smem.index(s).permute((1, 0)), fresh, use_acc=False,
-                                     is_async=True)  # fmt: skip
-                part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
-                acc += part * gl.expand_dims(a_s, 0)
-                a_s = a_s_next
-            elif XQ:
-                v = x_smem.index(s).load(XL).to(gl.float32)
-                if XN:  # the RMSNorm's output, rounded to the model's dtype as the norm kernel stores it
-                    gk = g_smem.index(s).load(XL).to(gl.float32)
-                    v = (v * gl.expand_dims(x_rstd, 1) * gk).to(XT).to(gl.float32)
-                v = v * gl.expand_dims(x_inverse, 1)
-                x_op = x8_smem.index(i % 3)
-                x_op.store(gl.minimum(gl.maximum(v, -QMAX), QMAX).to(DT))
-                fence_async_shared()  # the generic proxy's stores, before the MMA's asynchronous reads
-                gluon_barrier()  # every warp's part written (and stage s read: it is refilled below)
-                acc = warpgroup_mma(w_smem.index(s), x_op.permute((1, 0)), acc, is_async=True)
-            else:
-                acc = warpgroup_mma(w_smem.index(s), x_smem.index(s).permute((1, 0)), acc, is_async=True)
-            if A_SCALE != 3:  # at most this step's MMA in flight: the previous step's stage is free for i + STAGES - 1
+            acc = _group_scaled_steps(acc, w_smem, x_smem, ready, w_desc, x_desc, a_scale_ptr, n0, N, M, k0, steps,
+                                      STEP_BYTES, GATED, ACC)  # fmt: skip
+        else:
+            for i in range(steps):
+                s = i % STAGES
+                mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+                if XQ:
+                    v = x_smem.index(s).load(XL).to(gl.float32)
+                    if XN:  # the RMSNorm's output, rounded to the model's dtype as the norm kernel stores it
+                        gk = g_smem.index(s).load(XL).to(gl.float32)
+                        v = (v * gl.expand_dims(x_rstd, 1) * gk).to(XT).to(gl.float32)
+                    v = v * gl.expand_dims(x_inverse, 1)
+                    x_op = x8_smem.index(i % 3)
+                    x_op.store(gl.minimum(gl.maximum(v, -QMAX), QMAX).to(DT))
+                    fence_async_shared()  # the generic proxy's stores, before the MMA's asynchronous reads
+                    gluon_barrier()  # every warp's part written (and stage s read: it is refilled below)
+                    acc = warpgroup_mma(w_smem.index(s), x_op.permute((1, 0)), acc, is_async=True)
+                else:
+                    acc = warpgroup_mma(w_smem.index(s), x_smem.index(s).permute((1, 0)), acc, is_async=True)
+                # at most this step's MMA in flight: the previous step's stage is free for step i + STAGES - 1
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            j = i + STAGES - 1
-            sj = j % STAGES
-            mbarrier.expect(ready.index(sj), STEP_BYTES, pred=j < steps)
-            _issue_w(w_desc, n0, N // 2, k0 + j * BLOCK_K, ready.index(sj), w_smem.index(sj), j < steps, GATED)
-            _issue(x_desc, 0, k0 + j * BLOCK_K, ready.index(sj), x_smem.index(sj), j < steps)
-            if XN:
-                _issue(g_desc, 0, k0 + j * BLOCK_K, ready.index(sj), g_smem.index(sj), j < steps)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                j = i + STAGES - 1
+                sj = j % STAGES
+                mbarrier.expect(ready.index(sj), STEP_BYTES, pred=j < steps)
+                _issue_w(w_desc, n0, N // 2, k0 + j * BLOCK_K, ready.index(sj), w_smem.index(sj), j < steps, GATED)
+                _issue(x_desc, 0, k0 + j * BLOCK_K, ready.index(sj), x_smem.index(sj), j < steps)
+                if XN:
+                    _issue(g_desc, 0, k0 + j * BLOCK_K, ready.index(sj), g_smem.index(sj), j < steps)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         release_ring(ready, STAGES)
         if XQ:  # the tokens' scales, before the K splits are summed (A_SCALE 0)
             acc = acc * gl.expand_dims(x_scale, 0)
