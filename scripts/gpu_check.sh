@@ -172,7 +172,7 @@ for step in $STEPS; do
           fp8_torch) args="model.quantization=fp8 kernels.linear=torch" ;;
           fp8_triton) args="model.quantization=fp8 kernels.linear=triton" ;;
           fp8_gluon) args="model.quantization=fp8 kernels.linear=triton_sm90" ;;
-          fp8_gluon_tok) args="model.quantization=fp8 kernels.linear=triton_sm90 attention_head_quant=false" ;;
+          fp8_gluon_tok) args="model.quantization=fp8 kernels.linear=triton_sm90 decode_group_quant=false" ;;
           fp8_gluon_xq) args="model.quantization=fp8 kernels.linear=triton_sm90 fuse_down_input_quant=true" ;;
           fp8_gluon_xn) args="model.quantization=fp8 kernels.linear=triton_sm90 fuse_norm_into_gemm=true" ;;
           fp8_gluon_xnmlp) args="model.quantization=fp8 kernels.linear=triton_sm90 fuse_norm_into_gemm=true
@@ -748,12 +748,13 @@ PY
       timeout 200 python3 -m pytest -q -m gpu -o addopts="" tests/test_penalties.py tests/test_structured_output.py \
         tests/kernels/test_conformance.py -k "penalties or bitmask or graphs" 2>&1 | tee "$OUT/sampling_gpu.log" | tail -5 ;;
     next-57)
-      # session 47's call: o_proj's FP8 input per head (attention_head_quant) — the GPU tests (the skinny GEMM's group
-      # scales, the split kernel's per-head quantization at Llama-3-8B heads, the engine on and off), then Llama-3-8B
-      # batch 1 (512 + 128, text decoded) bf16 cuBLAS beside FP8 with and without it, alternated, twice
+      # session 47's call: FP8 o_proj / down inputs per 1 x 128 group at decode (decode_group_quant) — the GPU tests
+      # (the skinny GEMM's group scales, the split kernel's per-head quantization at Llama-3-8B heads, the many-program
+      # quantizing SiLU-mul, the engine on and off), the batch-1 step's timeline with and without, then Llama-3-8B
+      # batch 1 (512 + 128, text decoded) bf16 cuBLAS beside FP8 with and without it, twice
       timeout 200 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemm_skinny_sm90.py \
-        tests/kernels/test_attention_split.py tests/test_engine_gpu.py \
-        -k "group_activation or fp8_w8a8 or dropped_scale or gpu_merge or per_head or epilogue_fused" 2>&1 \
+        tests/kernels/test_attention_split.py tests/test_engine_gpu.py tests/kernels/test_conformance.py \
+        -k "group_activation or fp8_w8a8 or dropped_scale or gpu_merge or per_head or epilogue_fused or silu_and_mul_quant" 2>&1 \
         | tee "$OUT/head_quant_gpu.log" | tail -5
       TIMELINE_VARIANTS="fp8 fp8_tok" timeout 120 bash "$0" timeline | grep window
       for r in 1 2; do
@@ -928,7 +929,7 @@ PY
           bf16) args="--kernel linear=triton_sm90" ;;
           bf16_torch) args="--kernel linear=torch" ;;
           fp8_xn) args="--quantization fp8 --kernel linear=triton_sm90 --fuse-norm-into-gemm" ;;
-          fp8_tok) args="--quantization fp8 --kernel linear=triton_sm90 --no-attention-head-quant" ;;
+          fp8_tok) args="--quantization fp8 --kernel linear=triton_sm90 --no-decode-group-quant" ;;  # per token
           fp8_xnmlp) args="--quantization fp8 --kernel linear=triton_sm90 --fuse-norm-into-gemm --fuse-gated-mlp" ;;
           *) args="--quantization $variant --kernel linear=triton_sm90" ;;
         esac

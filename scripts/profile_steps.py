@@ -103,8 +103,8 @@ def main() -> None:
                         help="a MoE router's GEMM and routing in one kernel at decode sizes")  # fmt: skip
     parser.add_argument("--prefetch-weights", action=argparse.BooleanOptionalAction, default=True,
                         help="decode steps stream weights into L2 ahead of their GEMVs")  # fmt: skip
-    parser.add_argument("--attention-head-quant", action=argparse.BooleanOptionalAction, default=True,
-                        help="o_proj's FP8 input per 1 x 128 group at decode sizes (false: per token)")  # fmt: skip
+    parser.add_argument("--decode-group-quant", action=argparse.BooleanOptionalAction, default=True,
+                        help="FP8 o_proj / down inputs per 1 x 128 group at decode sizes (false: per token)")  # fmt: skip
     parser.add_argument("--kernel-table", type=int, default=0, help="report the N kernels taking most GPU time")
     parser.add_argument("--output-json", default=None)
     parser.add_argument("--trace", default=None, help="also write the Chrome trace here")
@@ -121,7 +121,7 @@ def main() -> None:
         fuse_gated_activation=args.fuse_gated_mlp,
         fuse_down_input_quant=args.fuse_gated_mlp,
         fuse_moe_router=args.fuse_moe_router,
-        attention_head_quant=args.attention_head_quant,
+        decode_group_quant=args.decode_group_quant,
         prefetch_weights=args.prefetch_weights,
         kernels=dict(choice.split("=", 1) for choice in args.kernel) or None,
     )

@@ -83,7 +83,7 @@ def test_fp8_batch1_decode_with_the_attention_epilogue_fused_matches_unfused(mon
 @pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen3ForCausalLM"])
 def test_fp8_batch1_decode_with_o_projs_input_per_head_matches_per_token(architecture, monkeypatch):
     """Online FP8 batch-1 decode with o_proj's input quantized per 1 x 128 group by the split-KV kernel
-    (attention_head_quant: groups across two heads of 64 in the tiny Llama, one a head of 128 in the tiny Qwen3,
+    (decode_group_quant: groups across two heads of 64 in the tiny Llama, one a head of 128 in the tiny Qwen3,
     where each KV head's merger quantizes its own) and applied a K step at a time by the skinny GEMM: greedy
     tokens and logprobs as with per-token scales."""
     from tritonllm.kernels import gemm_skinny_sm90, splitk_sm90
@@ -96,7 +96,7 @@ def test_fp8_batch1_decode_with_o_projs_input_per_head_matches_per_token(archite
         return launcher(a, b, c, bias, a_scale, *args, **kwargs)
 
     monkeypatch.setattr(gemm_skinny_sm90, "skinny_gemm_sm90", spy)
-    _fused_matches_unfused("attention_head_quant", grouped, True, architecture, max_model_len=2048,
+    _fused_matches_unfused("decode_group_quant", grouped, True, architecture, max_model_len=2048,
                            quantization="fp8", kernels={"linear": "triton_sm90"})  # fmt: skip
 
 

@@ -53,8 +53,9 @@ def _reference_entries(kernels, calls: list[str]):
 
 
 def _run(model: str, fused: bool, monkeypatch, calls: list[str], mlp: bool = False):
-    """mlp: with fuse_gated_activation and fuse_down_input_quant too (the gated MLP entry)."""
-    flags = dict(fuse_gated_activation=fused, fuse_down_input_quant=fused) if mlp else {}
+    """mlp: with fuse_gated_activation and fuse_down_input_quant too (the gated MLP entry, whose down projection
+    quantizes its input per token as the Hopper XQ kernel does: so the unfused run too, not per 1 x 128 group)."""
+    flags = dict(fuse_gated_activation=fused, fuse_down_input_quant=fused, decode_group_quant=False) if mlp else {}
     llm = LLM(model=model, max_model_len=128, quantization="fp8", fuse_norm_into_gemm=fused, **flags)
     kernels = llm.llm_engine.runner.kernels
     for name, entry in zip(("norm_linear", "residual_linear", "gated_mlp_linear"), _reference_entries(kernels, calls)):

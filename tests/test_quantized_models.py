@@ -136,10 +136,10 @@ def test_split_kv_decode_quantizes_o_projs_input_in_the_attention_kernel(fitted,
     assert max(splits) > 1 and not merges
     _compare("online fp8, attention epilogue fused", fused, float_run, BOUNDS["fp8"])
     # decode steps' o_proj took its input per 1 x 128 group (the linear implementation's input_quant); with
-    # attention_head_quant off, per token only, and the model tracks the float one either way
+    # decode_group_quant off, per token only, and the model tracks the float one either way
     assert any(grouped)
     grouped.clear()
-    per_token = _run(fitted, quantization="fp8", attention_head_quant=False)
+    per_token = _run(fitted, quantization="fp8", decode_group_quant=False)
     assert grouped and not any(grouped)
     _compare("online fp8, o_proj's input per token", per_token, float_run, BOUNDS["fp8"])
 

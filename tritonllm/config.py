@@ -169,7 +169,7 @@ _ENGINE_FLAGS = (
     "gc_freeze",
     "fuse_rope_kv_write",
     "fuse_attention_epilogue",
-    "attention_head_quant",
+    "decode_group_quant",
     "fuse_gated_activation",
     "fuse_down_input_quant",
     "fuse_norm_into_gemm",
@@ -212,12 +212,13 @@ class EngineConfig:
     # quantizes the attention output (kernels/attention_split.py); false: a merge kernel, then a
     # quantization kernel (ablation)
     fuse_attention_epilogue: bool = True
-    # with it, before an FP8 W8A8 o_proj at decode sizes (up to linear.GROUP_INPUT_MAX_M tokens) where o_proj's linear
-    # implementation asks for it (triton / triton_sm90: input_quant), the attention output is quantized per 1 x 128
-    # group (a head at head size 128) instead of per token: each KV head's merging program quantizes its own heads
-    # and no program waits for the token's whole row; the GEMM applies the scales a K step at a time. Finer scales,
-    # so at least as accurate; false: per token (ablation)
-    attention_head_quant: bool = True
+    # at decode sizes (up to linear.GROUP_INPUT_MAX_M tokens), where an FP8 W8A8 layer's linear implementation asks for
+    # it (triton / triton_sm90: input_quant), the op before quantizes the layer's input per 1 x 128 group instead of
+    # per token, and the GEMM applies the scales a K step at a time: before o_proj each KV head's merging program in
+    # the split-KV kernel quantizes its own heads (no program waits for the token's whole row), before down_proj
+    # the quantizing SiLU-mul spreads a row over many programs instead of one. Finer scales, so at least as
+    # accurate; false: per token (ablation)
+    decode_group_quant: bool = True
     # a gated MLP's SiLU-mul in the gate_up GEMM's epilogue where the linear implementation has such a
     # kernel (triton_sm90's skinny GEMM); off by default: on the H200 at batch 1 the epilogue cost more
     # than the activation kernel it saves, which PDL overlaps with the next GEMM's weight copies

@@ -60,7 +60,7 @@ def main(cfg: DictConfig) -> None:
             "gc_freeze": cfg.gc_freeze,
             "fuse_rope_kv_write": cfg.fuse_rope_kv_write,
             "fuse_attention_epilogue": cfg.fuse_attention_epilogue,
-            "attention_head_quant": cfg.attention_head_quant,
+            "decode_group_quant": cfg.decode_group_quant,
             "fuse_gated_activation": cfg.fuse_gated_activation,
             "fuse_down_input_quant": cfg.fuse_down_input_quant,
             "fuse_norm_into_gemm": cfg.fuse_norm_into_gemm,

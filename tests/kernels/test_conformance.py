@@ -119,12 +119,17 @@ def test_rms_norm_quant_per_group(impl, dtype, hidden) -> None:
     assert got.scale[5, 1] > 10 * got.scale[5, 0]
 
 
+@pytest.mark.parametrize("rows, d", [(29, 300), (3, 2500)], ids=["ragged", "many-programs"])
 @pytest.mark.parametrize("impl, dtype", _cases("activation"))
-def test_silu_and_mul_quant_per_group(impl, dtype) -> None:
-    x = 3 * _randn(29, 2 * 300, dtype=dtype, seed=38)
+def test_silu_and_mul_quant_per_group(impl, dtype, rows, d) -> None:
+    """Per 1 x 128 group (block-FP8's, or a decode down projection's input_quant): at d = 2500 the Triton kernel
+    spreads a row over three programs of 1024 columns (activation.GROUP_COLUMNS), each storing its groups' scales
+    (one group of a later program made much larger: its own scale, its row's others unchanged)."""
+    x = 3 * _randn(rows, 2 * d, dtype=dtype, seed=38)
+    x[rows - 1, 2100:2110] *= 30 if d > 2110 else 1
     got = impl.entries["silu_and_mul_quant"](x, FP8, None, group=128)
     expected = reference.silu_and_mul_quant(x, FP8, None, group=128)
-    assert got.scale.shape == (29, 3)
+    assert got.scale.shape == (rows, -(-d // 128))
     _same_quantized(got, expected, dtype)
 
 

@@ -73,12 +73,16 @@ def _silu_and_mul_quant_kernel(
 ):
     """silu(gate) * up, rounded to x's dtype as the unfused kernel stores it, then quantized per row
     (or per GROUP columns of a row) for the quantized down projection: a program holds BLOCK_ROWS
-    whole rows (the row's amax). At decode one program holds the whole row and its SM's instruction
-    issue is the cost, so the sigmoid's division is the full-range fast one (2 ulp; the unfused kernel's
-    IEEE division agrees after rounding to x's dtype but for ties) and quantization multiplies."""
+    whole rows (the row's amax), or, per GROUP columns, BLOCK_D columns of them (program_id 1: no program
+    needs another's values, so a decode row spreads over many SMs). With whole rows at decode one program
+    holds the row and its SM's instruction issue is the cost, so the sigmoid's division is the full-range
+    fast one (2 ulp; the unfused kernel's IEEE division agrees after rounding to x's dtype but for ties) and
+    quantization multiplies."""
     pdl_wait(PDL)
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    cols = tl.arange(0, BLOCK_D)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    if GROUP > 0:  # this program's first group's scales
+        scale_ptr += tl.program_id(1) * (BLOCK_D // GROUP) * num_rows
     mask = (rows < num_rows)[:, None] & (cols < d)[None, :]
     rows64 = rows.to(tl.int64)
     x_offs = (rows64 * x_row_stride)[:, None] + cols[None, :]
@@ -91,6 +95,8 @@ def _silu_and_mul_quant_kernel(
 
 
 _SILU_AND_MUL_QUANT = Launcher(_silu_and_mul_quant_kernel)
+# columns a program of the quantizing kernel holds when it quantizes per group (a power of two, whole groups)
+GROUP_COLUMNS = 1024
 
 
 @register("activation", "triton", supports=Supports(dtypes=FLOATS), priority=10)
@@ -166,6 +172,8 @@ def silu_and_mul_quant(
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     block_d = triton.next_power_of_2(d)  # whole rows: their amax sets their scale
+    if group:  # whole groups: a program holds GROUP_COLUMNS of a row
+        block_d = max(group, min(block_d, GROUP_COLUMNS))
     if platform.is_interpreter():
         block_rows, num_warps = min(triton.next_power_of_2(triton.cdiv(num_rows, 8)), max(1, 65536 // block_d)), 1
     else:
@@ -177,7 +185,8 @@ def silu_and_mul_quant(
     )  # fmt: skip
     key = (x.dtype, quant_dtype, aligned(x2, q, scale), int_spec(num_rows), d, row_stride, group)
     _SILU_AND_MUL_QUANT(
-        key, (triton.cdiv(num_rows, block_rows),), (x2, q, scale, num_rows, d, row_stride), constexprs,
+        key, (triton.cdiv(num_rows, block_rows), triton.cdiv(d, block_d)), (x2, q, scale, num_rows, d, row_stride),
+        constexprs,
         num_warps=num_warps, num_stages=DEFAULT_NUM_STAGES, device_index=x.device.index or 0,
     )  # fmt: skip
     return QuantizedActivation(q, scale, x.dtype)

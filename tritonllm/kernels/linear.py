@@ -86,9 +86,10 @@ def input_quant(m: int, weight: QuantizedWeight) -> OutputQuant | None:
     """How the op before should quantize an input of m rows for this FP8 W8A8 layer (per-channel weight scales,
     dynamic per-token activation scales) where it differs from the scheme: per 1 x 128 group at decode sizes
     (M <= GROUP_INPUT_MAX_M), which both GEMM paths apply a K step at a time (the skinny sm90 kernel's
-    SCALE_GROUP, the portable kernels' A_GROUP) and which lets the split-KV attention quantize o_proj's input
-    in each KV head's merging program, with no second arrival over the token's row (kernels/attention_split.py);
-    finer scales than one a token, never coarser. None: the scheme's own (OutputQuant.of)."""
+    SCALE_GROUP, the portable kernels' A_GROUP) and which no producer needs a row-wide amax for: the split-KV
+    attention quantizes o_proj's input in each KV head's merging program, with no second arrival over the token's
+    row (kernels/attention_split.py), and the quantizing SiLU-mul spreads down_proj's input row over many programs
+    (kernels/activation.py). Finer scales than one a token, never coarser. None: the scheme's own."""
     fits = weight.scheme.format_name == "fp8:channel:token" and weight.data.shape[1] % BLOCK == 0
     return OutputQuant(weight.scheme.weight_dtype, None, BLOCK) if fits and m <= GROUP_INPUT_MAX_M else None
 

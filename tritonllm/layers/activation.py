@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from tritonllm.distributed.parallel_state import SINGLE
-from tritonllm.kernels.quant_formats import OutputQuant, QuantizedActivation, activation_group
+from tritonllm.kernels.quant_formats import OutputQuant, QuantizedActivation
 from tritonllm.kernels.registry import default_kernels
 from tritonllm.layers.linear import Linear, NormedInput
 
@@ -22,6 +22,10 @@ class SiluAndMul(nn.Module):
         # mlp(): where the next layer quantizes its input (W8A8), its GEMM quantizes the SiLU-mul's 16-bit output
         # itself where its linear implementation can (its `silu_mul_linear` entry; EngineConfig.fuse_down_input_quant)
         self.fuse_down_input = False
+        # forward(): the down projection's FP8 input per 1 x 128 group at decode sizes where its linear implementation
+        # asks for it (Linear.input_quant), so the quantizing kernel spreads a row over many programs instead of one
+        # (EngineConfig.decode_group_quant); False: the scheme's per-token scales (ablation)
+        self.group_quant = True
 
     def quantize_for(self, linear: Linear) -> None:
         """Quantize the output for `linear` in this op's kernel where its method allows it (as RMSNorm)."""
@@ -67,8 +71,6 @@ class SiluAndMul(nn.Module):
         """x [num_tokens, 2 * d] = [gate | up] -> silu(gate) * up [num_tokens, d] (quantized for the
         next layer when quantize_for set one)."""
         if self._quant_for:
-            qweight = self._quant_for[0].qweight
-            return self.kernels.silu_and_mul_quant(
-                x, qweight.scheme.weight_dtype, qweight.input_scale, group=activation_group(qweight.scheme)
-            )
+            quant = self._quant_for[0].input_quant(x.numel() // x.shape[-1], self.group_quant)
+            return self.kernels.silu_and_mul_quant(x, quant.dtype, quant.static_scale, group=quant.group)
         return self.kernels.silu_and_mul(x)

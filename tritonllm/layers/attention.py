@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from tritonllm.kernels.quant_formats import OutputQuant, QuantizedActivation
+from tritonllm.kernels.quant_formats import QuantizedActivation
 from tritonllm.kernels.registry import Kernels, default_kernels
 from tritonllm.layers.linear import Linear
 
@@ -169,9 +169,9 @@ class Attention(nn.Module):
         self.fuse_epilogue = True
         # o_proj's input quantized per 1 x 128 group (each head) where o_proj's linear implementation asks for it
         # (its input_quant: FP8 W8A8 at decode sizes), so the split-KV kernel's KV-head mergers quantize their own
-        # heads and no program waits for the token's whole row (EngineConfig.attention_head_quant); False: the
+        # heads and no program waits for the token's whole row (EngineConfig.decode_group_quant); False: the
         # scheme's per-token scales (ablation)
-        self.head_quant = True
+        self.group_quant = True
         self._quant_for: tuple = ()  # (the linear layer whose input this layer quantizes,): no submodule
 
     def quantize_for(self, linear: Linear) -> None:
@@ -278,13 +278,11 @@ class Attention(nn.Module):
 
     def _quantize_args(self, out: torch.Tensor | None, num_tokens: int) -> dict:
         """paged_attention's `quantize`, when this layer's output goes quantized to o_proj (and not into a
-        given `out`, as piecewise graphs ask): as o_proj's implementation asks for num_tokens rows (head_quant),
-        else as its scheme says."""
+        given `out`, as piecewise graphs ask): as o_proj's implementation asks for num_tokens rows (group_quant),
+        else as its scheme says (Linear.input_quant)."""
         if not self._quant_for or out is not None or not self.fuse_epilogue:
             return {}
-        linear = self._quant_for[0]
-        asked = linear.kernels.input_quant(num_tokens, linear.qweight) if self.head_quant else None
-        return {"quantize": asked or OutputQuant.of(linear.qweight)}
+        return {"quantize": self._quant_for[0].input_quant(num_tokens, self.group_quant)}
 
     def _feature_args(self) -> dict:
         """The optional features' arguments of paged_attention, only those this layer uses."""

@@ -24,6 +24,7 @@ from torch import nn
 
 from tritonllm.distributed.parallel_state import SINGLE, TensorParallel
 from tritonllm.distributed.shard import RankSlice
+from tritonllm.kernels.quant_formats import OutputQuant
 from tritonllm.kernels.registry import default_kernels
 from tritonllm.loader.safetensors_loader import CheckpointSlice, materialize
 from tritonllm.quantization.config import LayerQuant
@@ -65,6 +66,13 @@ class Linear(nn.Module):
     def format_name(self) -> str:
         """ "float", or the quantized format (kernels/quant_formats.py) the kernels must serve."""
         return self.method.format_name
+
+    def input_quant(self, rows: int, ask: bool = True) -> OutputQuant:
+        """How the op before quantizes this W8A8 layer's input of `rows` rows: as the linear implementation asks
+        for it (its optional input_quant entry: FP8 per 1 x 128 group at decode sizes, EngineConfig.
+        decode_group_quant) when `ask`, else as the scheme says."""
+        asked = self.kernels.input_quant(rows, self.qweight) if ask else None
+        return asked or OutputQuant.of(self.qweight)
 
     def forward(self, x: torch.Tensor | NormedInput) -> torch.Tensor:
         if isinstance(x, NormedInput):

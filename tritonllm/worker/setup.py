@@ -58,10 +58,11 @@ def set_up_rank(config: EngineConfig, path: str, tp: TensorParallel) -> RankSetu
         if isinstance(module, Attention):
             module.fuse_rope_kv_write = config.fuse_rope_kv_write
             module.fuse_epilogue = config.fuse_attention_epilogue
-            module.head_quant = config.attention_head_quant
+            module.group_quant = config.decode_group_quant
         elif isinstance(module, SiluAndMul):
             module.fuse_gemm = config.fuse_gated_activation
             module.fuse_down_input = config.fuse_down_input_quant
+            module.group_quant = config.decode_group_quant
         elif isinstance(module, LlamaDecoderLayer):
             module.fuse_norm = config.fuse_norm_into_gemm
         elif isinstance(module, FusedMoE):
