@@ -102,7 +102,7 @@ def test_penalties_and_logit_bias_match_hf(tiny_llama, hf, async_scheduling):
 def test_a_token_in_flight_left_uncounted_is_caught(tiny_llama, hf, monkeypatch):
     """Under overlap scheduling each step's input token is still on the device when the step samples;
     counting only the tokens the host knows gives the frequency penalty one occurrence too few."""
-    monkeypatch.setattr(ModelRunner, "_in_flight_tokens", lambda self, in_flight, to_host: None)
+    monkeypatch.setattr(ModelRunner, "_in_flight_tokens", lambda self, in_flight, copy_back: None)
     llm = LLM(model=tiny_llama, max_model_len=128, seed=0, async_scheduling=True)
     outs = generate(llm, SETTINGS[:1])
     assert any(o.token_ids != hf_greedy(hf, prompt, SETTINGS[0]) for o, prompt in zip(outs, PROMPTS))

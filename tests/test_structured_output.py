@@ -101,7 +101,7 @@ def test_a_matcher_that_misses_the_token_in_flight_is_caught(tiny_llama, monkeyp
     next one; without it the mask is a step stale and the output breaks its grammar (or the matcher refuses)."""
     original = ModelRunner._in_flight_tokens
     monkeypatch.setattr(
-        ModelRunner, "_in_flight_tokens", lambda self, in_flight, to_host: original(self, in_flight, False)
+        ModelRunner, "_in_flight_tokens", lambda self, in_flight, copy_back: original(self, in_flight, False)
     )
     llm = LLM(model=tiny_llama, max_model_len=128, seed=0, async_scheduling=True)
     params = [

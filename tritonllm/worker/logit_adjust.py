@@ -22,11 +22,20 @@ from tritonllm.layers.sampler import LogitAdjustments, Penalties
 @dataclass
 class InFlight:
     """The tokens still in flight (under overlap scheduling) of some rows: indices into the step's sampled
-    requests, the tokens on the device and, where a structured row needs them, on the host."""
+    requests, the tokens on the device and, where a structured row needs them, a copy on its way to the host
+    (valid once `ready` has completed: read it through host_tokens, after this step's forward was launched, so
+    the wait for the previous step overlaps this one's forward instead of delaying its launch)."""
 
     indices: list[int]
     tokens: torch.Tensor
-    host: list[int] | None
+    host: torch.Tensor | None = None
+    ready: torch.cuda.Event | None = None
+
+    def host_tokens(self) -> list[int]:
+        """The tokens on the host (waits for their copy)."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.host.tolist()
 
 
 def _device(values: list[int] | np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -92,7 +101,9 @@ def _bitmask(
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(rows, bitmask) of the rows still constrained: a structured output's matcher, first advanced by the
     tokens generated since it last was (the one in flight included), and / or allowed_token_ids."""
-    in_flight = dict(zip(flight.indices, flight.host)) if flight is not None and flight.host is not None else {}
+    in_flight = (
+        dict(zip(flight.indices, flight.host_tokens())) if flight is not None and flight.host is not None else {}
+    )
     bitmask = torch.full((len(rows), (vocab + 31) // 32), -1, dtype=torch.int32)  # every token allowed
     kept = []
     for i in rows:

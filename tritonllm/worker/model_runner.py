@@ -560,14 +560,21 @@ class ModelRunner:
             self.last_sampled[:size].copy_(tokens)
         return hidden
 
-    def _in_flight_tokens(self, in_flight: dict[int, int], to_host: bool) -> InFlight | None:
-        """The tokens still in flight of the penalized and structured rows (indices into `sampled`); to_host:
-        read back too (a structured row's matcher needs them: this waits for the previous step)."""
+    def _in_flight_tokens(self, in_flight: dict[int, int], copy_back: bool) -> InFlight | None:
+        """The tokens still in flight of the penalized and structured rows (indices into `sampled`); copy_back:
+        copied back too (a structured row's matcher needs them), without waiting: the step's forward is launched
+        before the sampling reads them (InFlight.host_tokens)."""
         if not in_flight:
             return None
         positions = torch.tensor(list(in_flight.values()), dtype=torch.int64).to(self.device, non_blocking=True)
         tokens = self.last_sampled[positions]
-        return InFlight(list(in_flight), tokens, tokens.tolist() if to_host else None)
+        if not copy_back:
+            return InFlight(list(in_flight), tokens)
+        host, ready = to_host(tokens), None
+        if tokens.is_cuda:
+            ready = torch.cuda.Event()
+            ready.record()
+        return InFlight(list(in_flight), tokens, host, ready)
 
     def _sample(
         self,
