@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -760,6 +760,16 @@ PY
       for r in 1 2; do
         QUANT_VARIANTS="bf16_torch fp8_gluon fp8_gluon_tok" QUANT_EXPS=batch1_decode QUANT_TAG="_s47_r$r" \
           timeout 200 bash "$0" e2e-quant
+      done ;;
+    block-skinny)
+      # session 47's block-FP8 decode GEMMs through the skinny sm90 kernel (opt-in TRITONLLM_SKINNY_BLOCK=1, built without
+      # a GPU): its GPU tests, then bench_gemm at M = 1 / 4 / 16 on Llama-3-8B's layers without and with it (every
+      # registered linear beside bf16 cuBLAS); make it the default in gemm_skinny_sm90.BLOCK_FP8 where it is faster
+      timeout 150 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemm_skinny_sm90.py -k "block_fp8" 2>&1 \
+        | tee "$OUT/block_skinny_gpu.log" | tail -3
+      for v in 0 1; do
+        TRITONLLM_SKINNY_BLOCK=$v timeout 200 python3 scripts/bench_gemm.py "$OUT/gemm_block_skinny_$v.json" \
+          --models llama3-8b --formats fp8_block --ms 1 4 16 2>&1 | tail -14
       done ;;
     next-56)
       # session 46's first call: the penalties' GPU test (decode graphs + overlap against eager synchronous

@@ -521,11 +521,12 @@ def gemm(
         return c
     if (
         sm90 != "never"
-        and (kind in ("float", "w8a8") or (kind == "block" and b_scale_kind != B_GROUP))
-        and _skinny_scales(a, a_scale, b_scale, a_scale_kind, b_scale_kind, n, group_k)
+        and kind in ("float", "w8a8", "block")
+        and _skinny_scales(a, a_scale, b, b_scale, a_scale_kind, b_scale_kind, group_k, group_n)
         and gemm_skinny_sm90.takes(a, b)
-        and (sm90 == "always" or gemm_skinny_sm90.measured_faster(m, n, k, a.dtype))
-    ):
+        and (sm90 == "always" or (gemm_skinny_sm90.measured_faster(m, n, k, a.dtype) and (
+            b_scale_kind != B_GROUP or gemm_skinny_sm90.BLOCK_FP8)))
+    ):  # fmt: skip
         a_s = a_scale if a_scale_kind != A_NONE else None
         b_s = b_scale if b_scale_kind != B_NONE else None
         return gemm_skinny_sm90.skinny_gemm_sm90(a, b, c, bias, a_s, b_s, pdl_launch())
@@ -588,19 +589,25 @@ def gemm(
     return _reduce_splits(ws, c, bias, split)
 
 
-def _skinny_scales(a: torch.Tensor, a_scale: torch.Tensor | None, b_scale: torch.Tensor | None, a_kind: int,
-                   b_kind: int, n: int, group_k: int) -> bool:  # fmt: skip
+def _skinny_scales(a: torch.Tensor, a_scale: torch.Tensor | None, b: torch.Tensor, b_scale: torch.Tensor | None,
+                   a_kind: int, b_kind: int, group_k: int, group_n: int) -> bool:  # fmt: skip
     """Whether the skinny sm90 GEMM takes these scales: float32, the activations' one, one a row or (FP8) one a
-    row and 128-column group (gemm_skinny_sm90.group_scales_fit), the weight's one or one a column (contiguous)."""
-    if a_kind not in (A_NONE, A_TENSOR, A_ROW, A_GROUP) or b_kind not in (B_NONE, B_COLUMN):
+    row and 128-column group (gemm_skinny_sm90.group_scales_fit), the weight's one, one a column (contiguous) or,
+    with group activations, one a 128 x 128 block (gemm_skinny_sm90.block_scales_fit: more than one along K)."""
+    if a_kind not in (A_NONE, A_TENSOR, A_ROW, A_GROUP) or b_kind not in (B_NONE, B_COLUMN, B_GROUP):
         return False
     if a_kind == A_GROUP:
         groups_ok = group_k == gemm_skinny_sm90.ROW_BYTES and gemm_skinny_sm90.group_scales_fit(a, a_scale)
         if not groups_ok or splitk_sm90.scale_kind(a_scale) != splitk_sm90.SCALE_GROUP:
             return False
+    if b_kind == B_GROUP:  # block-FP8: 128 x 128 weight blocks, 1 x 128 activation groups
+        return (
+            a_kind == A_GROUP and group_n == gemm_skinny_sm90.BLOCK_ROWS and gemm_skinny_sm90.block_scales_fit(b, b_scale)
+            and splitk_sm90.scale_kind(b_scale) == splitk_sm90.SCALE_GROUP
+        )  # fmt: skip
     ok_a = a_kind in (A_NONE, A_GROUP) or (a_scale.dtype == torch.float32 and (a_scale.numel() == 1 or a_kind == A_ROW))
     ok_b = b_kind == B_NONE or (b_scale.dtype == torch.float32 and (b_scale.numel() == 1 or (
-        b_scale.numel() == n and b_scale.is_contiguous())))  # fmt: skip
+        b_scale.numel() == b.shape[0] and b_scale.is_contiguous())))  # fmt: skip
     return ok_a and ok_b
 
 

@@ -66,6 +66,7 @@ except ImportError:  # pragma: no cover - older triton
     _GL_DTYPES = {}
 
 MAX_M = 64
+BLOCK_ROWS = 128  # block-FP8's weight blocks are 128 x 128: a program's rows (64 or 128) lie in one block row
 ROW_BYTES = 128  # bytes of K a stage holds per row: one 128-byte-swizzled TMA box (64 bf16 or 128 FP8 values)
 
 
@@ -144,6 +145,11 @@ def plan(m: int, n: int, k: int, elem_bytes: int, deep: bool = True) -> Plan:
 FORCE = os.environ.get("TRITONLLM_SKINNY_SM90", "")
 
 
+# block-FP8 weights (128 x 128 scales) at decode sizes through this kernel: built in session 47 without a GPU to time it
+# against the portable kernels that serve them, so opt-in (TRITONLLM_SKINNY_BLOCK=1) until measured
+BLOCK_FP8 = os.environ.get("TRITONLLM_SKINNY_BLOCK", "0") == "1"
+
+
 def measured_faster(m: int, n: int, k: int, dtype: torch.dtype) -> bool:
     """Where the H200 measured this kernel faster than the portable ones (experiments/gemm/README.md,
     session 14, Llama-3-8B layers): FP8 at M = 1..16 (M = 4: 1.1-1.2x the portable kernels; at M = 1 on
@@ -212,11 +218,12 @@ def xn_weight_descriptor(g: torch.Tensor) -> TensorDescriptor:
 
 def compile_sm90(dtype: torch.dtype = torch.bfloat16, block_n: int = 128, bm: int = 16, split: int = 1,
                  stages: int = 6, warps: int = 4, scales: bool = False, gated: int = 0, xq: bool = False,
-                 xn: bool = False, add_c: bool = False, group_scales: bool = False):  # fmt: skip
+                 xn: bool = False, add_c: bool = False, group_scales: bool = False,
+                 block_scales: bool = False):  # fmt: skip
     """Compile for sm90 without a GPU (launch.compile_gluon_sm90): tests, available(). xq: FP8 weights and
     bf16 activations quantized in the kernel (xq_skinny_gemm_sm90); xn: those activations RMS-normalized
     first (xn_skinny_gemm_sm90, implies xq); add_c: the output added to c; group_scales: (with scales) one
-    activation scale a row and K step (SCALE_GROUP)."""
+    activation scale a row and K step (SCALE_GROUP); block_scales: (with group_scales) 128 x 128 weight blocks."""
     from triton.runtime.jit import mangle_type
 
     xq = xq or xn
@@ -224,7 +231,8 @@ def compile_sm90(dtype: torch.dtype = torch.bfloat16, block_n: int = 128, bm: in
     out = "*fp16" if dtype == torch.float16 else "*bf16"
     x_desc = xq_descriptor(torch.empty((bm, 256), dtype=torch.bfloat16), bm) if xq else descriptor(w, bm)
     g_desc = xn_weight_descriptor(torch.empty(256, dtype=torch.bfloat16)) if xn else x_desc
-    constexprs = dict(BLOCK_N=block_n, BLOCK_M=bm, STAGES=stages, HAS_BIAS=False, W_SCALE=2 if scales else 0,
+    w_scale = (3 if block_scales else 2) if scales else 0
+    constexprs = dict(BLOCK_N=block_n, BLOCK_M=bm, STAGES=stages, HAS_BIAS=False, W_SCALE=w_scale,
                       A_SCALE=(3 if group_scales else 2) if scales and not xq else 0, SPLIT_K=split, PDL=True, GATED=gated, QMAX=448.0,
                       TAIL=16384, XQ=int(xq), XA_PAD=16, XN=xn, ROW_PAD=4096 if xn else 1, ADD_C=add_c)  # fmt: skip
     types = dict(w_desc=mangle_type(descriptor(w, block_n // 2 if gated else block_n)),
@@ -245,21 +253,37 @@ def group_scales_fit(a: torch.Tensor, a_scale: torch.Tensor) -> bool:
     )  # fmt: skip
 
 
+def block_scales_fit(b: torch.Tensor, b_scale: torch.Tensor) -> bool:
+    """Whether the kernel reads b_scale as block-FP8's weight scales (W_SCALE = SCALE_GROUP): float32 [cdiv(N, 128),
+    K / 128] contiguous, one a 128 x 128 block (each program's rows within one block row: plans of 64 or 128)."""
+    n, k = b.shape
+    return (
+        b.dtype == torch.float8_e4m3fn and b_scale.dtype == torch.float32 and b_scale.is_contiguous()
+        and k % ROW_BYTES == 0 and tuple(b_scale.shape) == (triton.cdiv(n, BLOCK_ROWS), k // ROW_BYTES)
+    )  # fmt: skip
+
+
 def skinny_gemm_sm90(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
                      a_scale: torch.Tensor | None, b_scale: torch.Tensor | None, pdl: dict,
                      add_c: bool = False) -> torch.Tensor:  # fmt: skip
     """c = (a . b^T) x b_scale[n] x a_scale[m] (+ bias) for a [M, K], b [N, K] of one dtype (takes());
     a_scale: None, one float32, one per row [M, 1] or (FP8) one per row and 128-column group [M, K / 128]
-    (group_scales_fit: each K step's product scaled as it is added); b_scale: None, one float32 or one per column [N].
+    (group_scales_fit: each K step's product scaled as it is added); b_scale: None, one float32, one per column [N]
+    or (with group activation scales) one per 128 x 128 block [cdiv(N, 128), K / 128] (block_scales_fit).
     K splits write float32 partials; the last split program of a tile to arrive sums them in split
     order (deterministic) and writes c: one launch, no reduce kernel. add_c: c += that product rounded to
     c's dtype (a residual add fused into the layer; each element of c read and written by one program)."""
     (m, k), n = a.shape, b.shape[0]
     p = plan(m, n, k, a.element_size())
-    a_kind = scale_kind(a_scale)
+    a_kind, w_kind = scale_kind(a_scale), scale_kind(b_scale)
     if a_kind == splitk_sm90.SCALE_GROUP and not group_scales_fit(a, a_scale):
         raise ValueError(f"skinny GEMM: group activation scales {tuple(a_scale.shape)} need FP8 rows of 128-column "
                          "groups, column-major (quant.fused_scales)")  # fmt: skip
+    if w_kind == splitk_sm90.SCALE_GROUP:
+        if a_kind != splitk_sm90.SCALE_GROUP or not block_scales_fit(b, b_scale):
+            raise ValueError(f"skinny GEMM: weight block scales {tuple(b_scale.shape)} need [cdiv(N, 128), K / 128] "
+                             "contiguous and activations scaled per 1 x 128 group")  # fmt: skip
+        p = Plan(min(p.block_n, BLOCK_ROWS), p.split, p.stages, p.warps)
     if p.stream and a_kind != splitk_sm90.SCALE_GROUP:
         from tritonllm.kernels import gemm_stream_sm90
 
@@ -274,7 +298,7 @@ def skinny_gemm_sm90(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: to
         b_scale if b_scale is not None else ws, a_scale if a_scale is not None else ws, ws, cnt, ws, ws, ws, ws,
         m, n, k, k_per_split, c.stride(0), a_scale.stride(0) if a_kind == splitk_sm90.SCALE_EACH else 0, 0,
         0.0, BLOCK_N=p.block_n, BLOCK_M=block_m(m), STAGES=p.stages, HAS_BIAS=bias is not None,
-        W_SCALE=scale_kind(b_scale), A_SCALE=a_kind, SPLIT_K=split, ADD_C=add_c, num_warps=p.warps,
+        W_SCALE=w_kind, A_SCALE=a_kind, SPLIT_K=split, ADD_C=add_c, num_warps=p.warps,
         **pdl,
     )  # fmt: skip
     return c
@@ -448,10 +472,13 @@ if HAVE_GLUON:
         return warpgroup_mma(w_smem.index(s), x_smem.index(s).permute((1, 0)), dead, use_acc=False, is_async=True)
 
     @gluon.jit
-    def _group_scaled_steps(acc, w_smem, x_smem, ready, w_desc, x_desc, a_scale_ptr, n0, N, M, k0, steps,
-                            STEP_BYTES: gl.constexpr, GATED: gl.constexpr, ACC: gl.constexpr):  # fmt: skip
+    def _group_scaled_steps(acc, w_smem, x_smem, ready, w_desc, x_desc, a_scale_ptr, w_scale_ptr, n0, N, M, K, k0,
+                            steps, STEP_BYTES: gl.constexpr, GATED: gl.constexpr, ACC: gl.constexpr,
+                            W_BLOCKS: gl.constexpr):  # fmt: skip
         """acc + the sum over this split's K steps of each step's product times its activation rows' scales (one a
-        row and 128-column group: a_scale_ptr + group * M + m). Two steps an iteration: the second step's MMA goes
+        row and 128-column group: a_scale_ptr + group * M + m) and, W_BLOCKS, its weight block's scale (128 x 128
+        blocks, w_scale_ptr [cdiv(N, 128), cdiv(K, 128)] contiguous: the program's rows lie in one block row, so
+        one scale a step). Two steps an iteration: the second step's MMA goes
         out before the first's product is waited for and added, so the MMAs stay back to back as in the unscaled
         loop; none is in flight across the loop's back edge (gemm_block_sm90's rule). Refills as that loop's:
         after step i's MMA is issued, step i + STAGES - 1 into step i - 1's stage (waited for already)."""
@@ -461,6 +488,7 @@ if HAVE_GLUON:
         BLOCK_M: gl.constexpr = acc.shape[1]
         m_acc = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
         scales = a_scale_ptr + (k0 // BLOCK_K) * M + m_acc
+        w_blocks = w_scale_ptr + (n0 // BLOCK_K) * gl.cdiv(K, BLOCK_K) + k0 // BLOCK_K  # W_BLOCKS: this block row's
         rows_ok = m_acc < M
         dead0 = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
         dead1 = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
@@ -468,6 +496,9 @@ if HAVE_GLUON:
         for base in range(0, whole, 2):
             s0 = gl.load(scales + base * M, mask=rows_ok, other=0.0)
             s1 = gl.load(scales + (base + 1) * M, mask=rows_ok, other=0.0)
+            if W_BLOCKS:
+                s0 = s0 * gl.load(w_blocks + base)
+                s1 = s1 * gl.load(w_blocks + base + 1)
             p0 = _step_mma(w_smem, x_smem, ready, base, dead0)
             _refill(w_desc, x_desc, w_smem, x_smem, ready, n0, N, k0, base + STAGES - 1, steps, STEP_BYTES, GATED)
             p1 = _step_mma(w_smem, x_smem, ready, base + 1, dead1)
@@ -480,6 +511,8 @@ if HAVE_GLUON:
             dead1 = p1
         if whole < steps:  # an odd last step (its refill would be past the end)
             s0 = gl.load(scales + whole * M, mask=rows_ok, other=0.0)
+            if W_BLOCKS:
+                s0 = s0 * gl.load(w_blocks + whole)
             p0 = warpgroup_mma_wait(num_outstanding=0, deps=(_step_mma(w_smem, x_smem, ready, whole, dead0),))
             acc += p0 * gl.expand_dims(s0, 0)
         return acc
@@ -555,8 +588,8 @@ if HAVE_GLUON:
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
         if A_SCALE == 3:  # one scale a row and K step (a 128-value group): each step's product scaled as it is added
-            acc = _group_scaled_steps(acc, w_smem, x_smem, ready, w_desc, x_desc, a_scale_ptr, n0, N, M, k0, steps,
-                                      STEP_BYTES, GATED, ACC)  # fmt: skip
+            acc = _group_scaled_steps(acc, w_smem, x_smem, ready, w_desc, x_desc, a_scale_ptr, w_scale_ptr, n0, N, M, K,
+                                      k0, steps, STEP_BYTES, GATED, ACC, W_SCALE == 3)  # fmt: skip
         else:
             for i in range(steps):
                 s = i % STAGES
@@ -588,6 +621,7 @@ if HAVE_GLUON:
         if XQ:  # the tokens' scales, before the K splits are summed (A_SCALE 0)
             acc = acc * gl.expand_dims(x_scale, 0)
         A_EPILOGUE: gl.constexpr = 0 if A_SCALE == 3 else A_SCALE  # group scales applied in the loop already
+        W_EPILOGUE: gl.constexpr = 0 if W_SCALE == 3 else W_SCALE  # and block scales
 
         if GATED:
             gated_epilogue(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, cnt_ptr, q_ptr, qs_ptr, pid_n, M, N // 2,
@@ -595,5 +629,5 @@ if HAVE_GLUON:
                            TAIL)  # fmt: skip
         else:
             splitk_sm90.finish_tile(acc, c_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, ws_ptr, cnt_ptr, pid_n, pid_k, M,
-                                    N, stride_cm, stride_asm, BLOCK_N, BLOCK_M, ACC, HAS_BIAS, W_SCALE, A_EPILOGUE,
+                                    N, stride_cm, stride_asm, BLOCK_N, BLOCK_M, ACC, HAS_BIAS, W_EPILOGUE, A_EPILOGUE,
                                     SPLIT_K, ADD_C)  # fmt: skip
