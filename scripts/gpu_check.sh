@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -761,6 +761,18 @@ PY
         QUANT_VARIANTS="bf16_torch fp8_gluon fp8_gluon_tok" QUANT_EXPS=batch1_decode QUANT_TAG="_s47_r$r" \
           timeout 200 bash "$0" e2e-quant
       done ;;
+    next-58)
+      # session 47's leftovers in one call (~7 minutes): on an H200 issue 13's batch-1 ratio with decode_group_quant on
+      # and off beside bf16 cuBLAS, twice (measured on H100s only: 1.716-1.718x -> 1.732-1.736x); the structured
+      # outputs' GPU tests (the in-flight tokens' copy is now waited for after the forward's launch); block-skinny
+      if on_h200; then
+        for r in 1 2; do
+          QUANT_VARIANTS="bf16_torch fp8_gluon fp8_gluon_tok" QUANT_EXPS=batch1_decode QUANT_TAG="_s48_r$r" \
+            timeout 200 bash "$0" e2e-quant
+        done
+      fi
+      timeout 120 bash "$0" sampling-gpu
+      timeout 300 bash "$0" block-skinny ;;
     block-skinny)
       # session 47's block-FP8 decode GEMMs through the skinny sm90 kernel (opt-in TRITONLLM_SKINNY_BLOCK=1, built without
       # a GPU): its GPU tests, then bench_gemm at M = 1 / 4 / 16 on Llama-3-8B's layers without and with it (every
