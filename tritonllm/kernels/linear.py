@@ -57,7 +57,7 @@ def quantized_linear(
     scheme = weight.scheme
     scales = dict(g.scale_args(scheme), out_dtype=x.dtype, b_scale=weight.scale, sm90="faster" if gluon else "never")
     if isinstance(x, QuantizedActivation):
-        if x.grouped and scheme.act == "token":  # quantized per 1 x 128 group as input_quant asked (attention)
+        if x.grouped and scheme.act == "token":  # per 1 x 128 group, as input_quant asked (attention, SiLU-mul)
             scales.update(a_scale_kind=g.A_GROUP, group_k=BLOCK)
         return g.gemm(x.data, weight.data, bias, a_scale=x.scale, **scales)
     x2 = _rows(x)
