@@ -144,3 +144,16 @@ def test_penalties_in_decode_graphs_with_overlap_equal_eager_synchronous_steps(t
     eager = LLM(**kw, async_scheduling=False, enforce_eager=True)
     got, expected = generate(graphs, [*SETTINGS, {}]), generate(eager, [*SETTINGS, {}])
     assert [o.token_ids for o in got] == [o.token_ids for o in expected]
+
+
+def test_token_arrays_follow_the_growing_output_list():
+    """The penalties' per-request arrays (worker/logit_adjust.TokenArrays): the prompt once, the generated tokens
+    appended step by step across the buffer's growth, the same values as the lists."""
+    from tritonllm.worker.logit_adjust import TokenArrays
+
+    arrays = TokenArrays([5, 6, 7])
+    out: list[int] = []
+    for step in range(300):
+        out += [step % 17] * (1 + step % 3)  # one to three tokens a step
+        assert arrays.output(out).tolist() == out
+    assert arrays.prompt.tolist() == [5, 6, 7] and arrays.output(out) is not None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from tritonllm.outputs import PositionLogprobs
 from tritonllm.sampling_params import SamplingParams
@@ -58,6 +59,8 @@ class Request:
     num_preemptions: int = 0
     group_index: int = 0  # which of its prompt's n samples
     grammar: GrammarState | None = None  # its structured output's matcher (structured_output.py)
+    # a penalized request's tokens as numpy arrays, kept across steps (worker/logit_adjust.TokenArrays)
+    token_arrays: Any = None
 
     @property
     def num_tokens_with_placeholders(self) -> int:
