@@ -42,14 +42,22 @@ def _device(values: list[int] | np.ndarray, dtype: torch.dtype, device: torch.de
 
 
 class TokenArrays:
-    """A penalized request's prompt and generated tokens as numpy arrays, kept on the request across steps: each
+    """A special row's token arrays, kept on the request across steps: its prompt and generated tokens (each
     step's penalties read them whole, and converting the lists again every step costs the host O(tokens) Python
-    work a row and step (an 8k-token prompt: milliseconds a step). Generated tokens are appended as they come."""
+    work a row and step: an 8k-token prompt, milliseconds a step; generated tokens are appended as they come), and
+    its allowed_token_ids as bitmask words."""
 
     def __init__(self, prompt: list[int]) -> None:
         self.prompt = np.asarray(prompt, dtype=np.int64)
         self._output = np.empty(64, dtype=np.int64)
         self._count = 0
+        self._allowed: np.ndarray | None = None
+
+    def allowed(self, token_ids: list[int], vocab: int) -> np.ndarray:
+        """allowed_words(token_ids, vocab), computed once (the request's allowed_token_ids do not change)."""
+        if self._allowed is None or len(self._allowed) != (vocab + 31) // 32:
+            self._allowed = allowed_words(token_ids, vocab)
+        return self._allowed
 
     def output(self, tokens: list[int]) -> np.ndarray:
         """The generated tokens `tokens` (the request's list, which only grows) as an array."""
@@ -146,7 +154,7 @@ def _bitmask(
             g.catch_up(tokens + [in_flight[i]] if i in in_flight else tokens, r.request_id)
             constrained = g.fill(bitmask, len(kept))
         if r.params.allowed_token_ids:
-            bitmask[len(kept)] &= torch.from_numpy(allowed_words(r.params.allowed_token_ids, vocab))
+            bitmask[len(kept)] &= torch.from_numpy(TokenArrays.of(r).allowed(r.params.allowed_token_ids, vocab))
             constrained = True
         if constrained:
             kept.append(i)
