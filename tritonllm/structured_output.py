@@ -31,8 +31,12 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None
 
+    def _given(self) -> list[str]:
+        """The kinds set (json_object by being true, the others by not being None)."""
+        return [k for k in KINDS if (getattr(self, k) is not None if k != "json_object" else self.json_object)]
+
     def __post_init__(self) -> None:
-        given = [k for k in KINDS if (getattr(self, k) is not None if k != "json_object" else self.json_object)]
+        given = self._given()
         if len(given) != 1:
             raise ValueError(f"structured_outputs takes exactly one of {', '.join(KINDS)}; got {given or 'none'}")
         if self.choice is not None and (
@@ -54,7 +58,7 @@ class StructuredOutputsParams:
 
     @property
     def kind(self) -> str:
-        return next(k for k in KINDS if (getattr(self, k) is not None if k != "json_object" else self.json_object))
+        return self._given()[0]
 
 
 @dataclass(eq=False)

@@ -59,7 +59,8 @@ class Request:
     num_preemptions: int = 0
     group_index: int = 0  # which of its prompt's n samples
     grammar: GrammarState | None = None  # its structured output's matcher (structured_output.py)
-    # a penalized request's tokens as numpy arrays, kept across steps (worker/logit_adjust.TokenArrays)
+    # a special row's tokens (penalties) and allowed_token_ids as numpy arrays, kept across steps
+    # (worker/logit_adjust.TokenArrays)
     token_arrays: Any = None
 
     @property

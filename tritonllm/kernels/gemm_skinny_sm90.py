@@ -478,10 +478,10 @@ if HAVE_GLUON:
         """acc + the sum over this split's K steps of each step's product times its activation rows' scales (one a
         row and 128-column group: a_scale_ptr + group * M + m) and, W_BLOCKS, its weight block's scale (128 x 128
         blocks, w_scale_ptr [cdiv(N, 128), cdiv(K, 128)] contiguous: the program's rows lie in one block row, so
-        one scale a step). Two steps an iteration: the second step's MMA goes
-        out before the first's product is waited for and added, so the MMAs stay back to back as in the unscaled
-        loop; none is in flight across the loop's back edge (gemm_block_sm90's rule). Refills as that loop's:
-        after step i's MMA is issued, step i + STAGES - 1 into step i - 1's stage (waited for already)."""
+        one scale a step). Two steps an iteration: the second step's MMA goes out before the first's product is
+        waited for and added, so the MMAs stay back to back as in the unscaled loop; none is in flight across the
+        loop's back edge (gemm_block_sm90's rule). Refills as that loop's: after step i's MMA is issued, step
+        i + STAGES - 1 into step i - 1's stage (waited for already)."""
         BLOCK_K: gl.constexpr = w_desc.block_type.shape[1]
         STAGES: gl.constexpr = w_smem.shape[0]
         BLOCK_N: gl.constexpr = acc.shape[0]
@@ -610,12 +610,9 @@ if HAVE_GLUON:
                 # at most this step's MMA in flight: the previous step's stage is free for step i + STAGES - 1
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
                 j = i + STAGES - 1
-                sj = j % STAGES
-                mbarrier.expect(ready.index(sj), STEP_BYTES, pred=j < steps)
-                _issue_w(w_desc, n0, N // 2, k0 + j * BLOCK_K, ready.index(sj), w_smem.index(sj), j < steps, GATED)
-                _issue(x_desc, 0, k0 + j * BLOCK_K, ready.index(sj), x_smem.index(sj), j < steps)
+                _refill(w_desc, x_desc, w_smem, x_smem, ready, n0, N, k0, j, steps, STEP_BYTES, GATED)
                 if XN:
-                    _issue(g_desc, 0, k0 + j * BLOCK_K, ready.index(sj), g_smem.index(sj), j < steps)
+                    _issue(g_desc, 0, k0 + j * BLOCK_K, ready.index(j % STAGES), g_smem.index(j % STAGES), j < steps)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         release_ring(ready, STAGES)
         if XQ:  # the tokens' scales, before the K splits are summed (A_SCALE 0)

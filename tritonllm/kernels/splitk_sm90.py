@@ -57,7 +57,8 @@ def plan_splits(m: int, n: int, k: int, split: int, block_k: int, block_n: int,
 
 
 # scale kinds of the epilogue: none, one value for every row (or column), one a row (column); SCALE_GROUP (the
-# activations' only, the skinny GEMM's): one a row and 128-column group of K, applied in the K loop, not here
+# skinny GEMM's): the activations' one a row and 128-column group of K, or the weight's one a 128 x 128 block,
+# applied in the K loop, not here
 SCALE_NONE, SCALE_ONE, SCALE_EACH, SCALE_GROUP = 0, 1, 2, 3
 
 
