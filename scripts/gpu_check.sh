@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58] [tests-kernels] [tests-engine]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -46,6 +46,16 @@ for step in $STEPS; do
       # the server fuzz tests (no GPU marks) import schemathesis, which the GPU image lacks: not collected there
       python3 -c "import schemathesis" 2>/dev/null || no_fuzz="--ignore=tests/test_server_fuzz.py"
       python3 -m pytest -q -m gpu -o addopts="" ${no_fuzz:-} ${TESTS:-tests} 2>&1 | tee "$OUT/gpu_tests.log" | tail -30 ;;
+    tests-kernels)
+      # the kernel tests' GPU half on TEST_WORKERS pytest-xdist workers (the wheel in .whl; one file a worker at a
+      # time, so a file's compiled kernels are reused), sharing the GPU: what `tests` runs serially, in one call
+      python3 -m pytest -q -m gpu -o addopts="" -n "${TEST_WORKERS:-6}" --dist loadfile ${TESTS:-tests/kernels tests/benchmarks} \
+        2>&1 | tee "$OUT/gpu_tests_kernels.log" | tail -30 ;;
+    tests-engine)
+      # the engine-level GPU tests (whole models, graphs, PDL, overlap, structured outputs), serially: each sizes
+      # its KV cache from the GPU's free memory
+      python3 -m pytest -q -m gpu -o addopts="" tests --ignore=tests/kernels --ignore=tests/benchmarks \
+        --ignore=tests/test_server_fuzz.py 2>&1 | tee "$OUT/gpu_tests_engine.log" | tail -30 ;;
     bench-attention)
       # SWEEP=1: also sweep tilings; CASES="prefill_4096 ...": only those cases
       python3 scripts/bench_attention.py "$OUT/attention_h200.json" ${SWEEP:+--sweep} ${CASES:+--cases $CASES} 2>&1 \
