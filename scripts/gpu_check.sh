@@ -48,7 +48,9 @@ for step in $STEPS; do
       python3 -m pytest -q -m gpu -o addopts="" ${no_fuzz:-} ${TESTS:-tests} 2>&1 | tee "$OUT/gpu_tests.log" | tail -30 ;;
     tests-kernels)
       # the kernel tests' GPU half on TEST_WORKERS pytest-xdist workers (the wheel in .whl; one file a worker at a
-      # time, so a file's compiled kernels are reused), sharing the GPU: what `tests` runs serially, in one call
+      # time, so a file's compiled kernels are reused), sharing the GPU: what `tests` runs serially, in one call. The
+      # image lacks xdist: `python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl
+      # pytest-xdist execnet` first
       python3 -m pytest -q -m gpu -o addopts="" -n "${TEST_WORKERS:-6}" --dist loadfile ${TESTS:-tests/kernels tests/benchmarks} \
         2>&1 | tee "$OUT/gpu_tests_kernels.log" | tail -30 ;;
     tests-engine)
