@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58] [tests-kernels] [tests-engine]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58] [tests-kernels] [tests-engine] [prewait]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -785,6 +785,19 @@ PY
       fi
       timeout 120 bash "$0" sampling-gpu
       timeout 300 bash "$0" block-skinny ;;
+    prewait)
+      # session 48's TRITONLLM_SKINNY_PREWAIT (the skinny GEMM's weight tiles requested before its PDL wait; all five
+      # of the ring's first by default): FP8 batch 1 at 16 (today's), 1 and 2, alternated, beside bf16 cuBLAS; the
+      # step's timeline at 1 (the quantizing RMSNorm's 5.0 us exposed a launch, session 47: does it fall, and what
+      # do the GEMMs after it pay?); then the skinny GEMM's GPU tests with one tile before the wait
+      QUANT_VARIANTS=bf16_torch QUANT_EXPS=batch1_decode QUANT_TAG=_pw timeout 150 bash "$0" e2e-quant
+      for pw in 16 1 2 16 1; do
+        TRITONLLM_SKINNY_PREWAIT=$pw QUANT_VARIANTS=fp8_gluon QUANT_EXPS=batch1_decode QUANT_TAG="_pw$pw" \
+          timeout 150 bash "$0" e2e-quant
+      done
+      TRITONLLM_SKINNY_PREWAIT=1 TIMELINE_VARIANTS=fp8 timeout 150 bash "$0" timeline
+      TRITONLLM_SKINNY_PREWAIT=1 timeout 150 python3 -m pytest -q -m gpu -o addopts="" \
+        tests/kernels/test_gemm_skinny_sm90.py 2>&1 | tee "$OUT/prewait_gpu.log" | tail -3 ;;
     block-skinny)
       # session 47's block-FP8 decode GEMMs through the skinny sm90 kernel (opt-in TRITONLLM_SKINNY_BLOCK=1, built without
       # a GPU): its GPU tests, then bench_gemm at M = 1 / 4 / 16 on Llama-3-8B's layers without and with it (every

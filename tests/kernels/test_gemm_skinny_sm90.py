@@ -566,6 +566,9 @@ for split, add_c in ((8, False), (1, True)):
 ptx = sk.compile_sm90(torch.float8_e4m3fn, block_n=64, bm=16, split=4, scales=True, group_scales=True,
                       block_scales=True).asm["ptx"]
 print("blocks", "wgmma.mma_async" in ptx, "cp.async.bulk.tensor" in ptx, ".local" in ptx)
+for prewait in (16, 1):  # TMA copies issued before the PDL wait, of all the kernel's
+    ptx = sk.compile_sm90(torch.float8_e4m3fn, block_n=64, bm=8, split=4, scales=True, prewait=prewait).asm["ptx"]
+    print("prewait", ptx.split("griddepcontrol.wait")[0].count("cp.async.bulk.tensor"), ptx.count("cp.async.bulk.tensor"))
 """
 
 
@@ -577,9 +580,11 @@ def test_compiles_for_sm90_without_spills() -> None:
     result = subprocess.run([sys.executable, "-c", _COMPILE], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
-    lines = result.stdout.split("\n")[:13]
+    lines = result.stdout.split("\n")[:15]
     assert lines == ["torch.bfloat16 True True True False", "torch.float8_e4m3fn True True True False",
                      "gated True True False", "xq True True True False", "xq True True True False",
                      "xn True True True False", "xn True True True False", "add_c True True False",
                      "gated3 True True False", "gated3 True True False", "groups True True False",
-                     "groups True True False", "blocks True True False"], result.stdout  # fmt: skip
+                     "groups True True False", "blocks True True False",
+                     # the ring's first five weight tiles before the wait, or (PREWAIT 1) one; the other four after it
+                     "prewait 5 12", "prewait 1 12"], result.stdout  # fmt: skip

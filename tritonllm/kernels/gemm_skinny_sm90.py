@@ -97,6 +97,12 @@ if _STREAM_MODE not in ("0", "1", "rings", "stream", "16bit"):
     raise ValueError(f"TRITONLLM_SKINNY_STREAM={_STREAM_MODE!r}: 0, 1, rings, stream or 16bit")
 RINGS, STREAM = _STREAM_MODE in ("1", "rings", "16bit"), _STREAM_MODE in ("1", "stream", "16bit")
 FP8_DEEP = _STREAM_MODE != "16bit"
+# of a program's first STAGES - 1 weight tiles, how many it requests before its PDL wait (the rest right after). All of
+# them by default (16: more than any plan's ring); TRITONLLM_SKINNY_PREWAIT=n for A/B runs. Why fewer might pay: at
+# FP8 batch 1 a qkv launch requests ~20 MB of its 25 MB weight before it waits, and the quantizing RMSNorm it waits
+# for takes 5.0 us exposed a launch against the bf16 step's 1.4 (experiments/gemm/README.md, session 47): the norm's
+# few dependent loads queue behind those requests
+PREWAIT_STAGES = int(os.environ.get("TRITONLLM_SKINNY_PREWAIT", "16"))
 # M = 1: programs an SM that plan() aims the grid at (0: session 14's 128 rows, four K splits; for A/B runs,
 # TRITONLLM_SKINNY_M1_FILL)
 M1_FILL = int(os.environ.get("TRITONLLM_SKINNY_M1_FILL", "4"))
@@ -220,11 +226,12 @@ def xn_weight_descriptor(g: torch.Tensor) -> TensorDescriptor:
 def compile_sm90(dtype: torch.dtype = torch.bfloat16, block_n: int = 128, bm: int = 16, split: int = 1,
                  stages: int = 6, warps: int = 4, scales: bool = False, gated: int = 0, xq: bool = False,
                  xn: bool = False, add_c: bool = False, group_scales: bool = False,
-                 block_scales: bool = False):  # fmt: skip
+                 block_scales: bool = False, prewait: int = 16):  # fmt: skip
     """Compile for sm90 without a GPU (launch.compile_gluon_sm90): tests, available(). xq: FP8 weights and
     bf16 activations quantized in the kernel (xq_skinny_gemm_sm90); xn: those activations RMS-normalized
     first (xn_skinny_gemm_sm90, implies xq); add_c: the output added to c; group_scales: (with scales) one
-    activation scale a row and K step (SCALE_GROUP); block_scales: (with group_scales) 128 x 128 weight blocks."""
+    activation scale a row and K step (SCALE_GROUP); block_scales: (with group_scales) 128 x 128 weight blocks;
+    prewait: the weight tiles requested before the PDL wait (PREWAIT)."""
     from triton.runtime.jit import mangle_type
 
     xq = xq or xn
@@ -235,7 +242,8 @@ def compile_sm90(dtype: torch.dtype = torch.bfloat16, block_n: int = 128, bm: in
     w_scale = (3 if block_scales else 2) if scales else 0
     constexprs = dict(BLOCK_N=block_n, BLOCK_M=bm, STAGES=stages, HAS_BIAS=False, W_SCALE=w_scale,
                       A_SCALE=(3 if group_scales else 2) if scales and not xq else 0, SPLIT_K=split, PDL=True, GATED=gated, QMAX=448.0,
-                      TAIL=16384, XQ=int(xq), XA_PAD=16, XN=xn, ROW_PAD=4096 if xn else 1, ADD_C=add_c)  # fmt: skip
+                      TAIL=16384, XQ=int(xq), XA_PAD=16, XN=xn, ROW_PAD=4096 if xn else 1, ADD_C=add_c,
+                      PREWAIT=prewait)  # fmt: skip
     types = dict(w_desc=mangle_type(descriptor(w, block_n // 2 if gated else block_n)),
                  x_desc=mangle_type(x_desc), g_desc=mangle_type(g_desc), c_ptr=out, bias_ptr=out, w_scale_ptr="*fp32",
                  a_scale_ptr="*fp32", ws_ptr="*fp32", cnt_ptr="*i32", q_ptr="*fp8e4nv", qs_ptr="*fp32",
@@ -299,7 +307,7 @@ def skinny_gemm_sm90(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: to
         b_scale if b_scale is not None else ws, a_scale if a_scale is not None else ws, ws, cnt, ws, ws, ws, ws,
         m, n, k, k_per_split, c.stride(0), a_scale.stride(0) if a_kind == splitk_sm90.SCALE_EACH else 0, 0,
         0.0, BLOCK_N=p.block_n, BLOCK_M=block_m(m), STAGES=p.stages, HAS_BIAS=bias is not None,
-        W_SCALE=w_kind, A_SCALE=a_kind, SPLIT_K=split, ADD_C=add_c, num_warps=p.warps,
+        W_SCALE=w_kind, A_SCALE=a_kind, SPLIT_K=split, ADD_C=add_c, PREWAIT=PREWAIT_STAGES, num_warps=p.warps,
         **pdl,
     )  # fmt: skip
     return c
@@ -526,6 +534,7 @@ if HAVE_GLUON:
         W_SCALE: gl.constexpr, A_SCALE: gl.constexpr, SPLIT_K: gl.constexpr, GATED: gl.constexpr = 0,
         QMAX: gl.constexpr = 448.0, TAIL: gl.constexpr = 1024, XQ: gl.constexpr = 0, XA_PAD: gl.constexpr = 1,
         XN: gl.constexpr = False, ROW_PAD: gl.constexpr = 1, ADD_C: gl.constexpr = False, PDL: gl.constexpr = False,
+        PREWAIT: gl.constexpr = 16,
     ):  # fmt: skip
         """c[m, n] = sum_k a[m, k] w[n, k] x scales (+ bias[n]) for BLOCK_N weight rows and all M
         (<= BLOCK_M) activation rows a program, over the K range of its split (program_id 1).
@@ -539,7 +548,8 @@ if HAVE_GLUON:
         takes every row's 1 / rms and scale from the whole row first (xn_stats), and each step normalizes and
         quantizes its tile as kernels/rmsnorm.py would. ADD_C: the output is added to c (a residual add).
         A_SCALE = 3 (FP8): one activation scale a row and K step (a_scale_ptr + group * M + m), each step's MMA
-        into fresh registers, added scaled (_group_scaled_steps)."""
+        into fresh registers, added scaled (_group_scaled_steps). PREWAIT: of the ring's first STAGES - 1 steps,
+        those whose weight tiles are requested before the PDL wait (the rest right after it; PREWAIT_STAGES)."""
         WARPS: gl.constexpr = gl.num_warps()
         DT: gl.constexpr = w_desc.dtype
         # DT, or (XQ) the 16-bit activations' (not read from x_desc: nothing of it is touched before the PDL wait)
@@ -564,17 +574,22 @@ if HAVE_GLUON:
         ready = ring_barriers(STAGES)
 
         # the first STAGES - 1 steps: weights (and XN's norm weight) first (not written by the kernel before: no
-        # wait for it), then, once the previous kernel's writes are visible, the activations
+        # wait for it; PREWAIT of them), then, once the previous kernel's writes are visible, the activations
         for i in gl.static_range(STAGES - 1):
             mbarrier.expect(ready.index(i), STEP_BYTES, pred=i < steps)
-            _issue_w(w_desc, n0, N // 2, k0 + i * BLOCK_K, ready.index(i), w_smem.index(i), i < steps, GATED)
-            if XN:
-                _issue(g_desc, 0, k0 + i * BLOCK_K, ready.index(i), g_smem.index(i), i < steps)
+            if i < PREWAIT:
+                _issue_w(w_desc, n0, N // 2, k0 + i * BLOCK_K, ready.index(i), w_smem.index(i), i < steps, GATED)
+                if XN:
+                    _issue(g_desc, 0, k0 + i * BLOCK_K, ready.index(i), g_smem.index(i), i < steps)
         if XN:  # the norm weight whole, for the rows' statistics after the wait
             g_row = xn_norm_weight(g_ptr, K, ROW_PAD)
         gluon_pdl_wait(PDL)
         x_smem = gl.allocate_shared_memory(XT, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
         for i in gl.static_range(STAGES - 1):
+            if i >= PREWAIT:
+                _issue_w(w_desc, n0, N // 2, k0 + i * BLOCK_K, ready.index(i), w_smem.index(i), i < steps, GATED)
+                if XN:
+                    _issue(g_desc, 0, k0 + i * BLOCK_K, ready.index(i), g_smem.index(i), i < steps)
             _issue(x_desc, 0, k0 + i * BLOCK_K, ready.index(i), x_smem.index(i), i < steps)
         if XQ:
             XL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])  # 16-byte shared reads
