@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58] [tests-kernels] [tests-engine] [prewait]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58] [tests-kernels] [tests-engine] [prewait] [w4-tma-gemv] [w4-tma-e2e]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -785,6 +785,26 @@ PY
       fi
       timeout 120 bash "$0" sampling-gpu
       timeout 300 bash "$0" block-skinny ;;
+    w4-tma-gemv)
+      # session 48's 4-bit GEMV fed by a TMA ring (kernels/gemv_w4_tma_sm90.py, opt-in TRITONLLM_W4_GEMV_TMA, built
+      # without a GPU): its GPU tests, then bench_gemm at M = 1 on Llama-3-8B's layers (int4 g128, MXFP4; every
+      # registered linear beside bf16 cuBLAS, L2 cold) with the register-fed GEMV (0) and the TMA one at plans
+      # STAGES:PROGRAMS_PER_SM. The question: does a deeper read in flight lift the GEMV from ~2.5-2.8 TB/s
+      # toward the bf16 skinny GEMM's 3.0 (H100) / 4.1 (H200)? Then w4-tma-e2e
+      timeout 200 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemv_w4_tma_sm90.py 2>&1 \
+        | tee "$OUT/w4_tma_gemv_gpu.log" | tail -3
+      for v in 0 3:3 4:2 2:4 6:1; do
+        TRITONLLM_W4_GEMV_TMA=$v timeout 100 python3 scripts/bench_gemm.py "$OUT/gemm_w4_tma_${v/:/_}.json" \
+          --models llama3-8b --formats int4 mxfp4 --ms 1 2>&1 | grep -E "^llama3|timings" | sed "s/^/[$v] /"
+      done ;;
+    w4-tma-e2e)
+      # Llama-3-8B batch 1 (512 + 128, text decoded, dummy weights) int4 / MXFP4 with the TMA GEMV (W4_TMA_PLAN,
+      # default 1: its default plan) and without, beside bf16 cuBLAS: issue 14's 2.5x
+      QUANT_VARIANTS=bf16_torch QUANT_EXPS=batch1_decode QUANT_TAG=_w4tma timeout 150 bash "$0" e2e-quant
+      for v in 0 "${W4_TMA_PLAN:-1}"; do
+        TRITONLLM_W4_GEMV_TMA=$v QUANT_VARIANTS="int4_gluon mxfp4_gluon" QUANT_EXPS=batch1_decode \
+          QUANT_TAG="_w4tma_${v/:/_}" timeout 250 bash "$0" e2e-quant
+      done ;;
     prewait)
       # session 48's TRITONLLM_SKINNY_PREWAIT (the skinny GEMM's weight tiles requested before its PDL wait; all five
       # of the ring's first by default): FP8 batch 1 at 16 (today's), 1 and 2, alternated, beside bf16 cuBLAS; the

@@ -20,7 +20,7 @@ from sm90_build import sm90_build_report  # this folder
 
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
-from tritonllm.kernels import gemm_w4_tma_sm90, gemv_w4, gemv_w4_sm90, reference, registry
+from tritonllm.kernels import gemm_w4_tma_sm90, gemv_w4, gemv_w4_sm90, gemv_w4_tma_sm90, reference, registry
 from tritonllm.kernels import linear as linear_kernels
 from tritonllm.kernels.quant_formats import E2M1_VALUES, FP4, INT4, OutputQuant, QuantizedWeight, QuantScheme, pack_int4
 from tritonllm.quantization.quantize import quantize_weight
@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def spy(monkeypatch) -> LaunchSpy:
     spy = LaunchSpy.install(monkeypatch, gemv_w4_sm90, "w4_gemv_sm90_kernel")
     monkeypatch.setattr(gemm_w4_tma_sm90, "FORCE", "never")  # the TMA kernel would take these shapes first
+    monkeypatch.setattr(gemv_w4_tma_sm90, "ENABLED", False)  # and the TMA-fed GEMV, where switched on
     return spy
 
 

@@ -47,6 +47,7 @@ from tritonllm.kernels import (
     gemm_w4_sm90,
     gemm_w4_tma_sm90,
     gemv_w4_sm90,
+    gemv_w4_tma_sm90,
     splitk_sm90,
 )
 from tritonllm.kernels.gemm_dequant import dequantize
@@ -422,6 +423,8 @@ def _w4_sm90(a: torch.Tensor, words: torch.Tensor, bias: torch.Tensor | None, sc
     make = lambda: torch.empty((m, n), dtype=out_dtype or a.dtype, device=a.device)  # noqa: E731
     if gemm_w4_tma_sm90.measured_faster(m, n, k, fp4) and gemm_w4_tma_sm90.takes(a, words, group_k, fp4):
         return gemm_w4_tma_sm90.w4_tma_gemm_sm90(a, words, make(), bias, scale, zero, group_k, fp4, pdl_launch())
+    if m == 1 and gemv_w4_tma_sm90.takes(a, words, scale, zero, group_k, fp4):  # opt-in: TRITONLLM_W4_GEMV_TMA
+        return gemv_w4_tma_sm90.w4_gemv_tma_sm90(a, words, make(), bias, scale, zero, group_k, fp4, pdl_launch())
     if m == 1 and gemv_w4_sm90.takes(a, k, group_k) and (sm90 == "always" or gemv_w4_sm90.measured_faster(n, k, fp4)):
         return gemv_w4_sm90.w4_gemv_sm90(a, words, make(), bias, scale, zero, group_k, fp4, pdl_launch())
     if gemm_w4_sm90.takes(a, k, group_k, fp4) and (sm90 == "always" or gemm_w4_sm90.measured_faster(m, n, k, fp4)):

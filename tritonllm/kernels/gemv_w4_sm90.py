@@ -551,16 +551,25 @@ if HAVE_GLUON:
         if HALF2:
             if ONE_TILE:
                 amax = gl.max(gl.max(gl.max(gl.abs(act.to(gl.float32)), axis=2), axis=1), axis=0)
-                col_scale, out_scale = _half2_scales(_exp_field(amax))
+                col_scale, out_scale = half2_factors(_exp_field(amax), ja, FP4)
             else:
-                col_scale, out_scale = _half2_scales(_row_exp(a_ptr, K))
-            if not FP4:  # int4's products are q 2**-24 a', MXFP4's w 2**-14 a'; odd columns' nibbles 16 x larger
-                out_scale = out_scale * 1024.0
-                col_scale = col_scale * gl.where(j % 2 == 1, _INT4_ODD_SCALE, 1.0)
+                col_scale, out_scale = half2_factors(_row_exp(a_ptr, K), ja, FP4)
         elif FP4:
             col_scale = 1.0  # unused (a jit function returns no None)
         else:
             col_scale = gl.where((j == 1) | (j == 4) | (j >= 6), 128.0, 2048.0)
+        return col_scale, out_scale
+
+    @gluon.jit
+    def half2_factors(e, ja, FP4: gl.constexpr):
+        """HALF2's (col_scale, out_scale) for the row's exponent field e (_exp_field of its largest |a|): the
+        activations' power of two and the sums' inverse; int4's products are q 2**-24 a', MXFP4's w 2**-14 a', and
+        int4's odd columns' nibbles 16 x larger (ja: the nibble columns, as _act_pointers gives them)."""
+        col_scale, out_scale = _half2_scales(e)
+        if not FP4:
+            j = gl.expand_dims(gl.expand_dims(ja, 0), 1)
+            out_scale = out_scale * 1024.0
+            col_scale = col_scale * gl.where(j % 2 == 1, _INT4_ODD_SCALE, 1.0)
         return col_scale, out_scale
 
     @gluon.jit
