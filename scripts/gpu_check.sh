@@ -789,11 +789,11 @@ PY
       # session 48's 4-bit GEMV fed by a TMA ring (kernels/gemv_w4_tma_sm90.py, opt-in TRITONLLM_W4_GEMV_TMA, built
       # without a GPU): its GPU tests, then bench_gemm at M = 1 on Llama-3-8B's layers (int4 g128, MXFP4; every
       # registered linear beside bf16 cuBLAS, L2 cold) with the register-fed GEMV (0) and the TMA one at plans
-      # STAGES:PROGRAMS_PER_SM. The question: does a deeper read in flight lift the GEMV from ~2.5-2.8 TB/s
-      # toward the bf16 skinny GEMM's 3.0 (H100) / 4.1 (H200)? Then w4-tma-e2e
+      # STAGES:PROGRAMS_PER_SM. The question for the H200 (session 48's H100: at best level with the register-fed
+      # GEMV): does a deeper read in flight lift it from 2.84 TB/s toward the bf16 skinny GEMM's 4.1? Then w4-tma-e2e
       timeout 200 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_gemv_w4_tma_sm90.py 2>&1 \
         | tee "$OUT/w4_tma_gemv_gpu.log" | tail -3
-      for v in 0 3:3 4:2 2:4 6:1; do
+      for v in 0 2:4 2:5 3:3 4:2; do
         TRITONLLM_W4_GEMV_TMA=$v timeout 100 python3 scripts/bench_gemm.py "$OUT/gemm_w4_tma_${v/:/_}.json" \
           --models llama3-8b --formats int4 mxfp4 --ms 1 2>&1 | grep -E "^llama3|timings" | sed "s/^/[$v] /"
       done ;;

@@ -22,7 +22,11 @@ TMA asks for 16-byte aligned rows: the word view's rows (K / 2 bytes) and the sc
 shapes without them (gpt-oss's K = 2,880 in MXFP4: 90-byte scale rows) stay on the register-fed kernel, as do
 the float32 decode (half pairs only here) and the gated MLP's interleaved rows.
 
-Opt-in until timed on a GPU (built in session 48 without one): TRITONLLM_W4_GEMV_TMA=1, or
+Measured on an H100 (session 48, experiments/quant4/README.md): correct, but at best level with the register-fed
+kernel (Llama-3-8B int4 at plan 2:4: qkv 8.1 / o 6.6 / gate_up 24.9 / down 16.9 us against 7.9 / 6.5 / 23.5 /
+17.4; deeper rings with fewer programs an SM were slower, 8:1 gate_up 29.4): on the H100 the read in flight is
+not what holds the GEMV back, more decoding warps are. The H200, where the register-fed kernel reads 59% of its
+bandwidth against the H100's 73%, is untimed. So opt-in: TRITONLLM_W4_GEMV_TMA=1 (the default plan), or
 TRITONLLM_W4_GEMV_TMA="STAGES:PROGRAMS_PER_SM" for sweeps.
 """
 
@@ -61,8 +65,9 @@ MAX_K = 32768  # the staged activation row's shared memory (64 KB of bf16 at mos
 
 @dataclass(frozen=True)
 class Plan:
-    stages: int = 3  # ring stages: STAGES - 1 steps of 16 KB in flight a program
-    programs_per_sm: int = 3  # the persistent grid: at most this many programs an SM (shared memory and registers)
+    # the H100's best of 3:3, 4:2, 6:2, 2:4, 2:5, 2:6, 8:1 (session 48; 2:5 ties it): more programs, shallower rings
+    stages: int = 2  # ring stages: STAGES - 1 steps of 16 KB in flight a program
+    programs_per_sm: int = 4  # the persistent grid: at most this many programs an SM (shared memory and registers)
 
     @classmethod
     def parse(cls, text: str) -> Plan:
