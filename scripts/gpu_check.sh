@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58] [tests-kernels] [tests-engine] [prewait] [w4-tma-gemv] [w4-tma-e2e]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58] [tests-kernels] [tests-engine] [prewait] [w4-tma-gemv] [w4-tma-e2e] [ncu-w4]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -985,6 +985,24 @@ PY
           > "$OUT/ncu_moe_${shape}_${kind}_$tokens.txt" 2>&1
         echo "== $case"; grep -E "moe_gemv_kernel|Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Grid Size|Warp Cycles Per Issued|Issued Warp|No Eligible" \
           "$OUT/ncu_moe_${shape}_${kind}_$tokens.txt" | head -60
+      done ;;
+    ncu-w4)
+      # Nsight Compute on the 4-bit GEMV at M = 1 (scripts/ncu_w4.py), register-fed (0) and TMA-fed (2:4), per
+      # NCU_W4 case "layer:format": what binds it (session 48: on an H100 a deeper read in flight did not help; the
+      # register-fed one-tile program's sm90 build holds 1,568 instructions for its 256 weights a thread, ~1,000
+      # of them outside the K loop: if most run, ~6 a weight, about its measured gate_up time in issue alone):
+      # executed instructions, issue slots, warp stalls, DRAM throughput, occupancy
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      for case in ${NCU_W4:-gate_up:int4 down:int4 gate_up:mxfp4}; do
+        IFS=: read -r layer format <<< "$case"
+        for v in 0 2:4; do
+          TRITONLLM_W4_GEMV_TMA=$v timeout 120 "$NCU" --clock-control none -k regex:w4_gemv --launch-skip 2 \
+            --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+            --section MemoryWorkloadAnalysis --section SchedulerStats --section InstructionStats \
+            python3 scripts/ncu_w4.py "$layer" "$format" > "$OUT/ncu_w4_${layer}_${format}_${v/:/_}.txt" 2>&1
+          echo "== $case $v"; grep -E "w4_gemv|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Block Limit|Warp Cycles Per Issued|Issued Warp|No Eligible|Executed Instructions " \
+            "$OUT/ncu_w4_${layer}_${format}_${v/:/_}.txt" | head -30
+        done
       done ;;
     timeline)
       # what each kernel adds to a batch-1 decode step with PDL on (scripts/step_timeline.py: exposed time, not
