@@ -989,8 +989,8 @@ PY
     ncu-w4)
       # Nsight Compute on the 4-bit GEMV at M = 1 (scripts/ncu_w4.py), register-fed (0) and TMA-fed (2:4), per
       # NCU_W4 case "layer:format": what binds it (session 48: on an H100 a deeper read in flight did not help; the
-      # register-fed one-tile program's sm90 build holds 1,568 instructions for its 256 weights a thread, ~1,000
-      # of them outside the K loop: if most run, ~6 a weight, about its measured gate_up time in issue alone):
+      # register-fed one-tile program's sm90 build holds 1,568 instructions, of which its one tile runs ~1,000
+      # (the K loop's 562 run no iteration) for 256 weights a thread: ~3.9 a weight, ~65% of gate_up's time):
       # executed instructions, issue slots, warp stalls, DRAM throughput, occupancy
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       for case in ${NCU_W4:-gate_up:int4 down:int4 gate_up:mxfp4}; do
