@@ -68,6 +68,7 @@ READ_BEFORE_WAIT = {
     "gemm_stream_sm90.stream_gemm_sm90_kernel": {"w_desc"},
     "gemm_w4_tma_sm90.w4_tma_gemm_sm90_kernel": {"w_desc", "s_desc"},  # the weight's words and scales
     "gemv_w4_sm90.w4_gemv_sm90_kernel": {"w_ptr", "s_ptr", "z_ptr"},  # the first K tile's words, scales, zeros
+    "gemv_w4_tma_sm90.w4_gemv_tma_sm90_kernel": {"w_desc", "s_desc", "z_desc"},  # the ring's first steps, as those
     # EARLY (w2): the experts' words and scales, and the expert ids, which the router wrote two launches back
     "moe_gemv.moe_gemv_kernel": {"b_ptr", "b_scale_ptr", "topk_ids_ptr"},
     "moe_route.router_route_kernel": {"w_ptr", "bias_ptr"},  # the router's weight and bias

@@ -533,8 +533,8 @@ if HAVE_GLUON:
         BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr,
         W_SCALE: gl.constexpr, A_SCALE: gl.constexpr, SPLIT_K: gl.constexpr, GATED: gl.constexpr = 0,
         QMAX: gl.constexpr = 448.0, TAIL: gl.constexpr = 1024, XQ: gl.constexpr = 0, XA_PAD: gl.constexpr = 1,
-        XN: gl.constexpr = False, ROW_PAD: gl.constexpr = 1, ADD_C: gl.constexpr = False, PDL: gl.constexpr = False,
-        PREWAIT: gl.constexpr = 16,
+        XN: gl.constexpr = False, ROW_PAD: gl.constexpr = 1, ADD_C: gl.constexpr = False, PREWAIT: gl.constexpr = 16,
+        PDL: gl.constexpr = False,
     ):  # fmt: skip
         """c[m, n] = sum_k a[m, k] w[n, k] x scales (+ bias[n]) for BLOCK_N weight rows and all M
         (<= BLOCK_M) activation rows a program, over the K range of its split (program_id 1).
