@@ -54,10 +54,12 @@ for step in $STEPS; do
       python3 -m pytest -q -m gpu -o addopts="" -n "${TEST_WORKERS:-6}" --dist loadfile ${TESTS:-tests/kernels tests/benchmarks} \
         2>&1 | tee "$OUT/gpu_tests_kernels.log" | tail -30 ;;
     tests-engine)
-      # the engine-level GPU tests (whole models, graphs, PDL, overlap, structured outputs), serially: each sizes
-      # its KV cache from the GPU's free memory
-      python3 -m pytest -q -m gpu -o addopts="" tests --ignore=tests/kernels --ignore=tests/benchmarks \
-        --ignore=tests/test_server_fuzz.py 2>&1 | tee "$OUT/gpu_tests_engine.log" | tail -30 ;;
+      # the engine-level GPU tests (whole models, graphs, PDL, overlap, structured outputs): serially they take
+      # longer than one call (session 48: 36 of 51 in 570 s); TEST_WORKERS=4 runs them on xdist workers, each
+      # engine's KV cache sized from its share of the card (tests/conftest.py; not yet tried on a GPU)
+      python3 -m pytest -q -m gpu -o addopts="" ${TEST_WORKERS:+-n "$TEST_WORKERS" --dist loadfile} tests \
+        --ignore=tests/kernels --ignore=tests/benchmarks --ignore=tests/test_server_fuzz.py 2>&1 \
+        | tee "$OUT/gpu_tests_engine.log" | tail -30 ;;
     bench-attention)
       # SWEEP=1: also sweep tilings; CASES="prefill_4096 ...": only those cases
       python3 scripts/bench_attention.py "$OUT/attention_h200.json" ${SWEEP:+--sweep} ${CASES:+--cases $CASES} 2>&1 \
