@@ -210,17 +210,22 @@ def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[t.dtype]))
 
 
+def unswizzled_descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
+    """A TMA descriptor of boxes `block` of t, unswizzled: a kernel reads each box back into registers in its own
+    layout (this kernel's XQ / XN tiles, the 4-bit TMA GEMM's and GEMV's words and scales)."""
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=t.element_size() * 8, rank=len(block))
+    return TensorDescriptor.from_tensor(t, block, layout)
+
+
 def xq_descriptor(h: torch.Tensor, rows: int) -> TensorDescriptor:
     """The XQ mode's activations: unswizzled [rows, 128] boxes of the 16-bit h [M, K] (256-byte rows, read
     into registers a step and quantized)."""
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=h.element_size() * 8, rank=2)
-    return TensorDescriptor.from_tensor(h, [rows, ROW_BYTES], layout)
+    return unswizzled_descriptor(h, [rows, ROW_BYTES])
 
 
 def xn_weight_descriptor(g: torch.Tensor) -> TensorDescriptor:
     """The XN mode's norm weight g [K] as [1, 128] boxes of a [1, K] view (unswizzled, a step's columns)."""
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=g.element_size() * 8, rank=2)
-    return TensorDescriptor.from_tensor(g.view(1, -1), [1, ROW_BYTES], layout)
+    return unswizzled_descriptor(g.view(1, -1), [1, ROW_BYTES])
 
 
 def compile_sm90(dtype: torch.dtype = torch.bfloat16, block_n: int = 128, bm: int = 16, split: int = 1,
@@ -346,6 +351,15 @@ if HAVE_GLUON:
             _tma_load(desc, [half + row, k], bar, buf.slice(HALF, HALF), pred=pred)
         else:
             _tma_load(desc, [row, k], bar, buf, pred=pred)
+
+    @gluon.jit
+    def _issue_weights(w_desc, g_desc, w_smem, g_smem, ready, n0, N, k, i, steps, GATED: gl.constexpr,
+                       XN: gl.constexpr):  # fmt: skip
+        """The ring's first steps' constants into stage i (step i, at column k): the weight rows (_issue_w) and XN's
+        norm weight; the kernel issues PREWAIT of them before its PDL wait, the rest after it."""
+        _issue_w(w_desc, n0, N // 2, k, ready.index(i), w_smem.index(i), i < steps, GATED)
+        if XN:
+            _issue(g_desc, 0, k, ready.index(i), g_smem.index(i), i < steps)
 
     @gluon.jit
     def gated_epilogue(acc, h_ptr, bias_ptr, w_scale_ptr, a_scale_ptr, cnt_ptr, q_ptr, qs_ptr, pid_n, M, inter,
@@ -569,6 +583,7 @@ if HAVE_GLUON:
         steps = gl.cdiv(gl.minimum(K, k0 + K_PER_SPLIT) - k0, BLOCK_K)
 
         w_smem = gl.allocate_shared_memory(DT, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
+        g_smem = w_smem  # (unused without XN)
         if XN:
             g_smem = gl.allocate_shared_memory(XT, [STAGES, 1, BLOCK_K], g_desc.layout)
         ready = ring_barriers(STAGES)
@@ -578,18 +593,14 @@ if HAVE_GLUON:
         for i in gl.static_range(STAGES - 1):
             mbarrier.expect(ready.index(i), STEP_BYTES, pred=i < steps)
             if i < PREWAIT:
-                _issue_w(w_desc, n0, N // 2, k0 + i * BLOCK_K, ready.index(i), w_smem.index(i), i < steps, GATED)
-                if XN:
-                    _issue(g_desc, 0, k0 + i * BLOCK_K, ready.index(i), g_smem.index(i), i < steps)
+                _issue_weights(w_desc, g_desc, w_smem, g_smem, ready, n0, N, k0 + i * BLOCK_K, i, steps, GATED, XN)
         if XN:  # the norm weight whole, for the rows' statistics after the wait
             g_row = xn_norm_weight(g_ptr, K, ROW_PAD)
         gluon_pdl_wait(PDL)
         x_smem = gl.allocate_shared_memory(XT, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
         for i in gl.static_range(STAGES - 1):
             if i >= PREWAIT:
-                _issue_w(w_desc, n0, N // 2, k0 + i * BLOCK_K, ready.index(i), w_smem.index(i), i < steps, GATED)
-                if XN:
-                    _issue(g_desc, 0, k0 + i * BLOCK_K, ready.index(i), g_smem.index(i), i < steps)
+                _issue_weights(w_desc, g_desc, w_smem, g_smem, ready, n0, N, k0 + i * BLOCK_K, i, steps, GATED, XN)
             _issue(x_desc, 0, k0 + i * BLOCK_K, ready.index(i), x_smem.index(i), i < steps)
         if XQ:
             XL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])  # 16-byte shared reads

@@ -38,7 +38,7 @@ import triton
 
 from tritonllm import platform
 from tritonllm.kernels import gemm_skinny_sm90, splitk_sm90
-from tritonllm.kernels.gemm_skinny_sm90 import block_m
+from tritonllm.kernels.gemm_skinny_sm90 import block_m, unswizzled_descriptor
 from tritonllm.kernels.gemm_w4_sm90 import BF16_BIAS, FP4_MASKS, FP16_BIAS, INT4_PAIR_MASK
 from tritonllm.kernels.launch import compile_gluon_sm90, gluon_barrier, gluon_pdl_wait, gluon_sm90_available
 
@@ -46,7 +46,6 @@ try:  # recent triton ships Gluon; without it the portable kernels serve every s
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from tritonllm.kernels.gemm_skinny_sm90 import _tma_load, release_ring, ring_barriers
     from tritonllm.kernels.gemm_w4_sm90 import _decode, _row_bases, _words_layout, a_operand_order, e8m0_bf16
@@ -180,12 +179,6 @@ def kernel_scales(scale: torch.Tensor, zero: torch.Tensor | None, dtype: torch.d
     return cache[key]
 
 
-def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
-    """A TMA descriptor of boxes `block` of t, unswizzled (each step reads them in its own layout)."""
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=t.element_size() * 8, rank=len(block))
-    return TensorDescriptor.from_tensor(t, block, layout)
-
-
 def compile_sm90(group_k: int = 128, block_n: int = 128, bm: int = 8, fp16: bool = False, split: int = 1,
                  stages: int = 8, warps: int = 4, fp4: bool = False):  # fmt: skip
     """Compile for sm90 without a GPU (launch.compile_gluon_sm90): tests, scripts/sass_loop_mix.py,
@@ -200,9 +193,10 @@ def compile_sm90(group_k: int = 128, block_n: int = 128, bm: int = 8, fp16: bool
                       HAS_BIAS=False, SPLIT_K=split, STAGES=stages, PDL=True)  # fmt: skip
     out = "*fp16" if fp16 else "*bf16"
     gs = BLOCK_K // constexprs["GROUP_K"]
-    types = dict(w_desc=mangle_type(_descriptor(words, [block_n, 4, 4])),
-                 s_desc=mangle_type(_descriptor(scales, [gs, block_n])), x_desc=mangle_type(_descriptor(x, [bm, 128])),
-                 c_ptr=out, bias_ptr=out, ws_ptr="*fp32", cnt_ptr="*i32")  # fmt: skip
+    types = dict(w_desc=mangle_type(unswizzled_descriptor(words, [block_n, 4, 4])),
+                 s_desc=mangle_type(unswizzled_descriptor(scales, [gs, block_n])),
+                 x_desc=mangle_type(unswizzled_descriptor(x, [bm, 128])), c_ptr=out, bias_ptr=out, ws_ptr="*fp32",
+                 cnt_ptr="*i32")  # fmt: skip
     return compile_gluon_sm90(w4_tma_gemm_sm90_kernel, constexprs, types, ("stride_cm",), num_warps=warps)
 
 
@@ -216,10 +210,10 @@ def w4_tma_gemm_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias
     p = plan(m, n, k, fp4)
     split, k_per_split, tiles, ws, cnt = splitk_sm90.plan_splits(m, n, k, p.split, BLOCK_K, p.block_n, c)
     bm = block_m(m)
-    w_desc = _descriptor(words.view(n, k // 32, 4), [p.block_n, 4, 4])
-    s_desc = _descriptor(kernel_scales(scale, zero, a.dtype, fp4), [BLOCK_K // group_k, p.block_n])
+    w_desc = unswizzled_descriptor(words.view(n, k // 32, 4), [p.block_n, 4, 4])
+    s_desc = unswizzled_descriptor(kernel_scales(scale, zero, a.dtype, fp4), [BLOCK_K // group_k, p.block_n])
     w4_tma_gemm_sm90_kernel[(tiles, split)](
-        w_desc, s_desc, _descriptor(a, [bm, BLOCK_K]), c, bias if bias is not None else c, ws, cnt,
+        w_desc, s_desc, unswizzled_descriptor(a, [bm, BLOCK_K]), c, bias if bias is not None else c, ws, cnt,
         m, n, k, k_per_split, c.stride(0),
         *(FP4_MASKS if fp4 else (INT4_PAIR_MASK, FP16_BIAS if a.dtype == torch.float16 else BF16_BIAS)),
         GROUP_K=group_k, BLOCK_N=p.block_n, BLOCK_M=bm, FP16=a.dtype == torch.float16, FP4=fp4,

@@ -1,9 +1,9 @@
 """The 4-bit GEMV at M = 1 for NVIDIA Hopper with its weight streamed by TMA through a shared-memory ring.
 
-Why a third 4-bit kernel at M = 1: the register-fed GEMV (gemv_w4_sm90.py) loads a program's K tile of words
-into registers, so the bytes an SM has in flight are bounded by its register file (three programs of 128
-threads x 8 rows x 16 bytes: ~48 KB) and fall to nothing while a program sums its tile and the next one starts.
-At ~1.5 us of loaded latency that caps the read near 2.5-2.8 TB/s whatever the GPU's bandwidth: at Llama-3-8B's
+Why a third 4-bit kernel at M = 1, a hypothesis to test: the register-fed GEMV (gemv_w4_sm90.py) loads a program's
+K tile of words into registers, so the bytes an SM has in flight are bounded by its register file (three programs of
+128 threads x 8 rows x 16 bytes: ~48 KB) and fall to nothing while a program sums its tile and the next one starts.
+At ~1.5 us of loaded latency that would cap the read near 2.5-2.8 TB/s whatever the GPU's bandwidth: at Llama-3-8B's
 gate_up it measured 2.46 TB/s on an H100 (3.35 peak) and 2.84 on an H200 (4.8), where the bf16 skinny GEMM, fed
 by TMA, reads 3.0 and 4.1. Its decode is not what binds it: 2.2 sm90 instructions a weight for int4 in half
 pairs (scripts/sass_loop_mix.py --gluon --half2 --one-tile), ~7.7 us of issue at gate_up on an H200 against
@@ -40,13 +40,13 @@ import torch
 
 from tritonllm import platform
 from tritonllm.kernels import gemv_w4, gemv_w4_sm90
+from tritonllm.kernels.gemm_skinny_sm90 import unswizzled_descriptor
 from tritonllm.kernels.launch import compile_gluon_sm90, gluon_barrier, gluon_pdl_wait, gluon_sm90_available
 
 try:  # recent triton ships Gluon; without it the other GEMVs serve every shape
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from tritonllm.kernels.gemm_skinny_sm90 import _tma_load, release_ring, ring_barriers
 
@@ -116,16 +116,6 @@ def available() -> bool:
     )
 
 
-def _gl_dtype(dtype: torch.dtype):
-    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.uint8: gl.uint8, torch.int32: gl.int32}[dtype]
-
-
-def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
-    """An unswizzled TMA descriptor of `block` boxes of the 2-d t (read back into registers row-major)."""
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=t.element_size() * 8, rank=2)
-    return TensorDescriptor.from_tensor(t, block, layout)
-
-
 def _groups_a_step(group_k: int) -> int:
     """GPI: scale groups a step (STEP_W words of group_k / 8 words a group)."""
     return STEP_W // (group_k // 8)
@@ -142,9 +132,9 @@ def w4_gemv_tma_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias
     masks = gemv_w4.HALF2_MASKS if fp4 else gemv_w4.INT4_HALF2_MASKS
     blocks = -(-n // BLOCK_N)
     grid = (max(1, min(blocks, plan.programs_per_sm * platform.num_multiprocessors())),)
-    s_desc = _descriptor(scale, [BLOCK_N, gpi])
+    s_desc = unswizzled_descriptor(scale, [BLOCK_N, gpi])
     w4_gemv_tma_sm90_kernel[grid](
-        a, _descriptor(words, [BLOCK_N, STEP_W]), s_desc, _descriptor(zero, [BLOCK_N, gpi]) if zero is not None else s_desc,
+        a, unswizzled_descriptor(words, [BLOCK_N, STEP_W]), s_desc, unswizzled_descriptor(zero, [BLOCK_N, gpi]) if zero is not None else s_desc,
         c, bias if bias is not None else c, n, k, *masks, FP4=fp4, GROUP_K=group_k, STAGES=plan.stages,
         KT=steps_of(k), HAS_BIAS=bias is not None, num_warps=NUM_WARPS, **pdl,
     )  # fmt: skip
@@ -156,8 +146,8 @@ def compile_sm90(fp4: bool, group_k: int | None = None, k: int = 4096, stages: i
     group_k = group_k or (32 if fp4 else 128)
     gpi = _groups_a_step(group_k)
     scale_dtype = torch.uint8 if fp4 else torch.bfloat16
-    w_desc = _descriptor(torch.empty((BLOCK_N, STEP_W), dtype=torch.int32), [BLOCK_N, STEP_W])
-    s_desc = _descriptor(torch.empty((BLOCK_N, 64), dtype=scale_dtype), [BLOCK_N, gpi])
+    w_desc = unswizzled_descriptor(torch.empty((BLOCK_N, STEP_W), dtype=torch.int32), [BLOCK_N, STEP_W])
+    s_desc = unswizzled_descriptor(torch.empty((BLOCK_N, 64), dtype=scale_dtype), [BLOCK_N, gpi])
     from triton.runtime.jit import mangle_type
 
     constexprs = dict(FP4=fp4, GROUP_K=group_k, STAGES=stages or PLAN.stages, KT=steps_of(k), HAS_BIAS=False,
