@@ -8,6 +8,7 @@ import torch
 from closeness import assert_close_to_scale  # this folder (pytest puts it on sys.path)
 from launch_spy import LaunchSpy  # tests/
 from seeded import randn as _randn  # this folder
+from w4_schemes import SCHEMES, scheme_id  # this folder
 
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
@@ -31,15 +32,7 @@ def _gemv(x, weight, bias, block_k, split_k, block_n=32, block_m=1):
                   **g.scale_args(weight.scheme))  # fmt: skip
 
 
-SCHEMES = [
-    QuantScheme(INT4, "group", "none", group_size=32),
-    QuantScheme(INT4, "group", "none", group_size=64),
-    QuantScheme(INT4, "group", "none", group_size=128),
-    QuantScheme(FP4, "mx", "none"),
-]
-
-
-@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: f"{s.format_name}-g{s.group_size}")
+@pytest.mark.parametrize("scheme", SCHEMES, ids=scheme_id)
 @pytest.mark.parametrize("m, n, k", [(1, 130, 384), (3, 45, 640), (2, 20, 1152)])
 @pytest.mark.parametrize("block_k, split_k", [(64, 1), (256, 1), (128, 3)])
 def test_word_gemv_matches_the_dequantized_weight(scheme, m, n, k, block_k, split_k, spy) -> None:
@@ -56,7 +49,7 @@ def test_word_gemv_matches_the_dequantized_weight(scheme, m, n, k, block_k, spli
     assert spy.launches == 1, "the word GEMV did not run"
 
 
-@pytest.mark.parametrize("scheme", SCHEMES[::2], ids=lambda s: f"{s.format_name}-g{s.group_size}")
+@pytest.mark.parametrize("scheme", SCHEMES[::2], ids=scheme_id)
 @pytest.mark.parametrize("m, block_m", [(5, 4), (2, 4), (3, 2)])
 @pytest.mark.parametrize("block_k, split_k", [(256, 1), (128, 3)])
 def test_several_rows_a_program_share_the_decoded_tile(scheme, m, block_m, block_k, split_k, spy) -> None:

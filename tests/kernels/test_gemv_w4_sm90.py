@@ -17,6 +17,7 @@ from closeness import assert_close_to_scale  # this folder (pytest puts it on sy
 from launch_spy import LaunchSpy  # tests/
 from seeded import randn as _randn  # this folder
 from sm90_build import sm90_build_report  # this folder
+from w4_schemes import SCHEMES, scheme_id  # this folder
 
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
@@ -28,12 +29,6 @@ from tritonllm.quantization.quantize import quantize_weight
 needs_sm90 = pytest.mark.skipif(
     not (platform.is_gpu() and gemv_w4_sm90.available()), reason="the Gluon W4 GEMV runs on sm90 GPUs only"
 )
-SCHEMES = [
-    QuantScheme(INT4, "group", "none", group_size=32),
-    QuantScheme(INT4, "group", "none", group_size=64),
-    QuantScheme(INT4, "group", "none", group_size=128),
-    QuantScheme(FP4, "mx", "none"),
-]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -54,7 +49,7 @@ def _gemv(
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: f"{s.format_name}-g{s.group_size}")
+@pytest.mark.parametrize("scheme", SCHEMES, ids=scheme_id)
 @pytest.mark.parametrize("n, k", [(45, 640), (130, 4096), (77, 4224), (9, 8192 + 128)])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_matches_the_dequantized_weight(scheme, n, k, with_bias, spy) -> None:
@@ -73,7 +68,7 @@ def test_matches_the_dequantized_weight(scheme, n, k, with_bias, spy) -> None:
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("scheme", SCHEMES[::2], ids=lambda s: f"{s.format_name}-g{s.group_size}")
+@pytest.mark.parametrize("scheme", SCHEMES[::2], ids=scheme_id)
 @pytest.mark.parametrize("n, k", [(45, 640), (1000, 4224), (3, 8192 + 128)])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_gated_matches_silu_mul_of_the_dequantized_weight(scheme, n, k, with_bias, spy) -> None:
@@ -126,7 +121,7 @@ def test_the_gated_build_keeps_the_k_loop(fp4: bool) -> None:
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("rows, warps_k, prefetch", [(8, 4, False), (4, 1, True), (2, 2, True), (4, 1, False)])
-@pytest.mark.parametrize("scheme", SCHEMES[2:], ids=lambda s: f"{s.format_name}-g{s.group_size}")
+@pytest.mark.parametrize("scheme", SCHEMES[2:], ids=scheme_id)
 @pytest.mark.parametrize("n, k", [(45, 640), (77, 4224), (130, 8192)])
 def test_every_tiling_matches(rows, warps_k, prefetch, scheme, n, k, monkeypatch, spy) -> None:
     """Rows a thread, warps along K or along rows, the next tile prefetched (its loads past K masked)."""
@@ -141,9 +136,7 @@ def test_every_tiling_matches(rows, warps_k, prefetch, scheme, n, k, monkeypatch
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("fp4_bits", ["float32", "half2"])
-@pytest.mark.parametrize(
-    "scheme", [SCHEMES[0], SCHEMES[2], SCHEMES[3]], ids=lambda s: f"{s.format_name}-g{s.group_size}"
-)
+@pytest.mark.parametrize("scheme", [SCHEMES[0], SCHEMES[2], SCHEMES[3]], ids=scheme_id)
 @pytest.mark.parametrize("n, k, blocks", [(56, 640, 3), (8 * 33, 4096, 4), (16, 4096, 2), (8 * 9, 3968, 8)])
 def test_row_blocks_a_program_match(fp4_bits, scheme, n, k, blocks, monkeypatch) -> None:
     """The blocked kernel (a tiling of several row blocks a program, K within one tile, N whole blocks): programs
@@ -166,9 +159,7 @@ def test_row_blocks_a_program_match(fp4_bits, scheme, n, k, blocks, monkeypatch)
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("fp4_bits", ["float32", "half2"])
-@pytest.mark.parametrize(
-    "scheme", [SCHEMES[0], SCHEMES[2], SCHEMES[3]], ids=lambda s: f"{s.format_name}-g{s.group_size}"
-)
+@pytest.mark.parametrize("scheme", [SCHEMES[0], SCHEMES[2], SCHEMES[3]], ids=scheme_id)
 @pytest.mark.parametrize("n, k, split", [(45, 14336, 4), (4096, 14336, 2), (77, 8192, 4), (9, 4096 * 3 + 640, 8)])
 def test_k_splits_match(fp4_bits, scheme, n, k, split, monkeypatch, spy) -> None:
     """K cut into runs of whole K tiles (Tiling.split), each run a program, the row block's last to arrive summing

@@ -11,23 +11,18 @@ from closeness import assert_close_to_scale  # this folder (pytest puts it on sy
 from launch_spy import LaunchSpy  # tests/
 from seeded import randn as _randn  # this folder
 from sm90_build import sm90_build_report  # this folder
+from w4_schemes import SCHEMES, scheme_id  # this folder
 
 from tritonllm import platform
 from tritonllm.kernels import gemm as g
 from tritonllm.kernels import gemm_w4_tma_sm90, gemv_w4_tma_sm90, reference
-from tritonllm.kernels.quant_formats import FP4, INT4, QuantizedWeight, QuantScheme
+from tritonllm.kernels.quant_formats import QuantizedWeight
 from tritonllm.quantization.quantize import quantize_weight
 
 tma = gemv_w4_tma_sm90
 needs_sm90 = pytest.mark.skipif(
     not (platform.is_gpu() and tma.available()), reason="the TMA W4 GEMV runs on sm90 GPUs only"
 )
-SCHEMES = [
-    QuantScheme(INT4, "group", "none", group_size=32),
-    QuantScheme(INT4, "group", "none", group_size=64),
-    QuantScheme(INT4, "group", "none", group_size=128),
-    QuantScheme(FP4, "mx", "none"),
-]
 
 
 @pytest.fixture
@@ -45,7 +40,7 @@ def _gemv(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = 
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: f"{s.format_name}-g{s.group_size}")
+@pytest.mark.parametrize("scheme", SCHEMES, ids=scheme_id)
 @pytest.mark.parametrize("n, k", [(45, 1024), (130, 4096), (77, 3072), (1000, 14336)])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_matches_the_dequantized_weight_and_the_register_fed_gemv(scheme, n, k, with_bias, spy, monkeypatch) -> None:
@@ -67,7 +62,7 @@ def test_matches_the_dequantized_weight_and_the_register_fed_gemv(scheme, n, k, 
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("plan", ["2:1", "3:1", "4:2", "6:1"])
-@pytest.mark.parametrize("scheme", SCHEMES[2:], ids=lambda s: f"{s.format_name}-g{s.group_size}")
+@pytest.mark.parametrize("scheme", SCHEMES[2:], ids=scheme_id)
 def test_programs_walk_several_row_blocks(plan, scheme, spy, monkeypatch) -> None:
     """Fewer programs than row blocks (one or two an SM): each walks blocks pid, pid + G, ... through the ring,
     whose stages are refilled across row blocks; two to six stages; a ragged last block."""
