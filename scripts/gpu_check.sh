@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58] [tests-kernels] [tests-engine] [prewait] [w4-tma-gemv] [w4-tma-e2e] [ncu-w4] [next-59]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58] [tests-kernels] [tests-engine] [prewait] [w4-tma-gemv] [w4-tma-e2e] [ncu-w4] [next-59] [moe-skinny]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -804,6 +804,16 @@ PY
       else
         timeout 560 bash "$0" prewait
       fi ;;
+    moe-skinny)
+      # session 49's MoE experts fed by a TMA ring (kernels/moe_skinny_sm90.py, opt-in TRITONLLM_MOE_SKINNY, built
+      # without a GPU): its GPU tests, then the Qwen3-30B-A3B bf16 layer (graph replay, router included, PDL) at 1 / 4
+      # / 16 / 64 tokens with the Triton GEMV (0) and with it (1): issue 16's 70% of the experts' bandwidth
+      timeout 240 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_moe_skinny_sm90.py 2>&1 \
+        | tee "$OUT/moe_skinny_gpu.log" | tail -4
+      for v in 0 1; do
+        TRITONLLM_MOE_SKINNY=$v timeout 150 python3 scripts/bench_moe.py "$OUT/moe_skinny_$v.json" --shapes qwen3 \
+          --kinds bfloat16 --tokens 1 4 16 64 --torch-ref-max-tokens 0 --pdl 2>&1 | grep -E "T=|Error" | sed "s/^/[$v] /"
+      done ;;
     w4-tma-gemv)
       # session 48's 4-bit GEMV fed by a TMA ring (kernels/gemv_w4_tma_sm90.py, opt-in TRITONLLM_W4_GEMV_TMA, built
       # without a GPU): its GPU tests, then bench_gemm at M = 1 on Llama-3-8B's layers (int4 g128, MXFP4; every

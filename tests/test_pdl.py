@@ -72,6 +72,8 @@ READ_BEFORE_WAIT = {
     # EARLY (w2): the experts' words and scales, and the expert ids, which the router wrote two launches back
     "moe_gemv.moe_gemv_kernel": {"b_ptr", "b_scale_ptr", "topk_ids_ptr"},
     "moe_route.router_route_kernel": {"w_ptr", "bias_ptr"},  # the router's weight and bias
+    # EARLY (w2): the expert ids (the router's, two launches back) and the ring's first weight stages
+    "moe_skinny_sm90.moe_skinny_sm90_kernel": {"w_desc", "ids_ptr"},
     "l2_prefetch.l2_prefetch_kernel": {"w_ptr"},  # the weight it streams into L2
     "rmsnorm._rms_norm_kernel": {"weight_ptr"},  # the norm's weight
     # the rotation's positions and cos / sin, and the tokens' cache slots: written at the step's start (the step
