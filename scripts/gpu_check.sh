@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58] [tests-kernels] [tests-engine] [prewait] [w4-tma-gemv] [w4-tma-e2e] [ncu-w4] [next-59] [moe-skinny]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58] [tests-kernels] [tests-engine] [prewait] [w4-tma-gemv] [w4-tma-e2e] [ncu-w4] [next-59] [moe-skinny] [next-60]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -803,6 +803,24 @@ PY
         done
       else
         timeout 560 bash "$0" prewait
+      fi ;;
+    next-60)
+      # session 49's first call (~9 minutes): moe-skinny (issue 16's decode layer), then on an H200 issue 14's int4
+      # batch 1 with the register-fed GEMV and the TMA-fed one (plan 2:4) beside bf16 cuBLAS; elsewhere FP8 batch 1
+      # with one weight tile before the skinny GEMM's PDL wait and with all (prewait's core)
+      timeout 330 bash "$0" moe-skinny
+      if on_h200; then
+        QUANT_VARIANTS=bf16_torch QUANT_EXPS=batch1_decode QUANT_TAG=_w4tma timeout 100 bash "$0" e2e-quant
+        for v in 0 2:4; do
+          TRITONLLM_W4_GEMV_TMA=$v QUANT_VARIANTS=int4_gluon QUANT_EXPS=batch1_decode QUANT_TAG="_w4tma_${v/:/_}" \
+            timeout 100 bash "$0" e2e-quant
+        done
+      else
+        QUANT_VARIANTS=bf16_torch QUANT_EXPS=batch1_decode QUANT_TAG=_pw timeout 90 bash "$0" e2e-quant
+        for pw in 16 1; do
+          TRITONLLM_SKINNY_PREWAIT=$pw QUANT_VARIANTS=fp8_gluon QUANT_EXPS=batch1_decode QUANT_TAG="_pw$pw" \
+            timeout 90 bash "$0" e2e-quant
+        done
       fi ;;
     moe-skinny)
       # session 49's MoE experts fed by a TMA ring (kernels/moe_skinny_sm90.py, opt-in TRITONLLM_MOE_SKINNY, built
