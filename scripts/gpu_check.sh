@@ -808,12 +808,12 @@ PY
       # session 49's first call (~9 minutes): moe-skinny (issue 16's decode layer), then on an H200 issue 14's int4
       # batch 1 with the register-fed GEMV and the TMA-fed one (plan 2:4) beside bf16 cuBLAS; elsewhere FP8 batch 1
       # with one weight tile before the skinny GEMM's PDL wait and with all (prewait's core)
-      timeout 330 bash "$0" moe-skinny
+      timeout 270 bash "$0" moe-skinny
       if on_h200; then
-        QUANT_VARIANTS=bf16_torch QUANT_EXPS=batch1_decode QUANT_TAG=_w4tma timeout 100 bash "$0" e2e-quant
+        QUANT_VARIANTS=bf16_torch QUANT_EXPS=batch1_decode QUANT_TAG=_w4tma timeout 110 bash "$0" e2e-quant
         for v in 0 2:4; do
           TRITONLLM_W4_GEMV_TMA=$v QUANT_VARIANTS=int4_gluon QUANT_EXPS=batch1_decode QUANT_TAG="_w4tma_${v/:/_}" \
-            timeout 100 bash "$0" e2e-quant
+            timeout 110 bash "$0" e2e-quant
         done
       else
         QUANT_VARIANTS=bf16_torch QUANT_EXPS=batch1_decode QUANT_TAG=_pw timeout 90 bash "$0" e2e-quant
