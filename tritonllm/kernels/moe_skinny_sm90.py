@@ -52,6 +52,7 @@ from tritonllm.kernels.launch import (
     gluon_sm90_available,
     pdl_launch,
 )
+from tritonllm.kernels.reference import MOE_ACTIVATIONS  # ACTIVATION: the index in it
 
 HAVE_GLUON = skinny.HAVE_GLUON
 if HAVE_GLUON:
@@ -63,7 +64,6 @@ if HAVE_GLUON:
 
 BLOCK_M = 8  # the MMA's N: a pair's row and the 7 after it (unused)
 BLOCK_K = skinny.ROW_BYTES // 2  # 64 16-bit values a stage row: one 128-byte swizzled box
-MOE_ACTIVATIONS = ("silu", "swiglu_oai")  # kernels/reference.py's order (ACTIVATION)
 
 
 @dataclass(frozen=True)
