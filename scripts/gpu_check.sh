@@ -824,13 +824,13 @@ PY
       fi ;;
     moe-skinny)
       # session 49's MoE experts fed by a TMA ring (kernels/moe_skinny_sm90.py, opt-in TRITONLLM_MOE_SKINNY, built
-      # without a GPU): its GPU tests, then the Qwen3-30B-A3B bf16 layer (graph replay, router included, PDL) at 1 / 4
-      # / 16 / 64 tokens with the Triton GEMV (0) and with it (1): issue 16's 70% of the experts' bandwidth
+      # without a GPU): its GPU tests, then the Qwen3-30B-A3B layer, bf16 and block FP8 (graph replay, router included,
+      # PDL) at 1 / 4 / 64 tokens with the Triton GEMV (0) and with it (1): issue 16's 70% of the experts' bandwidth
       timeout 240 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_moe_skinny_sm90.py 2>&1 \
         | tee "$OUT/moe_skinny_gpu.log" | tail -4
       for v in 0 1; do
         TRITONLLM_MOE_SKINNY=$v timeout 150 python3 scripts/bench_moe.py "$OUT/moe_skinny_$v.json" --shapes qwen3 \
-          --kinds bfloat16 --tokens 1 4 16 64 --torch-ref-max-tokens 0 --pdl 2>&1 | grep -E "T=|Error" | sed "s/^/[$v] /"
+          --kinds bfloat16 fp8_block --tokens 1 4 64 --torch-ref-max-tokens 0 --pdl 2>&1 | grep -E "T=|Error" | sed "s/^/[$v] /"
       done ;;
     w4-tma-gemv)
       # session 48's 4-bit GEMV fed by a TMA ring (kernels/gemv_w4_tma_sm90.py, opt-in TRITONLLM_W4_GEMV_TMA, built

@@ -24,6 +24,7 @@ needs_sm90 = pytest.mark.skipif(
     not (platform.is_gpu() and sk.available()), reason="the MoE skinny GEMM runs on sm90 GPUs only"
 )
 GEMV = MoeTiles(*[GemmTiles(1, 16, 256, 4, 1, 1, gemv=True)] * 2)  # the decode path, where the kernel may run
+FP8_BLOCK = QuantScheme(torch.float8_e4m3fn, "block", "group")  # (sm90 only: e4m3fn)
 
 
 def _problem(t: int, e: int, h: int, i: int, top_k: int, seed: int, dtype: torch.dtype, bias: bool = False):
@@ -52,9 +53,11 @@ sys.path.insert(0, "scripts")
 from cross_compile_attention import registers
 from tritonllm.kernels import moe_skinny_sm90 as m
 report = {}
-for name, gated, bias, act, early in (("w13", True, False, 0, False), ("w13-oai-bias", True, True, 1, False),
-                                      ("w2", False, False, 0, True), ("w2-bias-late", False, True, 0, False)):
-    kernel = m.compile_sm90(gated=gated, bias=bias, activation=act, early=early)
+for name, gated, bias, act, early, fp8 in (
+        ("w13", True, False, 0, False, False), ("w13-oai-bias", True, True, 1, False, False),
+        ("w2", False, False, 0, True, False), ("w2-bias-late", False, True, 0, False, False),
+        ("w13-fp8", True, False, 0, False, True), ("w2-fp8-bias", False, True, 0, True, True)):
+    kernel = m.compile_sm90(gated=gated, bias=bias, activation=act, early=early, fp8=fp8)
     ptx = kernel.asm["ptx"]
     report[name] = [".local" in ptx, ptx.count("cp.async.bulk.tensor"), "griddepcontrol.wait" in ptx,
                     ptx.count("wgmma.mma_async"), registers(kernel), kernel.metadata.shared]
@@ -65,15 +68,17 @@ print(json.dumps(report))
 @pytest.mark.skipif(not sk.HAVE_GLUON, reason="this Triton has no Gluon")
 def test_builds_for_sm90_without_spills() -> None:
     """w13 (gate and up rows: two TMA boxes a stage) and w2 (one), with and without biases and gpt-oss's activation,
-    w2 with its weights requested before the PDL wait or after: the ring's copies (the first STAGES - 1 steps' and
-    the loop's refill), the PDL wait, no local memory, and registers and shared memory that leave room for four
-    programs an SM (the plan's fill)."""
+    w2 with its weights requested before the PDL wait or after, 16-bit and block-FP8 experts: the ring's copies (the
+    first STAGES - 1 steps' and the loop's refills: one, or FP8's two steps an iteration), the PDL wait, no local
+    memory, and registers and shared memory that leave room for four programs an SM (the plan's fill)."""
     stages = sk.Plan().stages
     report = sm90_build_report(_BUILD)
+    assert len(report) == 6
     for name, (spills, copies, pdl, mmas, regs, shared) in report.items():
         boxes = 3 if name.startswith("w13") else 2  # a step's copies: weight box(es) and the activation box
+        refills = 2 if "fp8" in name else 1
         assert not spills and pdl and mmas > 0, (name, report)
-        assert copies == boxes * stages, (name, copies)  # (STAGES - 1) steps up front + one refill in the loop
+        assert copies == boxes * (stages - 1 + refills), (name, copies)
         assert regs <= 128 and shared <= 56 * 1024, (name, regs, shared)
 
 
@@ -110,6 +115,9 @@ def test_takes_only_16_bit_experts_that_tma_reads(monkeypatch) -> None:
     assert not sk.takes(x, w13, w2, 2, "gelu")
     mx = quantize_experts(_randn(4, 64, 64, seed=81), QuantScheme(FP4, "mx", "none"))
     assert not sk.takes(x, mx, w2, 2, "silu")
+    fp8_13, fp8_2 = quantize_experts(w13.float(), FP8_BLOCK), quantize_experts(w2.float(), FP8_BLOCK)
+    assert sk._experts_fit(fp8_13, x) == platform.has_fp8() and sk._experts_fit(fp8_2, x) == platform.has_fp8()
+    assert not sk.takes(x, fp8_13, w2, 2, "silu")  # one block-FP8, one 16-bit
     if not (platform.is_gpu() and sk.available()):
         assert not sk.takes(x, w13, w2, 2, "silu")
 
@@ -145,6 +153,31 @@ def test_matches_the_reference(t, e, h, i, top_k, activation, bias, dtype, spy) 
     expected = reference.fused_moe(*[a.float() if a.is_floating_point() else a for a in args], activation=activation,
                                    **{k: v.float() for k, v in biases.items()})  # fmt: skip
     assert_close_to_scale(got, expected, 2e-2)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize(
+    "t, e, h, i, top_k, activation, bias",
+    [(1, 128, 2048, 768, 8, "silu", False), (4, 128, 2048, 768, 8, "silu", False),
+     (3, 6, 384, 160, 2, "swiglu_oai", True), (2, 4, 1040, 96, 1, "silu", False)],
+)  # fmt: skip
+def test_block_fp8_experts_match_the_portable_gemv(t, e, h, i, top_k, activation, bias, spy) -> None:
+    """Block-FP8 experts (Qwen3-30B-A3B-FP8's layer at one and four tokens; I = 160: a gate / up tile's scale
+    blocks differ from its neighbour's; H = 1,040: a ragged last K group and scale block): against the portable
+    Triton GEMV on the same quantized activations (tight) and the float32 reference (the activations' FP8 rounding
+    included, as test_moe's bound)."""
+    args, biases = _problem(t, e, h, i, top_k, seed=95 + t, dtype=torch.bfloat16, bias=bias)
+    x, w13, w2, weights, ids = args
+    w13, w2 = quantize_experts(w13.float(), FP8_BLOCK), quantize_experts(w2.float(), FP8_BLOCK)
+    got = fused_moe(x, w13, w2, weights, ids, tiles=GEMV, activation=activation, **biases)
+    assert spy.launches == 2, "the MoE skinny GEMM did not run"
+    sk.PLAN = None  # (the fixture's monkeypatch restores it)
+    portable = fused_moe(x, w13, w2, weights, ids, tiles=GEMV, activation=activation, **biases)
+    assert spy.launches == 2
+    assert_close_to_scale(got, portable, 1e-2)
+    expected = reference.fused_moe(x, w13, w2, weights, ids, activation=activation, **biases)
+    assert_close_to_scale(got, expected, 3e-2)
 
 
 @pytest.mark.gpu

@@ -29,7 +29,12 @@ stages before the PDL wait, under w13's tail; w13 waits first (its router is the
 Opt-in (TRITONLLM_MOE_SKINNY=1) until an sm90 GPU has checked and timed it: Gluon does not run in the
 interpreter, so the CPU only builds it (tests/kernels/test_moe_skinny_sm90.py); its numerics are GPU tests.
 Takes bf16 / fp16 experts (the float GEMV's work: Qwen3-MoE, Mixtral, bf16 gpt-oss) stacked [E, N, K] with
-16-byte aligned rows, at the decode sizes the tile table gives the GEMV.
+16-byte aligned rows, and block-FP8 experts (e4m3 [E, N, K] with float32 scales [E, cdiv(N, 128), cdiv(K, 128)], as
+Qwen3-30B-A3B-FP8 ships): their activations quantized per token and 128-column group first (quant.py, as the
+portable path does), a K step of 128 FP8 values is one group, so each step's product is taken into fresh
+registers and added times its activation scale and its rows' weight-block scale (gate and up rows: their two
+blocks), two steps an iteration so that the MMAs stay back to back (gemm_skinny_sm90's group-scaled loop). At the
+decode sizes the tile table gives the GEMV.
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ from tritonllm.kernels.launch import (
     gluon_sm90_available,
     pdl_launch,
 )
+from tritonllm.kernels.quant import quantize_per_group
+from tritonllm.kernels.quant_formats import BLOCK, QuantizedWeight
 from tritonllm.kernels.reference import MOE_ACTIVATIONS  # ACTIVATION: the index in it
 
 HAVE_GLUON = skinny.HAVE_GLUON
@@ -60,10 +67,15 @@ if HAVE_GLUON:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-    from tritonllm.kernels.gemm_skinny_sm90 import _issue, _issue_w, release_ring, ring_barriers
+    from tritonllm.kernels.gemm_skinny_sm90 import _issue, _issue_w, _step_mma, release_ring, ring_barriers
 
 BLOCK_M = 8  # the MMA's N: a pair's row and the 7 after it (unused)
-BLOCK_K = skinny.ROW_BYTES // 2  # 64 16-bit values a stage row: one 128-byte swizzled box
+FP8_BLOCK = "fp8:block:group"  # the quantized experts served (QuantizedWeight's format name)
+
+
+def block_k(element_size: int) -> int:
+    """Values of a K step: one 128-byte swizzled box a row (64 16-bit values; 128 FP8 values, one scale group)."""
+    return skinny.ROW_BYTES // element_size
 
 
 @dataclass(frozen=True)
@@ -93,12 +105,12 @@ def enabled() -> bool:
     return PLAN is not None
 
 
-def split_of(programs: int, k: int, plan: Plan) -> tuple[int, int]:
-    """(K splits, columns a split: whole K steps) for a launch of `programs` programs without splits over K: split
-    until about plan.fill programs an SM, at most 8 ways, each split at least four K steps."""
-    steps = triton.cdiv(k, BLOCK_K)
+def split_of(programs: int, k: int, plan: Plan, step: int = 64) -> tuple[int, int]:
+    """(K splits, columns a split: whole K steps of `step` columns) for a launch of `programs` programs without
+    splits over K: split until about plan.fill programs an SM, at most 8 ways, each split at least four K steps."""
+    steps = triton.cdiv(k, step)
     split = max(1, min(8, steps // 4, plan.fill * platform.num_multiprocessors() // max(programs, 1)))
-    per_split = triton.cdiv(triton.cdiv(k, split), BLOCK_K) * BLOCK_K
+    per_split = triton.cdiv(triton.cdiv(k, split), step) * step
     return triton.cdiv(k, per_split), per_split
 
 
@@ -111,20 +123,39 @@ def _rows_fit(w: torch.Tensor) -> bool:
     )  # fmt: skip
 
 
+def _block_scales_fit(w: QuantizedWeight) -> bool:
+    """Block-FP8 experts as this kernel reads them: e4m3 data, float32 scales [E, cdiv(N, 128), cdiv(K, 128)]."""
+    e, n, k = w.data.shape
+    return (
+        w.scheme.format_name == FP8_BLOCK and w.data.dtype == torch.float8_e4m3fn and w.scale.dtype == torch.float32
+        and tuple(w.scale.shape) == (e, triton.cdiv(n, BLOCK), triton.cdiv(k, BLOCK))
+    )  # fmt: skip
+
+
+def _experts_fit(w, x: torch.Tensor) -> bool:
+    """16-bit experts of x's dtype, or block-FP8 ones, that TMA reads as they lie."""
+    if isinstance(w, QuantizedWeight):
+        return _block_scales_fit(w) and _rows_fit(w.data) and platform.has_fp8()
+    return isinstance(w, torch.Tensor) and w.dtype == x.dtype and _rows_fit(w)
+
+
 def takes(x: torch.Tensor, w13, w2, top_k: int, activation: str) -> bool:
-    """Whether fused_moe runs this kernel: switched on, 16-bit experts of x's dtype (not QuantizedWeight) that
-    TMA reads as they lie, rows of x and of the intermediate 16-byte aligned, the counters enough for the grid,
-    an sm90 GPU whose Triton compiles the kernel."""
-    if not (enabled() and HAVE_GLUON and isinstance(w13, torch.Tensor) and isinstance(w2, torch.Tensor)):
+    """Whether fused_moe runs this kernel: switched on, 16-bit experts of x's dtype or block-FP8 experts (both
+    the same) that TMA reads as they lie, rows of x and of the intermediate 16-byte aligned (FP8: the intermediate's
+    columns whole 32-row gate / up tiles of 128-row scale blocks), the counters enough for the grid, an sm90 GPU
+    whose Triton compiles the kernel."""
+    if not (enabled() and HAVE_GLUON and x.dtype in (torch.bfloat16, torch.float16)):
         return False
-    if x.dtype not in (torch.bfloat16, torch.float16) or w13.dtype != x.dtype or w2.dtype != x.dtype:
+    if isinstance(w13, QuantizedWeight) != isinstance(w2, QuantizedWeight):
         return False
-    if activation not in MOE_ACTIVATIONS or not (_rows_fit(w13) and _rows_fit(w2)):
+    if activation not in MOE_ACTIVATIONS or not (_experts_fit(w13, x) and _experts_fit(w2, x)):
         return False
     t, h = x.shape
-    i = w2.shape[2]
+    i = w2.data.shape[2] if isinstance(w2, QuantizedWeight) else w2.shape[2]
     if (h * 2) % 16 or (i * 2) % 16 or not skinny.tma_ok(x):
         return False
+    if isinstance(w13, QuantizedWeight) and (i % (PLAN.block_n // 2) or h % 16):
+        return False  # a gate / up tile within one scale block; FP8 activation rows of whole 16 bytes
     tiles = max(triton.cdiv(i, PLAN.block_n // 2) * t * top_k, triton.cdiv(h, PLAN.block_n) * t)
     return tiles <= MAX_ARRIVAL_COUNTERS and arrival_counters(x.device) is not None and available()
 
@@ -139,62 +170,73 @@ def available() -> bool:
 
 
 def compile_sm90(gated: bool = True, dtype: torch.dtype = torch.bfloat16, activation: int = 0, bias: bool = False,
-                 early: bool | None = None, plan: Plan | None = None):  # fmt: skip
+                 early: bool | None = None, plan: Plan | None = None, fp8: bool = False):  # fmt: skip
     """Compile for sm90 without a GPU (launch.compile_gluon_sm90): tests, available(). gated: w13's launch, else
-    w2's (slots summed; early, its default: its first stages requested before the PDL wait)."""
+    w2's (slots summed; early, its default: its first stages requested before the PDL wait); fp8: block-FP8
+    experts (dtype: the model's, of the output)."""
     from triton.runtime.jit import mangle_type
 
     plan = plan or PLAN or Plan()
-    w = torch.empty((plan.block_n, 256), dtype=dtype)
+    w = torch.empty((plan.block_n, 256), dtype=torch.float8_e4m3fn if fp8 else dtype)
     out = "*fp16" if dtype == torch.float16 else "*bf16"
     constexprs = dict(BLOCK_N=plan.block_n, BLOCK_M=BLOCK_M, STAGES=plan.stages, GATED=gated, ACTIVATION=activation,
-                      HAS_BIAS=bias, EARLY=(not gated) if early is None else early, PDL=True)  # fmt: skip
+                      HAS_BIAS=bias, EARLY=(not gated) if early is None else early, SCALED=fp8, PDL=True)  # fmt: skip
     types = dict(w_desc=mangle_type(skinny.descriptor(w, plan.block_n // 2 if gated else plan.block_n)),
                  x_desc=mangle_type(skinny.descriptor(w, BLOCK_M)), c_ptr=out, ids_ptr="*i32", weights_ptr="*fp32",
-                 bias_ptr=out, ws_ptr="*fp32", cnt_ptr="*i32", alpha="fp32", limit="fp32")  # fmt: skip
+                 bias_ptr=out, ws_ptr="*fp32", cnt_ptr="*i32", a_scale_ptr="*fp32", w_scale_ptr="*fp32",
+                 alpha="fp32", limit="fp32")  # fmt: skip
     return compile_gluon_sm90(moe_skinny_sm90_kernel, constexprs, types, ("stride_cm",), num_warps=4)
 
 
-def _launch(x: torch.Tensor, w: torch.Tensor, c: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-            bias: torch.Tensor | None, *, rows: int, n: int, a_row_div: int, parts_a_row: int, gated: bool,
-            activation: int, alpha: float, limit: float, pdl: dict) -> None:  # fmt: skip
+def _launch(x: torch.Tensor, x_scale: torch.Tensor | None, w, c: torch.Tensor, ids: torch.Tensor,
+            weights: torch.Tensor, bias: torch.Tensor | None, *, rows: int, n: int, a_row_div: int, parts_a_row: int,
+            gated: bool, activation: int, alpha: float, limit: float, pdl: dict) -> None:  # fmt: skip
     """One launch: c[row, :n] for `rows` rows of c (w13: the pairs; w2: the tokens, parts_a_row = top_k slots
-    each), the pair's activation row x[pair // a_row_div]."""
+    each), the pair's activation row x[pair // a_row_div] (block-FP8 experts w: x FP8 with its group scales)."""
     plan = PLAN or Plan()
-    e, w_rows, k = w.shape
+    data, w_scale = (w.data, w.scale) if isinstance(w, QuantizedWeight) else (w, None)
+    e, w_rows, k = data.shape
     half = plan.block_n // 2 if gated else plan.block_n
     tiles = triton.cdiv(n, half)
-    split, per_split = split_of(tiles * rows * parts_a_row, k, plan)
+    split, per_split = split_of(tiles * rows * parts_a_row, k, plan, block_k(data.element_size()))
     parts = parts_a_row * split
     ws = torch.empty((rows, tiles, parts, plan.block_n), dtype=torch.float32, device=x.device)
-    w_desc = skinny.descriptor(w.view(e * w_rows, k), half)
+    w_desc = skinny.descriptor(data.view(e * w_rows, k), half)
+    scaled = w_scale is not None
     moe_skinny_sm90_kernel[(tiles, rows, parts)](
         w_desc, skinny.descriptor(x, BLOCK_M), c, ids, weights, bias if bias is not None else c, ws,
-        arrival_counters(x.device), n, k, per_split, split, a_row_div, parts_a_row, w_rows, c.stride(0),
-        bias.stride(0) if bias is not None else 0, alpha, limit, BLOCK_N=plan.block_n, BLOCK_M=BLOCK_M,
-        STAGES=plan.stages, GATED=gated, ACTIVATION=activation, HAS_BIAS=bias is not None,
-        EARLY=not gated and pdl.get("PDL", False), num_warps=4, **pdl,
+        arrival_counters(x.device), x_scale if scaled else ws, w_scale if scaled else ws, n, k, per_split, split,
+        a_row_div, parts_a_row, w_rows, c.stride(0), bias.stride(0) if bias is not None else 0,
+        *(x_scale.stride() if scaled else (0, 0)), *(w_scale.stride() if scaled else (0, 0, 0)), alpha, limit,
+        BLOCK_N=plan.block_n, BLOCK_M=BLOCK_M, STAGES=plan.stages, GATED=gated, ACTIVATION=activation,
+        HAS_BIAS=bias is not None, EARLY=not gated and pdl.get("PDL", False), SCALED=scaled, num_warps=4, **pdl,
     )  # fmt: skip
 
 
-def fused_moe_skinny(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                     topk_ids: torch.Tensor, out: torch.Tensor, *, activation: str, w13_bias: torch.Tensor | None,
-                     w2_bias: torch.Tensor | None, alpha: float, limit: float, after_w13=None) -> torch.Tensor:  # fmt: skip
+def _activations(a: torch.Tensor, w) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A GEMM's activations as the experts w take them: as they are, or (block FP8) quantized per token and
+    128-column group (scales column-major, quant.quantize_per_group)."""
+    return quantize_per_group(a, w.data.dtype, BLOCK) if isinstance(w, QuantizedWeight) else (a, None)
+
+
+def fused_moe_skinny(x: torch.Tensor, w13, w2, weights: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor, *,
+                     activation: str, w13_bias: torch.Tensor | None, w2_bias: torch.Tensor | None, alpha: float,
+                     limit: float, after_w13=None) -> torch.Tensor:  # fmt: skip
     """out [T, H] = the experts' sum for x [T, H] (takes() holds), weights the top-k weights as float32 [T * k]
     and topk_ids [T, k] int32: fused_moe's decode path on Hopper."""
     t, top_k = topk_ids.shape
-    i = w2.shape[2]
+    i = (w2.data if isinstance(w2, QuantizedWeight) else w2).shape[2]
     ids = topk_ids.reshape(-1)
     ids = ids if ids.dtype == torch.int32 and ids.is_contiguous() else ids.to(torch.int32).contiguous()
     intermediate = torch.empty((t * top_k, i), dtype=x.dtype, device=x.device)
     pdl = pdl_launch()
     act = MOE_ACTIVATIONS.index(activation)
-    _launch(x, w13, intermediate, ids, weights, w13_bias, rows=t * top_k, n=i, a_row_div=top_k, parts_a_row=1,
-            gated=True, activation=act, alpha=alpha, limit=limit, pdl=pdl)  # fmt: skip
+    _launch(*_activations(x, w13), w13, intermediate, ids, weights, w13_bias, rows=t * top_k, n=i, a_row_div=top_k,
+            parts_a_row=1, gated=True, activation=act, alpha=alpha, limit=limit, pdl=pdl)  # fmt: skip
     if after_w13 is not None:
         after_w13()
-    _launch(intermediate, w2, out, ids, weights, w2_bias, rows=t, n=out.shape[1], a_row_div=1, parts_a_row=top_k,
-            gated=False, activation=act, alpha=alpha, limit=limit, pdl=pdl)  # fmt: skip
+    _launch(*_activations(intermediate, w2), w2, out, ids, weights, w2_bias, rows=t, n=out.shape[1], a_row_div=1,
+            parts_a_row=top_k, gated=False, activation=act, alpha=alpha, limit=limit, pdl=pdl)  # fmt: skip
     return out
 
 
@@ -232,16 +274,64 @@ if HAVE_GLUON:
             _issue_w(w_desc, w_row, N, k0 + i * BK, ready.index(i), w_smem.index(i), i < steps, GATED)
 
     @gluon.jit
+    def _scaled_steps(acc, w_smem, x_smem, ready, w_desc, x_desc, w_row, x_row, N, k0, steps, a_s, w_gate, w_up,
+                      stride_ask, stride_wsk, STEP_BYTES: gl.constexpr, GATED: gl.constexpr, ACC: gl.constexpr):  # fmt: skip
+        """Block FP8: acc + the sum over the split's K steps (one 128-value scale group each) of each step's product
+        times its activation scale (a_s: the row's first step's) and its rows' weight-block scale (w_gate: the
+        first rows' block; GATED, w_up: the up rows' block); two steps an iteration, the second's MMA issued before
+        the first's product is waited for (gemm_skinny_sm90._group_scaled_steps' order), refills as the plain loop's."""
+        STAGES: gl.constexpr = w_smem.shape[0]
+        BLOCK_N: gl.constexpr = acc.shape[0]
+        BLOCK_M: gl.constexpr = acc.shape[1]
+        up_rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC)) >= BLOCK_N // 2
+        dead0 = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
+        dead1 = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
+        whole = steps - steps % 2
+        for base in range(0, whole, 2):
+            s0 = _step_scale(a_s, w_gate, w_up, up_rows, base, stride_ask, stride_wsk, GATED)
+            s1 = _step_scale(a_s, w_gate, w_up, up_rows, base + 1, stride_ask, stride_wsk, GATED)
+            p0 = _step_mma(w_smem, x_smem, ready, base, dead0)
+            _refill(w_desc, x_desc, w_smem, x_smem, ready, w_row, x_row, N, k0, base + STAGES - 1, steps, STEP_BYTES,
+                    GATED)  # fmt: skip
+            p1 = _step_mma(w_smem, x_smem, ready, base + 1, dead1)
+            p0, p1 = warpgroup_mma_wait(num_outstanding=1, deps=(p0, p1))
+            acc += p0 * gl.expand_dims(s0, 1)
+            _refill(w_desc, x_desc, w_smem, x_smem, ready, w_row, x_row, N, k0, base + STAGES, steps, STEP_BYTES,
+                    GATED)  # fmt: skip
+            p1 = warpgroup_mma_wait(num_outstanding=0, deps=(p1,))
+            acc += p1 * gl.expand_dims(s1, 1)
+            dead0 = p0
+            dead1 = p1
+        if whole < steps:  # an odd last step (its refill would be past the end)
+            s0 = _step_scale(a_s, w_gate, w_up, up_rows, whole, stride_ask, stride_wsk, GATED)
+            p0 = warpgroup_mma_wait(num_outstanding=0, deps=(_step_mma(w_smem, x_smem, ready, whole, dead0),))
+            acc += p0 * gl.expand_dims(s0, 1)
+        return acc
+
+    @gluon.jit
+    def _step_scale(a_s, w_gate, w_up, up_rows, j, stride_ask, stride_wsk, GATED: gl.constexpr):
+        """Step j's scale of each accumulator row: the activation's group scale times the row's weight block's."""
+        wg = gl.load(w_gate + j * stride_wsk)
+        if GATED:
+            w = gl.where(up_rows, gl.load(w_up + j * stride_wsk), wg)
+        else:
+            w = gl.where(up_rows, wg, wg)  # (a vector in the rows' layout)
+        return w * gl.load(a_s + j * stride_ask)
+
+    @gluon.jit
     def moe_skinny_sm90_kernel(
-        w_desc, x_desc, c_ptr, ids_ptr, weights_ptr, bias_ptr, ws_ptr, cnt_ptr, N, K, K_PER_SPLIT, SPLIT_K,
-        A_ROW_DIV, SLOTS, ROWS_E, stride_cm, stride_be, alpha, limit,
+        w_desc, x_desc, c_ptr, ids_ptr, weights_ptr, bias_ptr, ws_ptr, cnt_ptr, a_scale_ptr, w_scale_ptr, N, K,
+        K_PER_SPLIT, SPLIT_K, A_ROW_DIV, SLOTS, ROWS_E, stride_cm, stride_be, stride_asm, stride_ask, stride_wse,
+        stride_wsn, stride_wsk, alpha, limit,
         BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, GATED: gl.constexpr,
-        ACTIVATION: gl.constexpr, HAS_BIAS: gl.constexpr, EARLY: gl.constexpr, PDL: gl.constexpr = False,
+        ACTIVATION: gl.constexpr, HAS_BIAS: gl.constexpr, EARLY: gl.constexpr, SCALED: gl.constexpr = False,
+        PDL: gl.constexpr = False,
     ):  # fmt: skip
         """c[row, n] for the program's tile of N (w13, GATED: BLOCK_N / 2 intermediate columns from as many gate
         and up rows; w2: BLOCK_N output columns), row program_id(1) (w13: a pair; w2: a token, its SLOTS slots
         summed), part program_id(2) (slot x SPLIT_K + K split). The pair's expert is ids[pair]; its rows start at
-        expert x ROWS_E in w_desc's [E * ROWS_E, K] view; its activation row is x[pair // A_ROW_DIV]."""
+        expert x ROWS_E in w_desc's [E * ROWS_E, K] view; its activation row is x[pair // A_ROW_DIV]. SCALED (block
+        FP8): x and w in e4m3, a_scale [rows of x, K / 128] and w_scale [E, cdiv(ROWS_E, 128), K / 128] by strides."""
         WARPS: gl.constexpr = gl.num_warps()
         DT: gl.constexpr = w_desc.dtype
         BK: gl.constexpr = w_desc.block_type.shape[1]
@@ -278,15 +368,24 @@ if HAVE_GLUON:
             _issue(x_desc, x_row, k0 + i * BK, ready.index(i), x_smem.index(i), i < steps)
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
-        for i in range(steps):
-            s = i % STAGES
-            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            acc = warpgroup_mma(w_smem.index(s), x_smem.index(s).permute((1, 0)), acc, is_async=True)
-            # at most this step's MMA in flight: the previous step's stage is free for step i + STAGES - 1
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            _refill(w_desc, x_desc, w_smem, x_smem, ready, w_row, x_row, N, k0, i + STAGES - 1, steps, STEP_BYTES,
-                    GATED)  # fmt: skip
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        if SCALED:  # one scale group a K step: the row's and the rows' blocks' (gate and up rows N apart)
+            group0 = k0 // BK
+            a_s = a_scale_ptr + x_row * stride_asm + group0 * stride_ask
+            w_e = w_scale_ptr + expert * stride_wse + group0 * stride_wsk
+            w_gate = w_e + (n0 // 128) * stride_wsn
+            w_up = w_e + ((N + n0) // 128) * stride_wsn
+            acc = _scaled_steps(acc, w_smem, x_smem, ready, w_desc, x_desc, w_row, x_row, N, k0, steps, a_s, w_gate,
+                                w_up, stride_ask, stride_wsk, STEP_BYTES, GATED, ACC)  # fmt: skip
+        else:
+            for i in range(steps):
+                s = i % STAGES
+                mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+                acc = warpgroup_mma(w_smem.index(s), x_smem.index(s).permute((1, 0)), acc, is_async=True)
+                # at most this step's MMA in flight: the previous step's stage is free for step i + STAGES - 1
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                _refill(w_desc, x_desc, w_smem, x_smem, ready, w_row, x_row, N, k0, i + STAGES - 1, steps,
+                        STEP_BYTES, GATED)  # fmt: skip
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         release_ring(ready, STAGES)
 
         # column 0 of the accumulator: the pair's sums (the other columns are the rows after it)
