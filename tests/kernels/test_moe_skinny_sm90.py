@@ -24,6 +24,8 @@ needs_sm90 = pytest.mark.skipif(
     not (platform.is_gpu() and sk.available()), reason="the MoE skinny GEMM runs on sm90 GPUs only"
 )
 GEMV = MoeTiles(*[GemmTiles(1, 16, 256, 4, 1, 1, gemv=True)] * 2)  # the decode path, where the kernel may run
+# the portable GEMV's tiles for block-FP8 experts: K tiles within one 128-column scale group (fused_moe's rule)
+GEMV_FP8 = MoeTiles(*[GemmTiles(1, 16, 128, 4, 1, 1, gemv=True)] * 2)
 FP8_BLOCK = QuantScheme(torch.float8_e4m3fn, "block", "group")  # (sm90 only: e4m3fn)
 
 
@@ -170,12 +172,14 @@ def test_block_fp8_experts_match_the_portable_gemv(t, e, h, i, top_k, activation
     args, biases = _problem(t, e, h, i, top_k, seed=95 + t, dtype=torch.bfloat16, bias=bias)
     x, w13, w2, weights, ids = args
     w13, w2 = quantize_experts(w13.float(), FP8_BLOCK), quantize_experts(w2.float(), FP8_BLOCK)
-    got = fused_moe(x, w13, w2, weights, ids, tiles=GEMV, activation=activation, **biases)
+    got = fused_moe(x, w13, w2, weights, ids, tiles=GEMV_FP8, activation=activation, **biases)
     assert spy.launches == 2, "the MoE skinny GEMM did not run"
     sk.PLAN = None  # (the fixture's monkeypatch restores it)
-    portable = fused_moe(x, w13, w2, weights, ids, tiles=GEMV, activation=activation, **biases)
+    portable = fused_moe(x, w13, w2, weights, ids, tiles=GEMV_FP8, activation=activation, **biases)
     assert spy.launches == 2
-    assert_close_to_scale(got, portable, 1e-2)
+    # each quantizes its own bf16 intermediate, whose last bits depend on the summation order: a few FP8 codes of
+    # w2's activations differ by a step (test_moe: 0.7-1.7% of the output's scale)
+    assert_close_to_scale(got, portable, 2e-2)
     expected = reference.fused_moe(x, w13, w2, weights, ids, activation=activation, **biases)
     assert_close_to_scale(got, expected, 3e-2)
 
