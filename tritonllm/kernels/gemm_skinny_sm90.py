@@ -475,15 +475,16 @@ if HAVE_GLUON:
         return gl.convert_layout(scale_rows, gl.SliceLayout(0, ACC)), inverse, rstd_rows
 
     @gluon.jit
-    def _refill(w_desc, x_desc, w_smem, x_smem, ready, n0, N, k0, j, steps, STEP_BYTES: gl.constexpr,
+    def _refill(w_desc, x_desc, w_smem, x_smem, ready, n0, x_row, half, k0, j, steps, STEP_BYTES: gl.constexpr,
                 GATED: gl.constexpr):  # fmt: skip
-        """K step j's weight and activation tiles into its ring stage (nothing past the last step)."""
+        """K step j's weight tile (rows from n0; GATED: up rows `half` below) and activation tile (rows from x_row: 0,
+        or a MoE pair's, moe_skinny_sm90) into its ring stage (nothing past the last step)."""
         BLOCK_K: gl.constexpr = w_desc.block_type.shape[1]
         STAGES: gl.constexpr = w_smem.shape[0]
         sj = j % STAGES
         mbarrier.expect(ready.index(sj), STEP_BYTES, pred=j < steps)
-        _issue_w(w_desc, n0, N // 2, k0 + j * BLOCK_K, ready.index(sj), w_smem.index(sj), j < steps, GATED)
-        _issue(x_desc, 0, k0 + j * BLOCK_K, ready.index(sj), x_smem.index(sj), j < steps)
+        _issue_w(w_desc, n0, half, k0 + j * BLOCK_K, ready.index(sj), w_smem.index(sj), j < steps, GATED)
+        _issue(x_desc, x_row, k0 + j * BLOCK_K, ready.index(sj), x_smem.index(sj), j < steps)
 
     @gluon.jit
     def _step_mma(w_smem, x_smem, ready, i, dead):
@@ -523,11 +524,12 @@ if HAVE_GLUON:
                 s0 = s0 * gl.load(w_blocks + base)
                 s1 = s1 * gl.load(w_blocks + base + 1)
             p0 = _step_mma(w_smem, x_smem, ready, base, dead0)
-            _refill(w_desc, x_desc, w_smem, x_smem, ready, n0, N, k0, base + STAGES - 1, steps, STEP_BYTES, GATED)
+            _refill(w_desc, x_desc, w_smem, x_smem, ready, n0, 0, N // 2, k0, base + STAGES - 1, steps, STEP_BYTES,
+                    GATED)  # fmt: skip
             p1 = _step_mma(w_smem, x_smem, ready, base + 1, dead1)
             p0, p1 = warpgroup_mma_wait(num_outstanding=1, deps=(p0, p1))
             acc += p0 * gl.expand_dims(s0, 0)
-            _refill(w_desc, x_desc, w_smem, x_smem, ready, n0, N, k0, base + STAGES, steps, STEP_BYTES, GATED)
+            _refill(w_desc, x_desc, w_smem, x_smem, ready, n0, 0, N // 2, k0, base + STAGES, steps, STEP_BYTES, GATED)
             p1 = warpgroup_mma_wait(num_outstanding=0, deps=(p1,))
             acc += p1 * gl.expand_dims(s1, 0)
             dead0 = p0
@@ -637,7 +639,7 @@ if HAVE_GLUON:
                 # at most this step's MMA in flight: the previous step's stage is free for step i + STAGES - 1
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
                 j = i + STAGES - 1
-                _refill(w_desc, x_desc, w_smem, x_smem, ready, n0, N, k0, j, steps, STEP_BYTES, GATED)
+                _refill(w_desc, x_desc, w_smem, x_smem, ready, n0, 0, N // 2, k0, j, steps, STEP_BYTES, GATED)
                 if XN:
                     _issue(g_desc, 0, k0 + j * BLOCK_K, ready.index(j % STAGES), g_smem.index(j % STAGES), j < steps)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))

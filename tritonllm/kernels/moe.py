@@ -21,7 +21,8 @@ is small beside the GEMMs' (about a tenth at Qwen3-30B-A3B prefill shapes).
 
 Decode-sized batches (few pairs per expert: the tile table's or default tiles say `gemv`) take
 kernels/moe_gemv.py instead: one program per (pair, BLOCK_N columns), no alignment, same epilogue; on
-Hopper, 16-bit experts may take kernels/moe_skinny_sm90.py (TMA-fed, opt-in TRITONLLM_MOE_SKINNY=1).
+Hopper, 16-bit and block-FP8 experts may take kernels/moe_skinny_sm90.py (TMA-fed, opt-in
+TRITONLLM_MOE_SKINNY=1).
 
 Variants (MoeTiles' flags: the tile table's, else on where the H200 measured them faster, moe_tiles.
 default_variants; TRITONLLM_MOE_VARIANTS over both):
@@ -427,10 +428,12 @@ def fused_moe(
     if fp8 and not platform.has_fp8():  # Triton cannot compile FP8 dots for it (e.g. sm80)
         raise ValueError("triton fused_moe: FP8 block experts need FP8 support (NVIDIA sm89+, AMD MI300)")
     tiles = moe_tiles_for(x, w13, w2, top_k) if tiles is None else tiles
-    if tiles.gemv and moe_skinny_sm90.takes(x, w13, w2, top_k, activation):  # opt-in: Hopper, 16-bit experts
+    weights = topk_weights.reshape(-1)
+    weights = weights if weights.dtype == torch.float32 else weights.float()
+    if tiles.gemv and moe_skinny_sm90.takes(x, w13, w2, top_k, activation):  # opt-in: Hopper, 16-bit / FP8 block
         return moe_skinny_sm90.fused_moe_skinny(
-            x, w13, w2, topk_weights.reshape(-1).float(), topk_ids, out, activation=activation, w13_bias=w13_bias,
-            w2_bias=w2_bias, alpha=alpha, limit=limit, after_w13=after_w13,
+            x, w13, w2, weights, topk_ids, out, activation=activation, w13_bias=w13_bias, w2_bias=w2_bias,
+            alpha=alpha, limit=limit, after_w13=after_w13,
         )  # fmt: skip
     # the grouped GEMM's alignment of the pairs to row blocks; the GEMV reads each pair's expert itself
     route = topk_ids.contiguous() if tiles.gemv else moe_align(topk_ids, e, tiles.block_m)
@@ -440,8 +443,6 @@ def fused_moe(
     )
     if tiles.gemv and fmt == "mxfp4:mx:none" and moe_gemv_sm90.takes(x, h):  # the Gluon GEMV: per-slot rows
         slots = 0
-    weights = topk_weights.reshape(-1)
-    weights = weights if weights.dtype == torch.float32 else weights.float()
 
     a, a_scale = quantize_per_group(x, w13.data.dtype, BLOCK) if fp8 else (x, None)
     # sorted_w2: the intermediate in the alignment's order, so that w2 reads each block's rows whole

@@ -70,7 +70,8 @@ if HAVE_GLUON:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-    from tritonllm.kernels.gemm_skinny_sm90 import _issue, _issue_w, _step_mma, release_ring, ring_barriers
+    from tritonllm.kernels.gemm_skinny_sm90 import _issue, _issue_w, _refill, _step_mma, release_ring, ring_barriers
+    from tritonllm.kernels.gemv_w4_sm90 import _activation  # moe_epilogue.moe_activation, as Gluon calls it
 
 BLOCK_M = 8  # the MMA's N: a pair's row and the 7 after it (unused)
 FP8_BLOCK = "fp8:block:group"  # the quantized experts served (QuantizedWeight's format name)
@@ -246,28 +247,6 @@ def fused_moe_skinny(x: torch.Tensor, w13, w2, weights: torch.Tensor, topk_ids: 
 if HAVE_GLUON:
 
     @gluon.jit
-    def _activation(gate, up, alpha, limit, ACTIVATION: gl.constexpr):
-        """kernels/moe_epilogue.moe_activation's: 0 silu(gate) * up; 1 gpt-oss's clamped swiglu_oai."""
-        if ACTIVATION == 0:
-            out = gate / (1.0 + gl.exp(-gate)) * up
-        else:
-            g = gl.minimum(gate, limit)
-            out = (gl.minimum(gl.maximum(up, -limit), limit) + 1.0) * g / (1.0 + gl.exp(-alpha * g))
-        return out
-
-    @gluon.jit
-    def _refill(w_desc, x_desc, w_smem, x_smem, ready, w_row, x_row, N, k0, j, steps, STEP_BYTES: gl.constexpr,
-                GATED: gl.constexpr):  # fmt: skip
-        """K step j's weight rows (from the expert's w_row; GATED: its up rows N below) and the pair's activation
-        tile (from x_row) into the step's ring stage (nothing past the last step)."""
-        BK: gl.constexpr = w_desc.block_type.shape[1]
-        STAGES: gl.constexpr = w_smem.shape[0]
-        sj = j % STAGES
-        mbarrier.expect(ready.index(sj), STEP_BYTES, pred=j < steps)
-        _issue_w(w_desc, w_row, N, k0 + j * BK, ready.index(sj), w_smem.index(sj), j < steps, GATED)
-        _issue(x_desc, x_row, k0 + j * BK, ready.index(sj), x_smem.index(sj), j < steps)
-
-    @gluon.jit
     def _issue_first(w_desc, w_smem, ready, w_row, N, k0, steps, STEP_BYTES: gl.constexpr, GATED: gl.constexpr):
         """The ring's first STAGES - 1 steps: each stage's expected bytes and its weight rows (_issue_w)."""
         BK: gl.constexpr = w_desc.block_type.shape[1]
@@ -294,8 +273,8 @@ if HAVE_GLUON:
             s0 = _step_scale(a_s, w_gate, w_up, up_rows, base, stride_ask, stride_wsk, GATED)
             s1 = _step_scale(a_s, w_gate, w_up, up_rows, base + 1, stride_ask, stride_wsk, GATED)
             p0 = _step_mma(w_smem, x_smem, ready, base, dead0)
-            _refill(w_desc, x_desc, w_smem, x_smem, ready, w_row, x_row, N, k0, base + STAGES - 1, steps, STEP_BYTES,
-                    GATED)  # fmt: skip
+            _refill(w_desc, x_desc, w_smem, x_smem, ready, w_row, x_row, N, k0, base + STAGES - 1, steps,
+                    STEP_BYTES, GATED)  # fmt: skip
             p1 = _step_mma(w_smem, x_smem, ready, base + 1, dead1)
             p0, p1 = warpgroup_mma_wait(num_outstanding=1, deps=(p0, p1))
             acc += p0 * gl.expand_dims(s0, 1)
@@ -332,7 +311,8 @@ if HAVE_GLUON:
     ):  # fmt: skip
         """c[row, n] for the program's tile of N (w13, GATED: BLOCK_N / 2 intermediate columns from as many gate
         and up rows; w2: BLOCK_N output columns), row program_id(1) (w13: a pair; w2: a token, its SLOTS slots
-        summed), part program_id(2) (slot x SPLIT_K + K split). The pair's expert is ids[pair]; its rows start at
+        summed), part program_id(2) (slot x SPLIT_K + K split). The ring's refills are the dense skinny GEMM's
+        (_refill; GATED: the up rows N below the gate rows). The pair's expert is ids[pair]; its rows start at
         expert x ROWS_E in w_desc's [E * ROWS_E, K] view; its activation row is x[pair // A_ROW_DIV]. SCALED (block
         FP8): x and w in e4m3, a_scale [rows of x, K / 128] and w_scale [E, cdiv(ROWS_E, 128), K / 128] by strides."""
         WARPS: gl.constexpr = gl.num_warps()
