@@ -159,7 +159,8 @@ def router_checks(pdl: dict) -> list[tuple]:
         types = dict(x_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16", logits_ptr="*fp32", weights_ptr="*fp32",
                      ids_ptr="*i32", counter_ptr="*i32")  # fmt: skip
         constexprs = dict(pdl, TOP_K=top_k, SCORING=0, RENORMALIZE=True, HAS_BIAS=True, BLOCK_T=block_t,
-                          EXPERTS=experts, BLOCK_K=block_k, BLOCK_E=max(e, 2), SLOTS=top_k)  # fmt: skip
+                          EXPERTS=experts, BLOCK_K=block_k, BLOCK_E=max(e, 2), SLOTS=top_k,
+                          ROUTE_T=max(block_t, moe_route.ROUTER_WARPS))  # fmt: skip
         checks.append((f"router E={e} top-{top_k} K={k} T={t}", moe_route.router_route_kernel, types, constexprs, 4,
                        False))  # fmt: skip
     return checks

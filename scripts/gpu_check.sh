@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58] [tests-kernels] [tests-engine] [prewait] [w4-tma-gemv] [w4-tma-e2e] [ncu-w4] [next-59] [moe-skinny] [next-60]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58] [tests-kernels] [tests-engine] [prewait] [w4-tma-gemv] [w4-tma-e2e] [ncu-w4] [next-59] [moe-skinny] [next-60] [next-61]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -822,6 +822,35 @@ PY
             timeout 90 bash "$0" e2e-quant
         done
       fi ;;
+    next-61)
+      # session 50's call (~7 minutes): the routing's top-k picks as one max within a warp (kernels/moe_route.py)
+      # against the build before (ROUTER_OLD: that moe_route.py, saved untracked by the caller; "new, old, new"),
+      # router alone (graph replay) at 1 / 2 / 4 tokens, the decode layer (gpt-oss MXFP4, Qwen3 bf16 and block FP8
+      # at 1 / 4 tokens, PDL; FP8 at one token takes the TMA-fed experts by default now, then with them off), then
+      # gpt-oss-20b batch 1 end to end, new then old
+      python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_moe_router.py tests/kernels/test_moe.py \
+        tests/kernels/test_moe_skinny_sm90.py -k "route or router or auto or bf16_model_shapes or variants_at" 2>&1 | tail -2
+      cp tritonllm/kernels/moe_route.py /tmp/new_moe_route.py
+      for build in new old new; do
+        if [ $build = old ]; then cp "$ROUTER_OLD" tritonllm/kernels/moe_route.py; else cp /tmp/new_moe_route.py tritonllm/kernels/moe_route.py; fi
+        timeout 60 python3 scripts/bench_moe.py "$OUT/router_$build.json" --router-only --shapes gptoss qwen3 \
+          --tokens 1 2 4 --pdl 2>&1 | grep -E "^router" | sed "s/^/[$build] /"
+      done
+      for build in new old; do
+        if [ $build = old ]; then cp "$ROUTER_OLD" tritonllm/kernels/moe_route.py; else cp /tmp/new_moe_route.py tritonllm/kernels/moe_route.py; fi
+        timeout 100 python3 scripts/bench_moe.py "$OUT/layer_gptoss_$build.json" --shapes gptoss --kinds mxfp4 \
+          --tokens 1 4 --torch-ref-max-tokens 0 --pdl 2>&1 | grep -E "T=|Error" | sed "s/^/[$build] /"
+        timeout 100 python3 scripts/bench_moe.py "$OUT/layer_qwen3_$build.json" --shapes qwen3 --kinds bfloat16 fp8_block \
+          --tokens 1 4 --torch-ref-max-tokens 0 --pdl 2>&1 | grep -E "T=|Error" | sed "s/^/[$build] /"
+      done
+      cp /tmp/new_moe_route.py tritonllm/kernels/moe_route.py
+      TRITONLLM_MOE_SKINNY=0 timeout 60 python3 scripts/bench_moe.py "$OUT/layer_qwen3_fp8_skinny0.json" --shapes qwen3 \
+        --kinds fp8_block --tokens 1 --torch-ref-max-tokens 0 --pdl 2>&1 | grep -E "T=|Error" | sed "s/^/[skinny0] /"
+      for build in new old; do
+        if [ $build = old ]; then cp "$ROUTER_OLD" tritonllm/kernels/moe_route.py; else cp /tmp/new_moe_route.py tritonllm/kernels/moe_route.py; fi
+        MOE_RUNS=gptoss_batch1 MOE_TAG="_router_$build" timeout 150 bash "$0" e2e-moe
+      done
+      cp /tmp/new_moe_route.py tritonllm/kernels/moe_route.py ;;
     moe-skinny)
       # session 49's MoE experts fed by a TMA ring (kernels/moe_skinny_sm90.py, opt-in TRITONLLM_MOE_SKINNY, built
       # without a GPU): its GPU tests, then the Qwen3-30B-A3B layer, bf16 and block FP8 (graph replay, router included,

@@ -44,8 +44,9 @@ def _problem(t: int, e: int, h: int, i: int, top_k: int, seed: int, dtype: torch
 
 @pytest.fixture
 def spy(monkeypatch) -> LaunchSpy:
-    """The kernel switched on (the default plan) and its launches counted."""
+    """The kernel switched on everywhere (the default plan) and its launches counted."""
     monkeypatch.setattr(sk, "PLAN", sk.Plan())
+    monkeypatch.setattr(sk, "AUTO", False)
     return LaunchSpy.install(monkeypatch, sk, "moe_skinny_sm90_kernel")
 
 
@@ -109,6 +110,7 @@ def test_takes_only_16_bit_experts_that_tma_reads(monkeypatch) -> None:
     (x, w13, w2, _, _), _ = _problem(2, 4, 64, 32, 2, seed=80, dtype=torch.float16)
     assert not sk.takes(x, w13, w2, 2, "silu")
     monkeypatch.setattr(sk, "PLAN", sk.Plan())
+    monkeypatch.setattr(sk, "AUTO", False)
     assert sk._rows_fit(w13) and sk._rows_fit(w2)
     assert sk._rows_fit(w13[:, :, :60])  # rows 128 bytes apart, 60 values read (TMA's box masks the rest)
     assert not sk._rows_fit(torch.zeros(4, 64, 60, dtype=torch.float16))  # 120-byte rows
@@ -122,6 +124,39 @@ def test_takes_only_16_bit_experts_that_tma_reads(monkeypatch) -> None:
     assert not sk.takes(x, fp8_13, w2, 2, "silu")  # one block-FP8, one 16-bit
     if not (platform.is_gpu() and sk.available()):
         assert not sk.takes(x, w13, w2, 2, "silu")
+
+
+@pytest.mark.parametrize(
+    "setting, plan, auto",
+    [
+        (None, sk.Plan(), True),
+        ("auto", sk.Plan(), True),
+        ("0", None, False),
+        ("1", sk.Plan(), False),
+        ("64:4:2", sk.Plan(64, 4, 2), False),
+    ],
+)
+def test_the_switch(monkeypatch, setting, plan, auto) -> None:
+    """TRITONLLM_MOE_SKINNY: unset or "auto" the default plan where it pays, "1" / a plan everywhere, "0" off."""
+    if setting is None:
+        monkeypatch.delenv("TRITONLLM_MOE_SKINNY", raising=False)
+    else:
+        monkeypatch.setenv("TRITONLLM_MOE_SKINNY", setting)
+    assert sk._mode_from_env() == (plan, auto)
+
+
+def test_auto_takes_block_fp8_experts_at_one_token_only(monkeypatch) -> None:
+    """The default (AUTO): 16-bit experts never, block-FP8 ones at one token only (and only where the kernel
+    builds: an sm90 GPU)."""
+    monkeypatch.setattr(sk, "PLAN", sk.Plan())
+    monkeypatch.setattr(sk, "AUTO", True)
+    (x, w13, w2, _, _), _ = _problem(2, 4, 256, 64, 2, seed=83, dtype=torch.bfloat16)
+    fp8_13, fp8_2 = quantize_experts(w13.float(), FP8_BLOCK), quantize_experts(w2.float(), FP8_BLOCK)
+    assert not sk.takes(x[:1], w13, w2, 2, "silu")  # 16-bit
+    assert not sk.takes(x, fp8_13, fp8_2, 2, "silu")  # two tokens
+    assert sk.takes(x[:1], fp8_13, fp8_2, 2, "silu") == (platform.is_gpu() and sk.available())
+    monkeypatch.setattr(sk, "AUTO", False)
+    assert sk.takes(x[:1], w13, w2, 2, "silu") == (platform.is_gpu() and sk.available())
 
 
 def test_fused_moe_leaves_it_alone_without_hopper(monkeypatch) -> None:

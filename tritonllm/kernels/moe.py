@@ -21,8 +21,8 @@ is small beside the GEMMs' (about a tenth at Qwen3-30B-A3B prefill shapes).
 
 Decode-sized batches (few pairs per expert: the tile table's or default tiles say `gemv`) take
 kernels/moe_gemv.py instead: one program per (pair, BLOCK_N columns), no alignment, same epilogue; on
-Hopper, 16-bit and block-FP8 experts may take kernels/moe_skinny_sm90.py (TMA-fed, opt-in
-TRITONLLM_MOE_SKINNY=1).
+Hopper, 16-bit and block-FP8 experts may take kernels/moe_skinny_sm90.py (TMA-fed: by default block-FP8
+experts at one token, elsewhere opt-in TRITONLLM_MOE_SKINNY=1).
 
 Variants (MoeTiles' flags: the tile table's, else on where the H200 measured them faster, moe_tiles.
 default_variants; TRITONLLM_MOE_VARIANTS over both):
@@ -430,7 +430,7 @@ def fused_moe(
     tiles = moe_tiles_for(x, w13, w2, top_k) if tiles is None else tiles
     weights = topk_weights.reshape(-1)
     weights = weights if weights.dtype == torch.float32 else weights.float()
-    if tiles.gemv and moe_skinny_sm90.takes(x, w13, w2, top_k, activation):  # opt-in: Hopper, 16-bit / FP8 block
+    if tiles.gemv and moe_skinny_sm90.takes(x, w13, w2, top_k, activation):  # Hopper: moe_skinny_sm90.AUTO
         return moe_skinny_sm90.fused_moe_skinny(
             x, w13, w2, weights, topk_ids, out, activation=activation, w13_bias=w13_bias, w2_bias=w2_bias,
             alpha=alpha, limit=limit, after_w13=after_w13,

@@ -4,8 +4,11 @@
 A program takes ROWS tokens' logits [ROWS, E] (E padded to a power of two, the padding scored
 below any real score), scores them (softmax over the experts, or a sigmoid each) in float32, then
 takes the top k one at a time: the largest score, the lowest expert id among those equal to it
-(ties go to the lower id), which is then struck out. k is small (at most 16) and unrolled. The
-weights are divided by their sum when `renormalize`. No host synchronisation: capturable.
+(ties go to the lower id), which is then struck out. k is small (at most 16) and unrolled. Each pick
+is one max over keys that hold a score's bits above its id's complement, and a program holds at least
+a row a warp, so each pick is a reduction within a warp (a token's row across four warps took two
+cross-warp reductions a pick: the fused kernel's sm90 build at Qwen3-30B-A3B's top-8 of 128 held 61
+barriers, now 11, none of them in the picks). The weights are divided by their sum when `renormalize`. No host synchronisation: capturable.
 
 At decode sizes the router's linear layer and the routing are one kernel (`router_route`, the op's
 optional entry; EngineConfig.fuse_moe_router): each program computes a few experts' logits for every
@@ -37,6 +40,7 @@ ROUTER_MAX_EXPERTS = 256
 # the last program's top-k grow with the tokens); at 2 tokens (a later call) 9.7 against 12.6 (gpt-oss) but 13.5
 # against 13.1 us (Qwen3)
 FUSED_ROUTER_TOKENS = 1
+ROUTER_WARPS = 4  # both routing kernels'
 
 
 @triton.jit
@@ -53,15 +57,21 @@ def _route_rows(logits, rows, in_rows, experts, E, weights_ptr, ids_ptr, TOP_K: 
     else:  # sigmoid
         scores = 1.0 / (1.0 + tl.exp(-logits))
     scores = tl.where(mask, scores, -1.0)  # below every real score (all >= 0)
+    # one key a score: its float32 bits above the expert id's complement, so that one max picks the largest
+    # score and, among equal ones, the lowest id (scores are >= 0, whose bits order as integers do; the
+    # padding's -1 gives a negative key); keys are distinct, so the chosen one is struck out by equality
+    low = logits.shape[1] - 1 - experts[None, :]
+    keys = (scores.to(tl.int32, bitcast=True).to(tl.int64) << 32) | low.to(tl.int64)
     slots = tl.arange(0, SLOTS)
     weights = tl.zeros((logits.shape[0], SLOTS), dtype=tl.float32)
     ids = tl.zeros((logits.shape[0], SLOTS), dtype=tl.int32)
     for j in tl.static_range(TOP_K):
-        best = tl.max(scores, axis=1)
-        best_id = tl.min(tl.where(scores == best[:, None], experts[None, :], logits.shape[1]), axis=1)
-        weights = tl.where(slots[None, :] == j, best[:, None], weights)
+        best = tl.max(keys, axis=1)
+        best_score = (best >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+        best_id = logits.shape[1] - 1 - (best & 0xFFFFFFFF).to(tl.int32)
+        weights = tl.where(slots[None, :] == j, best_score[:, None], weights)
         ids = tl.where(slots[None, :] == j, best_id[:, None], ids)
-        scores = tl.where(experts[None, :] == best_id[:, None], -2.0, scores)
+        keys = tl.where(keys == best[:, None], -(1 << 62), keys)
     if RENORMALIZE:
         weights = weights / tl.sum(weights, axis=1)[:, None]
     out_mask = in_rows[:, None] & (slots < TOP_K)[None, :]
@@ -92,7 +102,7 @@ def router_route_kernel(
     x_ptr, w_ptr, bias_ptr, logits_ptr, weights_ptr, ids_ptr, counter_ptr, T, E, K, stride_xt, stride_we,
     TOP_K: tl.constexpr, SCORING: tl.constexpr, RENORMALIZE: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_T: tl.constexpr, EXPERTS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
-    SLOTS: tl.constexpr, PDL: tl.constexpr = False,
+    SLOTS: tl.constexpr, ROUTE_T: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """logits[t, e] = x[t] . w[e] (+ bias[e]) for every token t < T (<= BLOCK_T) and this program's EXPERTS
     experts, summed in float32 and rounded to x's dtype (the router linear's output), stored in the float32
@@ -127,10 +137,14 @@ def router_route_kernel(
     tl.store(logits_ptr + tokens[:, None] * E + experts[None, :], logits, mask=t_in[:, None] & e_in[None, :])
     tl.debug_barrier()  # every thread's logits stored before the (releasing) arrival
     if tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
+        # ROUTE_T (>= the warps) rows, those past T masked: a row a warp, so the top-k's reductions stay
+        # within a warp (shuffles, no barrier); one row would spread over every warp
+        rows = tl.arange(0, ROUTE_T)
+        r_in = rows < T
         every = tl.arange(0, BLOCK_E)
-        ptrs = logits_ptr + tokens[:, None] * E + every[None, :]
-        all_logits = tl.load(ptrs, mask=t_in[:, None] & (every < E)[None, :], other=0.0, cache_modifier=".cg")
-        _route_rows(all_logits, tokens, t_in, every, E, weights_ptr, ids_ptr, TOP_K, SCORING, RENORMALIZE, SLOTS)
+        ptrs = logits_ptr + rows[:, None] * E + every[None, :]
+        all_logits = tl.load(ptrs, mask=r_in[:, None] & (every < E)[None, :], other=0.0, cache_modifier=".cg")
+        _route_rows(all_logits, rows, r_in, every, E, weights_ptr, ids_ptr, TOP_K, SCORING, RENORMALIZE, SLOTS)
         tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
@@ -157,13 +171,14 @@ def moe_route(
     if t == 0:
         return weights, ids
     block_e = triton.next_power_of_2(e)
-    # a few rows a program: keeps a row's scores in registers (E <= 256) while amortising the launch;
-    # the interpreter runs a program's rows as one numpy operation, so it takes many
-    rows = max(1, min(16 if platform.is_interpreter() else 4096 // block_e, triton.next_power_of_2(t)))
+    # a few rows a program: keeps a row's scores in registers (E <= 256) while amortising the launch, and
+    # at least a row a warp (those past T masked), so the top-k's reductions stay within a warp; the
+    # interpreter runs a program's rows as one numpy operation, so it takes many
+    rows = max(ROUTER_WARPS, min(16 if platform.is_interpreter() else 4096 // block_e, triton.next_power_of_2(t)))
     moe_route_kernel[(triton.cdiv(t, rows),)](
         router_logits, weights, ids, t, e, router_logits.stride(0), router_logits.stride(1),
         TOP_K=top_k, SCORING=MOE_SCORINGS.index(scoring), RENORMALIZE=renormalize,
-        ROWS=rows, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k), num_warps=4, **pdl_launch(),
+        ROWS=rows, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k), num_warps=ROUTER_WARPS, **pdl_launch(),
     )  # fmt: skip
     return weights, ids
 
@@ -205,6 +220,7 @@ def router_route(
         x, weight, bias if bias is not None else weight, logits, weights, ids, counters, t, e, k, x.stride(0),
         weight.stride(0), TOP_K=top_k, SCORING=MOE_SCORINGS.index(scoring), RENORMALIZE=renormalize,
         HAS_BIAS=bias is not None, BLOCK_T=block_t, EXPERTS=experts, BLOCK_K=block_k,
-        BLOCK_E=triton.next_power_of_2(e), SLOTS=triton.next_power_of_2(top_k), num_warps=4, **pdl_launch(),
+        BLOCK_E=triton.next_power_of_2(e), SLOTS=triton.next_power_of_2(top_k), ROUTE_T=max(block_t, ROUTER_WARPS),
+        num_warps=ROUTER_WARPS, **pdl_launch(),
     )  # fmt: skip
     return weights, ids

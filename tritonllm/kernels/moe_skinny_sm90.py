@@ -26,7 +26,8 @@ to arrive sums the parts in order (deterministic), applies the epilogue and stor
 written two launches back (the router's, before w13), so its programs read them and request their first weight
 stages before the PDL wait, under w13's tail; w13 waits first (its router is the launch just before).
 
-Opt-in (TRITONLLM_MOE_SKINNY=1). Gluon does not run in the interpreter, so the CPU only builds it (tests/kernels/
+On by default for block-FP8 experts at one token, opt-in elsewhere (TRITONLLM_MOE_SKINNY=1; =0 off). Gluon
+does not run in the interpreter, so the CPU only builds it (tests/kernels/
 test_moe_skinny_sm90.py); its numerics are GPU tests. On an H100 (session 49, experiments/moe/README.md) it is
 correct and no faster for bf16 experts (Qwen3's layer: 43.9 against 44.0 us at one token, 121 against 116 at four),
 9% faster for block FP8 at one token: there the register-fed GEMV is not bound by its loads in flight. The H200,
@@ -94,15 +95,22 @@ class Plan:
         return cls(*(int(v) for v in text.split(":")))
 
 
-def _plan_from_env() -> Plan | None:
-    text = os.environ.get("TRITONLLM_MOE_SKINNY", "0")
+def _mode_from_env() -> tuple[Plan | None, bool]:
+    """(PLAN, AUTO) from TRITONLLM_MOE_SKINNY: "auto" (unset) the default plan where AUTO_CASES says it pays, "1"
+    the default plan everywhere it fits, "BLOCK_N:STAGES:FILL" that plan everywhere (sweeps), "0" off."""
+    text = os.environ.get("TRITONLLM_MOE_SKINNY", "auto")
     if text in ("0", ""):
-        return None
-    return Plan() if text == "1" else Plan.parse(text)
+        return None, False
+    if text == "auto":
+        return Plan(), True
+    return (Plan() if text == "1" else Plan.parse(text)), False
 
 
-# TRITONLLM_MOE_SKINNY=1 (the default plan) or "BLOCK_N:STAGES:FILL" (sweeps); tests set PLAN directly
-PLAN = _plan_from_env()
+# AUTO: block-FP8 experts at one token only, where the H100 measured it faster twice (sessions 49 and 50,
+# experiments/moe/README.md: Qwen3-30B-A3B-FP8's layer 35.6 -> 32.3 and 35.1 -> 32.0 us); bf16 tied there (44.0 /
+# 43.9 us) and four tokens tied for both, so they stay on the Triton GEMV until a GPU shows otherwise.
+# Tests set PLAN and AUTO directly.
+PLAN, AUTO = _mode_from_env()
 
 
 def enabled() -> bool:
@@ -144,12 +152,14 @@ def _experts_fit(w, x: torch.Tensor) -> bool:
 
 
 def takes(x: torch.Tensor, w13, w2, top_k: int, activation: str) -> bool:
-    """Whether fused_moe runs this kernel: switched on, 16-bit experts of x's dtype or block-FP8 experts (both
+    """Whether fused_moe runs this kernel: switched on (by default: block-FP8 experts at one token), 16-bit experts of x's dtype or block-FP8 experts (both
     the same) that TMA reads as they lie, rows of x and of the intermediate 16-byte aligned (FP8: the intermediate's
     columns whole 32-row gate / up tiles of 128-row scale blocks), the counters enough for the grid, an sm90 GPU
     whose Triton compiles the kernel."""
     if not (enabled() and HAVE_GLUON and x.dtype in (torch.bfloat16, torch.float16)):
         return False
+    if AUTO and not (isinstance(w13, QuantizedWeight) and x.shape[0] == 1):
+        return False  # the one case measured faster (AUTO's comment)
     if isinstance(w13, QuantizedWeight) != isinstance(w2, QuantizedWeight):
         return False
     if activation not in MOE_ACTIVATIONS or not (_experts_fit(w13, x) and _experts_fit(w2, x)):
