@@ -828,8 +828,8 @@ PY
       # router alone (graph replay) at 1 / 2 / 4 tokens, the decode layer (gpt-oss MXFP4, Qwen3 bf16 and block FP8
       # at 1 / 4 tokens, PDL; FP8 at one token takes the TMA-fed experts by default now, then with them off), then
       # gpt-oss-20b batch 1 end to end, new then old
-      python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_moe_router.py tests/kernels/test_moe.py \
-        tests/kernels/test_moe_skinny_sm90.py -k "route or router or auto or bf16_model_shapes or variants_at" 2>&1 | tail -2
+      timeout 100 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_moe_router.py tests/kernels/test_moe.py \
+        tests/kernels/test_moe_skinny_sm90.py -k "route or router or auto or bf16_model_shapes" 2>&1 | tail -2
       cp tritonllm/kernels/moe_route.py /tmp/new_moe_route.py
       for build in new old new; do
         if [ $build = old ]; then cp "$ROUTER_OLD" tritonllm/kernels/moe_route.py; else cp /tmp/new_moe_route.py tritonllm/kernels/moe_route.py; fi

@@ -38,8 +38,10 @@ ROUTER_MAX_EXPERTS = 256
 # (32 x 2880) and 11.3 against 12.7 us at Qwen3-30B-A3B's (128 x 2048) at 1 token; at 4 tokens 11.4 against
 # 12.6 and 16.4 against 11.6, at 8 tokens 16.9 against 12.4 and 24.3 against 12.0 (each program's K loop and
 # the last program's top-k grow with the tokens); at 2 tokens (a later call) 9.7 against 12.6 (gpt-oss) but 13.5
-# against 13.1 us (Qwen3)
-FUSED_ROUTER_TOKENS = 1
+# against 13.1 us (Qwen3). With the picks within a warp (session 50, an H100, experiments/moe/README.md): fused
+# against unfused at 1 / 2 / 4 tokens 8.2 / 9.1 / 11.1 against 11.2 / 11.8 / 12.1 us (gpt-oss), 9.6 / 10.9 / 14.0
+# against 12.3 / 12.3 / 12.4 us (Qwen3; the fused one was 10.5-10.8 at one token before): both win at 2 now
+FUSED_ROUTER_TOKENS = 2
 ROUTER_WARPS = 4  # both routing kernels'
 
 

@@ -107,8 +107,9 @@ def _mode_from_env() -> tuple[Plan | None, bool]:
 
 
 # AUTO: block-FP8 experts at one token only, where the H100 measured it faster twice (sessions 49 and 50,
-# experiments/moe/README.md: Qwen3-30B-A3B-FP8's layer 35.6 -> 32.3 and 35.1 -> 32.0 us); bf16 tied there (44.0 /
-# 43.9 us) and four tokens tied for both, so they stay on the Triton GEMV until a GPU shows otherwise.
+# experiments/moe/README.md: Qwen3-30B-A3B-FP8's layer 35.6 -> 32.3 and 35.5 -> 32.4 us); bf16 tied there at one token
+# (44.0 / 44.3 us) and lost at four (115.9 / 121.2), block FP8 tied at four (75.2 / 74.8): those stay on the Triton
+# GEMV until a GPU shows otherwise.
 # Tests set PLAN and AUTO directly.
 PLAN, AUTO = _mode_from_env()
 
