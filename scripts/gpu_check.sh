@@ -823,15 +823,17 @@ PY
         done
       fi ;;
     next-61)
-      # session 50's call (~7 minutes): the routing's top-k picks as one max within a warp (kernels/moe_route.py)
-      # against the build before (ROUTER_OLD: that moe_route.py, saved untracked by the caller; "new, old, new"),
+      # session 50's call (~7 minutes; it ran 215 s of it, on an H100): the routing's top-k picks as one max within a
+      # warp (kernels/moe_route.py) against the build before (ROUTER_OLD: `git show 5137e80~2:tritonllm/kernels/
+      # moe_route.py > old_moe_route.py`, untracked, so the call carries it; "new, old, new"),
       # router alone (graph replay) at 1 / 2 / 4 tokens, the decode layer (gpt-oss MXFP4, Qwen3 bf16 and block FP8
       # at 1 / 4 tokens, PDL; FP8 at one token takes the TMA-fed experts by default now, then with them off), then
       # gpt-oss-20b batch 1 end to end, new then old
       timeout 100 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_moe_router.py tests/kernels/test_moe.py \
-        tests/kernels/test_moe_skinny_sm90.py -k "route or router or auto or bf16_model_shapes" 2>&1 | tail -2
+        tests/kernels/test_moe_skinny_sm90.py -k "route or router or auto or bf16_model_shapes" 2>&1 \
+        | tee "$OUT/router_gpu_tests.log" | tail -2  # (session 50: a bare tail lost this when the call ran out)
       cp tritonllm/kernels/moe_route.py /tmp/new_moe_route.py
-      for build in new old new; do
+      for build in new old new2; do
         if [ $build = old ]; then cp "$ROUTER_OLD" tritonllm/kernels/moe_route.py; else cp /tmp/new_moe_route.py tritonllm/kernels/moe_route.py; fi
         timeout 60 python3 scripts/bench_moe.py "$OUT/router_$build.json" --router-only --shapes gptoss qwen3 \
           --tokens 1 2 4 --pdl 2>&1 | grep -E "^router" | sed "s/^/[$build] /"
