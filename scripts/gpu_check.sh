@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58] [tests-kernels] [tests-engine] [prewait] [w4-tma-gemv] [w4-tma-e2e] [ncu-w4] [next-59] [moe-skinny] [next-60] [next-61]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58] [tests-kernels] [tests-engine] [prewait] [w4-tma-gemv] [w4-tma-e2e] [ncu-w4] [next-59] [moe-skinny] [next-60] [next-61] [next-62]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -821,6 +821,21 @@ PY
           TRITONLLM_SKINNY_PREWAIT=$pw QUANT_VARIANTS=fp8_gluon QUANT_EXPS=batch1_decode QUANT_TAG="_pw$pw" \
             timeout 90 bash "$0" e2e-quant
         done
+      fi ;;
+    next-62)
+      # session 51's first call (~9 minutes; each part time-boxed, logs tee'd to OUT so a cut call keeps them): the
+      # router's GPU tests (session 50's picks within a warp: its call lost their output), then on an H200 next-60
+      # (the TMA-fed MoE experts at 1 / 4 tokens: if faster there, make them the default for the H200's decode
+      # buckets; int4 batch 1 with the TMA-fed 4-bit GEMV) and issue 13's batch-1 ratio once (fp8_gluon beside bf16,
+      # decode_group_quant on: only H100s have timed it); elsewhere gpt-oss-20b batch 1 end to end (session 50's
+      # router and the 2-token fused router untimed there)
+      timeout 100 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_moe_router.py tests/kernels/test_moe.py \
+        -k "route or router or bf16_model_shapes" 2>&1 | tee "$OUT/router_gpu_tests.log" | tail -2
+      if on_h200; then
+        timeout 330 bash "$0" next-60 2>&1 | tee "$OUT/next60.log" | tail -30
+        QUANT_VARIANTS="bf16_torch fp8_gluon" QUANT_EXPS=batch1_decode QUANT_TAG=_s51 timeout 150 bash "$0" e2e-quant
+      else
+        MOE_RUNS=gptoss_batch1 MOE_TAG=_s51 timeout 150 bash "$0" e2e-moe 2>&1 | tee "$OUT/gptoss_b1.log" | tail -3
       fi ;;
     next-61)
       # session 50's call (~7 minutes; it ran 215 s of it, on an H100): the routing's top-k picks as one max within a
