@@ -87,6 +87,15 @@ def test_route_zero_scores_and_every_expert(t) -> None:
     torch.testing.assert_close(weights, ref_weights, rtol=1e-6, atol=0.0)
 
 
+def test_route_nan_logits_still_give_valid_distinct_experts() -> None:
+    """A row of NaN logits (an overflowed activation upstream) must not route to an expert id past E, which the
+    expert kernels would read out of bounds: every pick is a valid, distinct id (a NaN score's bits are one key)."""
+    logits = torch.full((2, 6), float("nan"), device=DEVICE)
+    logits[1, 2] = 0.0  # one finite logit: softmax is NaN across the row all the same
+    _, ids = moe_route(logits, 4, True)
+    assert ids.tolist() == [[0, 1, 2, 3]] * 2
+
+
 # ---- fused experts -----------------------------------------------------------------------------
 
 
