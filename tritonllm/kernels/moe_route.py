@@ -8,7 +8,8 @@ takes the top k one at a time: the largest score, the lowest expert id among tho
 is one max over keys that hold a score's bits above its id's complement, and a program holds at least
 a row a warp, so each pick is a reduction within a warp (a token's row across four warps took two
 cross-warp reductions a pick: the fused kernel's sm90 build at Qwen3-30B-A3B's top-8 of 128 held 61
-barriers, now 11, none of them in the picks). The weights are divided by their sum when `renormalize`. No host synchronisation: capturable.
+barriers, now 11, none of them in the picks). The weights are divided by their sum when
+`renormalize`. No host synchronisation: capturable.
 
 At decode sizes the router's linear layer and the routing are one kernel (`router_route`, the op's
 optional entry; EngineConfig.fuse_moe_router): each program computes a few experts' logits for every
