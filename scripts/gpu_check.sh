@@ -848,26 +848,28 @@ PY
         tests/kernels/test_moe_skinny_sm90.py -k "route or router or auto or bf16_model_shapes" 2>&1 \
         | tee "$OUT/router_gpu_tests.log" | tail -2  # (session 50: a bare tail lost this when the call ran out)
       cp tritonllm/kernels/moe_route.py /tmp/new_moe_route.py
+      # put build $1's moe_route.py in place: old (ROUTER_OLD) or the new one
+      router_build() { if [ "$1" = old ]; then cp "$ROUTER_OLD" tritonllm/kernels/moe_route.py; else cp /tmp/new_moe_route.py tritonllm/kernels/moe_route.py; fi; }
       for build in new old new2; do
-        if [ $build = old ]; then cp "$ROUTER_OLD" tritonllm/kernels/moe_route.py; else cp /tmp/new_moe_route.py tritonllm/kernels/moe_route.py; fi
+        router_build $build
         timeout 60 python3 scripts/bench_moe.py "$OUT/router_$build.json" --router-only --shapes gptoss qwen3 \
           --tokens 1 2 4 --pdl 2>&1 | grep -E "^router" | sed "s/^/[$build] /"
       done
       for build in new old; do
-        if [ $build = old ]; then cp "$ROUTER_OLD" tritonllm/kernels/moe_route.py; else cp /tmp/new_moe_route.py tritonllm/kernels/moe_route.py; fi
+        router_build $build
         timeout 100 python3 scripts/bench_moe.py "$OUT/layer_gptoss_$build.json" --shapes gptoss --kinds mxfp4 \
           --tokens 1 4 --torch-ref-max-tokens 0 --pdl 2>&1 | grep -E "T=|Error" | sed "s/^/[$build] /"
         timeout 100 python3 scripts/bench_moe.py "$OUT/layer_qwen3_$build.json" --shapes qwen3 --kinds bfloat16 fp8_block \
           --tokens 1 4 --torch-ref-max-tokens 0 --pdl 2>&1 | grep -E "T=|Error" | sed "s/^/[$build] /"
       done
-      cp /tmp/new_moe_route.py tritonllm/kernels/moe_route.py
+      router_build new
       TRITONLLM_MOE_SKINNY=0 timeout 60 python3 scripts/bench_moe.py "$OUT/layer_qwen3_fp8_skinny0.json" --shapes qwen3 \
         --kinds fp8_block --tokens 1 --torch-ref-max-tokens 0 --pdl 2>&1 | grep -E "T=|Error" | sed "s/^/[skinny0] /"
       for build in new old; do
-        if [ $build = old ]; then cp "$ROUTER_OLD" tritonllm/kernels/moe_route.py; else cp /tmp/new_moe_route.py tritonllm/kernels/moe_route.py; fi
+        router_build $build
         MOE_RUNS=gptoss_batch1 MOE_TAG="_router_$build" timeout 150 bash "$0" e2e-moe
       done
-      cp /tmp/new_moe_route.py tritonllm/kernels/moe_route.py ;;
+      router_build new ;;
     moe-skinny)
       # session 49's MoE experts fed by a TMA ring (kernels/moe_skinny_sm90.py, opt-in TRITONLLM_MOE_SKINNY, built
       # without a GPU): its GPU tests, then the Qwen3-30B-A3B layer, bf16 and block FP8 (graph replay, router included,

@@ -96,8 +96,8 @@ class Plan:
 
 
 def _mode_from_env() -> tuple[Plan | None, bool]:
-    """(PLAN, AUTO) from TRITONLLM_MOE_SKINNY: "auto" (unset) the default plan where AUTO_CASES says it pays, "1"
-    the default plan everywhere it fits, "BLOCK_N:STAGES:FILL" that plan everywhere (sweeps), "0" off."""
+    """(PLAN, AUTO) from TRITONLLM_MOE_SKINNY: "auto" (unset) the default plan where AUTO's comment says it pays,
+    "1" the default plan everywhere it fits, "BLOCK_N:STAGES:FILL" that plan everywhere (sweeps), "0" off."""
     text = os.environ.get("TRITONLLM_MOE_SKINNY", "auto")
     if text in ("0", ""):
         return None, False
@@ -145,6 +145,11 @@ def _block_scales_fit(w: QuantizedWeight) -> bool:
     )  # fmt: skip
 
 
+def _data(w) -> torch.Tensor:
+    """The experts' values [E, N, K]: a 16-bit tensor itself, block FP8's e4m3 data."""
+    return w.data if isinstance(w, QuantizedWeight) else w
+
+
 def _experts_fit(w, x: torch.Tensor) -> bool:
     """16-bit experts of x's dtype, or block-FP8 ones, that TMA reads as they lie."""
     if isinstance(w, QuantizedWeight):
@@ -153,8 +158,8 @@ def _experts_fit(w, x: torch.Tensor) -> bool:
 
 
 def takes(x: torch.Tensor, w13, w2, top_k: int, activation: str) -> bool:
-    """Whether fused_moe runs this kernel: switched on (by default: block-FP8 experts at one token), 16-bit experts of x's dtype or block-FP8 experts (both
-    the same) that TMA reads as they lie, rows of x and of the intermediate 16-byte aligned (FP8: the intermediate's
+    """Whether fused_moe runs this kernel: switched on (by default: block-FP8 experts at one token), 16-bit experts
+    of x's dtype or block-FP8 experts (both the same) that TMA reads as they lie, rows of x and of the intermediate 16-byte aligned (FP8: the intermediate's
     columns whole 32-row gate / up tiles of 128-row scale blocks), the counters enough for the grid, an sm90 GPU
     whose Triton compiles the kernel."""
     if not (enabled() and HAVE_GLUON and x.dtype in (torch.bfloat16, torch.float16)):
@@ -166,7 +171,7 @@ def takes(x: torch.Tensor, w13, w2, top_k: int, activation: str) -> bool:
     if activation not in MOE_ACTIVATIONS or not (_experts_fit(w13, x) and _experts_fit(w2, x)):
         return False
     t, h = x.shape
-    i = w2.data.shape[2] if isinstance(w2, QuantizedWeight) else w2.shape[2]
+    i = _data(w2).shape[2]
     if (h * 2) % 16 or (i * 2) % 16 or not skinny.tma_ok(x):
         return False
     if isinstance(w13, QuantizedWeight) and (i % (PLAN.block_n // 2) or h % 16):
@@ -209,7 +214,7 @@ def _launch(x: torch.Tensor, x_scale: torch.Tensor | None, w, c: torch.Tensor, i
     """One launch: c[row, :n] for `rows` rows of c (w13: the pairs; w2: the tokens, parts_a_row = top_k slots
     each), the pair's activation row x[pair // a_row_div] (block-FP8 experts w: x FP8 with its group scales)."""
     plan = PLAN or Plan()
-    data, w_scale = (w.data, w.scale) if isinstance(w, QuantizedWeight) else (w, None)
+    data, w_scale = _data(w), (w.scale if isinstance(w, QuantizedWeight) else None)
     e, w_rows, k = data.shape
     half = plan.block_n // 2 if gated else plan.block_n
     tiles = triton.cdiv(n, half)
@@ -240,7 +245,7 @@ def fused_moe_skinny(x: torch.Tensor, w13, w2, weights: torch.Tensor, topk_ids: 
     """out [T, H] = the experts' sum for x [T, H] (takes() holds), weights the top-k weights as float32 [T * k]
     and topk_ids [T, k] int32: fused_moe's decode path on Hopper."""
     t, top_k = topk_ids.shape
-    i = (w2.data if isinstance(w2, QuantizedWeight) else w2).shape[2]
+    i = _data(w2).shape[2]
     ids = topk_ids.reshape(-1)
     ids = ids if ids.dtype == torch.int32 and ids.is_contiguous() else ids.to(torch.int32).contiguous()
     intermediate = torch.empty((t * top_k, i), dtype=x.dtype, device=x.device)
