@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58] [tests-kernels] [tests-engine] [prewait] [w4-tma-gemv] [w4-tma-e2e] [ncu-w4] [next-59] [moe-skinny] [next-60] [next-61] [next-62]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58] [tests-kernels] [tests-engine] [prewait] [w4-tma-gemv] [w4-tma-e2e] [ncu-w4] [next-59] [moe-skinny] [next-60] [next-61] [next-62] [next-63]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -822,6 +822,15 @@ PY
             timeout 90 bash "$0" e2e-quant
         done
       fi ;;
+    next-63)
+      # session 51's first H100 call (~9 minutes, each part time-boxed and tee'd): next-62's H100 branch (the router's
+      # GPU tests, gpt-oss-20b batch 1), then Nsight Compute on Qwen3's bf16 decode layer at one token, the register-fed
+      # GEMV against the TMA-fed experts (TRITONLLM_MOE_SKINNY=1): both read ~2.2 TB/s a launch and time the same
+      # (44 us), though the TMA kernel keeps far more bytes in flight: what binds them
+      timeout 330 bash "$0" next-62 2>&1 | tee "$OUT/next62.log" | tail -6
+      NCU_MOE=qwen3:bfloat16:1 timeout 100 bash "$0" ncu-moe 2>&1 | tee "$OUT/ncu_gemv.log" | tail -24
+      mv "$OUT/ncu_moe_qwen3_bfloat16_1.txt" "$OUT/ncu_moe_qwen3_bfloat16_1_gemv.txt"
+      TRITONLLM_MOE_SKINNY=1 NCU_MOE=qwen3:bfloat16:1 timeout 100 bash "$0" ncu-moe 2>&1 | tee "$OUT/ncu_skinny.log" | tail -24 ;;
     next-62)
       # session 51's first call (~9 minutes; each part time-boxed, logs tee'd to OUT so a cut call keeps them): the
       # router's GPU tests (session 50's picks within a warp: its call lost their output), then on an H200 next-60
@@ -1074,11 +1083,11 @@ PY
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       for case in ${NCU_MOE:-gptoss:mxfp4:1 gptoss:bfloat16:1 qwen3:bfloat16:1 qwen3:mxfp4:1}; do
         IFS=: read -r shape kind tokens <<< "$case"
-        timeout 150 "$NCU" --clock-control none -k regex:moe_gemv --launch-skip 4 --launch-count 2 --section SpeedOfLight \
+        timeout 150 "$NCU" --clock-control none -k "regex:${NCU_MOE_KERNELS:-moe_gemv|moe_skinny}" --launch-skip 4 --launch-count 2 --section SpeedOfLight \
           --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
           --section SchedulerStats python3 scripts/ncu_moe.py "$shape" "$kind" "$tokens" \
           > "$OUT/ncu_moe_${shape}_${kind}_$tokens.txt" 2>&1
-        echo "== $case"; grep -E "moe_gemv_kernel|Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Grid Size|Warp Cycles Per Issued|Issued Warp|No Eligible" \
+        echo "== $case"; grep -E "moe_gemv_kernel|moe_skinny_sm90_kernel|Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Grid Size|Warp Cycles Per Issued|Issued Warp|No Eligible" \
           "$OUT/ncu_moe_${shape}_${kind}_$tokens.txt" | head -60
       done ;;
     ncu-w4)
