@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58] [tests-kernels] [tests-engine] [prewait] [w4-tma-gemv] [w4-tma-e2e] [ncu-w4] [next-59] [moe-skinny] [next-60] [next-61] [next-62] [next-63]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58] [tests-kernels] [tests-engine] [prewait] [w4-tma-gemv] [w4-tma-e2e] [ncu-w4] [next-59] [moe-skinny] [next-60] [next-61] [next-62] [next-63] [moe-gluon-tilings]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -831,6 +831,18 @@ PY
       NCU_MOE=qwen3:bfloat16:1 timeout 100 bash "$0" ncu-moe 2>&1 | tee "$OUT/ncu_gemv.log" | tail -24
       mv "$OUT/ncu_moe_qwen3_bfloat16_1.txt" "$OUT/ncu_moe_qwen3_bfloat16_1_gemv.txt"
       TRITONLLM_MOE_SKINNY=1 NCU_MOE=qwen3:bfloat16:1 timeout 100 bash "$0" ncu-moe 2>&1 | tee "$OUT/ncu_skinny.log" | tail -24 ;;
+    moe-gluon-tilings)
+      # the Gluon MoE GEMV for MXFP4 experts (kernels/moe_gemv_sm90.py, opt-in: session 29 timed it slower than the
+      # portable GEMV at gpt-oss's layer, 45 against 38 us on an H100) ran only the dense kernel's tiling, 8 rows a
+      # thread with every warp along K: one K tile of 4,096 columns, of which gpt-oss's K = 2,880 fills 70%. Its
+      # tilings swept here (ROWS:WARPS_K:PREFETCH:MAXNREG; warps along K 1 or 2 tile 1,024 / 2,048 columns: 94% / 70%),
+      # gpt-oss's decode layer at one token beside the portable GEMV (graph replay, PDL, each kernel's time)
+      for t in portable ${MOE_TILINGS:-8:4:0:0 8:1:0:0 8:1:1:0 4:1:1:0 4:1:0:0 8:2:0:0 16:2:0:0}; do
+        if [ "$t" = portable ]; then env_t=(TRITONLLM_MOE_GEMV_GLUON=0); else env_t=(TRITONLLM_MOE_GEMV_GLUON=1 TRITONLLM_W4_GEMV_SM90_TILING="fp4=$t"); fi
+        env "${env_t[@]}" timeout 90 python3 scripts/bench_moe.py "$OUT/moe_gluon_$t.json" --shapes gptoss --kinds mxfp4 \
+          --tokens 1 4 --torch-ref-max-tokens 0 --kernels --pdl 2>&1 | grep -E "T=|kernels" | sed "s/^/$t /" \
+          | tee -a "$OUT/moe_gluon_tilings.log"
+      done ;;
     next-62)
       # session 51's first call (~9 minutes; each part time-boxed, logs tee'd to OUT so a cut call keeps them): the
       # router's GPU tests (session 50's picks within a warp: its call lost their output), then on an H200 next-60
