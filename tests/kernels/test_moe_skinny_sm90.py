@@ -145,18 +145,20 @@ def test_the_switch(monkeypatch, setting, plan, auto) -> None:
     assert sk._mode_from_env() == (plan, auto)
 
 
-def test_auto_takes_block_fp8_experts_at_one_token_only(monkeypatch) -> None:
-    """The default (AUTO): 16-bit experts never, block-FP8 ones at one token only (and only where the kernel
-    builds: an sm90 GPU)."""
+def test_auto_takes_block_fp8_experts_at_decode_sizes_only(monkeypatch) -> None:
+    """The default (AUTO): 16-bit experts never, block-FP8 ones at up to AUTO_FP8_TOKENS tokens (and only where the
+    kernel builds: an sm90 GPU)."""
     monkeypatch.setattr(sk, "PLAN", sk.Plan())
     monkeypatch.setattr(sk, "AUTO", True)
-    (x, w13, w2, _, _), _ = _problem(2, 4, 256, 64, 2, seed=83, dtype=torch.bfloat16)
+    (x, w13, w2, _, _), _ = _problem(sk.AUTO_FP8_TOKENS + 1, 4, 256, 64, 2, seed=83, dtype=torch.bfloat16)
     fp8_13, fp8_2 = quantize_experts(w13.float(), FP8_BLOCK), quantize_experts(w2.float(), FP8_BLOCK)
+    on_sm90 = platform.is_gpu() and sk.available()
     assert not sk.takes(x[:1], w13, w2, 2, "silu")  # 16-bit
-    assert not sk.takes(x, fp8_13, fp8_2, 2, "silu")  # two tokens
-    assert sk.takes(x[:1], fp8_13, fp8_2, 2, "silu") == (platform.is_gpu() and sk.available())
+    assert not sk.takes(x, fp8_13, fp8_2, 2, "silu")  # past the decode sizes
+    for t in (1, 2, sk.AUTO_FP8_TOKENS):
+        assert sk.takes(x[:t], fp8_13, fp8_2, 2, "silu") == on_sm90
     monkeypatch.setattr(sk, "AUTO", False)
-    assert sk.takes(x[:1], w13, w2, 2, "silu") == (platform.is_gpu() and sk.available())
+    assert sk.takes(x[:1], w13, w2, 2, "silu") == on_sm90
 
 
 def test_fused_moe_leaves_it_alone_without_hopper(monkeypatch) -> None:

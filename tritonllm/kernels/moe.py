@@ -22,7 +22,7 @@ is small beside the GEMMs' (about a tenth at Qwen3-30B-A3B prefill shapes).
 Decode-sized batches (few pairs per expert: the tile table's or default tiles say `gemv`) take
 kernels/moe_gemv.py instead: one program per (pair, BLOCK_N columns), no alignment, same epilogue; on
 Hopper, 16-bit and block-FP8 experts may take kernels/moe_skinny_sm90.py (TMA-fed: by default block-FP8
-experts at one token, elsewhere opt-in TRITONLLM_MOE_SKINNY=1).
+experts at up to 8 tokens, elsewhere opt-in TRITONLLM_MOE_SKINNY=1).
 
 Variants (MoeTiles' flags: the tile table's, else on where the H200 measured them faster, moe_tiles.
 default_variants; TRITONLLM_MOE_VARIANTS over both):

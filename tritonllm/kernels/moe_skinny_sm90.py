@@ -1,12 +1,13 @@
 """The fused MoE's experts at decode sizes for NVIDIA Hopper, 16-bit weights streamed by TMA, in Gluon.
 
 At a decode step the experts' weight read is the whole cost of a MoE layer, and the portable GEMV (kernels/
-moe_gemv.py) loads each expert's rows into registers: on the H200 Qwen3-30B-A3B's layer at one token reads its
-75.5 MB of bf16 experts in ~38 us (2.0 TB/s, 41% of 4.8; experiments/moe/README.md), at four tokens 283 MB in ~95
-us, about what the same kernel reads on an H100 (40 us at one token): the read is bound by what an SM holds in
-flight, not by HBM. The dense skinny GEMM (kernels/gemm_skinny_sm90.py), fed by TMA through a ring of shared-memory
-stages, reads 3.9-4.4 TB/s at the same sizes on the H200. This kernel is that ring and MMA run per (token, slot)
-pair: each program streams BLOCK_N rows of its pair's expert (the stacked experts read as one [E * rows, K]
+moe_gemv.py) loads each expert's rows into registers. This kernel was built on the guess that the GEMV's read was
+bound by what an SM holds in flight that way; Nsight Compute on the H200 (session 51, experiments/moe/README.md)
+says otherwise for 16-bit experts: at Qwen3-30B-A3B's one-token layer the GEMV's w13 reads 50 MB at 2.93 TB/s and
+this kernel's at 2.88, each launch ~18 us, with its ring holding far more bytes in flight.
+
+The kernel is the dense skinny GEMM's (kernels/gemm_skinny_sm90.py) TMA ring and MMA run per (token, slot) pair:
+each program streams BLOCK_N rows of its pair's expert (the stacked experts read as one [E * rows, K]
 matrix through one tensor descriptor, the expert's first row e * rows from topk_ids) over its K range, and the
 pair's activation row as the MMA's N (8 columns: TMA's box of 8 rows from the pair's row, of which column 0 is
 the pair's; rows past the matrix arrive as zeros), c^T = w . a^T as the dense kernel takes it.
@@ -26,12 +27,10 @@ to arrive sums the parts in order (deterministic), applies the epilogue and stor
 written two launches back (the router's, before w13), so its programs read them and request their first weight
 stages before the PDL wait, under w13's tail; w13 waits first (its router is the launch just before).
 
-On by default for block-FP8 experts at one token, opt-in elsewhere (TRITONLLM_MOE_SKINNY=1; =0 off). Gluon
-does not run in the interpreter, so the CPU only builds it (tests/kernels/
-test_moe_skinny_sm90.py); its numerics are GPU tests. On an H100 (session 49, experiments/moe/README.md) it is
-correct and no faster for bf16 experts (Qwen3's layer: 43.9 against 44.0 us at one token, 121 against 116 at four),
-9% faster for block FP8 at one token: there the register-fed GEMV is not bound by its loads in flight. The H200,
-where that GEMV reads ~2 TB/s of 4.8, is the test it was built for and has not run it.
+On by default for block-FP8 experts at decode sizes (up to 8 tokens), opt-in elsewhere (TRITONLLM_MOE_SKINNY=1;
+=0 off): block FP8 is where it pays (5-22% faster on the H200 at 1-8 tokens, 9% on the H100 at one token; AUTO's
+comment), 16-bit experts time level with the GEMV. Gluon does not run in the interpreter, so the CPU only builds it
+(tests/kernels/test_moe_skinny_sm90.py); its numerics are GPU tests.
 Takes bf16 / fp16 experts (the float GEMV's work: Qwen3-MoE, Mixtral, bf16 gpt-oss) stacked [E, N, K] with
 16-byte aligned rows, and block-FP8 experts (e4m3 [E, N, K] with float32 scales [E, cdiv(N, 128), cdiv(K, 128)], as
 Qwen3-30B-A3B-FP8 ships): their activations quantized per token and 128-column group first (quant.py, as the
@@ -106,10 +105,12 @@ def _mode_from_env() -> tuple[Plan | None, bool]:
     return (Plan() if text == "1" else Plan.parse(text)), False
 
 
-# AUTO: block-FP8 experts at one token only, where the H100 measured it faster twice (sessions 49 and 50,
-# experiments/moe/README.md: Qwen3-30B-A3B-FP8's layer 35.6 -> 32.3 and 35.5 -> 32.4 us); bf16 tied there at one token
-# (44.0 / 44.3 us) and lost at four (115.9 / 121.2), block FP8 tied at four (75.2 / 74.8): those stay on the Triton
-# GEMV until a GPU shows otherwise.
+# AUTO: block-FP8 experts at up to AUTO_FP8_TOKENS tokens (where the tile table gives the GEMV). Measured (Qwen3-30B-A3B-
+# FP8's layer, graph replay, us, Triton GEMV -> this kernel; experiments/moe/README.md): the H200 (session 51) 30.9 -> 26.5,
+# 49.0 -> 38.0, 62.6 -> 58.8, 101.2 -> 91.9 at 1 / 2 / 4 / 8 tokens; the H100 35.5 -> 32.4 at one token (sessions 49-50),
+# level at four (75.2 / 74.8). 16-bit experts stay on the Triton GEMV: level on the H200 at 1-8 tokens (35.4 / 34.7,
+# 53.5 / 52.8, 88.8 / 89.7, 144.8 / 144.9), on the H100 level at one token and 5% slower at four.
+AUTO_FP8_TOKENS = 8
 # Tests set PLAN and AUTO directly.
 PLAN, AUTO = _mode_from_env()
 
@@ -158,14 +159,14 @@ def _experts_fit(w, x: torch.Tensor) -> bool:
 
 
 def takes(x: torch.Tensor, w13, w2, top_k: int, activation: str) -> bool:
-    """Whether fused_moe runs this kernel: switched on (by default: block-FP8 experts at one token), 16-bit experts
+    """Whether fused_moe runs this kernel: switched on (by default: block-FP8 experts at up to AUTO_FP8_TOKENS tokens), 16-bit experts
     of x's dtype or block-FP8 experts (both the same) that TMA reads as they lie, rows of x and of the intermediate 16-byte aligned (FP8: the intermediate's
     columns whole 32-row gate / up tiles of 128-row scale blocks), the counters enough for the grid, an sm90 GPU
     whose Triton compiles the kernel."""
     if not (enabled() and HAVE_GLUON and x.dtype in (torch.bfloat16, torch.float16)):
         return False
-    if AUTO and not (isinstance(w13, QuantizedWeight) and x.shape[0] == 1):
-        return False  # the one case measured faster (AUTO's comment)
+    if AUTO and not (isinstance(w13, QuantizedWeight) and x.shape[0] <= AUTO_FP8_TOKENS):
+        return False  # the cases measured faster (AUTO's comment)
     if isinstance(w13, QuantizedWeight) != isinstance(w2, QuantizedWeight):
         return False
     if activation not in MOE_ACTIVATIONS or not (_experts_fit(w13, x) and _experts_fit(w2, x)):
