@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58] [tests-kernels] [tests-engine] [prewait] [w4-tma-gemv] [w4-tma-e2e] [ncu-w4] [next-59] [moe-skinny] [next-60] [next-61] [next-62] [next-63] [moe-gluon-tilings] [next-64]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58] [tests-kernels] [tests-engine] [prewait] [w4-tma-gemv] [w4-tma-e2e] [ncu-w4] [next-59] [moe-skinny] [next-60] [next-61] [next-62] [next-63] [moe-gluon-tilings] [next-64] [next-65]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -822,6 +822,19 @@ PY
             timeout 90 bash "$0" e2e-quant
         done
       fi ;;
+    next-65)
+      # session 51's last call (~4 minutes): the Gluon MXFP4 MoE GEMV's w2 summing the slots itself (arrival counters,
+      # its first weights before the PDL wait) at its own tiling (8:1): its GPU tests, gpt-oss's layer at 1 / 4 tokens
+      # beside the portable GEMV, then gpt-oss-20b batch 1 end to end with it
+      timeout 120 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_moe_gemv_sm90.py 2>&1 \
+        | tee "$OUT/moe_gluon_tests.log" | tail -3
+      for g in 1 0; do
+        TRITONLLM_MOE_GEMV_GLUON=$g timeout 60 python3 scripts/bench_moe.py "$OUT/moe_gluon_sums_$g.json" --shapes gptoss \
+          --kinds mxfp4 --tokens 1 4 --torch-ref-max-tokens 0 --kernels --pdl 2>&1 | grep -E "T=|kernels" | cut -c1-120 \
+          | sed "s/^/gluon=$g /" | tee -a "$OUT/moe_gluon_sums.log"
+      done
+      TRITONLLM_MOE_GEMV_GLUON=1 MOE_RUNS=gptoss_batch1 MOE_TAG=_s51_gluon_sums timeout 150 bash "$0" e2e-moe 2>&1 \
+        | grep -E "tok/s|rror" | tail -2 ;;
     next-64)
       # session 51's second call (~9 minutes): on an H200 issue 13's FP8 batch-1 ratio (fp8_gluon beside bf16 cuBLAS,
       # decode_group_quant on: next-63's call ran out before it), then moe-gluon-tilings; logs packed in one tarball
@@ -848,7 +861,7 @@ PY
       # tilings swept here (ROWS:WARPS_K:PREFETCH:MAXNREG; warps along K 1 or 2 tile 1,024 / 2,048 columns: 94% / 70%),
       # gpt-oss's decode layer at one token beside the portable GEMV (graph replay, PDL, each kernel's time)
       for t in portable ${MOE_TILINGS:-8:4:0:0 8:1:0:0 8:1:1:0 4:1:1:0 4:1:0:0 8:2:0:0 16:2:0:0}; do
-        if [ "$t" = portable ]; then env_t=(TRITONLLM_MOE_GEMV_GLUON=0); else env_t=(TRITONLLM_MOE_GEMV_GLUON=1 TRITONLLM_W4_GEMV_SM90_TILING="fp4=$t"); fi
+        if [ "$t" = portable ]; then env_t=(TRITONLLM_MOE_GEMV_GLUON=0); else env_t=(TRITONLLM_MOE_GEMV_GLUON=1 TRITONLLM_MOE_GEMV_SM90_TILING="$t"); fi
         env "${env_t[@]}" timeout 90 python3 scripts/bench_moe.py "$OUT/moe_gluon_${t//:/-}.json" --shapes gptoss --kinds mxfp4 \
           --tokens 1 4 --torch-ref-max-tokens 0 --kernels --pdl 2>&1 | grep -E "T=|kernels" | sed "s/^/$t /" \
           | tee -a "$OUT/moe_gluon_tilings.log"

@@ -656,6 +656,16 @@ if HAVE_GLUON:
         return out, row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LG))
 
     @gluon.jit
+    def finish_rows_part(out, c_ptr, bias_ptr, ws_ptr, cnt_ptr, tile, part, parts, N, GROUP_K: gl.constexpr,
+                         ROWS: gl.constexpr, WARPS_K: gl.constexpr, HAS_BIAS: gl.constexpr, MAX_PARTS: gl.constexpr):  # fmt: skip
+        """Part `part` of `parts` (up to MAX_PARTS: K runs, or the MoE's slots) of the w4_rows_dot sums `out` of row
+        block `tile`: its float32 partial into ws [parts, 1, N], and the block's last part to arrive on cnt_ptr sums
+        them in part order, adds the bias and stores c[0, n] (splitk_sm90.finish_part)."""
+        LG: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, _layout(ROWS, GROUP_K // 8, _WPT, WARPS_K)))
+        splitk_sm90.finish_part(gl.expand_dims(out, 1), c_ptr, bias_ptr, c_ptr, c_ptr, ws_ptr, cnt_ptr, tile, part,
+                                parts, 1, N, N, 0, ROWS * (_WARPS // WARPS_K), 1, LG, HAS_BIAS, 0, 0, MAX_PARTS)  # fmt: skip
+
+    @gluon.jit
     def gated_epilogue(both, n_both, bias_ptr, N, alpha, limit, ACTIVATION: gl.constexpr, HAS_BIAS: gl.constexpr):
         """The activation of w4_rows_dot's INTERLEAVE sums (tile row i: gate column i // 2 for even i, up for odd)
         plus the bias (gate n, up N + n), and their columns: ([BLOCK_N / 2] values, columns); moe_activation's
@@ -704,10 +714,8 @@ if HAVE_GLUON:
         out, n_out = w4_rows_dot(a_ptr, w_ptr, s_ptr, z_ptr, row0, N, K, stride_wn, stride_sn, stride_sk, m0, m1, FP4,
                                  GROUP_K, ROWS, WARPS_K, PREFETCH, EVEN, GATED, HALF2, ONE_TILE, w0, s0, z0)  # fmt: skip
         if SPLIT_K > 1:  # the run's partial; the row block's last run sums them, adds the bias and stores
-            LG: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, _layout(ROWS, GROUP_K // 8, _WPT, WARPS_K)))
-            splitk_sm90.finish_part(gl.expand_dims(out, 1), c_ptr, bias_ptr, c_ptr, c_ptr, ws_ptr, cnt_ptr,
-                                    gl.program_id(0), gl.program_id(1), gl.num_programs(1), 1, N, N, 0, BLOCK_N, 1, LG,
-                                    HAS_BIAS, 0, 0, SPLIT_K)  # fmt: skip
+            finish_rows_part(out, c_ptr, bias_ptr, ws_ptr, cnt_ptr, gl.program_id(0), gl.program_id(1),
+                             gl.num_programs(1), N, GROUP_K, ROWS, WARPS_K, HAS_BIAS, SPLIT_K)  # fmt: skip
             return
         if GATED:  # silu(gate) * up (moe_activation's 0)
             out, n_out = gated_epilogue(out, n_out, bias_ptr, N, 1.0, 0.0, 0, HAS_BIAS)

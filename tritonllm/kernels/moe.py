@@ -228,6 +228,7 @@ def _launch(
     sorted_c: bool = False,
     early: bool = False,
     a_bound: float = 0.0,
+    gluon: bool = False,
 ) -> None:
     """One launch over the pairs: c[pair, :n] for B = w[expert] ([E, n, k]; w13: [E, 2n, k]). `route`:
     the alignment for the grouped GEMM, or (tiles.gemv) the topk_ids [T, top_k] for the GEMV
@@ -237,7 +238,8 @@ def _launch(
     matrix, read through a descriptor where one describes it. `early`: a launch whose route no launch
     since the one before it has written (w2's), so that the GEMV may read its ids and first weights
     before its PDL wait (moe_tiles.gemv_early: MXFP4 words with summed slots). `a_bound`: a bound
-    on |a| known from its producer (0: none), which spares the GEMV's half-pair decode its pass over the rows."""
+    on |a| known from its producer (0: none), which spares the GEMV's half-pair decode its pass over the rows.
+    `gluon`: the GEMV launch runs the Hopper Gluon kernel for MXFP4 words (moe_gemv_sm90; fused_moe's _gluon_w4)."""
     quant = Q_NONE if not isinstance(w, QuantizedWeight) else MOE_FORMATS[w.scheme.format_name]
     data = w.data if isinstance(w, QuantizedWeight) else w
     b_scale = w.scale if isinstance(w, QuantizedWeight) else None
@@ -283,11 +285,10 @@ def _launch(
     if tiles.gemv:
         t, top_k = route.shape
         words = _words(data, k, tiles.block_k) if quant == Q_MXFP4 else None
-        gluon = words is not None and not slots and moe_gemv_sm90.takes(a, k) and moe_gemv_sm90.fits(words, c)
-        if gluon:  # opt-in: the Hopper Gluon GEMV
+        if gluon:  # opt-in: the Hopper Gluon GEMV (fused_moe's _gluon_w4); slots: w2 sums them itself
             moe_gemv_sm90.moe_w4_gemv_sm90(a, words, c, bias, b_scale, topk_weights, route, n=n, k=k,
                                            a_row_div=a_row_div, gated=gated, activation=activation, alpha=alpha,
-                                           limit=limit, pdl=pdl_launch())  # fmt: skip
+                                           limit=limit, pdl=pdl_launch(), sum_slots=bool(slots))  # fmt: skip
             return
         if words is not None:  # MXFP4 read as words of eight nibbles (kernels/gemv_w4.py)
             pointers = (pointers[0], words, *pointers[2:])
@@ -313,6 +314,15 @@ def _launch(
         GROUP_M=tiles.group_m, **flags, TMA_B=b_desc is not None, SORTED_A=sorted_a, TMA_A=a_desc is not None,
         SORTED_C=sorted_c, ONE_B_GROUP=one_b_group(quant, tiles.block_n, n, group_k, gated), **pdl_launch(),
     )  # fmt: skip
+
+
+def _gluon_w4(x: torch.Tensor, w13: QuantizedWeight, w2: QuantizedWeight, tiles: MoeTiles, h: int, i: int) -> bool:
+    """Whether both GEMV launches of MXFP4 experts take the Hopper Gluon kernel (moe_gemv_sm90, opt-in): the GEMV's
+    tiles, both inner sizes (H, I) served, both experts read as int32 words that it loads as they lie."""
+    if not (tiles.gemv and moe_gemv_sm90.takes(x, h) and moe_gemv_sm90.takes(x, i)):
+        return False
+    words = (_words(w13.data, h, tiles.w13.block_k), _words(w2.data, i, tiles.w2.block_k))
+    return all(wd is not None and moe_gemv_sm90.fits(wd, x) for wd in words)
 
 
 def one_b_group(quant: int, block_n: int, n: int, group: int, gated: bool) -> bool:
@@ -441,8 +451,9 @@ def fused_moe(
     slots = (
         triton.next_power_of_2(top_k) if tiles.sum_slots and top_k > 1 and _flat_experts(w2, tiles.w2.block_k) else 0
     )
-    if tiles.gemv and fmt == "mxfp4:mx:none" and moe_gemv_sm90.takes(x, h):  # the Gluon GEMV: per-slot rows
-        slots = 0
+    gluon = fmt == "mxfp4:mx:none" and _gluon_w4(x, w13, w2, tiles, h, i)
+    if gluon:  # the Gluon GEMV's w2 sums the slots itself where the arrival counters serve, else per-slot rows
+        slots = top_k if moe_gemv_sm90.sums_slots(t, top_k, h, x.device) else 0
 
     a, a_scale = quantize_per_group(x, w13.data.dtype, BLOCK) if fp8 else (x, None)
     # sorted_w2: the intermediate in the alignment's order, so that w2 reads each block's rows whole
@@ -451,7 +462,7 @@ def fused_moe(
     intermediate = torch.empty((rows, i), dtype=x.dtype, device=x.device)
     _launch(a, a_scale, w13, intermediate, w13_bias, None, route, tiles.w13, n=i, k=h, a_row_div=top_k,
             gated=True, activation=MOE_ACTIVATIONS.index(activation), alpha=alpha, limit=limit,
-            joint=tiles.joint, tma=tiles.tma_w13, sorted_c=in_order)  # fmt: skip
+            joint=tiles.joint, tma=tiles.tma_w13, sorted_c=in_order, gluon=gluon)  # fmt: skip
     if after_w13 is not None:
         after_w13()
 
@@ -459,7 +470,7 @@ def fused_moe(
     per_slot = out if top_k == 1 or slots else torch.empty((t * top_k, h), dtype=x.dtype, device=x.device)
     _launch(a, a_scale, w2, per_slot, w2_bias, weights, route, tiles.w2, n=h, k=i, a_row_div=1, gated=False,
             slots=slots, tma=tiles.tma_w2, sorted_a=in_order, early=True,
-            a_bound=activation_bound(activation, alpha, limit))  # fmt: skip
+            a_bound=activation_bound(activation, alpha, limit), gluon=gluon)  # fmt: skip
     if top_k > 1 and not slots:
         torch.sum(per_slot.view(t, top_k, h), dim=1, out=out)
     return out
