@@ -11,11 +11,21 @@
 # wheels first with `../shared/gpu/fetch_wheels.sh gguf` (then drop .whl/numpy-*: the image has its own).
 set -uo pipefail
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
+if [ -z "${GPU_CHECK_NESTED:-}" ]; then  # the outermost call (steps call this script for their parts)
+  if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site:$PWD
+  else
+    export PYTHONPATH=$PWD
+  fi
+  # a device reply brings back about eight files: past that, OUT is packed into one tarball as the script ends
+  pack_out() {
+    if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
+      (cd "$OUT" && tar czf ../gpu_out.tgz . && find . -mindepth 1 -delete && mv ../gpu_out.tgz .)
+    fi
+  }
+  trap pack_out EXIT
+  export GPU_CHECK_NESTED=1
 fi
 export PYTHONUNBUFFERED=1
 STEPS=${*:-tests bench-attention e2e-llama e2e-prefix e2e-qwen3 idle host-profile}
@@ -837,14 +847,12 @@ PY
         | grep -E "tok/s|rror" | tail -2 ;;
     next-64)
       # session 51's second call (~9 minutes): on an H200 issue 13's FP8 batch-1 ratio (fp8_gluon beside bf16 cuBLAS,
-      # decode_group_quant on: next-63's call ran out before it), then moe-gluon-tilings; logs packed in one tarball
-      # (a reply brings back about eight files)
+      # decode_group_quant on: next-63's call ran out before it), then moe-gluon-tilings
       if on_h200; then
         QUANT_VARIANTS="bf16_torch fp8_gluon" QUANT_EXPS=batch1_decode QUANT_TAG=_s51 timeout 200 bash "$0" e2e-quant \
           2>&1 | tee "$OUT/fp8_b1.log" | tail -4
       fi
-      timeout 330 bash "$0" moe-gluon-tilings 2>&1 | tail -40
-      (cd "$OUT" && tar czf ../s51_logs.tgz . && rm -rf ./* && mv ../s51_logs.tgz .) ;;
+      timeout 330 bash "$0" moe-gluon-tilings 2>&1 | tail -40 ;;
     next-63)
       # session 51's first H100 call (~9 minutes, each part time-boxed and tee'd): next-62's H100 branch (the router's
       # GPU tests, gpt-oss-20b batch 1), then Nsight Compute on Qwen3's bf16 decode layer at one token, the register-fed
