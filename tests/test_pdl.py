@@ -71,7 +71,7 @@ READ_BEFORE_WAIT = {
     "gemv_w4_tma_sm90.w4_gemv_tma_sm90_kernel": {"w_desc", "s_desc", "z_desc"},  # the ring's first steps, as those
     # EARLY (w2): the experts' words and scales, and the expert ids, which the router wrote two launches back
     "moe_gemv.moe_gemv_kernel": {"b_ptr", "b_scale_ptr", "topk_ids_ptr"},
-    # EARLY (w2, slots summed): the expert id (the router's, two launches back) and its first K tile's words and scales
+    # EARLY (w2): the expert id (the router's, two launches back) and its first K tile's words and scales
     "moe_gemv_sm90.moe_w4_gemv_sm90_kernel": {"w_ptr", "s_ptr", "topk_ids_ptr"},
     "moe_route.router_route_kernel": {"w_ptr", "bias_ptr"},  # the router's weight and bias
     # EARLY (w2): the expert ids (the router's, two launches back) and the ring's first weight stages

@@ -288,7 +288,8 @@ def _launch(
         if gluon:  # opt-in: the Hopper Gluon GEMV (fused_moe's _gluon_w4); slots: w2 sums them itself
             moe_gemv_sm90.moe_w4_gemv_sm90(a, words, c, bias, b_scale, topk_weights, route, n=n, k=k,
                                            a_row_div=a_row_div, gated=gated, activation=activation, alpha=alpha,
-                                           limit=limit, pdl=pdl_launch(), sum_slots=bool(slots))  # fmt: skip
+                                           limit=limit, pdl=pdl_launch(), sum_slots=bool(slots),
+                                           early=early and gemv_early())  # fmt: skip
             return
         if words is not None:  # MXFP4 read as words of eight nibbles (kernels/gemv_w4.py)
             pointers = (pointers[0], words, *pointers[2:])

@@ -4,8 +4,8 @@ the loop, and a thread's words and activations are the same 16-byte runs) run fo
 expert) pair, with the MoE's epilogue: the expert's bias, the gated activation (w13: gate and up rows,
 N apart, interleaved in one tile, so one pass over K gives both sums of a column to the same thread),
 the pair's top-k weight (w2: summed over the token's slots in the launch, through a float32 workspace and arrival
-counters, with each program's expert id and first weights read before the PDL wait; or its per-slot row, which
-fused_moe sums, where the counters cannot serve).
+counters, or, where the counters cannot serve, a row a slot that fused_moe sums; under PDL each w2 program reads its
+expert id and first weights before the wait).
 
 Why: the portable Triton GEMV (kernels/moe_gemv.py) moves 0.9-1.3 TB/s of MXFP4 experts (26-36% of
 the H100's and H200's bandwidth; experiments/moe/README.md, session 28) where the dense Gluon GEMV
@@ -81,8 +81,9 @@ TILING = dense.Tiling.parse(os.environ.get("TRITONLLM_MOE_GEMV_SM90_TILING", "8:
 def compile_sm90(gated: bool, even: bool = False, tiling: dense.Tiling | None = None, activation: int = 1,
                  bias: bool = True, half2: bool = False, sum_slots: bool = False):  # fmt: skip
     """Compile the kernel for sm90 without a GPU (w13 gated, by default with gpt-oss's activation and biases;
-    activation 0 and no bias: Qwen3-MoE's; or w2 with the top-k weights, sum_slots: its slots summed in the launch,
-    its first weights read before the PDL wait); returns the compiled kernel. For tests and the availability probe."""
+    activation 0 and no bias: Qwen3-MoE's; or w2 with the top-k weights, sum_slots: its slots summed in the launch
+    and, as fused_moe launches that form under PDL, its first weights read before the wait); returns the compiled
+    kernel. For tests and the availability probe."""
     t = tiling or TILING
     constexprs = dict(A_ROW_DIV=4 if gated else 1, GATED=gated, ACTIVATION=activation, HAS_BIAS=bias, MUL_WEIGHTS=not gated,
                       ROWS=t.rows, WARPS_K=t.warps_k, PREFETCH=t.prefetch, EVEN=even, PDL=True, HALF2=half2,
@@ -108,14 +109,14 @@ def sums_slots(tokens: int, top_k: int, n: int, device: torch.device) -> bool:
 def moe_w4_gemv_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
                      scale: torch.Tensor, topk_weights: torch.Tensor | None, topk_ids: torch.Tensor, *, n: int,
                      k: int, a_row_div: int, gated: bool, activation: int, alpha: float, limit: float,
-                     pdl: dict, sum_slots: bool = False) -> None:  # fmt: skip
+                     pdl: dict, sum_slots: bool = False, early: bool = False) -> None:  # fmt: skip
     """c[pair, :n] for every (token, slot) pair of topk_ids [T, top_k]: a's row pair // a_row_div against
     the pair's expert's MXFP4 rows (words [E, N (x2 gated), K / 8] int32, scale [E, N (x2), K / 32] e8m0),
     + bias [E, N (x2)], gated: activation(gate, up); topk_weights [T * top_k] float32: times the pair's.
     sum_slots (w2, sums_slots true): c[token, :n] the sum of its slots' rows instead, taken by the launch (each
-    slot's float32 row into a workspace, the last of a row block's slots to arrive sums them in slot order), and
-    each program reads its expert id and first weights before the PDL wait (the ids are the router's, written two
-    launches back; kernels/launch.pdl_wait)."""
+    slot's float32 row into a workspace, the last of a row block's slots to arrive sums them in slot order).
+    early (w2, under PDL): each program reads its expert id and first weights before the PDL wait (the ids are the
+    router's, written two launches back; kernels/launch.pdl_wait)."""
     t = TILING
     tokens, top_k = topk_ids.shape
     half2 = dense.half2_on()
@@ -132,7 +133,7 @@ def moe_w4_gemv_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias
         *(dense.gemv_w4.HALF2_MASKS if half2 else dense.FP4_MASKS), A_ROW_DIV=a_row_div, GATED=gated,
         ACTIVATION=activation, HAS_BIAS=bias is not None, MUL_WEIGHTS=topk_weights is not None, ROWS=t.rows,
         WARPS_K=t.warps_k, PREFETCH=t.prefetch, EVEN=k % dense.tile_k(t) == 0, HALF2=half2,
-        ONE_TILE=k <= dense.tile_k(t), SUM_SLOTS=top_k if sum_slots else 0, EARLY=sum_slots and pdl.get("PDL", False),
+        ONE_TILE=k <= dense.tile_k(t), SUM_SLOTS=top_k if sum_slots else 0, EARLY=early and not gated and pdl.get("PDL", False),
         num_warps=dense.NUM_WARPS, **pdl,
     )  # fmt: skip
 
