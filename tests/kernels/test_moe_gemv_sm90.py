@@ -41,7 +41,8 @@ for gated, activation, bias, sums in ((True, 1, True, False), (False, 1, True, F
         kernel = m.compile_sm90(gated=gated, even=even, activation=activation, bias=bias, sum_slots=sums)
         sass = disassemble(kernel)
         ops = loop_mix(sass)
-        print(gated, even, sums, "spills" if "LDL" in sass or "STL" in sass else "ok", ops["BAR"] + ops["STS"] + ops["LDS"])
+        spills = "spills" if "LDL" in sass or "STL" in sass else "ok"
+        print(gated, even, sums, spills, ops["BAR"] + ops["STS"] + ops["LDS"])
 """
 
 

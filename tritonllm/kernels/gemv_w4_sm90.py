@@ -74,6 +74,11 @@ class Tiling:
     # and shorter chains of dependent loads for long rows (Llama-3-8B's down: 512 programs of 3.5 tiles at 8 rows)
     split: int = 1
 
+    @property
+    def block_n(self) -> int:
+        """Weight rows a program: ROWS a thread on each of the warps that take rows (NUM_WARPS / WARPS_K)."""
+        return self.rows * NUM_WARPS // self.warps_k
+
     @classmethod
     def parse(cls, text: str) -> Tiling:
         """ "ROWS:WARPS_K:PREFETCH:MAXNREG[:BLOCKS[:SPLIT]]" (MAXNREG 0: no cap)."""
@@ -209,7 +214,7 @@ def w4_gemv_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias: to
         masks = gemv_w4.HALF2_MASKS if fp4 else gemv_w4.INT4_HALF2_MASKS
     else:
         masks = FP4_MASKS if fp4 else INT4_MASKS
-    block_n = t.rows * NUM_WARPS // t.warps_k
+    block_n = t.block_n
     if gated and block_n % 2:
         raise ValueError(f"the gated W4 GEMV pairs gate and up rows: a tiling of {block_n} rows a program is odd")
     one_tile = k <= tile_k(t)
@@ -657,13 +662,15 @@ if HAVE_GLUON:
 
     @gluon.jit
     def finish_rows_part(out, c_ptr, bias_ptr, ws_ptr, cnt_ptr, tile, part, parts, N, GROUP_K: gl.constexpr,
-                         ROWS: gl.constexpr, WARPS_K: gl.constexpr, HAS_BIAS: gl.constexpr, MAX_PARTS: gl.constexpr):  # fmt: skip
+                         ROWS: gl.constexpr, WARPS_K: gl.constexpr, HAS_BIAS: gl.constexpr,
+                         MAX_PARTS: gl.constexpr):  # fmt: skip
         """Part `part` of `parts` (up to MAX_PARTS: K runs, or the MoE's slots) of the w4_rows_dot sums `out` of row
         block `tile`: its float32 partial into ws [parts, 1, N], and the block's last part to arrive on cnt_ptr sums
         them in part order, adds the bias and stores c[0, n] (splitk_sm90.finish_part)."""
         LG: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, _layout(ROWS, GROUP_K // 8, _WPT, WARPS_K)))
+        BLOCK_N: gl.constexpr = ROWS * (_WARPS // WARPS_K)
         splitk_sm90.finish_part(gl.expand_dims(out, 1), c_ptr, bias_ptr, c_ptr, c_ptr, ws_ptr, cnt_ptr, tile, part,
-                                parts, 1, N, N, 0, ROWS * (_WARPS // WARPS_K), 1, LG, HAS_BIAS, 0, 0, MAX_PARTS)  # fmt: skip
+                                parts, 1, N, N, 0, BLOCK_N, 1, LG, HAS_BIAS, 0, 0, MAX_PARTS)  # fmt: skip
 
     @gluon.jit
     def gated_epilogue(both, n_both, bias_ptr, N, alpha, limit, ACTIVATION: gl.constexpr, HAS_BIAS: gl.constexpr):

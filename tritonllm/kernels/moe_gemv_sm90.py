@@ -85,9 +85,9 @@ def compile_sm90(gated: bool, even: bool = False, tiling: dense.Tiling | None = 
     and, as fused_moe launches that form under PDL, its first weights read before the wait); returns the compiled
     kernel. For tests and the availability probe."""
     t = tiling or TILING
-    constexprs = dict(A_ROW_DIV=4 if gated else 1, GATED=gated, ACTIVATION=activation, HAS_BIAS=bias, MUL_WEIGHTS=not gated,
-                      ROWS=t.rows, WARPS_K=t.warps_k, PREFETCH=t.prefetch, EVEN=even, PDL=True, HALF2=half2,
-                      ONE_TILE=False, SUM_SLOTS=4 if sum_slots else 0, EARLY=sum_slots)  # fmt: skip
+    constexprs = dict(A_ROW_DIV=4 if gated else 1, GATED=gated, ACTIVATION=activation, HAS_BIAS=bias,
+                      MUL_WEIGHTS=not gated, ROWS=t.rows, WARPS_K=t.warps_k, PREFETCH=t.prefetch, EVEN=even, PDL=True,
+                      HALF2=half2, ONE_TILE=False, SUM_SLOTS=4 if sum_slots else 0, EARLY=sum_slots)  # fmt: skip
     types = dict(a_ptr="*bf16", w_ptr="*i32", c_ptr="*bf16", bias_ptr="*bf16", s_ptr="*u8",
                  topk_weights_ptr="*fp32", topk_ids_ptr="*i32", ws_ptr="*fp32", cnt_ptr="*i32", alpha="fp32",
                  limit="fp32")  # fmt: skip
@@ -97,7 +97,7 @@ def compile_sm90(gated: bool, even: bool = False, tiling: dense.Tiling | None = 
 
 def _block_n(gated: bool) -> int:
     """Output columns a program (gated: half its weight rows)."""
-    return TILING.rows * dense.NUM_WARPS // TILING.warps_k // (2 if gated else 1)
+    return TILING.block_n // (2 if gated else 1)
 
 
 def sums_slots(tokens: int, top_k: int, n: int, device: torch.device) -> bool:
@@ -133,8 +133,8 @@ def moe_w4_gemv_sm90(a: torch.Tensor, words: torch.Tensor, c: torch.Tensor, bias
         *(dense.gemv_w4.HALF2_MASKS if half2 else dense.FP4_MASKS), A_ROW_DIV=a_row_div, GATED=gated,
         ACTIVATION=activation, HAS_BIAS=bias is not None, MUL_WEIGHTS=topk_weights is not None, ROWS=t.rows,
         WARPS_K=t.warps_k, PREFETCH=t.prefetch, EVEN=k % dense.tile_k(t) == 0, HALF2=half2,
-        ONE_TILE=k <= dense.tile_k(t), SUM_SLOTS=top_k if sum_slots else 0, EARLY=early and not gated and pdl.get("PDL", False),
-        num_warps=dense.NUM_WARPS, **pdl,
+        ONE_TILE=k <= dense.tile_k(t), SUM_SLOTS=top_k if sum_slots else 0,
+        EARLY=early and not gated and pdl.get("PDL", False), num_warps=dense.NUM_WARPS, **pdl,
     )  # fmt: skip
 
 
@@ -179,7 +179,8 @@ if dense.HAVE_GLUON:
         if GATED:  # one pass over K: the tile's rows are gate and up rows of BLOCK_N / 2 columns, interleaved
             row0 = gl.program_id(0) * (BLOCK_N // 2)
             both, n_both = dense.w4_rows_dot(a_row, w_e, s_e, s_e, row0, N, K, stride_wn, stride_sn, stride_sk, m0,
-                                             m1, True, 32, ROWS, WARPS_K, PREFETCH, EVEN, True, HALF2, ONE_TILE)  # fmt: skip
+                                             m1, True, 32, ROWS, WARPS_K, PREFETCH, EVEN, True, HALF2,
+                                             ONE_TILE)  # fmt: skip
             out, n_out = dense.gated_epilogue(both, n_both, bias_ptr + e * stride_bias_e, N, alpha, limit,
                                               ACTIVATION, HAS_BIAS)  # fmt: skip
         else:
@@ -194,6 +195,7 @@ if dense.HAVE_GLUON:
             token = pair // top_k
             dense.finish_rows_part(out, c_ptr + token.to(gl.int64) * stride_cm, c_ptr,
                                    ws_ptr + token.to(gl.int64) * top_k * N, cnt_ptr + token * gl.num_programs(0),
-                                   gl.program_id(0), pair % top_k, top_k, N, 32, ROWS, WARPS_K, False, SUM_SLOTS)  # fmt: skip
+                                   gl.program_id(0), pair % top_k, top_k, N, 32, ROWS, WARPS_K, False,
+                                   SUM_SLOTS)  # fmt: skip
         else:
             gl.store(c_ptr + pair.to(gl.int64) * stride_cm + n_out, out.to(c_ptr.dtype.element_ty), mask=n_out < N)

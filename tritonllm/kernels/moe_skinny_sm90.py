@@ -105,11 +105,12 @@ def _mode_from_env() -> tuple[Plan | None, bool]:
     return (Plan() if text == "1" else Plan.parse(text)), False
 
 
-# AUTO: block-FP8 experts at up to AUTO_FP8_TOKENS tokens (where the tile table gives the GEMV). Measured (Qwen3-30B-A3B-
-# FP8's layer, graph replay, us, Triton GEMV -> this kernel; experiments/moe/README.md): the H200 (session 51) 30.9 -> 26.5,
-# 49.0 -> 38.0, 62.6 -> 58.8, 101.2 -> 91.9 at 1 / 2 / 4 / 8 tokens; the H100 35.5 -> 32.4 at one token (sessions 49-50),
-# level at four (75.2 / 74.8). 16-bit experts stay on the Triton GEMV: level on the H200 at 1-8 tokens (35.4 / 34.7,
-# 53.5 / 52.8, 88.8 / 89.7, 144.8 / 144.9), on the H100 level at one token and 5% slower at four.
+# AUTO: block-FP8 experts at up to AUTO_FP8_TOKENS tokens (where the tile table gives the GEMV). Measured (Qwen3-
+# 30B-A3B-FP8's layer, graph replay, us, Triton GEMV -> this kernel; experiments/moe/README.md): the H200 (session
+# 51) 30.9 -> 26.5, 49.0 -> 38.0, 62.6 -> 58.8, 101.2 -> 91.9 at 1 / 2 / 4 / 8 tokens; the H100 35.5 -> 32.4 at one
+# token (sessions 49-50), level at four (75.2 / 74.8). 16-bit experts stay on the Triton GEMV: level on the H200 at
+# 1-8 tokens (35.4 / 34.7, 53.5 / 52.8, 88.8 / 89.7, 144.8 / 144.9), on the H100 level at one token and 5% slower at
+# four.
 AUTO_FP8_TOKENS = 8
 # Tests set PLAN and AUTO directly.
 PLAN, AUTO = _mode_from_env()
@@ -159,10 +160,10 @@ def _experts_fit(w, x: torch.Tensor) -> bool:
 
 
 def takes(x: torch.Tensor, w13, w2, top_k: int, activation: str) -> bool:
-    """Whether fused_moe runs this kernel: switched on (by default: block-FP8 experts at up to AUTO_FP8_TOKENS tokens), 16-bit experts
-    of x's dtype or block-FP8 experts (both the same) that TMA reads as they lie, rows of x and of the intermediate 16-byte aligned (FP8: the intermediate's
-    columns whole 32-row gate / up tiles of 128-row scale blocks), the counters enough for the grid, an sm90 GPU
-    whose Triton compiles the kernel."""
+    """Whether fused_moe runs this kernel: switched on (by default: block-FP8 experts at up to AUTO_FP8_TOKENS
+    tokens), 16-bit experts of x's dtype or block-FP8 experts (both the same) that TMA reads as they lie, rows of x
+    and of the intermediate 16-byte aligned (FP8: the intermediate's columns whole 32-row gate / up tiles of 128-row
+    scale blocks), the counters enough for the grid, an sm90 GPU whose Triton compiles the kernel."""
     if not (enabled() and HAVE_GLUON and x.dtype in (torch.bfloat16, torch.float16)):
         return False
     if AUTO and not (isinstance(w13, QuantizedWeight) and x.shape[0] <= AUTO_FP8_TOKENS):
