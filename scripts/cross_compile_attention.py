@@ -36,7 +36,8 @@ POINTERS = {
     "out_ptr": "*bf16", "q_ptr": "*bf16", "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32",
     "query_start_loc_ptr": "*i32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "qk_scale": "fp32",
     "partial_out_ptr": "*fp32", "partial_max_ptr": "*fp32", "partial_sum_ptr": "*fp32", "counter_ptr": "*i32",
-    "sinks_ptr": "*fp32", "q_scale_ptr": "*fp32",
+    "sinks_ptr": "*fp32", "q_scale_ptr": "*fp32", "pos_ptr": "*i64", "cos_sin_ptr": "*fp32", "k_new_ptr": "*bf16",
+    "v_new_ptr": "*bf16", "slot_ptr": "*i64", "q_norm_ptr": "*bf16", "k_norm_ptr": "*bf16", "norm_eps": "fp32",
 }  # fmt: skip
 
 
@@ -216,6 +217,12 @@ def main() -> None:
                 quant = dict(variants[2][1], QUANT=True, ROW_PAD=4096, STATIC=False, QMAX=448.0, IS_INT=False,
                              MIN_EXP=-6, q_out_type=fp8)  # fmt: skip
                 variants += [(attention_split.split_kv_decode_kernel, dict(quant, QGROUP=q)) for q in (0, 128)]
+            # RoPE and the K/V write folded in (attention_rope.py): NeoX over the whole head; GPT-J over half of it
+            # after the per-head norms (Qwen3's)
+            fold = dict(ROPE=1, ROT_DIM=128, MANTISSA_BITS=3 if scaled else 0, MIN_NORMAL_EXP=-6 if scaled else 0)
+            variants.append((attention_split.split_kv_decode_kernel, dict(variants[2][1], **fold)))
+            variants.append((attention_split.split_kv_decode_kernel,
+                             dict(variants[2][1], **{**fold, "ROPE": 2, "ROT_DIM": 64, "QK_NORM": True})))  # fmt: skip
             if kv == "bf16":  # the prefill path with the new K/V through tensor descriptors
                 prefill = dict(common, NUM_KV_HEADS=8, BLOCK_M=64, BLOCK_Q=16, NEW_KV_DESC=True, SINKS=False)
                 variants.append((attention_unified.unified_attention_kernel, prefill))
@@ -227,6 +234,8 @@ def main() -> None:
                 desc = " new_kv_desc" if constexprs.get("NEW_KV_DESC") else " merge" if constexprs.get("MERGE") else ""
                 desc += " early_kv" if constexprs.get("EARLY_KV") else ""
                 desc += f" quant (group {constexprs['QGROUP']})" if constexprs.get("QUANT") else ""
+                desc += f" rope {constexprs['ROPE']}{' qk_norm' if constexprs.get('QK_NORM') else ''}" if constexprs.get(
+                    "ROPE") else ""  # fmt: skip
                 print(f"{target.backend} {target.arch} {fn.__name__} {kv}{' fp8_qk' if fp8_qk else ''}{desc}: {status}")
     raise SystemExit(1 if failures else 0)
 

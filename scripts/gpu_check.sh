@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58] [tests-kernels] [tests-engine] [prewait] [w4-tma-gemv] [w4-tma-e2e] [ncu-w4] [next-59] [moe-skinny] [next-60] [next-61] [next-62] [next-63] [moe-gluon-tilings] [next-64] [next-65]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58] [tests-kernels] [tests-engine] [prewait] [w4-tma-gemv] [w4-tma-e2e] [ncu-w4] [next-59] [moe-skinny] [next-60] [next-61] [next-62] [next-63] [moe-gluon-tilings] [next-64] [next-65] [next-66] [next-67] [rope-fold]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -832,6 +832,26 @@ PY
             timeout 90 bash "$0" e2e-quant
         done
       fi ;;
+    next-66)
+      # session 52's first call (~9 minutes): rope-fold, then next-65 (the Gluon MoE GEMV's w2 summing its slots: GPU
+      # tests, gpt-oss's layer, gpt-oss-20b batch 1 with it)
+      timeout 300 bash "$0" rope-fold
+      timeout 250 bash "$0" next-65 ;;
+    next-67)
+      # the batch-1 step timelines of online FP8 (RoPE folded in) and bf16 cuBLAS on an H200 (its last: session 25's),
+      # then issue 15 at 16 req/s (next-53)
+      on_h200 && TIMELINE_VARIANTS="fp8 bf16_torch" timeout 200 bash "$0" timeline
+      on_h200 && RATES=16 OFFLINE_COUNTS=16 timeout 340 bash "$0" bench-serving ;;
+    rope-fold)
+      # session 52: RoPE and the step's K/V write folded into split-KV decode (kernels/attention_rope.py,
+      # fold_rope_into_attention, on by default): its GPU tests, then Llama-3-8B batch 1 bf16 cuBLAS and online FP8
+      # with the fold on and off, alternated (issue 13's ratio: the rope_kv_write launch was 1.4-1.9 us a layer)
+      timeout 150 python3 -m pytest -q -o addopts="" tests/kernels/test_attention_rope.py tests/test_rope_fold.py 2>&1 \
+        | tee "$OUT/rope_fold_tests.log" | tail -3
+      for fold in true false; do
+        QUANT_VARIANTS="bf16_torch fp8_gluon" QUANT_EXPS=batch1_decode QUANT_ARGS="fold_rope_into_attention=$fold" \
+          QUANT_TAG="_fold_$fold" timeout 150 bash "$0" e2e-quant 2>&1 | sed "s/^/fold=$fold /"
+      done ;;
     next-65)
       # session 51's last call (~4 minutes): the Gluon MXFP4 MoE GEMV's w2 summing the slots itself (arrival counters,
       # its first weights before the PDL wait) at its own tiling (8:1): its GPU tests, gpt-oss's layer at 1 / 4 tokens

@@ -81,13 +81,17 @@ READ_BEFORE_WAIT = {
     # the rotation's positions and cos / sin, and the tokens' cache slots: written at the step's start (the step
     # inputs), at least three launches back, by when the previous kernel's own wait has passed
     "rotary._rotary_kernel": {"positions_ptr", "cache_ptr", "slot_mapping_ptr"},
-    # the step inputs, as RoPE's, and the first tile's keys that earlier steps wrote (all but the newest)
+    # the step inputs, as RoPE's, the first tile's keys that earlier steps wrote (all but the newest), and (ROPE)
+    # the query's position, its cos / sin and its key's cache slot
     "attention_split.split_kv_decode_kernel": {
         "query_start_loc_ptr",
         "seq_lens_ptr",
         "block_tables_ptr",
         "k_cache_ptr",
         "v_cache_ptr",
+        "pos_ptr",
+        "cos_sin_ptr",
+        "slot_ptr",
     },
 }
 

@@ -168,6 +168,7 @@ _ENGINE_FLAGS = (
     "pdl",
     "gc_freeze",
     "fuse_rope_kv_write",
+    "fold_rope_into_attention",
     "fuse_attention_epilogue",
     "decode_group_quant",
     "fuse_gated_activation",
@@ -208,6 +209,11 @@ class EngineConfig:
     # each attention layer's RoPE and KV-cache write in one kernel (the rope_kv_write op) instead of two
     # launches; false: the rotary kernel, then the KV write (ablation)
     fuse_rope_kv_write: bool = True
+    # with fuse_rope_kv_write, a split-KV decode step (few sequences: batch 1 to a few) folds that kernel into the
+    # attention: each split program rotates its query rows and the one holding the newest key rotates and writes
+    # it and its value (kernels/attention_rope.py): one launch and one PDL hand-off fewer a layer; false: the
+    # rope_kv_write kernel first (ablation)
+    fold_rope_into_attention: bool = True
     # split-KV decode: the split kernel merges its partial results itself and, before a W8A8 o_proj,
     # quantizes the attention output (kernels/attention_split.py); false: a merge kernel, then a
     # quantization kernel (ablation)

@@ -59,6 +59,7 @@ def main(cfg: DictConfig) -> None:
             "pdl": cfg.pdl,
             "gc_freeze": cfg.gc_freeze,
             "fuse_rope_kv_write": cfg.fuse_rope_kv_write,
+            "fold_rope_into_attention": cfg.fold_rope_into_attention,
             "fuse_attention_epilogue": cfg.fuse_attention_epilogue,
             "decode_group_quant": cfg.decode_group_quant,
             "fuse_gated_activation": cfg.fuse_gated_activation,

@@ -498,11 +498,12 @@ def test_gpu_fp8_dot_paths_close_to_bf16(fp8_qk: bool) -> None:
 def test_the_portable_kernels_compile_for_sm90_sm80_and_gfx942() -> None:
     """The unified and split-KV kernels build for every target with every branch a launch may take (the
     interpreter runs only the taken ones), the split kernel's early reads of the step inputs and its mergers'
-    FP8 quantization (per token, per head) included. In a subprocess: this one runs the interpreter."""
+    FP8 quantization (per token, per head) and the folded RoPE + K/V write (NeoX; GPT-J with the per-head norms)
+    included. In a subprocess: this one runs the interpreter."""
     root = Path(__file__).resolve().parents[2]
     result = subprocess.run(
         [sys.executable, "scripts/cross_compile_attention.py", "--portable"], cwd=root,
         env=dict(os.environ, TRITON_INTERPRET="0"), capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert result.returncode == 0 and "FAILED" not in result.stdout, result.stdout + result.stderr[-2000:]
-    assert result.stdout.count("split_kv_decode_kernel") == 25 and result.stdout.count(": ok") == 31, result.stdout
+    assert result.stdout.count("split_kv_decode_kernel") == 43 and result.stdout.count(": ok") == 45, result.stdout

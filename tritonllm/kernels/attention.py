@@ -65,7 +65,8 @@ import triton
 # platform switches on the interpreter on CPU; triton reads that when a kernel is defined, below
 from tritonllm import platform
 from tritonllm.kernels import attention_fp8_decode_sm90 as fp8_sm90
-from tritonllm.kernels import attention_split
+from tritonllm.kernels import attention_rope, attention_split
+from tritonllm.kernels.attention_rope import FoldedRope
 from tritonllm.kernels.attention_split import merge_splits_kernel, split_kv_decode_kernel
 from tritonllm.kernels.attention_unified import unified_attention_kernel
 from tritonllm.kernels.kv_cache_write import FP8_KV_DTYPES, KV_WRITE_SUPPORTS, check_kv_scales
@@ -455,6 +456,7 @@ class AttentionPlan:
         sinks: torch.Tensor | None = None,
         softcap: float | None = None,
         quantize: OutputQuant | None = None,
+        rope: FoldedRope | None = None,
     ) -> torch.Tensor | QuantizedActivation:
         """Attention of one layer: q [num_tokens, num_heads, head_dim] over its caches
         [num_blocks, block_size, num_kv_heads, head_dim]; returns [num_tokens, num_heads, head_dim]
@@ -463,8 +465,15 @@ class AttentionPlan:
         already written to the cache, which the descriptor path reads contiguously. sliding_window,
         sinks, softcap: the optional features (module docstring), off when None. quantize: return the
         output [num_tokens, num_heads * head_dim] quantized for the next linear layer instead (a
-        QuantizedActivation, as quant.quantize_rows makes it), in the split kernel where it merges."""
+        QuantizedActivation, as quant.quantize_rows makes it), in the split kernel where it merges.
+        rope (plans that `folds_rope` only): q is given unrotated, and the split kernel applies RoPE (and the
+        per-head norms) to it and writes this step's K/V into the caches itself (kernels/attention_rope.py)."""
         num_tokens = q.shape[0]
+        if rope is not None:
+            if not self.folds_rope:
+                raise ValueError("paged_attention: rope is folded into split-KV decode only (plan.folds_rope); "
+                                 "rotate q and write the KV cache first (rope_kv_write) for this batch")  # fmt: skip
+            rope.check(num_tokens, self.num_kv_heads, self.head_dim)
         if q.shape[1:] != (self.num_heads, self.head_dim) or k_cache.shape[1:] != (
             self.block_size, self.num_kv_heads, self.head_dim
         ):  # fmt: skip
@@ -497,12 +506,14 @@ class AttentionPlan:
             q.dtype, k_cache.dtype, flags, strides, aligned(q, k_cache, v_cache, k_scale, v_scale, sinks),
             *int_spec(features.window),
         )  # fmt: skip
-        if self.fp8_tiles is not None and not features.any and flags[0] and q.dtype in (torch.bfloat16, torch.float16):
+        if rope is None and self.fp8_tiles is not None and not features.any and flags[0] and q.dtype in (
+            torch.bfloat16, torch.float16
+        ):  # fmt: skip
             self._run_fp8_sm90(out, q, k_cache, v_cache, scale, k_scale, v_scale, strides, layer_key)
             return _quantized(out, quantize)
         if self.num_splits > 1:
             quantized = self._run_split(
-                out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key, features, quantize
+                out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key, features, quantize, rope
             )  # fmt: skip
             return quantized if quantized is not None else _quantized(out, quantize)
         descs = (None, None)
@@ -595,12 +606,19 @@ class AttentionPlan:
         _MERGE(key, (self.num_seqs, self.num_heads), merge_args, merge_constexprs, num_warps=4, num_stages=1,
                device_index=self.device_index)  # fmt: skip
 
+    @property
+    def folds_rope(self) -> bool:
+        """Whether run takes `rope` (q unrotated, the step's K/V not yet written): split-KV decode, whose kernel
+        rotates q and writes the newest K/V itself (kernels/attention_rope.py); not the sm90 FP8 decode kernel."""
+        return self.num_splits > 1 and self.fp8_tiles is None
+
     def _run_split(
         self, out, q, k_cache, v_cache, scale, k_scale, v_scale, flags, strides, layer_key, features, quantize,
+        rope=None,
     ) -> QuantizedActivation | None:  # fmt: skip
         """Split-KV decode (attention_split.py): partial results per segment, merged into out by the split
         kernel itself or the merge kernel after it. Returns the quantized output when the kernel made
-        it (quantize given, merged in the kernel), else None."""
+        it (quantize given, merged in the kernel), else None. rope: q's rotation and the K/V write folded in."""
         tiles, num_splits = self.tiles, self.num_splits
         merge = self.counters is not None
         row = self.num_heads * self.head_dim
@@ -615,7 +633,7 @@ class AttentionPlan:
             self.seq_lens, self.query_start_loc, k_scale, num_splits, scale * _LOG2_E, features.window,
             features.softcap2, strides[0], strides[1], self._bt_stride, *strides[2:], out, qdata, qscale,
             self.counters if merge else out, v_scale, features.sinks, q.shape[0], row,
-            self.head_dim,
+            self.head_dim, *attention_rope.launch_args(rope, out),
         )  # fmt: skip
         group_pad = triton.next_power_of_2(self.group)
         splits_pad = triton.next_power_of_2(num_splits)
@@ -629,8 +647,10 @@ class AttentionPlan:
             STATIC=quant and quantize.static_scale is not None, QMAX=qmax(quantize.dtype) if quant else 1.0,
             IS_INT=quant and quantize.dtype == torch.int8, MIN_EXP=min_exponent(quantize.dtype) if quant else 0,
             QGROUP=quantize.group if quant else 0, EARLY_KV=attention_split.EARLY_KV,
+            **attention_rope.constexprs(rope, k_cache.dtype, flags[0]),
         )  # fmt: skip
-        key = (self._step_key, layer_key, *int_spec(q.shape[0]), quantize.dtype if quant else None, aligned(qscale))
+        key = (self._step_key, layer_key, *int_spec(q.shape[0]), quantize.dtype if quant else None, aligned(qscale),
+               attention_rope.launch_key(rope))  # fmt: skip
         _SPLIT(
             key, (self.num_seqs, self.num_kv_heads, num_splits), args, constexprs, num_warps=tiles.num_warps,
             num_stages=tiles.num_stages, device_index=self.device_index,
@@ -699,6 +719,7 @@ def paged_attention(
     sinks: torch.Tensor | None = None,
     softcap: float | None = None,
     quantize: OutputQuant | None = None,
+    rope: FoldedRope | None = None,
 ) -> torch.Tensor | QuantizedActivation:
     """Causal attention of a flat ragged batch over the paged KV cache.
 
@@ -719,6 +740,8 @@ def paged_attention(
     `quantize` (the next linear layer's input quantization): the output [num_tokens, num_heads * head_dim]
     quantized as quant.quantize_rows does it, a QuantizedActivation (by the split kernel itself where
     it merges, else by a quantization kernel after the attention).
+    `rope` (where the plan `folds_rope`: split-KV decode): q unrotated; the kernel applies RoPE to q and the
+    step's keys and writes them and the values into the caches itself (kernels/attention_rope.py).
     """
     if plan is None:
         plan = AttentionPlan(block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, q.shape[1],
@@ -726,7 +749,7 @@ def paged_attention(
                              sliding_window=sliding_window)  # fmt: skip
     return plan.run(
         q, k_cache, v_cache, scale, k_scale=k_scale, v_scale=v_scale, k_new=k_new, v_new=v_new, out=out,
-        sliding_window=sliding_window, sinks=sinks, softcap=softcap, quantize=quantize,
+        sliding_window=sliding_window, sinks=sinks, softcap=softcap, quantize=quantize, rope=rope,
     )  # fmt: skip
 
 
@@ -802,6 +825,7 @@ def paged_attention_with_tiles(
     softcap: float | None = None,
     merge_in_kernel: bool | None = None,
     quantize: OutputQuant | None = None,
+    rope: FoldedRope | None = None,
 ) -> torch.Tensor | QuantizedActivation:
     """`paged_attention` with explicit tiles and split count (tests and sweeps); same contract
     otherwise. num_splits > 1 takes the split-KV path, which serves pure-decode batches only
@@ -815,5 +839,5 @@ def paged_attention_with_tiles(
     )  # fmt: skip
     return plan.run(
         q, k_cache, v_cache, scale, k_scale=k_scale, v_scale=v_scale, k_new=k_new, v_new=v_new,
-        sliding_window=sliding_window, sinks=sinks, softcap=softcap, quantize=quantize,
+        sliding_window=sliding_window, sinks=sinks, softcap=softcap, quantize=quantize, rope=rope,
     )  # fmt: skip

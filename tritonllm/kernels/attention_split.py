@@ -52,6 +52,7 @@ import triton.language as tl
 # platform switches on the interpreter on CPU; triton reads that when a kernel is defined, below
 from tritonllm import platform  # noqa: F401
 from tritonllm.kernels.attention_tile import _attend_tile, _kv_tile_ptrs, _prepare_q, _softmax_step
+from tritonllm.kernels.attention_rope import rope_table, rotated_rows, write_newest_kv
 from tritonllm.kernels.launch import pdl_wait
 from tritonllm.kernels.quant import quantize_rows_and_store, round_and_store
 
@@ -120,6 +121,19 @@ def split_kv_decode_kernel(
     num_tokens,
     stride_o_token,
     stride_o_head,
+    # ROPE only (attention_rope.py; else stand-ins): positions, the cos / sin table, this step's unrotated keys and
+    # values [num_tokens, num_kv_heads * head_dim] (rows stride_kn / stride_vn apart), their cache slots, the
+    # per-head norms' weights and eps (QK_NORM)
+    pos_ptr,
+    cos_sin_ptr,
+    k_new_ptr,
+    v_new_ptr,
+    slot_ptr,
+    stride_kn,
+    stride_vn,
+    q_norm_ptr,
+    k_norm_ptr,
+    norm_eps,
     GROUP: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -144,6 +158,11 @@ def split_kv_decode_kernel(
     MIN_EXP: tl.constexpr = 0,
     QGROUP: tl.constexpr = 0,
     EARLY_KV: tl.constexpr = False,
+    ROPE: tl.constexpr = 0,
+    ROT_DIM: tl.constexpr = 0,
+    QK_NORM: tl.constexpr = False,
+    MANTISSA_BITS: tl.constexpr = 0,
+    MIN_NORMAL_EXP: tl.constexpr = 0,
     PDL: tl.constexpr = False,
 ):
     seq = tl.program_id(0)
@@ -177,6 +196,9 @@ def split_kv_decode_kernel(
         k_ptrs0, _ = _kv_tile_ptrs(k_head_ptr, v_head_ptr, blocks0, in_block0, stride_kc_block, stride_kc_slot,
                                    stride_vc_block, stride_vc_slot, offs_d)  # fmt: skip
         k0 = tl.load(k_ptrs0, mask=early[None, :], other=0.0)
+    if ROPE:  # the query's cos / sin and its key's cache slot: step inputs, read before the wait
+        cos, signed_sin, partner = rope_table(pos_ptr, cos_sin_ptr, q_start, q_len > 0, HEAD_DIM, ROT_DIM, ROPE)
+        new_slot = tl.load(slot_ptr + q_start, mask=q_len > 0, other=-1, cache_modifier=".cg")
     pdl_wait(PDL)
     if (q_len == 0) | (key_start >= key_end):
         return  # the merge skips empty segments and sequences without a query
@@ -184,8 +206,20 @@ def split_kv_decode_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     head = kv_head * GROUP + offs_m
     row_ok = offs_m < GROUP
-    q_offs = q_start.to(tl.int64) * stride_q_token + head[:, None] * stride_q_head + offs_d[None, :]
-    q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0)
+    if ROPE:  # attention_rope.py: the segment holding the newest key writes it (and its value) first
+        if (key_start <= last_pos) & (last_pos < key_end):
+            write_newest_kv(
+                k_new_ptr, v_new_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, k_norm_ptr, norm_eps,
+                q_start, new_slot, kv_head, stride_kn, stride_vn, stride_kc_block, stride_kc_slot, stride_kc_head,
+                stride_vc_block, stride_vc_slot, stride_vc_head, cos, signed_sin, partner, BLOCK_SIZE, HEAD_DIM,
+                ROT_DIM, ROPE, QK_NORM, KV_SCALED, FP8_MAX, MANTISSA_BITS, MIN_NORMAL_EXP,
+            )  # fmt: skip
+        tl.debug_barrier()  # every thread's part of it stored before any reads it back with its tile
+        q = rotated_rows(q_ptr, q_start.to(tl.int64) * stride_q_token + head * stride_q_head, row_ok, cos, signed_sin,
+                         partner, q_norm_ptr, norm_eps, HEAD_DIM, ROT_DIM, ROPE, QK_NORM)  # fmt: skip
+    else:
+        q_offs = q_start.to(tl.int64) * stride_q_token + head[:, None] * stride_q_head + offs_d[None, :]
+        q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0)
     q, qk_scale = _prepare_q(q, qk_scale, k_scale_ptr, k_cache_ptr, BLOCK_M, KV_SCALED, FP8_DOT_F16, FP8_QK, FP8_MAX)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)

@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from tritonllm.kernels.attention_rope import FoldedRope
 from tritonllm.kernels.quant_formats import QuantizedActivation
 from tritonllm.kernels.registry import Kernels, default_kernels
 from tritonllm.layers.linear import Linear
@@ -164,6 +165,9 @@ class Attention(nn.Module):
         # with RoPE given to forward: one rope_kv_write kernel rotates q, k and writes the cache (EngineConfig.
         # fuse_rope_kv_write); False: the rotary kernel, then the KV write (ablation)
         self.fuse_rope_kv_write = True
+        # with it, where the step's attention plan folds RoPE (split-KV decode): no rope_kv_write launch, the
+        # attention kernel rotates q and writes the step's K/V itself (EngineConfig.fold_rope_into_attention)
+        self.fold_rope = True
         # split-KV decode merged (and o_proj's input quantized) in the split kernel (EngineConfig.
         # fuse_attention_epilogue); False: by kernels after it (ablation)
         self.fuse_epilogue = True
@@ -211,8 +215,18 @@ class Attention(nn.Module):
         are rotated and the K/V written already (`rope_write_kv` ran inside the graph), attention only."""
         num_tokens = q.shape[0]
         k_cache, v_cache = kv_cache
+        plan = meta.attention_plan(
+            self.kernels, self.num_heads, self.num_kv_heads, self.head_dim, k_cache.shape[1], k_cache.dtype,
+            self.sliding_window, self.fuse_epilogue,
+        )  # fmt: skip
         fused = not kv_written and self.fuses_rope(rope)
-        if fused:  # RoPE and the cache write in one kernel
+        folded = None
+        if fused and self.folds_rope(rope, plan) and q.stride(-1) == 1:
+            # the attention kernel rotates q and writes the step's K/V (kernels/attention_rope.py)
+            rotary = rope.rotary
+            folded = FoldedRope(rope.positions, rotary.cos_sin_cache, rotary.is_neox, k.reshape(num_tokens, -1),
+                                v.reshape(num_tokens, -1), meta.slot_mapping, rope.norm_args())  # fmt: skip
+        elif fused:  # RoPE and the cache write in one kernel
             q, k = self.rope_write_kv(q, k, v, kv_cache, rope, meta.slot_mapping)
         elif rope is not None and not kv_written:
             q, k = rope.apply(q, k, self.head_dim)
@@ -238,21 +252,13 @@ class Attention(nn.Module):
             self.scale,
             k_scale=self.k_scale,
             v_scale=self.v_scale,
-            plan=meta.attention_plan(
-                self.kernels,
-                self.num_heads,
-                self.num_kv_heads,
-                self.head_dim,
-                k_cache.shape[1],
-                k_cache.dtype,
-                self.sliding_window,
-                self.fuse_epilogue,
-            ),
+            plan=plan,
             k_new=k,
             v_new=v,
             out=None if out is None else out.view(num_tokens, self.num_heads, self.head_dim),
             **self._feature_args(),
             **self._quantize_args(out, num_tokens),
+            **({"rope": folded} if folded is not None else {}),
         )
         if isinstance(out, QuantizedActivation):
             return out
@@ -262,6 +268,11 @@ class Attention(nn.Module):
         """Whether `run` rotates q and k and writes the KV cache in one kernel (`rope_write_kv`) for this
         rope: not without one, not in the ablation, not while the step calibrates the FP8 KV scales."""
         return rope is not None and self.fuse_rope_kv_write and not self.calibrate_kv_scales
+
+    def folds_rope(self, rope: Rope, plan: object) -> bool:
+        """Whether the attention kernel of `plan` takes this layer's RoPE and K/V write over (the plan's
+        `folds_rope`: split-KV decode; on unless fold_rope is off): the rotary embedding's head size is the layer's."""
+        return self.fold_rope and getattr(plan, "folds_rope", False) and rope.rotary.head_dim == self.head_dim
 
     def rope_write_kv(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],

@@ -57,6 +57,7 @@ def set_up_rank(config: EngineConfig, path: str, tp: TensorParallel) -> RankSetu
     for module in model.modules():
         if isinstance(module, Attention):
             module.fuse_rope_kv_write = config.fuse_rope_kv_write
+            module.fold_rope = config.fold_rope_into_attention
             module.fuse_epilogue = config.fuse_attention_epilogue
             module.group_quant = config.decode_group_quant
         elif isinstance(module, SiluAndMul):
