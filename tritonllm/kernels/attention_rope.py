@@ -167,4 +167,3 @@ def constexprs(rope: FoldedRope | None, kv_dtype: torch.dtype, kv_scaled: bool) 
         ROPE=0 if rope is None else rope.kind(), ROT_DIM=0 if rope is None else rope.cos_sin_cache.shape[-1],
         QK_NORM=rope is not None and rope.qk_norm is not None, MANTISSA_BITS=mantissa, MIN_NORMAL_EXP=min_exp,
     )  # fmt: skip
-

@@ -51,8 +51,8 @@ import triton.language as tl
 
 # platform switches on the interpreter on CPU; triton reads that when a kernel is defined, below
 from tritonllm import platform  # noqa: F401
-from tritonllm.kernels.attention_tile import _attend_tile, _kv_tile_ptrs, _prepare_q, _softmax_step
 from tritonllm.kernels.attention_rope import rope_table, rotated_rows, write_newest_kv
+from tritonllm.kernels.attention_tile import _attend_tile, _kv_tile_ptrs, _prepare_q, _softmax_step
 from tritonllm.kernels.launch import pdl_wait
 from tritonllm.kernels.quant import quantize_rows_and_store, round_and_store
 
