@@ -833,10 +833,12 @@ PY
         done
       fi ;;
     next-66)
-      # session 52's first call (~9 minutes): rope-fold, then next-65 (the Gluon MoE GEMV's w2 summing its slots: GPU
-      # tests, gpt-oss's layer, gpt-oss-20b batch 1 with it)
+      # session 52's first call (~6 minutes): rope-fold, then the Gluon MoE GEMV's GPU tests (its w2 summing its slots);
+      # NEXT66_FULL=1: all of next-65 (gpt-oss's layer, gpt-oss-20b batch 1 with it) as well
       timeout 300 bash "$0" rope-fold
-      timeout 250 bash "$0" next-65 ;;
+      timeout 100 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_moe_gemv_sm90.py 2>&1 \
+        | tee "$OUT/moe_gluon_tests.log" | tail -3
+      [ -n "${NEXT66_FULL:-}" ] && timeout 250 bash "$0" next-65 ;;
     next-67)
       # the batch-1 step timelines of online FP8 (RoPE folded in) and bf16 cuBLAS on an H200 (its last: session 25's),
       # then issue 15 at 16 req/s (next-53)
