@@ -840,9 +840,9 @@ PY
         | tee "$OUT/moe_gluon_tests.log" | tail -3
       [ -n "${NEXT66_FULL:-}" ] && timeout 250 bash "$0" next-65 ;;
     next-67)
-      # the batch-1 step timelines of online FP8 (RoPE folded in) and bf16 cuBLAS on an H200 (its last: session 25's),
-      # then issue 15 at 16 req/s (next-53)
-      on_h200 && TIMELINE_VARIANTS="fp8 bf16_torch" timeout 200 bash "$0" timeline
+      # the batch-1 step timelines of online FP8 (with and without RoPE folded in) and bf16 cuBLAS on an H200 (its
+      # last: session 25's), then issue 15 at 16 req/s (next-53)
+      on_h200 && TIMELINE_VARIANTS="fp8 fp8_fold bf16_torch" timeout 280 bash "$0" timeline
       on_h200 && RATES=16 OFFLINE_COUNTS=16 timeout 340 bash "$0" bench-serving ;;
     rope-fold)
       # session 52: RoPE and the step's K/V write folded into split-KV decode (kernels/attention_rope.py,
@@ -1184,6 +1184,7 @@ PY
           bf16_torch) args="--kernel linear=torch" ;;
           fp8_xn) args="--quantization fp8 --kernel linear=triton_sm90 --fuse-norm-into-gemm" ;;
           fp8_tok) args="--quantization fp8 --kernel linear=triton_sm90 --no-decode-group-quant" ;;  # per token
+          fp8_fold) args="--quantization fp8 --kernel linear=triton_sm90 --fold-rope-into-attention" ;;
           fp8_xnmlp) args="--quantization fp8 --kernel linear=triton_sm90 --fuse-norm-into-gemm --fuse-gated-mlp" ;;
           *) args="--quantization $variant --kernel linear=triton_sm90" ;;
         esac

@@ -105,6 +105,8 @@ def main() -> None:
                         help="decode steps stream weights into L2 ahead of their GEMVs")  # fmt: skip
     parser.add_argument("--decode-group-quant", action=argparse.BooleanOptionalAction, default=True,
                         help="FP8 o_proj / down inputs per 1 x 128 group at decode sizes (false: per token)")  # fmt: skip
+    parser.add_argument("--fold-rope-into-attention", action=argparse.BooleanOptionalAction, default=False,
+                        help="split-KV decode rotates q and writes the step's K/V itself (no rope_kv_write launch)")  # fmt: skip
     parser.add_argument("--kernel-table", type=int, default=0, help="report the N kernels taking most GPU time")
     parser.add_argument("--output-json", default=None)
     parser.add_argument("--trace", default=None, help="also write the Chrome trace here")
@@ -122,6 +124,7 @@ def main() -> None:
         fuse_down_input_quant=args.fuse_gated_mlp,
         fuse_moe_router=args.fuse_moe_router,
         decode_group_quant=args.decode_group_quant,
+        fold_rope_into_attention=args.fold_rope_into_attention,
         prefetch_weights=args.prefetch_weights,
         kernels=dict(choice.split("=", 1) for choice in args.kernel) or None,
     )

@@ -1,4 +1,4 @@
-"""fold_rope_into_attention (the default): at split-KV decode steps the attention kernel rotates q (after Qwen3's
+"""fold_rope_into_attention (opt-in until timed on a GPU): at split-KV decode steps the attention kernel rotates q (after Qwen3's
 per-head norm) and writes the step's K/V itself, and no rope_kv_write kernel runs; with it off, that kernel runs
 first. The same values either way, so greedy tokens and their logprobs agree to the bit on the CPU. The CPU has
 one "multiprocessor", which never splits, so the tests give the attention config 64 and short split segments (on a

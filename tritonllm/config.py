@@ -211,9 +211,9 @@ class EngineConfig:
     fuse_rope_kv_write: bool = True
     # with fuse_rope_kv_write, a split-KV decode step (few sequences: batch 1 to a few) folds that kernel into the
     # attention: each split program rotates its query rows and the one holding the newest key rotates and writes
-    # it and its value (kernels/attention_rope.py): one launch and one PDL hand-off fewer a layer; false: the
-    # rope_kv_write kernel first (ablation)
-    fold_rope_into_attention: bool = True
+    # it and its value (kernels/attention_rope.py): one launch and one PDL hand-off fewer a layer. Opt-in until a GPU
+    # has timed it (built in session 52 without one; bit-equal on the CPU); false: the rope_kv_write kernel first
+    fold_rope_into_attention: bool = False
     # split-KV decode: the split kernel merges its partial results itself and, before a W8A8 o_proj,
     # quantizes the attention output (kernels/attention_split.py); false: a merge kernel, then a
     # quantization kernel (ablation)

@@ -39,7 +39,7 @@ class RunConfig:
     pdl: bool = True  # false: no programmatic dependent launch (ablation; NVIDIA sm90+ only)
     gc_freeze: bool = True  # false: the start-up heap stays in Python's cyclic GC (ablation)
     fuse_rope_kv_write: bool = True  # false: RoPE and the KV-cache write as two kernels (ablation)
-    fold_rope_into_attention: bool = True  # split-KV decode applies RoPE, writes the step's K/V; false: ablation
+    fold_rope_into_attention: bool = False  # true: split-KV decode applies RoPE, writes the step's K/V (opt-in)
     decode_group_quant: bool = True  # FP8 o_proj / down inputs per 128-column group at decode; false: per token
     fuse_attention_epilogue: bool = True  # false: split-KV merge and o_proj's input quantization as kernels (ablation)
     fuse_gated_activation: bool = False  # true: gate_up's SiLU-mul in the skinny GEMM's epilogue (ablation)

@@ -52,7 +52,7 @@ class LLM:
         pdl: bool = True,
         gc_freeze: bool = True,
         fuse_rope_kv_write: bool = True,
-        fold_rope_into_attention: bool = True,
+        fold_rope_into_attention: bool = False,
         fuse_attention_epilogue: bool = True,
         decode_group_quant: bool = True,
         fuse_gated_activation: bool = False,

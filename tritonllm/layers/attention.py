@@ -166,8 +166,8 @@ class Attention(nn.Module):
         # fuse_rope_kv_write); False: the rotary kernel, then the KV write (ablation)
         self.fuse_rope_kv_write = True
         # with it, where the step's attention plan folds RoPE (split-KV decode): no rope_kv_write launch, the
-        # attention kernel rotates q and writes the step's K/V itself (EngineConfig.fold_rope_into_attention)
-        self.fold_rope = True
+        # attention kernel rotates q and writes the step's K/V itself (EngineConfig.fold_rope_into_attention, opt-in)
+        self.fold_rope = False
         # split-KV decode merged (and o_proj's input quantized) in the split kernel (EngineConfig.
         # fuse_attention_epilogue); False: by kernels after it (ablation)
         self.fuse_epilogue = True
