@@ -67,7 +67,7 @@ def _case(ctx_lens, q_lens, group, head_dim, block_size, rot_dim, is_neox, dtype
     )  # fmt: skip
 
 
-def _attend(case, q, caches, num_splits, rope=None, quantize=None):
+def _attend(case, q, caches, num_splits, rope=None, quantize=None, **features):
     b = case["batch"]
     num_seqs, num_kv_heads, head_dim = b.seq_lens.shape[0], caches[0].shape[2], case["head_dim"]
     group = q.shape[1] // num_kv_heads
@@ -75,21 +75,22 @@ def _attend(case, q, caches, num_splits, rope=None, quantize=None):
     args = (q, *caches, *(t.to(DEVICE) for t in (b.block_tables, b.seq_lens, b.query_start_loc)), b.max_query_len,
             b.max_seq_len, b.scale)  # fmt: skip
     return paged_attention_with_tiles(*args, tiles, num_splits=num_splits, rope=rope, quantize=quantize,
-                                      **case["kv_scales"])  # fmt: skip
+                                      **case["kv_scales"], **features)  # fmt: skip
 
 
-def _both(case, num_splits, quantize=None, positions=None):
+def _both(case, num_splits, quantize=None, positions=None, **features):
     """(unfolded output, its caches), (folded output, its caches)."""
     q, k, v = case["qkv"].split(case["split"], dim=1)
     head_dim, num_tokens = case["head_dim"], q.shape[0]
     ref_caches = tuple(c.clone() for c in case["caches"])
     q_rot, _ = rotary_write_kv_cache(case["positions"], q, k, v, case["cos_sin"], head_dim, case["is_neox"],
                                      *ref_caches, case["slots"], qk_norm=case["norm"], **case["kv_scales"])  # fmt: skip
-    ref = _attend(case, q_rot.view(num_tokens, -1, head_dim), ref_caches, num_splits, quantize=quantize)
+    ref = _attend(case, q_rot.view(num_tokens, -1, head_dim), ref_caches, num_splits, quantize=quantize, **features)
     fold_caches = tuple(c.clone() for c in case["caches"])
     rope = FoldedRope(case["positions"] if positions is None else positions, case["cos_sin"], case["is_neox"], k, v,
                       case["slots"], case["norm"])  # fmt: skip
-    got = _attend(case, q.view(num_tokens, -1, head_dim), fold_caches, num_splits, rope=rope, quantize=quantize)
+    got = _attend(case, q.view(num_tokens, -1, head_dim), fold_caches, num_splits, rope=rope, quantize=quantize,
+                  **features)  # fmt: skip
     return (ref, ref_caches), (got, fold_caches)
 
 
@@ -133,6 +134,22 @@ def test_folded_rope_with_the_output_quantized_in_the_kernel():
         (ref, _), (got, _) = _both(case, 3, quantize=quantize)
         _assert_same(got.data, ref.data, torch.float32)
         _assert_same(got.scale, ref.scale, torch.float32)
+
+
+def test_folded_rope_with_a_sliding_window_sinks_and_early_keys(monkeypatch):
+    """gpt-oss's features (a sliding window, so segments start past key 0; a sink logit a head) and the opt-in early
+    keys (the first tile's older keys read before the wait, the newest after the fold wrote it)."""
+    from tritonllm.kernels import attention_split
+
+    case = _case([5, 70, 31, 48], [1, 1, 1, 1], 4, 64, 16, 64, True, torch.float32, torch.float32, False, seed=13)
+    sinks = torch.randn(8, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    for early in (False, True):
+        monkeypatch.setattr(attention_split, "EARLY_KV", early)
+        (ref, ref_caches), (got, got_caches) = _both(case, 3, sliding_window=24, sinks=sinks)
+        assert torch.isfinite(ref).all()
+        _assert_same(got, ref, torch.float32)
+        for a, b in zip(got_caches, ref_caches, strict=True):
+            _assert_same(a, b, torch.float32)
 
 
 def test_folded_rope_uses_the_positions():
