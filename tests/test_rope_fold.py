@@ -59,7 +59,8 @@ def test_rope_folded_into_split_decode_serves_what_the_rope_kernel_does(architec
     tokens, logprobs, decode_launches = _generate(model, True, monkeypatch)
     ref_tokens, ref_logprobs, ref_decode_launches = _generate(model, False, monkeypatch)
     assert ref_decode_launches > 0
-    if architecture == "GptOssForCausalLM":  # its sliding-window layers see too few keys to split: those keep the kernel
+    if architecture == "GptOssForCausalLM":
+        # its sliding-window layers see too few keys to split: those keep the kernel
         assert 0 < decode_launches < ref_decode_launches
     else:  # every decode step folded the rotation and the KV write
         assert decode_launches == 0
