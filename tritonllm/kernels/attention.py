@@ -506,9 +506,7 @@ class AttentionPlan:
             q.dtype, k_cache.dtype, flags, strides, aligned(q, k_cache, v_cache, k_scale, v_scale, sinks),
             *int_spec(features.window),
         )  # fmt: skip
-        if rope is None and self.fp8_tiles is not None and not features.any and flags[0] and q.dtype in (
-            torch.bfloat16, torch.float16
-        ):  # fmt: skip
+        if self.fp8_tiles is not None and not features.any and flags[0] and q.dtype in (torch.bfloat16, torch.float16):
             self._run_fp8_sm90(out, q, k_cache, v_cache, scale, k_scale, v_scale, strides, layer_key)
             return _quantized(out, quantize)
         if self.num_splits > 1:

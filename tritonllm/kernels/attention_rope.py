@@ -21,7 +21,8 @@ import triton
 import triton.language as tl
 
 from tritonllm import platform  # noqa: F401  (switches on the interpreter on CPU first)
-from tritonllm.kernels.kv_cache_write import _quantize_fp8
+from tritonllm.kernels.kv_cache_write import _quantize_fp8, fp8_grid_params
+from tritonllm.kernels.launch import aligned
 
 
 @dataclass(frozen=True)
@@ -152,16 +153,13 @@ def launch_key(rope: FoldedRope | None) -> tuple | None:
     if rope is None:
         return None
     tensors = (rope.positions, rope.cos_sin_cache, rope.k, rope.v, rope.slot_mapping)
-    norm = None if rope.qk_norm is None else (rope.qk_norm[0].dtype, rope.qk_norm[0].data_ptr() % 16 == 0,
-                                              rope.qk_norm[1].data_ptr() % 16 == 0)  # fmt: skip
-    return (tuple(t.dtype for t in tensors), tuple(t.data_ptr() % 16 == 0 for t in tensors), rope.k.stride(0),
-            rope.v.stride(0), rope.cos_sin_cache.shape[-1], rope.is_neox, norm)  # fmt: skip
+    norm = None if rope.qk_norm is None else (rope.qk_norm[0].dtype, aligned(*rope.qk_norm[:2]))
+    return (tuple(t.dtype for t in tensors), aligned(*tensors), rope.k.stride(0), rope.v.stride(0),
+            rope.cos_sin_cache.shape[-1], rope.is_neox, norm)  # fmt: skip
 
 
 def constexprs(rope: FoldedRope | None, kv_dtype: torch.dtype, kv_scaled: bool) -> dict:
     """The split kernel's ROPE constexprs (in its order)."""
-    from tritonllm.kernels.kv_cache_write import fp8_grid_params
-
     _, mantissa, min_exp = fp8_grid_params(kv_dtype) if kv_scaled and rope is not None else (0.0, 0, 0)
     return dict(
         ROPE=0 if rope is None else rope.kind(), ROT_DIM=0 if rope is None else rope.cos_sin_cache.shape[-1],
