@@ -81,6 +81,25 @@ def test_fused_moe_router_matches_hf(prompts, monkeypatch):
     assert spy.launches >= 2 * 7  # two MoE layers a decode step, at least seven decode steps
 
 
+def test_rope_folded_into_split_decode_matches_hf(prompts, monkeypatch):
+    """Qwen3 (per-head q / k norms before RoPE) with fold_rope_into_attention and split-KV decode forced on the CPU
+    (a 64-SM wave, segments of 8 keys and up): its decode steps rotate q and write the new K/V inside the split
+    kernel (kernels/attention_rope.py), seen running; greedy tokens and logprobs as HF's."""
+    import dataclasses
+
+    from tritonllm.kernels import attention
+
+    monkeypatch.setattr(attention, "_num_multiprocessors", lambda: 64)
+    config = attention.ATTENTION_CONFIGS["interpreter"]
+    monkeypatch.setitem(attention.ATTENTION_CONFIGS, "interpreter", dataclasses.replace(config, split_min_keys=8))
+    folded, run = [], attention.AttentionPlan.run
+    monkeypatch.setattr(attention.AttentionPlan, "run",
+                        lambda self, *a, **kw: folded.append(kw.get("rope") is not None) or run(self, *a, **kw))  # fmt: skip
+    check_against_hf(str(tiny_model_path("Qwen3ForCausalLM")), prompts, num_steps=8, block_size=16,
+                     max_model_len=256, kernel_backend="triton", fold_rope_into_attention=True)  # fmt: skip
+    assert any(folded)
+
+
 def check_against_hf(model_path: str, prompts: list[list[int]], num_steps: int = NUM_STEPS, **llm_args: object) -> None:
     tiny_model = model_path
     llm = LLM(model=model_path, **llm_args)
