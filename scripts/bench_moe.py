@@ -30,6 +30,13 @@ routed by the Triton router (softmax, renormalised). Per case:
   ms (decode sizes), weight GB/s and TFLOP/s by graph (else warm) time, the error against the loop;
 - kernel_us (--kernels, decode sizes on the GPU): each kernel's mean time in a graph replay (L2
   flushed between replays) and the replay's window, from a torch.profiler trace.
+- layers_us / layers_router_us (--layers L > 1, decode sizes): the layer as a model's step pays it, one CUDA
+  graph of L consecutive layers, each with its own experts (seeds 1..L-1 beside the case's), the output of
+  one the input of the next, the graph's replay over L (L2 flushed before each replay): fused_moe alone on
+  the case's routing (layers_us, with layers_weight_gbps over the experts it touches), and each layer's own
+  router first (router_route on its input, or the router's GEMM and moe_route past ROUTER_MAX_TOKENS: a random [E, H] router with a bias; layers_router_us, with
+  layers_router_weight_gbps over the experts the routers pick). A one-layer graph's replay also carries the
+  graph's own launch and the hand-offs before and after it, which a step of many layers pays once.
 
 --pdl: the kernels launch with programmatic dependent launch, as the engine's decode steps do (off by
 default: the figures before session 30 were taken without it).
@@ -244,7 +251,7 @@ def layer_operands(name: str, tokens: int) -> tuple:
 
 
 def bench_case(name: str, kind: str, experts: dict, tokens: int, torch_ref_max: int, variants: bool = False,
-               kernels: bool = False) -> dict:  # fmt: skip
+               kernels: bool = False, stack: list[dict] | None = None) -> dict:  # fmt: skip
     e, top_k, h, i = SHAPES[name]
     x, logits, weights, ids, gen = layer_operands(name, tokens)
     w13, w2 = experts["w13"], experts["w2"]
@@ -273,6 +280,8 @@ def bench_case(name: str, kind: str, experts: dict, tokens: int, torch_ref_max: 
     row["tflops"] = 2 * tokens * top_k * (h * 2 * i + i * h) / (row["triton_ms"] * 1e-3) / 1e12
     row["weight_gbps"] = hit * (bytes_per_expert(w13) + bytes_per_expert(w2)) / (row["triton_ms"] * 1e-3) / 1e9
     row["speedup_vs_loop"] = row["loop_ms"] / row["triton_ms"]
+    if stack and tokens <= 256:
+        row.update(layers_us(x, weights, ids, stack, bytes_per_expert(w13) + bytes_per_expert(w2)))
     if variants:
         flops, weight_bytes = (
             2 * tokens * top_k * (h * 2 * i + i * h),
@@ -280,6 +289,54 @@ def bench_case(name: str, kind: str, experts: dict, tokens: int, torch_ref_max: 
         )
         row["variants"] = layer_variants(x, w13, w2, weights, ids, expected, flops, weight_bytes)
     return row
+
+
+def stacked_layers(name: str, kind: str, experts: dict, layers: int) -> list[dict]:
+    """`layers` expert sets for --layers: the case's, then seeds 1.. (bf16 / quantized as `kind`), each with a
+    random router [E, H] and bias."""
+    e, _, h, i = SHAPES[name]
+    sets = [experts] + [make_experts(kind, e, h, i, seed=seed) for seed in range(1, layers)]
+    out = []
+    for seed, s in enumerate(sets):
+        gen = torch.Generator(device=DEVICE).manual_seed(1000 + seed)
+        router = (torch.randn(e, h, device=DEVICE, generator=gen) * h**-0.5).to(DTYPE)
+        bias = torch.randn(e, device=DEVICE, generator=gen).to(DTYPE)
+        out.append(dict(w13=s["w13"], w2=s["w2"], router=router, bias=bias))
+    return out
+
+
+def layers_us(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, stack: list[dict], per_expert: int) -> dict:
+    """--layers: a layer's time in a graph of len(stack) chained layers (module docstring), us, and the GB/s of the
+    experts touched; on the CPU (a dry run) the eager chain's time."""
+    top_k = ids.shape[1]
+
+    def fixed() -> torch.Tensor:
+        y = x
+        for layer in stack:
+            y = fused_moe(y, layer["w13"], layer["w2"], weights, ids)
+        return y
+
+    def routed(picked: list | None = None) -> torch.Tensor:
+        y = x
+        for layer in stack:
+            if y.shape[0] <= ROUTER_MAX_TOKENS:  # as layers/moe.py routes: fused at decode sizes
+                w, i = router_route(y, layer["router"], layer["bias"], top_k, True)
+            else:
+                w, i = moe_route(F.linear(y, layer["router"], layer["bias"]), top_k, True)
+            if picked is not None:
+                picked.append(int(torch.unique(i).numel()))
+            y = fused_moe(y, layer["w13"], layer["w2"], w, i)
+        return y
+
+    picked: list[int] = []
+    routed(picked)  # the experts each layer's router picks (the same in every replay: the inputs are fixed)
+    timed = graph_ms if platform.is_gpu() else median_ms
+    n = len(stack)
+    fixed_us, routed_us = timed(fixed) * 1e3 / n, timed(routed) * 1e3 / n
+    hit = int(torch.unique(ids).numel())
+    return dict(layers=n, layers_us=fixed_us, layers_weight_gbps=hit * per_expert / (fixed_us * 1e-6) / 1e9,
+                layers_router_us=routed_us,
+                layers_router_weight_gbps=sum(picked) / n * per_expert / (routed_us * 1e-6) / 1e9)  # fmt: skip
 
 
 def router_us(x: torch.Tensor, e: int, top_k: int, gen: torch.Generator) -> dict:
@@ -324,6 +381,7 @@ def main() -> None:
     parser.add_argument("--kernels", action="store_true", help="decode sizes: each kernel's time in a graph replay")
     parser.add_argument("--router-only", action="store_true", help="the router alone, unfused and fused (the GPU)")
     parser.add_argument("--pdl", action="store_true", help="launch with programmatic dependent launch, as the engine")
+    parser.add_argument("--layers", type=int, default=1, help="decode sizes: also a layer in a graph of this many")
     args = parser.parse_args()
     if args.pdl:
         from tritonllm.kernels.launch import set_pdl
@@ -345,8 +403,10 @@ def main() -> None:
         e, _, h, i = SHAPES[name]
         for kind in args.kinds:
             experts = make_experts(kind, e, h, i)
+            stack = stacked_layers(name, kind, experts, args.layers) if args.layers > 1 else None
             for tokens in args.tokens:
-                row = bench_case(name, kind, experts, tokens, args.torch_ref_max_tokens, args.variants, args.kernels)
+                row = bench_case(name, kind, experts, tokens, args.torch_ref_max_tokens, args.variants, args.kernels,
+                                 stack)  # fmt: skip
                 rows.append(row)
                 graph = f" graph {row['triton_graph_ms']:.3f}" if "triton_graph_ms" in row else ""
                 print(f"{name:8s} {kind:9s} T={tokens:5d}: triton {row['triton_ms']:.3f} ms{graph} (cold "
@@ -356,13 +416,17 @@ def main() -> None:
                 if "router_fused_us" in row:
                     unfused, fused = row["router_unfused_us"], row["router_fused_us"]
                     print(f"    router: GEMM + route {unfused:.1f} us, fused {fused:.1f} us", flush=True)
+                if "layers_us" in row:
+                    print(f"    a layer of {row['layers']}: {row['layers_us']:.1f} us ({row['layers_weight_gbps']:.0f} "
+                          f"GB/s); with its router {row['layers_router_us']:.1f} us "
+                          f"({row['layers_router_weight_gbps']:.0f} GB/s)", flush=True)  # fmt: skip
                 if "kernel_us" in row:
                     print("    kernels (us):", "  ".join(f"{k} {v}" for k, v in row["kernel_us"].items()), flush=True)
                 for variant, v in row.get("variants", {}).items():
                     print(f"    {variant:9s}: {v.get('graph_ms', v['ms']) * 1e3:8.1f} us  {v['weight_gbps']:5.0f} GB/s  "
                           f"{v['tflops']:5.0f} TFLOP/s  err {v['rel_error_vs_loop']:.1e}", flush=True)  # fmt: skip
                 write(rows)
-            del experts
+            del experts, stack
             if platform.is_gpu():
                 torch.cuda.empty_cache()
 
