@@ -3,7 +3,7 @@
 # architectures. Results (JSON + logs) go to $OUT (or ./gpu_out). Usage:
 #   bash scripts/gpu_check.sh [tests] [bench-attention] [e2e-llama] [e2e-prefix] [e2e-qwen3] [idle] [host-profile]
 #   [profile-llama-b1] [profile-b1] [profile-prefill] [bench-sampling] [ablations-qwen3] [ablations-llama] [bench-gemm] [tune-gemm] [e2e-quant]
-#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58] [tests-kernels] [tests-engine] [prewait] [w4-tma-gemv] [w4-tma-e2e] [ncu-w4] [next-59] [moe-skinny] [next-60] [next-61] [next-62] [next-63] [moe-gluon-tilings] [next-64] [next-65] [next-66] [next-67] [rope-fold] [moe-layers]
+#   [bench-serving] [e2e-moe] [tune-moe] [bench-moe] [w4-scale-after] [pdl-steps] [w4-m64-plans] [mixed-step] [timeline] [norm-in-gemm] [moe-variants] [moe-reduce] [moe-loads] [moe-early] [ncu-moe] [moe-router] [gptoss-linears] [llama3-8b-config] [prefetch] [step-kernels] [half2] [half2-check] [half2-e2e] [w4-blocks] [next-first] [stream] [stream-e2e] [next-38] [stream-m1] [next-39] [next-42] [next-43] [next-44] [w4-mid] [tune-mid] [skinny-nopdl] [overlap] [dequant-tiles] [next-46] [tune-mid-fp8] [next-47] [next-48] [next-49] [next-50] [next-51] [w4-m64] [prefill-profile] [mixed-trace] [next-55] [next-52] [next-53] [moe-h100-tiles] [w4-async] [gemv-split] [w4-default] [next-57] [block-skinny] [next-58] [tests-kernels] [tests-engine] [prewait] [w4-tma-gemv] [w4-tma-e2e] [ncu-w4] [next-59] [moe-skinny] [next-60] [next-61] [next-62] [next-63] [moe-gluon-tilings] [next-64] [next-65] [next-66] [next-67] [rope-fold] [moe-layers] [norm-router]
 #   (default: the first seven). env: SWEEP=1 CASES="..." (bench-attention), VARIANTS="overlap sync greedy ..." (e2e-qwen3),
 #   TESTS="tests/..." (tests), MODELS=/tmp/models, ABLATIONS="chunked_prefill cuda_graphs ..." (ablations-*),
 #   QUANT_VARIANTS="bf16_torch fp8_triton ..." QUANT_EXPS="batch1_decode ..." (e2e-quant)
@@ -849,6 +849,15 @@ PY
       timeout 150 python3 scripts/bench_moe.py "$OUT/moe_layers_gptoss.json" --shapes gptoss --kinds mxfp4 \
         --tokens 1 2 4 --torch-ref-max-tokens 0 --pdl --layers 8 2>&1 | grep -E "T=|layer of|rror" | cut -c1-170 \
         | tee -a "$OUT/moe_layers.log" ;;
+    norm-router)
+      # session 53: the residual add + RMSNorm before each MoE block folded into the router's launch
+      # (fuse_norm_into_router, opt-in): its GPU tests, then gpt-oss-20b batch 1 with it on and off, alternated
+      timeout 200 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_norm_router.py tests/test_engine_gpu.py \
+        -k "norm_router or norm_in_the_moe_router or moe_router_fused" 2>&1 | tee "$OUT/norm_router_tests.log" | tail -3
+      for fold in true false true false; do
+        MOE_RUNS=gptoss_batch1 MOE_ARGS="fuse_norm_into_router=$fold" MOE_TAG="_norm_router_$fold" timeout 100 \
+          bash "$0" e2e-moe 2>&1 | grep -E "tok/s|rror" | tail -1 | sed "s/^/fold=$fold /"
+      done ;;
     next-67)
       # the batch-1 step timelines of online FP8 (with and without RoPE folded in) and bf16 cuBLAS on an H200 (its
       # last: session 25's), then issue 15 at 16 req/s (next-53)

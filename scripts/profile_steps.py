@@ -101,6 +101,8 @@ def main() -> None:
     parser.add_argument("--fuse-gated-mlp", action="store_true", help="fuse_gated_activation + fuse_down_input_quant")
     parser.add_argument("--fuse-moe-router", action=argparse.BooleanOptionalAction, default=True,
                         help="a MoE router's GEMM and routing in one kernel at decode sizes")  # fmt: skip
+    parser.add_argument("--fuse-norm-into-router", action=argparse.BooleanOptionalAction, default=False,
+                        help="the add + RMSNorm before a MoE block in its router's launch (one or two tokens)")  # fmt: skip
     parser.add_argument("--prefetch-weights", action=argparse.BooleanOptionalAction, default=True,
                         help="decode steps stream weights into L2 ahead of their GEMVs")  # fmt: skip
     parser.add_argument("--decode-group-quant", action=argparse.BooleanOptionalAction, default=True,
@@ -123,6 +125,7 @@ def main() -> None:
         fuse_gated_activation=args.fuse_gated_mlp,
         fuse_down_input_quant=args.fuse_gated_mlp,
         fuse_moe_router=args.fuse_moe_router,
+        fuse_norm_into_router=args.fuse_norm_into_router,
         decode_group_quant=args.decode_group_quant,
         fold_rope_into_attention=args.fold_rope_into_attention,
         prefetch_weights=args.prefetch_weights,

@@ -99,6 +99,7 @@ def test_flags_map_to_llm_kwargs():
             "--no-decode-group-quant",
             "--fuse-norm-into-gemm",
             "--no-fuse-moe-router",
+            "--fuse-norm-into-router",
             "--no-prefetch-weights",
         ]
     )
@@ -128,6 +129,7 @@ def test_flags_map_to_llm_kwargs():
         "fuse_down_input_quant": True,
         "fuse_norm_into_gemm": True,
         "fuse_moe_router": False,
+        "fuse_norm_into_router": True,
         "prefetch_weights": False,
         "quantization": "int8",
         "load_format": "dummy",

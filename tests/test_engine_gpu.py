@@ -142,6 +142,23 @@ def test_bf16_batch1_decode_with_the_moe_router_fused_matches_unfused(monkeypatc
     _fused_matches_unfused("fuse_moe_router", spy.grids, True, "GptOssForCausalLM", max_model_len=512)
 
 
+def test_bf16_batch1_decode_with_the_norm_in_the_moe_router_matches_unfused(monkeypatch):
+    """gpt-oss (the fitted tiny one) in bf16 with fuse_norm_into_router: its decode steps (CUDA graphs) run the
+    residual add and RMSNorm before each MoE block in the router's launch (kernels/moe_route.py's
+    norm_router_route); greedy tokens equal and logprobs close to the norm kernel and then the router."""
+    from tritonllm.kernels import moe_route
+
+    launches, launch = [], moe_route._router_launch
+
+    def spy(*args):
+        if args[-1] is not None:  # the norm's operands: the folded kernel
+            launches.append(args[0].shape[0])
+        return launch(*args)
+
+    monkeypatch.setattr(moe_route, "_router_launch", spy)
+    _fused_matches_unfused("fuse_norm_into_router", launches, True, "GptOssForCausalLM", max_model_len=512)
+
+
 def test_fp8_batch1_decode_with_the_norms_in_the_gemms_matches_unfused(monkeypatch):
     """Online FP8 at batch 1 with fuse_norm_into_gemm: qkv and gate_up normalize and quantize the residual
     stream in their skinny GEMMs (XN), o_proj and down_proj add into it in their epilogues; greedy tokens

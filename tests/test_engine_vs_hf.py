@@ -81,6 +81,20 @@ def test_fused_moe_router_matches_hf(prompts, monkeypatch):
     assert spy.launches >= 2 * 7  # two MoE layers a decode step, at least seven decode steps
 
 
+def test_norm_folded_into_moe_router_matches_hf(prompts, monkeypatch):
+    """Qwen3-MoE with fuse_norm_into_router: its decode steps of one sequence run each MoE block's residual add and
+    RMSNorm in the router's launch (kernels/moe_route.py's norm_router_route), seen running; greedy tokens and
+    logprobs as HF's."""
+    from tritonllm.kernels import moe_route
+
+    spy = LaunchSpy.install(monkeypatch, moe_route, "router_route_kernel")
+    check_against_hf(
+        str(tiny_model_path("Qwen3MoeForCausalLM")), prompts[:2], num_steps=8, block_size=16, max_model_len=256,
+        max_num_seqs=1, kernel_backend="triton", fuse_norm_into_router=True,
+    )  # fmt: skip
+    assert any(call.get("NORM") for call in spy.calls)
+
+
 def test_rope_folded_into_split_decode_matches_hf(prompts, monkeypatch):
     """Qwen3 (per-head q / k norms before RoPE) with fold_rope_into_attention and split-KV decode forced on the CPU
     (a 64-SM wave, segments of 8 keys and up): its decode steps rotate q and write the new K/V inside the split

@@ -175,6 +175,7 @@ _ENGINE_FLAGS = (
     "fuse_down_input_quant",
     "fuse_norm_into_gemm",
     "fuse_moe_router",
+    "fuse_norm_into_router",
     "prefetch_weights",
 )  # EngineConfig's booleans outside the groups
 _ENGINE_INTS = ("piecewise_first_size",)  # and its integers
@@ -246,6 +247,10 @@ class EngineConfig:
     # routing run as one kernel (the moe op's router_route, kernels/moe_route.py) instead of the router's GEMM
     # and the routing kernel: gpt-oss-20b batch-1 TPOT 2.722 -> 2.639 ms on an H100 (session 29); false: ablation
     fuse_moe_router: bool = True
+    # with fuse_moe_router, at one or two tokens the decoder layer's residual add and RMSNorm before a MoE block run
+    # in the router's launch (the moe op's norm_router_route, kernels/moe_route.py): the norm kernel's launch saved a
+    # layer; opt-in until timed on a GPU
+    fuse_norm_into_router: bool = False
     # NVIDIA sm90+: decode steps of up to prefetch.MAX_PREFETCH_SEQS (1) sequences stream o_proj's weight into L2 during
     # attention and the next layer's qkv weight during an MoE block's second expert GEMV (layers/prefetch.py,
     # kernels/l2_prefetch.py): Llama-3-8B int4 batch 1 +3.2%, gpt-oss-20b +1.4-1.7% on an H100; false: ablation

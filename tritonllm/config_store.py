@@ -46,6 +46,7 @@ class RunConfig:
     fuse_down_input_quant: bool = False  # true: a W8A8 down projection's GEMM quantizes its input at decode sizes
     fuse_norm_into_gemm: bool = False  # true: FP8 decode GEMMs normalize their input / add the residual themselves
     fuse_moe_router: bool = True  # a MoE router's GEMM and routing in one kernel at decode sizes; false: ablation
+    fuse_norm_into_router: bool = False  # true: the add + RMSNorm before a MoE block in its router's launch (opt-in)
     prefetch_weights: bool = True  # batch-1 decode steps stream weights into L2 ahead of their GEMVs; false: ablation
     output_json: str | None = None  # a path: also write the results there as JSON
 

@@ -66,6 +66,7 @@ def main(cfg: DictConfig) -> None:
             "fuse_down_input_quant": cfg.fuse_down_input_quant,
             "fuse_norm_into_gemm": cfg.fuse_norm_into_gemm,
             "fuse_moe_router": cfg.fuse_moe_router,
+            "fuse_norm_into_router": cfg.fuse_norm_into_router,
             "prefetch_weights": cfg.prefetch_weights,
         }
     )

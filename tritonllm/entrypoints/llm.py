@@ -59,6 +59,7 @@ class LLM:
         fuse_down_input_quant: bool = False,
         fuse_norm_into_gemm: bool = False,
         fuse_moe_router: bool = True,
+        fuse_norm_into_router: bool = False,
         prefetch_weights: bool = True,
         quantization: str | None = None,
         load_format: str = "auto",
@@ -121,6 +122,7 @@ class LLM:
             fuse_down_input_quant=fuse_down_input_quant,
             fuse_norm_into_gemm=fuse_norm_into_gemm,
             fuse_moe_router=fuse_moe_router,
+            fuse_norm_into_router=fuse_norm_into_router,
             prefetch_weights=prefetch_weights,
         )
         self._start(config)

@@ -17,6 +17,8 @@ token (the router's weight read once, spread over the programs), stores them as 
 activations' dtype (as the linear layer's output is), and the last program to arrive (an arrival
 counter, launch.arrival_counters) routes every token. One launch where the unfused path takes the
 router's GEMM (cuBLAS: a GEMV and often a split-K reduction kernel) and the routing kernel.
+`norm_router_route` (EngineConfig.fuse_norm_into_router) takes the decoder layer's residual add and RMSNorm
+before the block into the same launch: the norm kernel's launch saved at one or two tokens.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ ROUTER_MAX_EXPERTS = 256
 # against unfused at 1 / 2 / 4 tokens 8.2 / 9.1 / 11.1 against 11.2 / 11.8 / 12.1 us (gpt-oss), 9.6 / 10.9 / 14.0
 # against 12.3 / 12.3 / 12.4 us (Qwen3; the fused one was 10.5-10.8 at one token before): both win at 2 now
 FUSED_ROUTER_TOKENS = 2
+# norm_router_route: tokens it takes (a program holds each token's whole row for the norm's sum)
+NORM_ROUTER_MAX_TOKENS = 2
 ROUTER_WARPS = 4  # both routing kernels'
 
 
@@ -101,11 +105,34 @@ def moe_route_kernel(
 
 
 @triton.jit
+def _residual_rstd(x_ptr, res_ptr, norm_w_ptr, normed_ptr, res_out_ptr, tokens, t_in, K, stride_xt, stride_rt, eps,
+                   BLOCK_H: tl.constexpr):  # fmt: skip
+    """The 1 / RMS [BLOCK_T] of each token's residual sum x + res (rounded to x's dtype), as _rms_norm_kernel
+    computes it (the whole row one tile); program 0 stores the sums and their normalized rows (weight norm_w_ptr)."""
+    cols = tl.arange(0, BLOCK_H)
+    mask = t_in[:, None] & (cols < K)[None, :]
+    rows = tokens.to(tl.int64)[:, None]
+    x = tl.load(x_ptr + rows * stride_xt + cols[None, :], mask=mask, other=0.0)
+    res = tl.load(res_ptr + rows * stride_rt + cols[None, :], mask=mask, other=0.0)
+    x = (x.to(tl.float32) + res.to(tl.float32)).to(x.dtype)
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / K + eps)
+    if tl.program_id(0) == 0:
+        w = tl.load(norm_w_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+        out = xf * rstd[:, None] * w[None, :]
+        tl.store(res_out_ptr + rows * K + cols[None, :], x, mask=mask)
+        tl.store(normed_ptr + rows * K + cols[None, :], out.to(normed_ptr.dtype.element_ty), mask=mask)
+    return rstd
+
+
+@triton.jit
 def router_route_kernel(
     x_ptr, w_ptr, bias_ptr, logits_ptr, weights_ptr, ids_ptr, counter_ptr, T, E, K, stride_xt, stride_we,
+    res_ptr, norm_w_ptr, normed_ptr, res_out_ptr, stride_rt, eps,
     TOP_K: tl.constexpr, SCORING: tl.constexpr, RENORMALIZE: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_T: tl.constexpr, EXPERTS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
-    SLOTS: tl.constexpr, ROUTE_T: tl.constexpr, PDL: tl.constexpr = False,
+    SLOTS: tl.constexpr, ROUTE_T: tl.constexpr, NORM: tl.constexpr = False, BLOCK_H: tl.constexpr = 1,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """logits[t, e] = x[t] . w[e] (+ bias[e]) for every token t < T (<= BLOCK_T) and this program's EXPERTS
     experts, summed in float32 and rounded to x's dtype (the router linear's output), stored in the float32
@@ -113,7 +140,12 @@ def router_route_kernel(
     leaves the counter at zero. Both operands are loaded as the product's [BLOCK_T, EXPERTS, BLOCK_K] tile (each
     token's row once an expert, each expert's row once a token: repeats served by L1), so the product needs no
     layout change. The weight and bias (no kernel writes them) are loaded a K step ahead, the first before
-    the PDL wait, so that they stream while the kernel before drains (at decode the whole row is one step)."""
+    the PDL wait, so that they stream while the kernel before drains (at decode the whole row is one step).
+    NORM (norm_router_route): x is the residual add + RMSNorm of x_ptr's rows (the attention's output) and res_ptr's
+    (the residual stream) with weight norm_w_ptr [K], computed as the norm kernel (kernels/rmsnorm.py) computes it:
+    the sum rounded to x's dtype, its 1 / RMS over the whole row [BLOCK_T, BLOCK_H], the product rounded; every
+    program normalizes its own K steps, and program 0 also stores the sum (res_out_ptr) and the normalized rows
+    (normed_ptr), [T, K] contiguous, for the layer's experts and the next layer."""
     tokens = tl.arange(0, BLOCK_T)
     experts = tl.program_id(0) * EXPERTS + tl.arange(0, EXPERTS)
     t_in = tokens < T
@@ -128,9 +160,20 @@ def router_route_kernel(
     pdl_wait(PDL)
     x_ptrs = x_ptr + (tokens[:, None, None].to(tl.int64) * stride_xt + zero_e) + offs_k
     x_rows = t_in[:, None, None] & (zero_e == 0)
+    if NORM:
+        rstd = _residual_rstd(x_ptr, res_ptr, norm_w_ptr, normed_ptr, res_out_ptr, tokens, t_in, K, stride_xt,
+                              stride_rt, eps, BLOCK_H)  # fmt: skip
+        r_ptrs = res_ptr + (tokens[:, None, None].to(tl.int64) * stride_rt + zero_e) + offs_k
     acc = tl.zeros((BLOCK_T, EXPERTS), dtype=tl.float32)
     for k in range(0, K, BLOCK_K):
-        x = tl.load(x_ptrs + k, mask=x_rows & (k + offs_k < K), other=0.0).to(tl.float32)
+        k_in = x_rows & (k + offs_k < K)
+        if NORM:  # the norm's values, as _residual_rstd's program 0 stores them
+            x = tl.load(x_ptrs + k, mask=k_in, other=0.0)
+            s = (x.to(tl.float32) + tl.load(r_ptrs + k, mask=k_in, other=0.0).to(tl.float32)).to(x.dtype)
+            nw = tl.load(norm_w_ptr + k + offs_k, mask=k + offs_k < K, other=0.0).to(tl.float32)
+            x = (s.to(tl.float32) * rstd[:, None, None] * nw).to(x.dtype).to(tl.float32)
+        else:
+            x = tl.load(x_ptrs + k, mask=k_in, other=0.0).to(tl.float32)
         acc += tl.sum(x * w.to(tl.float32), axis=2)
         k_next = k + BLOCK_K  # the next step's weight
         w = tl.load(w_ptrs + k_next, mask=(zero_t == 0) & (k_next + offs_k < K), other=0.0)
@@ -205,6 +248,41 @@ def router_route(
     None where the kernel does not take the call: more than ROUTER_MAX_TOKENS tokens (a prefill: the GEMM
     pays there) or ROUTER_MAX_EXPERTS experts, a weight not in x's dtype, rows not contiguous, or no
     arrival counters (a graph captured before they exist); the caller then runs the layer and moe_route."""
+    return _router_launch(x, weight, bias, top_k, renormalize, scoring, None)
+
+
+@register("moe", "triton")
+def norm_router_route(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+    bias: torch.Tensor | None, top_k: int, renormalize: bool, scoring: str = "softmax",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:  # fmt: skip
+    """The decoder layer's residual add and RMSNorm before a MoE block, then router_route, in one launch:
+    (weights, ids, the normalized rows, the new residual x + residual), each as the norm kernel
+    (fused_add_rms_norm) and router_route would give them. x [T, H] the attention's output, residual [T, H], norm_weight
+    [H]. None where router_route declines, past NORM_ROUTER_MAX_TOKENS tokens (each program holds its tokens'
+    whole rows), or where residual / norm_weight are not x's dtype and contiguous rows: the caller then runs the norm
+    kernel and router_route (or the router's GEMM)."""
+    t, h = x.shape
+    if t > NORM_ROUTER_MAX_TOKENS or residual.shape != x.shape or norm_weight.shape != (h,):
+        return None
+    if (
+        residual.dtype != x.dtype
+        or norm_weight.dtype != x.dtype
+        or residual.stride(1) != 1
+        or norm_weight.stride(0) != 1
+    ):
+        return None
+    normed, res_out = torch.empty_like(x), torch.empty_like(x)
+    route = _router_launch(x, weight, bias, top_k, renormalize, scoring, (residual, norm_weight, normed, res_out, eps))
+    return None if route is None else (*route, normed, res_out)
+
+
+def _router_launch(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int, renormalize: bool, scoring: str,
+    norm: tuple | None,
+) -> tuple[torch.Tensor, torch.Tensor] | None:  # fmt: skip
+    """router_route_kernel's launch (router_route's contract); norm: (residual, norm weight, normed out, residual
+    out, eps) for NORM."""
     t, k = x.shape
     e = weight.shape[0]
     _check_route(e, top_k, scoring)
@@ -219,11 +297,13 @@ def router_route(
     block_t, experts, block_k = router_tiles(t, e, k)
     logits = torch.empty((t, e), dtype=torch.float32, device=x.device)
     weights, ids = _route_outputs(t, top_k, x.device)
+    residual, norm_weight, normed, res_out, eps = norm if norm is not None else (x, x, x, x, 0.0)
     router_route_kernel[(triton.cdiv(e, experts),)](
         x, weight, bias if bias is not None else weight, logits, weights, ids, counters, t, e, k, x.stride(0),
-        weight.stride(0), TOP_K=top_k, SCORING=MOE_SCORINGS.index(scoring), RENORMALIZE=renormalize,
-        HAS_BIAS=bias is not None, BLOCK_T=block_t, EXPERTS=experts, BLOCK_K=block_k,
-        BLOCK_E=triton.next_power_of_2(e), SLOTS=triton.next_power_of_2(top_k), ROUTE_T=max(block_t, ROUTER_WARPS),
+        weight.stride(0), residual, norm_weight, normed, res_out, residual.stride(0), eps, TOP_K=top_k,
+        SCORING=MOE_SCORINGS.index(scoring), RENORMALIZE=renormalize, HAS_BIAS=bias is not None, BLOCK_T=block_t,
+        EXPERTS=experts, BLOCK_K=block_k, BLOCK_E=triton.next_power_of_2(e), SLOTS=triton.next_power_of_2(top_k),
+        ROUTE_T=max(block_t, ROUTER_WARPS), NORM=norm is not None, BLOCK_H=triton.next_power_of_2(k) if norm else 1,
         num_warps=ROUTER_WARPS, **pdl_launch(),
     )  # fmt: skip
     return weights, ids

@@ -532,6 +532,16 @@ def router_route(
     return moe_route(logits, top_k, renormalize, scoring)
 
 
+@register("moe", "torch_ref")
+def norm_router_route(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+    bias: torch.Tensor | None, top_k: int, renormalize: bool, scoring: str = "softmax",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """fused_add_rms_norm(x, residual), then router_route on its output: (weights, ids, normed, residual_out)."""
+    normed, residual_out = fused_add_rms_norm(x, residual, norm_weight, eps)
+    return (*router_route(normed, weight, bias, top_k, renormalize, scoring), normed, residual_out)
+
+
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeAlignment:
     """topk_ids [T, k] -> the pairs (p = t * k + j) sorted by expert, each expert's segment padded to
     a multiple of block_m with T * k, blocks past the last segment marked expert E; each expert's pairs

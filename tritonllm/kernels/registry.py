@@ -49,7 +49,7 @@ OPS: dict[str, tuple[str, ...]] = {
         "gated_mlp_linear",
         "input_quant",
     ),
-    "moe": ("moe_route", "fused_moe", "router_route"),
+    "moe": ("moe_route", "fused_moe", "router_route", "norm_router_route"),
 }
 # entry points an implementation may leave out: fused kernels only some implementations have. Left out,
 # the entry returns None and its caller runs the unfused ops (linear's gated_linear: gate_up's GEMM with
@@ -61,14 +61,16 @@ OPS: dict[str, tuple[str, ...]] = {
 # residual stream in its GEMM's epilogue (without it, the GEMM, and the add in the next norm's kernel);
 # gated_mlp_linear: a gated MLP's two GEMMs with the SiLU-mul and the down input's quantization inside them
 # (without it, gate_up, the activation op, down); moe's router_route: a MoE router's linear layer and the
-# routing in one kernel at decode sizes (without it, the router's GEMM, then moe_route); linear's input_quant: how
+# routing in one kernel at decode sizes (without it, the router's GEMM, then moe_route); moe's norm_router_route: the
+# decoder layer's residual add and RMSNorm before the block in router_route's launch (without it, the norm kernel,
+# then router_route); linear's input_quant: how
 # the op before should quantize a layer's input where the implementation takes another form than the scheme's
 # (without it, None: the scheme's own)
 OPTIONAL_ENTRIES: dict[str, frozenset[str]] = {
     "linear": frozenset(
         {"gated_linear", "silu_mul_linear", "norm_linear", "residual_linear", "gated_mlp_linear", "input_quant"}
     ),
-    "moe": frozenset({"router_route"}),
+    "moe": frozenset({"router_route", "norm_router_route"}),
 }
 ENTRY_OPS: dict[str, str] = {entry: op for op, entries in OPS.items() for entry in entries}
 FLOATS = frozenset({torch.float32, torch.float16, torch.bfloat16})

@@ -106,7 +106,22 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert_gate = Linear(hidden, 1, False, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.experts(x, self.experts.route(x, getattr(self, self.router_name)))
+        return self._experts(x, self.experts.route(x, getattr(self, self.router_name)))
+
+    def forward_normed(
+        self, hidden: torch.Tensor, residual: torch.Tensor, norm: nn.Module
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block on norm(hidden + residual) (the decoder layer's post-attention norm): (its output, the new
+        residual). The norm runs in the router's launch where the experts' route_normed takes it, else alone."""
+        fused = self.experts.route_normed(hidden, residual, norm, getattr(self, self.router_name))
+        if fused is None:
+            x, residual = norm(hidden, residual)
+            return self(x), residual
+        route, x, residual = fused
+        return self._experts(x, route), residual
+
+    def _experts(self, x: torch.Tensor, route: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        out = self.experts(x, route)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
