@@ -25,3 +25,4 @@ def test_moe_kernels_build_for_sm90_without_spills_by_default() -> None:
         assert any(line.startswith(kind) and "slots=8" in line for line in lines)
     assert any("tma_b=True,sorted_a=True" in line for line in lines)
     assert sum(line.startswith("router E=") for line in lines) == 3  # the fused router at three models' shapes
+    assert sum(line.startswith("router+norm E=") for line in lines) == 2  # and with the norm folded in

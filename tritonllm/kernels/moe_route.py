@@ -47,6 +47,9 @@ ROUTER_MAX_EXPERTS = 256
 FUSED_ROUTER_TOKENS = 2
 # norm_router_route: tokens it takes (a program holds each token's whole row for the norm's sum)
 NORM_ROUTER_MAX_TOKENS = 2
+# its warps: the norm's operands beside the router's weight at one K step of the whole row (gpt-oss: 4,096 columns)
+# spill on four warps' registers (sm90 builds, scripts/cross_compile_moe.py)
+NORM_ROUTER_WARPS = 8
 ROUTER_WARPS = 4  # both routing kernels'
 
 
@@ -298,12 +301,13 @@ def _router_launch(
     logits = torch.empty((t, e), dtype=torch.float32, device=x.device)
     weights, ids = _route_outputs(t, top_k, x.device)
     residual, norm_weight, normed, res_out, eps = norm if norm is not None else (x, x, x, x, 0.0)
+    warps = ROUTER_WARPS if norm is None else NORM_ROUTER_WARPS
     router_route_kernel[(triton.cdiv(e, experts),)](
         x, weight, bias if bias is not None else weight, logits, weights, ids, counters, t, e, k, x.stride(0),
         weight.stride(0), residual, norm_weight, normed, res_out, residual.stride(0), eps, TOP_K=top_k,
         SCORING=MOE_SCORINGS.index(scoring), RENORMALIZE=renormalize, HAS_BIAS=bias is not None, BLOCK_T=block_t,
         EXPERTS=experts, BLOCK_K=block_k, BLOCK_E=triton.next_power_of_2(e), SLOTS=triton.next_power_of_2(top_k),
-        ROUTE_T=max(block_t, ROUTER_WARPS), NORM=norm is not None, BLOCK_H=triton.next_power_of_2(k) if norm else 1,
-        num_warps=ROUTER_WARPS, **pdl_launch(),
+        ROUTE_T=max(block_t, warps), NORM=norm is not None, BLOCK_H=triton.next_power_of_2(k) if norm else 1,
+        num_warps=warps, **pdl_launch(),
     )  # fmt: skip
     return weights, ids
