@@ -851,10 +851,10 @@ PY
         | tee -a "$OUT/moe_layers.log" ;;
     norm-router)
       # session 53: the residual add + RMSNorm before each MoE block folded into the router's launch
-      # (fuse_norm_into_router, opt-in): its GPU tests, then gpt-oss-20b batch 1 with it on and off, alternated
+      # (fuse_norm_into_router, opt-in): its GPU tests, then gpt-oss-20b batch 1 with it on and off (NORM_ROUTER_FOLDS)
       timeout 200 python3 -m pytest -q -m gpu -o addopts="" tests/kernels/test_norm_router.py tests/test_engine_gpu.py \
         -k "norm_router or norm_in_the_moe_router or moe_router_fused" 2>&1 | tee "$OUT/norm_router_tests.log" | tail -3
-      for fold in true false true false; do
+      for fold in ${NORM_ROUTER_FOLDS:-true false}; do
         MOE_RUNS=gptoss_batch1 MOE_ARGS="fuse_norm_into_router=$fold" MOE_TAG="_norm_router_$fold" timeout 100 \
           bash "$0" e2e-moe 2>&1 | grep -E "tok/s|rror" | tail -1 | sed "s/^/fold=$fold /"
       done ;;
