@@ -34,8 +34,9 @@ routed by the Triton router (softmax, renormalised). Per case:
   graph of L consecutive layers, each with its own experts (seeds 1..L-1 beside the case's), the output of
   one the input of the next, the graph's replay over L (L2 flushed before each replay): fused_moe alone on
   the case's routing (layers_us, with layers_weight_gbps over the experts it touches), and each layer's own
-  router first (router_route on its input, or the router's GEMM and moe_route past ROUTER_MAX_TOKENS: a random [E, H] router with a bias; layers_router_us, with
-  layers_router_weight_gbps over the experts the routers pick). A one-layer graph's replay also carries the
+  router first (router_route on its input, or the router's GEMM and moe_route past ROUTER_MAX_TOKENS: a
+  random [E, H] router with a bias; layers_router_us, with layers_router_weight_gbps over the experts the
+  routers pick). A one-layer graph's replay also carries the
   graph's own launch and the hand-offs before and after it, which a step of many layers pays once.
 
 --pdl: the kernels launch with programmatic dependent launch, as the engine's decode steps do (off by
@@ -281,7 +282,7 @@ def bench_case(name: str, kind: str, experts: dict, tokens: int, torch_ref_max: 
     row["weight_gbps"] = hit * (bytes_per_expert(w13) + bytes_per_expert(w2)) / (row["triton_ms"] * 1e-3) / 1e9
     row["speedup_vs_loop"] = row["loop_ms"] / row["triton_ms"]
     if stack and tokens <= 256:
-        row.update(layers_us(x, weights, ids, stack, bytes_per_expert(w13) + bytes_per_expert(w2)))
+        row.update(layers_us(x, weights, ids, stack, hit, bytes_per_expert(w13) + bytes_per_expert(w2)))
     if variants:
         flops, weight_bytes = (
             2 * tokens * top_k * (h * 2 * i + i * h),
@@ -305,9 +306,11 @@ def stacked_layers(name: str, kind: str, experts: dict, layers: int) -> list[dic
     return out
 
 
-def layers_us(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, stack: list[dict], per_expert: int) -> dict:
+def layers_us(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, stack: list[dict], hit: int,
+              per_expert: int) -> dict:  # fmt: skip
     """--layers: a layer's time in a graph of len(stack) chained layers (module docstring), us, and the GB/s of the
-    experts touched; on the CPU (a dry run) the eager chain's time."""
+    experts touched (`hit` of them on the case's routing, per_expert bytes each); on the CPU (a dry run) the eager
+    chain's time."""
     top_k = ids.shape[1]
 
     def fixed() -> torch.Tensor:
@@ -333,7 +336,6 @@ def layers_us(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, stack: 
     timed = graph_ms if platform.is_gpu() else median_ms
     n = len(stack)
     fixed_us, routed_us = timed(fixed) * 1e3 / n, timed(routed) * 1e3 / n
-    hit = int(torch.unique(ids).numel())
     return dict(layers=n, layers_us=fixed_us, layers_weight_gbps=hit * per_expert / (fixed_us * 1e-6) / 1e9,
                 layers_router_us=routed_us,
                 layers_router_weight_gbps=sum(picked) / n * per_expert / (routed_us * 1e-6) / 1e9)  # fmt: skip

@@ -149,32 +149,27 @@ def cases(all_tuned: bool) -> list[tuple[str, bool, GemmTiles, dict, str]]:
 # the fused router (moe_route.router_route_kernel) at decode sizes: (experts, top_k, hidden, tokens) of
 # gpt-oss-20b, Qwen3-30B-A3B and Mixtral-8x7B
 ROUTER_SHAPES = ((32, 4, 2880, 1), (128, 8, 2048, 8), (8, 2, 4096, 4))
+# and with the norm folded in (norm_router_route: at most NORM_ROUTER_MAX_TOKENS tokens), gpt-oss's and Qwen3's
+NORM_ROUTER_SHAPES = ((32, 4, 2880, 1), (128, 8, 2048, moe_route.NORM_ROUTER_MAX_TOKENS))
 
 
 def router_checks(pdl: dict) -> list[tuple]:
     """run_checks's (name, kernel, types, constexprs, num_warps, uses_fp8) for the fused router's builds."""
     checks = []
-    for e, top_k, k, t in ROUTER_SHAPES:
-        block_t, experts, block_k = moe_route.router_tiles(t, e, k)
-        types = dict(x_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16", logits_ptr="*fp32", weights_ptr="*fp32",
-                     ids_ptr="*i32", counter_ptr="*i32")  # fmt: skip
-        constexprs = dict(pdl, TOP_K=top_k, SCORING=0, RENORMALIZE=True, HAS_BIAS=True, BLOCK_T=block_t,
-                          EXPERTS=experts, BLOCK_K=block_k, BLOCK_E=max(e, 2), SLOTS=top_k,
-                          ROUTE_T=max(block_t, moe_route.ROUTER_WARPS))  # fmt: skip
-        checks.append((f"router E={e} top-{top_k} K={k} T={t}", moe_route.router_route_kernel, types, constexprs, 4,
-                       False))  # fmt: skip
-    # the norm folded in (norm_router_route: at most NORM_ROUTER_MAX_TOKENS tokens), gpt-oss's and Qwen3's
-    for e, top_k, k, t in ((32, 4, 2880, 1), (128, 8, 2048, moe_route.NORM_ROUTER_MAX_TOKENS)):
-        block_t, experts, block_k = moe_route.router_tiles(t, e, k)
-        types = dict(x_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16", logits_ptr="*fp32", weights_ptr="*fp32",
-                     ids_ptr="*i32", counter_ptr="*i32", res_ptr="*bf16", norm_w_ptr="*bf16", normed_ptr="*bf16",
-                     res_out_ptr="*bf16", eps="fp32")  # fmt: skip
-        constexprs = dict(pdl, TOP_K=top_k, SCORING=0, RENORMALIZE=True, HAS_BIAS=True, BLOCK_T=block_t,
-                          EXPERTS=experts, BLOCK_K=block_k, BLOCK_E=max(e, 2), SLOTS=top_k,
-                          ROUTE_T=max(block_t, moe_route.NORM_ROUTER_WARPS), NORM=True,
-                          BLOCK_H=1 << (k - 1).bit_length())  # fmt: skip
-        checks.append((f"router+norm E={e} top-{top_k} K={k} T={t}", moe_route.router_route_kernel, types, constexprs,
-                       moe_route.NORM_ROUTER_WARPS, False))  # fmt: skip
+    for norm, shapes in ((False, ROUTER_SHAPES), (True, NORM_ROUTER_SHAPES)):
+        warps = moe_route.NORM_ROUTER_WARPS if norm else moe_route.ROUTER_WARPS
+        for e, top_k, k, t in shapes:
+            block_t, experts, block_k = moe_route.router_tiles(t, e, k)
+            types = dict(x_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16", logits_ptr="*fp32", weights_ptr="*fp32",
+                         ids_ptr="*i32", counter_ptr="*i32")  # fmt: skip
+            constexprs = dict(pdl, TOP_K=top_k, SCORING=0, RENORMALIZE=True, HAS_BIAS=True, BLOCK_T=block_t,
+                              EXPERTS=experts, BLOCK_K=block_k, BLOCK_E=max(e, 2), SLOTS=top_k,
+                              ROUTE_T=max(block_t, warps))  # fmt: skip
+            if norm:
+                types.update(res_ptr="*bf16", norm_w_ptr="*bf16", normed_ptr="*bf16", res_out_ptr="*bf16", eps="fp32")
+                constexprs.update(NORM=True, BLOCK_H=1 << (k - 1).bit_length())
+            name = f"router{'+norm' if norm else ''} E={e} top-{top_k} K={k} T={t}"
+            checks.append((name, moe_route.router_route_kernel, types, constexprs, warps, False))
     return checks
 
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from tritonllm.distributed.parallel_state import SINGLE, TensorParallel
 from tritonllm.distributed.shard import RankSlice, TensorDims, narrow_to_rank
-from tritonllm.kernels.moe_route import FUSED_ROUTER_TOKENS, NORM_ROUTER_MAX_TOKENS
+from tritonllm.kernels.moe_route import FUSED_ROUTER_TOKENS
 from tritonllm.kernels.quant_formats import BLOCK, FP4, FP8_DTYPES, MX_GROUP, QuantizedWeight, QuantScheme
 from tritonllm.kernels.reference import MOE_ACTIVATIONS, MOE_SCORINGS
 from tritonllm.kernels.registry import default_kernels
@@ -75,7 +75,7 @@ class FusedMoE(nn.Module):
         self.kernels = default_kernels()  # the engine binds its own (kernels/registry.py)
         # the router's linear layer and the routing in one kernel at decode sizes (EngineConfig.fuse_moe_router)
         self.fuse_router = False
-        # and the decoder layer's residual add + RMSNorm before the block in that kernel (fuse_norm_into_router)
+        # with it, the decoder layer's residual add + RMSNorm before the block in that kernel (fuse_norm_into_router)
         self.fuse_norm = False
 
         def param(*shape: int) -> nn.Parameter:
@@ -112,9 +112,9 @@ class FusedMoE(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module, router: nn.Module
     ) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor] | None:
         """(route, normed, x + residual): the RMSNorm `norm` of the residual add x + residual and the route of
-        its output in one launch (the moe op's norm_router_route), with fuse_norm at up to NORM_ROUTER_MAX_TOKENS
-        tokens; None where that does not serve the call (the caller then runs the norm, then route)."""
-        if not (self.fuse_norm and x.shape[0] <= min(NORM_ROUTER_MAX_TOKENS, FUSED_ROUTER_TOKENS)):
+        its output in one launch (the moe op's norm_router_route), with fuse_router and fuse_norm where route takes
+        the fused router; None where that does not serve the call (the caller then runs the norm, then route)."""
+        if not (self.fuse_router and self.fuse_norm and x.shape[0] <= FUSED_ROUTER_TOKENS):
             return None
         fused = self.kernels.norm_router_route(x, residual, norm.weight, norm.eps, router.weight, router.bias,
                                                self.top_k, self.renormalize, self.scoring)  # fmt: skip

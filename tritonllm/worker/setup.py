@@ -68,7 +68,7 @@ def set_up_rank(config: EngineConfig, path: str, tp: TensorParallel) -> RankSetu
             module.fuse_norm = config.fuse_norm_into_gemm
         elif isinstance(module, FusedMoE):
             module.fuse_router = config.fuse_moe_router
-            module.fuse_norm = config.fuse_moe_router and config.fuse_norm_into_router
+            module.fuse_norm = config.fuse_norm_into_router
     # this engine's kernels, bound to its model's layers by the runner: another engine in the same
     # process may choose others
     context = KernelContext(
