@@ -152,7 +152,7 @@ def test_w2_takes_the_bound_and_holds_saturated_activations(half2, monkeypatch) 
     clamp) and for small ones (the bound then leaves them far below 2**15); a w2 whose A_EXP were too small
     (the bound wrongly 1) overflows fp16 and is caught."""
     spy = LaunchSpy.install(monkeypatch, moe_module, "moe_gemv_kernel")
-    t = g.GemmTiles(1, 16, 64, 1, 1, 1, gemv=True)
+    t = g.GemmTiles(1, 64, 64, 1, 1, 1, gemv=True)  # 64 columns: few interpreter programs
     tiles = MoeTiles(t, t, joint=True, sum_slots=True)
     for scale in (200.0, 0.05):
         args, kwargs = _moe_problem(2, 5, 64, 96, 2, seed=60)
