@@ -243,12 +243,9 @@ class LlamaDecoderLayer(nn.Module):
         fuse = self.fuse_norm
         x, residual = self.input_layernorm.deferred(hidden, residual, fuse)
         hidden = self.self_attn(positions, x, kv_cache, meta, residual if fuse else None)
-        if hidden is not None and not self.dense_mlp and hasattr(self.mlp, "forward_normed"):
-            # a MoE block may run the norm in its router's launch (EngineConfig.fuse_norm_into_router)
+        if not self.dense_mlp:  # a MoE block may run the norm in its router's launch (fuse_norm_into_router)
             return self.mlp.forward_normed(hidden, residual, self.post_attention_layernorm)
-        x, residual = self.post_attention_layernorm.deferred(hidden, residual, fuse and self.dense_mlp)
-        if not self.dense_mlp:
-            return self.mlp(x), residual
+        x, residual = self.post_attention_layernorm.deferred(hidden, residual, fuse)
         return self.mlp(x, residual if fuse else None), residual
 
 

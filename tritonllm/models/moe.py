@@ -109,13 +109,15 @@ class SparseMoeBlock(nn.Module):
         return self._experts(x, self.experts.route(x, getattr(self, self.router_name)))
 
     def forward_normed(
-        self, hidden: torch.Tensor, residual: torch.Tensor, norm: nn.Module
+        self, hidden: torch.Tensor | None, residual: torch.Tensor, norm: nn.Module
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The block on norm(hidden + residual) (the decoder layer's post-attention norm): (its output, the new
-        residual). The norm runs in the router's launch where the experts' route_normed takes it, else alone."""
-        fused = self.experts.route_normed(hidden, residual, norm, getattr(self, self.router_name))
+        """The block on norm(hidden + residual) (the decoder layer's post-attention norm; hidden None: the attention
+        added its output into residual already): (its output, the new residual). The norm runs in the router's launch
+        where the experts' route_normed takes it, else alone."""
+        router = getattr(self, self.router_name)
+        fused = None if hidden is None else self.experts.route_normed(hidden, residual, norm, router)
         if fused is None:
-            x, residual = norm(hidden, residual)
+            x, residual = norm.deferred(hidden, residual, False)
             return self(x), residual
         route, x, residual = fused
         return self._experts(x, route), residual
